@@ -1,0 +1,34 @@
+"""Query transformation for LlamaIndex: HyDE, multi-query, step-back, decompose and
+rewrite, with rank fusion, safe fallbacks and honest cost accounting."""
+
+from .fusion import FusionMode, fuse
+from .retriever import SearchResult, TransformRetriever
+from .transforms import (
+    Decompose,
+    HyDE,
+    MultiQuery,
+    QueryTransformer,
+    Rewrite,
+    StepBack,
+    TransformResult,
+)
+from .usage import ModelPrice, Usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Decompose",
+    "FusionMode",
+    "HyDE",
+    "ModelPrice",
+    "MultiQuery",
+    "QueryTransformer",
+    "Rewrite",
+    "SearchResult",
+    "StepBack",
+    "TransformResult",
+    "TransformRetriever",
+    "Usage",
+    "__version__",
+    "fuse",
+]

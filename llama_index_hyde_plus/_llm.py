@@ -1,0 +1,149 @@
+"""One LLM call, through LlamaIndex's own ``complete``/``acomplete``, with its usage.
+
+The call goes through the LLM's public methods so that its callback manager and the
+instrumentation dispatcher see it. When the host's callback manager (by default
+``Settings.callback_manager``) has handlers the LLM's own manager lacks, as happens
+for any LLM built without ``callback_manager=``, the same LLM event is reported to
+those handlers too, so a ``TokenCountingHandler`` on ``Settings`` counts our calls on
+the sync and async paths alike, exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llama_index.core.base.llms.types import CompletionResponse
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
+from llama_index.core.llms import LLM
+
+from .usage import ModelPrice, Usage, usage_for_call
+
+
+class LLMTimeoutError(TimeoutError):
+    """The LLM did not answer within the transform's ``timeout``."""
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    text: str
+    usage: Usage
+
+
+def model_name(llm: Any) -> str | None:
+    """The model id an LLM reports (``metadata.model_name``, else ``.model``)."""
+    try:
+        name = llm.metadata.model_name
+    except Exception:
+        name = None
+    if not name or name == "unknown":
+        name = getattr(llm, "model", None)
+    return str(name) if name else None
+
+
+def is_local(llm: Any) -> bool:
+    """True for LLMs that run on this machine and cost nothing per token."""
+    return bool(getattr(llm, "is_local", False))
+
+
+def _missing_handlers(llm: LLM, host: CallbackManager | None) -> list[Any]:
+    if host is None:
+        return []
+    own = getattr(llm, "callback_manager", None)
+    own_handlers = list(own.handlers) if own is not None else []
+    return [h for h in host.handlers if not any(h is o for o in own_handlers)]
+
+
+def _report_to_host(handlers: list[Any], prompt: str, response: CompletionResponse) -> None:
+    if not handlers:
+        return
+    manager = CallbackManager(handlers)
+    with manager.event(CBEventType.LLM, payload={EventPayload.PROMPT: prompt}) as event:
+        event.on_end(payload={EventPayload.PROMPT: prompt, EventPayload.COMPLETION: response})
+
+
+def _kwargs(temperature: float | None) -> dict[str, Any]:
+    return {} if temperature is None else {"temperature": temperature}
+
+
+def _reply(
+    llm: LLM, prompt: str, response: CompletionResponse, prices: Mapping[str, ModelPrice] | None
+) -> LLMReply:
+    text = response.text or ""
+    usage = usage_for_call(
+        prompt=prompt,
+        completion=text,
+        raw=response.raw,
+        additional_kwargs=response.additional_kwargs,
+        model=model_name(llm),
+        local=is_local(llm),
+        prices=prices,
+    )
+    return LLMReply(text=text, usage=usage)
+
+
+def complete(
+    llm: LLM,
+    prompt: str,
+    *,
+    temperature: float | None = None,
+    timeout: float | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
+    host_callback_manager: CallbackManager | None = None,
+) -> LLMReply:
+    """Blocking completion. With ``timeout`` the call runs in a daemon thread and
+    `LLMTimeoutError` is raised when it overruns (the thread is abandoned, not killed)."""
+
+    def call() -> CompletionResponse:
+        return llm.complete(prompt, **_kwargs(temperature))
+
+    response = call() if timeout is None else _call_with_timeout(call, timeout)
+    _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
+    return _reply(llm, prompt, response, prices)
+
+
+def _call_with_timeout(call: Any, timeout: float) -> CompletionResponse:
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    ctx = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            box["value"] = ctx.run(call)
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="hyde-plus-llm", daemon=True).start()
+    if not done.wait(timeout):
+        raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+async def acomplete(
+    llm: LLM,
+    prompt: str,
+    *,
+    temperature: float | None = None,
+    timeout: float | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
+    host_callback_manager: CallbackManager | None = None,
+) -> LLMReply:
+    """Native async completion (``llm.acomplete``), cancelled on ``timeout``."""
+    coro = llm.acomplete(prompt, **_kwargs(temperature))
+    try:
+        if timeout is None:
+            response = await coro
+        else:
+            response = await asyncio.wait_for(coro, timeout)
+    except asyncio.TimeoutError as exc:
+        raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s") from exc
+    _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
+    return _reply(llm, prompt, response, prices)

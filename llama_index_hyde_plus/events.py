@@ -1,0 +1,44 @@
+"""Instrumentation events around every transform, on LlamaIndex's dispatcher.
+
+Attach a handler the usual way (``get_dispatcher().add_event_handler(h)``) and each
+transform run emits a `QueryTransformStartEvent` and a `QueryTransformEndEvent`
+carrying what was generated, so observability tools show what was actually searched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+from llama_index.core.instrumentation.events import BaseEvent
+
+dispatcher = get_dispatcher(__name__)
+
+
+class QueryTransformStartEvent(BaseEvent):
+    """A transform is about to rewrite ``query``."""
+
+    query: str
+    method: str
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "QueryTransformStartEvent"
+
+
+class QueryTransformEndEvent(BaseEvent):
+    """A transform finished: its queries, passages, usage and whether it fell back."""
+
+    query: str
+    method: str
+    queries: list[str]
+    hypothetical: list[str]
+    include_query: bool
+    usage: dict[str, Any]
+    fallback: bool
+    error: str | None = None
+    latency_s: float = 0.0
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "QueryTransformEndEvent"

@@ -1,0 +1,166 @@
+"""Rank fusion: several ranked lists of nodes in, one ranked list out.
+
+All functions are pure: inputs are never mutated, each output item is a new
+``NodeWithScore`` (sharing the node itself), nodes are deduplicated by ``node_id``,
+and ties are broken by first appearance (earlier list, then better rank), so the same
+input always gives the same order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from enum import Enum
+
+from llama_index.core.schema import NodeWithScore
+
+
+class FusionMode(str, Enum):
+    """How `fuse` combines lists."""
+
+    RRF = "rrf"
+    """Reciprocal rank fusion: sum of ``w / (k + rank)``, ranks from 1, k=60."""
+    RELATIVE_SCORE = "relative_score"
+    """Min-max normalise each list's scores to [0, 1], then weighted sum."""
+    DIST_BASED_SCORE = "dist_based_score"
+    """Normalise each list with mean +/- 3 standard deviations, then weighted sum."""
+    INTERLEAVE = "interleave"
+    """Round robin over the lists (first of each, then second of each...)."""
+    MAX = "max"
+    """Each node keeps its best weighted raw score across the lists."""
+
+
+RRF_K = 60
+
+Lists = Sequence[Sequence[NodeWithScore]]
+
+
+def _validate(lists: Lists, weights: Sequence[float] | None, top_k: int | None) -> list[float]:
+    if top_k is not None and top_k < 1:
+        raise ValueError("top_k must be >= 1 or None")
+    if weights is None:
+        return [1.0] * len(lists)
+    if len(weights) != len(lists):
+        raise ValueError(
+            f"weights must have one entry per list: got {len(weights)} for {len(lists)} lists"
+        )
+    if any((not math.isfinite(w)) or w < 0 for w in weights):
+        raise ValueError("weights must be finite and >= 0")
+    return [float(w) for w in weights]
+
+
+def _first_seen(lists: Lists) -> dict[str, tuple[int, NodeWithScore]]:
+    """node_id -> (order of first appearance, first NodeWithScore)."""
+    seen: dict[str, tuple[int, NodeWithScore]] = {}
+    for nodes in lists:
+        for item in nodes:
+            if item.node.node_id not in seen:
+                seen[item.node.node_id] = (len(seen), item)
+    return seen
+
+
+def _ranked(
+    scores: dict[str, float], seen: dict[str, tuple[int, NodeWithScore]], top_k: int | None
+) -> list[NodeWithScore]:
+    order = sorted(scores, key=lambda nid: (-scores[nid], seen[nid][0]))
+    if top_k is not None:
+        order = order[:top_k]
+    return [NodeWithScore(node=seen[nid][1].node, score=scores[nid]) for nid in order]
+
+
+def _unique(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
+    """A list's nodes with repeats removed (the best-ranked occurrence stays)."""
+    ids: set[str] = set()
+    out = []
+    for item in nodes:
+        if item.node.node_id not in ids:
+            ids.add(item.node.node_id)
+            out.append(item)
+    return out
+
+
+def _rrf(lists: Lists, weights: list[float], k: int) -> dict[str, float]:
+    scores: dict[str, float] = {}
+    for nodes, w in zip(lists, weights):
+        for rank, item in enumerate(_unique(nodes), start=1):
+            nid = item.node.node_id
+            scores[nid] = scores.get(nid, 0.0) + w / (k + rank)
+    return scores
+
+
+def _normalised_sum(lists: Lists, weights: list[float], dist_based: bool) -> dict[str, float]:
+    scores: dict[str, float] = {}
+    for nodes, w in zip(lists, weights):
+        unique = _unique(nodes)
+        if not unique:
+            continue
+        raw = [item.score if item.score is not None else 0.0 for item in unique]
+        if dist_based:
+            mean = sum(raw) / len(raw)
+            std = math.sqrt(sum((s - mean) ** 2 for s in raw) / len(raw))
+            low, high = mean - 3 * std, mean + 3 * std
+        else:
+            low, high = min(raw), max(raw)
+        for item, s in zip(unique, raw):
+            norm = 1.0 if high == low else (s - low) / (high - low)
+            nid = item.node.node_id
+            scores[nid] = scores.get(nid, 0.0) + w * norm
+    return scores
+
+
+def _max(lists: Lists, weights: list[float]) -> dict[str, float]:
+    scores: dict[str, float] = {}
+    for nodes, w in zip(lists, weights):
+        for item in nodes:
+            s = w * (item.score if item.score is not None else 0.0)
+            nid = item.node.node_id
+            scores[nid] = max(scores.get(nid, -math.inf), s)
+    return scores
+
+
+def _interleave(lists: Lists, weights: list[float], top_k: int | None) -> list[NodeWithScore]:
+    active = [_unique(nodes) for nodes, w in zip(lists, weights) if w > 0]
+    out: list[NodeWithScore] = []
+    ids: set[str] = set()
+    depth = 0
+    while any(depth < len(nodes) for nodes in active):
+        for nodes in active:
+            if depth < len(nodes) and nodes[depth].node.node_id not in ids:
+                ids.add(nodes[depth].node.node_id)
+                out.append(nodes[depth])
+        depth += 1
+    if top_k is not None:
+        out = out[:top_k]
+    return [NodeWithScore(node=item.node, score=1.0 / pos) for pos, item in enumerate(out, 1)]
+
+
+def fuse(
+    lists: Lists,
+    mode: FusionMode | str = FusionMode.RRF,
+    weights: Sequence[float] | None = None,
+    top_k: int | None = None,
+    *,
+    k: int = RRF_K,
+) -> list[NodeWithScore]:
+    """Fuse ranked lists into one, best first.
+
+    ``weights`` (one per list, >= 0) scale each list's contribution in every mode; a
+    zero weight drops a list. Scores of ``None`` count as 0 in the score-based modes.
+    Interleave assigns ``1 / position`` as the fused score; RRF assigns the RRF sum.
+    """
+    mode = FusionMode(mode)
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    w = _validate(lists, weights, top_k)
+    if mode is FusionMode.INTERLEAVE:
+        return _interleave(lists, w, top_k)
+    kept = [nodes for nodes, wi in zip(lists, w) if wi > 0]
+    kept_w = [wi for wi in w if wi > 0]
+    seen = _first_seen(kept)
+    if mode is FusionMode.RRF:
+        scores = _rrf(kept, kept_w, k)
+    elif mode is FusionMode.MAX:
+        scores = _max(kept, kept_w)
+    else:
+        scores = _normalised_sum(kept, kept_w, mode is FusionMode.DIST_BASED_SCORE)
+    return _ranked(scores, seen, top_k)

@@ -1,0 +1,358 @@
+"""Test doubles shipped for your own tests: a scripted LLM, a deterministic embedding
+model whose similarities mean something, and a static retriever.
+
+>>> llm = ScriptedLLM(replies=["Renewals slipped last quarter."])
+>>> HyDE(llm).transform("Why did revenue drop?").hypothetical
+('Renewals slipped last quarter.',)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.base.llms.types import (
+    CompletionResponse,
+    CompletionResponseGen,
+    LLMMetadata,
+)
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from pydantic import Field, PrivateAttr
+
+__all__ = [
+    "HANG",
+    "DeterministicEmbedding",
+    "ScriptedLLM",
+    "StaticRetriever",
+    "SyncCallError",
+]
+
+
+class _Hang:
+    def __repr__(self) -> str:
+        return "HANG"
+
+
+HANG = _Hang()
+"""Put in `ScriptedLLM` replies to make that call never answer (until cancelled)."""
+
+Reply = str | BaseException | _Hang | Callable[[str], str]
+
+
+class SyncCallError(AssertionError):
+    """A blocking method of a `ScriptedLLM(forbid_sync=True)` was called."""
+
+
+def _count_tokens(text: str) -> int:
+    return len(text.split())
+
+
+class ScriptedLLM(CustomLLM):
+    """An LLM that answers from a script, for tests.
+
+    ``replies`` is a queue consumed one per call: a ``str`` is the reply, an exception
+    instance is raised, `HANG` blocks until cancelled (async) or for an hour (sync),
+    and a callable gets the prompt and returns the reply. When the queue is empty,
+    ``respond(prompt)`` answers if given, else the call raises ``RuntimeError``.
+    ``delay`` seconds are slept before each reply (``asyncio.sleep`` on the async
+    path). Every prompt is recorded in ``prompts`` and every call's kwargs in
+    ``call_kwargs``; ``sync_calls`` and ``async_calls`` count the paths taken, and with
+    ``forbid_sync=True`` a blocking call raises `SyncCallError`, so a test can prove an
+    async path never blocks. Replies carry OpenAI-style provider usage (whitespace
+    token counts) unless ``report_usage=False``.
+    """
+
+    model_name: str = Field(default="scripted")
+    delay: float = Field(default=0.0, ge=0)
+    forbid_sync: bool = Field(default=False)
+    report_usage: bool = Field(default=True)
+    is_local: bool = Field(default=False)
+    respond: Callable[[str], str] | None = Field(default=None, exclude=True)
+
+    _queue: deque[Any] = PrivateAttr(default_factory=deque)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _prompts: list[str] = PrivateAttr(default_factory=list)
+    _kwargs: list[dict[str, Any]] = PrivateAttr(default_factory=list)
+    _sync_calls: int = PrivateAttr(default=0)
+    _async_calls: int = PrivateAttr(default=0)
+
+    def __init__(self, replies: Iterable[Reply] = (), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._queue = deque(replies)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ScriptedLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name=self.model_name, is_chat_model=False)
+
+    # -- inspection ----------------------------------------------------------------
+    @property
+    def prompts(self) -> list[str]:
+        """Every prompt received, in order."""
+        return list(self._prompts)
+
+    @property
+    def call_kwargs(self) -> list[dict[str, Any]]:
+        """The keyword arguments of every call (``temperature``...), in order."""
+        return list(self._kwargs)
+
+    @property
+    def sync_calls(self) -> int:
+        return self._sync_calls
+
+    @property
+    def async_calls(self) -> int:
+        return self._async_calls
+
+    def add_replies(self, *replies: Reply) -> None:
+        with self._lock:
+            self._queue.extend(replies)
+
+    # -- behaviour -----------------------------------------------------------------
+    def _next(self, prompt: str, kwargs: dict[str, Any]) -> Reply:
+        with self._lock:
+            self._prompts.append(prompt)
+            self._kwargs.append({k: v for k, v in kwargs.items() if k != "formatted"})
+            if self._queue:
+                return self._queue.popleft()  # type: ignore[no-any-return]
+        if self.respond is not None:
+            return self.respond
+        raise RuntimeError("ScriptedLLM has no reply left")
+
+    def _response(self, prompt: str, reply: Reply) -> CompletionResponse:
+        if isinstance(reply, BaseException):
+            raise reply
+        text = reply(prompt) if callable(reply) else str(reply)
+        raw: dict[str, Any] = {"model": self.model_name}
+        if self.report_usage:
+            p, c = _count_tokens(prompt), _count_tokens(text)
+            raw["usage"] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        return CompletionResponse(text=text, raw=raw)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        with self._lock:
+            self._sync_calls += 1
+        if self.forbid_sync:
+            raise SyncCallError("ScriptedLLM.complete() called on a path that must be async")
+        reply = self._next(prompt, kwargs)
+        if self.delay:
+            time.sleep(self.delay)
+        if isinstance(reply, _Hang):
+            threading.Event().wait(3600)
+            raise TimeoutError("ScriptedLLM hung")
+        return self._response(prompt, reply)
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        with self._lock:
+            self._async_calls += 1
+        reply = self._next(prompt, kwargs)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if isinstance(reply, _Hang):
+            await asyncio.Event().wait()
+        return self._response(prompt, reply)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        response = self.complete(prompt, formatted=formatted, **kwargs)
+
+        def gen() -> CompletionResponseGen:
+            yield CompletionResponse(text=response.text, delta=response.text, raw=response.raw)
+
+        return gen()
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "did",
+        "do",
+        "does",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "i",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "their",
+        "this",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+    ]
+)
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+class DeterministicEmbedding(BaseEmbedding):
+    """Hashed bag-of-words embedding: texts that share (stemmed, non-stop) words are
+    close, unrelated texts are near-orthogonal. Same text, same vector, on any machine.
+    ``dim`` sets the size (default 256). Counts calls in ``sync_calls``/``async_calls``.
+    """
+
+    dim: int = Field(default=256, gt=7)
+    model_name: str = Field(default="deterministic-bow")
+    _sync_calls: int = PrivateAttr(default=0)
+    _async_calls: int = PrivateAttr(default=0)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "DeterministicEmbedding"
+
+    @property
+    def sync_calls(self) -> int:
+        return self._sync_calls
+
+    @property
+    def async_calls(self) -> int:
+        return self._async_calls
+
+    def vector(self, text: str) -> list[float]:
+        """The embedding of ``text`` (unit length, or zeros for a text with no words)."""
+        vec = [0.0] * self.dim
+        for word in _WORD.findall(text.lower()):
+            if word in _STOP:
+                continue
+            digest = hashlib.blake2b(_stem(word).encode(), digest_size=8).digest()
+            index = int.from_bytes(digest[:4], "little") % self.dim
+            vec[index] += 1.0 if digest[4] & 1 else -1.0
+        norm = math.sqrt(sum(v * v for v in vec))
+        return [v / norm for v in vec] if norm else vec
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        self._sync_calls += 1
+        return self.vector(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        self._sync_calls += 1
+        return self.vector(text)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        self._async_calls += 1
+        return self.vector(query)
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        self._async_calls += 1
+        return self.vector(text)
+
+
+class StaticRetriever(BaseRetriever):
+    """A retriever over fixed texts, for tests.
+
+    ``results`` maps a query string to the node ids to return (best first); any other
+    query returns ``default`` ids. ``delay`` seconds are slept per call (async sleeps
+    on the async path), ``fail_on`` queries raise ``RuntimeError``. Every query string
+    seen is recorded in ``queries`` and every bundle in ``bundles``.
+    """
+
+    def __init__(
+        self,
+        texts: dict[str, str],
+        *,
+        results: dict[str, Sequence[str]] | None = None,
+        default: Sequence[str] = (),
+        delay: float = 0.0,
+        fail_on: Iterable[str] = (),
+    ) -> None:
+        super().__init__()
+        self.nodes = {nid: TextNode(id_=nid, text=text) for nid, text in texts.items()}
+        self.results = {k: list(v) for k, v in (results or {}).items()}
+        self.default = list(default)
+        self.delay = delay
+        self.fail_on = set(fail_on)
+        self.bundles: list[QueryBundle] = []
+        self._lock = threading.Lock()
+        self.active = 0
+        self.max_active = 0
+
+    @property
+    def queries(self) -> list[str]:
+        return [b.query_str for b in self.bundles]
+
+    def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        if bundle.query_str in self.fail_on:
+            raise RuntimeError(f"search failed for {bundle.query_str!r}")
+        ids = self.results.get(bundle.query_str, self.default)
+        n = len(ids)
+        return [NodeWithScore(node=self.nodes[i], score=float(n - r)) for r, i in enumerate(ids)]
+
+    def _enter(self, bundle: QueryBundle) -> None:
+        with self._lock:
+            self.bundles.append(bundle)
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+
+    def _exit(self) -> None:
+        with self._lock:
+            self.active -= 1
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self._enter(query_bundle)
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            return self._answer(query_bundle)
+        finally:
+            self._exit()
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self._enter(query_bundle)
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            return self._answer(query_bundle)
+        finally:
+            self._exit()

@@ -1,0 +1,20 @@
+"""The transforms. Import them from the package root."""
+
+from .base import ChainTransform, QueryTransformer, SearchSpec, TransformResult
+from .decompose import Decompose
+from .hyde import HyDE
+from .multi_query import MultiQuery
+from .rewrite import Rewrite
+from .step_back import StepBack
+
+__all__ = [
+    "ChainTransform",
+    "Decompose",
+    "HyDE",
+    "MultiQuery",
+    "QueryTransformer",
+    "Rewrite",
+    "SearchSpec",
+    "StepBack",
+    "TransformResult",
+]

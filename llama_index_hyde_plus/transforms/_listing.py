@@ -1,0 +1,70 @@
+"""Shared constructor and parsing for the transforms whose reply is a list of queries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import BasePromptTemplate
+
+from ..usage import ModelPrice, Usage
+from .base import TransformResult
+from .llm_base import LLMTransform, UnusableReplyError
+from .parsing import parse_queries
+
+MAX_N = 10
+
+
+class QueryListTransform(LLMTransform):
+    """An LLM transform whose reply parses to at most ``n`` search queries."""
+
+    prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "n"})
+
+    def __init__(
+        self,
+        llm: LLM | None = None,
+        *,
+        n: int,
+        include_query: bool,
+        prompt: str | BasePromptTemplate | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError("n must be an int")
+        if not 1 <= n <= MAX_N:
+            raise ValueError(f"n must be between 1 and {MAX_N}")
+        super().__init__(
+            llm,
+            prompt=prompt,
+            temperature=temperature,
+            timeout=timeout,
+            prices=prices,
+            callback_manager=callback_manager,
+        )
+        self.n = n
+        self.include_query = bool(include_query)
+
+    def _format_vars(self) -> dict[str, Any]:
+        return {"n": self.n} if "n" in self._prompt.template_vars else {}
+
+    def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
+        exclude = (query,) if self.include_query else ()
+        queries = parse_queries(replies[0], self.n, exclude=exclude)
+        if not queries:
+            if parse_queries(replies[0], 1):
+                # the model only repeated the question: nothing new, but not a failure
+                queries = [query]
+            else:
+                raise UnusableReplyError("no query could be parsed from the reply")
+        return TransformResult(
+            query=query,
+            method=self.method,
+            queries=tuple(queries),
+            include_query=self.include_query,
+            usage=usage,
+        )

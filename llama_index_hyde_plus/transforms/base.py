@@ -1,0 +1,329 @@
+"""`QueryTransformer`, the base of every transform, and its output `TransformResult`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
+from llama_index.core.prompts.mixin import PromptDictType
+from llama_index.core.schema import QueryBundle
+
+from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher
+from ..fusion import FusionMode
+from ..usage import Usage, sum_usage
+
+logger = logging.getLogger("llama_index_hyde_plus")
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """One search a transform asks for.
+
+    ``text`` is what keyword and hybrid search match; ``embedding_strs`` are embedded
+    and averaged into the dense search vector (LlamaIndex's ``custom_embedding_strs``).
+    """
+
+    text: str
+    embedding_strs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TransformResult:
+    """What a transform made of a query. See the README's field table."""
+
+    query: str
+    method: str
+    queries: tuple[str, ...]
+    hypothetical: tuple[str, ...] = ()
+    include_query: bool = True
+    usage: Usage = field(default_factory=Usage)
+    fallback: bool = False
+    error: str | None = None
+    latency_s: float = 0.0
+    children: tuple[TransformResult, ...] = ()
+    """Per-query results of a composed transform (``a.then(b)``): one per search of ``a``."""
+
+    @classmethod
+    def fallback_for(
+        cls, query: str, method: str, error: str, *, usage: Usage | None = None
+    ) -> TransformResult:
+        return cls(
+            query=query,
+            method=method,
+            queries=(query,),
+            include_query=True,
+            usage=usage or Usage(),
+            fallback=True,
+            error=error,
+        )
+
+    @property
+    def search_queries(self) -> tuple[str, ...]:
+        """The queries to search: the original first when ``include_query``, then the
+        generated ones, without repeats. For HyDE this is just the original query."""
+        if self.hypothetical:
+            return (self.query,)
+        head = (self.query,) if self.include_query else ()
+        out: list[str] = []
+        for q in (*head, *self.queries):
+            if q not in out:
+                out.append(q)
+        return tuple(out) or (self.query,)
+
+    @property
+    def embedding_strs(self) -> tuple[str, ...]:
+        """Strings whose embeddings average into one search vector (HyDE), or the
+        search queries (other methods), as LlamaIndex's ``custom_embedding_strs``."""
+        if self.hypothetical:
+            head = (self.query,) if self.include_query else ()
+            return (*self.hypothetical, *head)
+        return self.search_queries
+
+    def searches(self) -> list[SearchSpec]:
+        """The searches to run, one ranked list each."""
+        if self.children:
+            return [spec for child in self.children for spec in child.searches()]
+        if self.hypothetical:
+            parts = ((self.query,) if self.include_query else ()) + self.hypothetical
+            return [SearchSpec(text="\n\n".join(parts), embedding_strs=self.embedding_strs)]
+        return [SearchSpec(text=q, embedding_strs=(q,)) for q in self.search_queries]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "query": self.query,
+            "method": self.method,
+            "queries": list(self.queries),
+            "hypothetical": list(self.hypothetical),
+            "include_query": self.include_query,
+            "usage": self.usage.to_dict(),
+            "fallback": self.fallback,
+            "error": self.error,
+            "latency_s": round(self.latency_s, 6),
+        }
+        if self.children:
+            out["children"] = [c.to_dict() for c in self.children]
+        return out
+
+
+def _method_name(obj: QueryTransformer) -> str:
+    return obj.method or type(obj).__name__
+
+
+def validate_query(query: Any) -> str:
+    """``query`` if it is a non-empty string, else a `TypeError`/`ValueError`."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str, not {type(query).__name__}")
+    if not query.strip():
+        raise ValueError("query must be a non-empty string")
+    return query
+
+
+def _emit_start(transformer: QueryTransformer, query: str) -> None:
+    dispatcher.event(QueryTransformStartEvent(query=query, method=_method_name(transformer)))
+
+
+def _emit_end(result: TransformResult) -> None:
+    dispatcher.event(
+        QueryTransformEndEvent(
+            query=result.query,
+            method=result.method,
+            queries=list(result.queries),
+            hypothetical=list(result.hypothetical),
+            include_query=result.include_query,
+            usage=result.usage.to_dict(),
+            fallback=result.fallback,
+            error=result.error,
+            latency_s=result.latency_s,
+        )
+    )
+
+
+def coerce_result(
+    transformer: QueryTransformer, query: str, value: Any, latency_s: float
+) -> TransformResult:
+    """Turn what a ``transform()`` returned (str, list of str, TransformResult) into a
+    `TransformResult`. Anything else is a `TypeError`."""
+    method = _method_name(transformer)
+    if isinstance(value, TransformResult):
+        if value.latency_s:
+            return value
+        return replace(value, latency_s=latency_s)
+    include = bool(getattr(transformer, "include_query", False))
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError("transform() returned an empty string")
+        return TransformResult(
+            query=query,
+            method=method,
+            queries=(text,),
+            include_query=include,
+            latency_s=latency_s,
+        )
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        queries = tuple(v.strip() for v in value if v.strip())
+        if not queries:
+            raise ValueError("transform() returned no queries")
+        return TransformResult(
+            query=query,
+            method=method,
+            queries=queries,
+            include_query=include,
+            latency_s=latency_s,
+        )
+    raise TypeError(
+        f"{type(transformer).__name__}.transform() must return str, list[str] or "
+        f"TransformResult, not {type(value).__name__}"
+    )
+
+
+class QueryTransformer(BaseQueryTransform):
+    """Base class of every query transform.
+
+    Subclass it and override `transform` (returning a ``str``, a ``list[str]`` or a
+    `TransformResult`); the default `atransform` runs it in a worker thread so the
+    event loop is never blocked. Built-in transforms implement `atransform` natively.
+
+    It is also a LlamaIndex ``BaseQueryTransform``: ``run()`` returns a ``QueryBundle``
+    whose ``query_str`` is the ORIGINAL question (so answer prompts see the user's
+    words) and whose ``custom_embedding_strs`` are the strings to embed, so core's
+    ``TransformQueryEngine`` and ``TransformRetriever`` accept it as is.
+    """
+
+    method: ClassVar[str] = ""
+    """Name reported in `TransformResult.method`; the class name when empty."""
+    default_fusion: ClassVar[FusionMode] = FusionMode.RRF
+    """Fusion a `TransformRetriever` uses for this transform unless told otherwise."""
+    include_query: bool = True
+
+    def transform(self, query: str) -> Any:
+        """Rewrite ``query``. Returns a `TransformResult` (built-ins) or, in a user's
+        subclass, a ``str`` / ``list[str]`` / `TransformResult`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement transform()")
+
+    async def atransform(self, query: str) -> Any:
+        """Async twin of `transform`; by default ``transform()`` in a worker thread."""
+        return await asyncio.to_thread(self.transform, query)
+
+    # -- safe wrappers used by the retriever and run() -------------------------------
+    def transform_safe(self, query: str) -> TransformResult:
+        """`transform` that never raises on a failure of the transform itself: it is
+        logged and becomes a fallback. A bad ``query`` is still a `ValueError`.
+        Emits the start and end instrumentation events."""
+        validate_query(query)
+        start = time.perf_counter()
+        _emit_start(self, query)
+        try:
+            value = self.transform(query)
+            result = coerce_result(self, query, value, time.perf_counter() - start)
+        except Exception as exc:
+            result = self._failed(query, exc, start)
+        _emit_end(result)
+        return result
+
+    async def atransform_safe(self, query: str) -> TransformResult:
+        """`atransform` that never raises (cancellation still propagates)."""
+        validate_query(query)
+        start = time.perf_counter()
+        _emit_start(self, query)
+        try:
+            value = await self.atransform(query)
+            result = coerce_result(self, query, value, time.perf_counter() - start)
+        except Exception as exc:
+            result = self._failed(query, exc, start)
+        _emit_end(result)
+        return result
+
+    def _failed(self, query: str, exc: Exception, start: float) -> TransformResult:
+        logger.error(
+            "query transform %s raised %s: %s; searching with the original query",
+            _method_name(self),
+            type(exc).__name__,
+            exc,
+        )
+        result = TransformResult.fallback_for(
+            query, _method_name(self), f"{type(exc).__name__}: {exc}"
+        )
+        return replace(result, latency_s=time.perf_counter() - start)
+
+    def then(self, other: QueryTransformer) -> ChainTransform:
+        """Feed each search query of this transform to ``other`` (e.g.
+        ``Decompose(n=3).then(HyDE())`` runs HyDE for every sub-question)."""
+        return ChainTransform(self, other)
+
+    # -- LlamaIndex BaseQueryTransform -----------------------------------------------
+    def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+        result = self.transform_safe(query_bundle.query_str)
+        return QueryBundle(
+            query_str=query_bundle.query_str,
+            custom_embedding_strs=list(result.embedding_strs),
+        )
+
+    def _get_prompts(self) -> PromptDictType:
+        return {}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        return None
+
+
+class ChainTransform(QueryTransformer):
+    """``first.then(second)``: ``second`` runs on every search query of ``first``.
+
+    On the async path all of ``second``'s runs go concurrently. Results are fused
+    with ``first``'s preferred fusion (interleave for `Decompose`).
+    """
+
+    def __init__(self, first: QueryTransformer, second: QueryTransformer) -> None:
+        if not isinstance(first, QueryTransformer) or not isinstance(second, QueryTransformer):
+            raise TypeError("then() composes QueryTransformer instances")
+        super().__init__()
+        self.first = first
+        self.second = second
+        self.include_query = first.include_query
+
+    @property
+    def default_fusion(self) -> FusionMode:  # type: ignore[override]
+        return self.first.default_fusion
+
+    @property
+    def method(self) -> str:  # type: ignore[override]
+        return f"{_method_name(self.first)}+{_method_name(self.second)}"
+
+    def _combine(
+        self, head: TransformResult, children: list[TransformResult], start: float
+    ) -> TransformResult:
+        usage = sum_usage([head.usage, *(c.usage for c in children)])
+        return TransformResult(
+            query=head.query,
+            method=self.method,
+            queries=head.queries,
+            hypothetical=tuple(p for c in children for p in c.hypothetical),
+            include_query=head.include_query,
+            usage=usage,
+            fallback=head.fallback,
+            error=head.error,
+            latency_s=time.perf_counter() - start,
+            children=tuple(children),
+        )
+
+    def transform(self, query: str) -> TransformResult:
+        start = time.perf_counter()
+        head = self.first.transform_safe(query)
+        children = [self.second.transform_safe(q) for q in head.search_queries]
+        return self._combine(head, children, start)
+
+    async def atransform(self, query: str) -> TransformResult:
+        start = time.perf_counter()
+        head = await self.first.atransform_safe(query)
+        children = await asyncio.gather(
+            *(self.second.atransform_safe(q) for q in head.search_queries)
+        )
+        return self._combine(head, list(children), start)
+
+    def _get_prompt_modules(self) -> dict[str, Any]:
+        return {"first": self.first, "second": self.second}

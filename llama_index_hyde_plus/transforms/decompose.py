@@ -1,0 +1,52 @@
+"""`Decompose`: split a complex question into sub-questions searched separately."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import BasePromptTemplate
+
+from ..fusion import FusionMode
+from ..usage import ModelPrice
+from ._listing import QueryListTransform
+from .prompts import DECOMPOSE_PROMPT
+
+
+class Decompose(QueryListTransform):
+    """Up to ``n`` sub-questions (1 <= n <= 10), each searched on its own.
+
+    Fused by interleaving by default, so every sub-question is represented near the
+    top. ``include_query`` (default False) also searches the whole question. Prompt
+    key: ``"decompose_prompt"``; the prompt may use ``{n}`` as well as ``{query}``.
+    """
+
+    method: ClassVar[str] = "decompose"
+    prompt_key: ClassVar[str] = "decompose_prompt"
+    default_prompt: ClassVar[str] = DECOMPOSE_PROMPT
+    default_fusion: ClassVar[FusionMode] = FusionMode.INTERLEAVE
+
+    def __init__(
+        self,
+        llm: LLM | None = None,
+        *,
+        n: int = 3,
+        include_query: bool = False,
+        prompt: str | BasePromptTemplate | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        super().__init__(
+            llm,
+            n=n,
+            include_query=include_query,
+            prompt=prompt,
+            temperature=temperature,
+            timeout=timeout,
+            prices=prices,
+            callback_manager=callback_manager,
+        )

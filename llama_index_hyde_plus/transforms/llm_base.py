@@ -1,0 +1,206 @@
+"""`LLMTransform`: the shared machinery of the built-in, LLM-backed transforms.
+
+It owns the LLM (``Settings.llm`` when none is given, resolved at call time so that
+constructing a transform never needs an API key), the swappable prompt, the call
+(sync ``complete`` or native async ``acomplete``, with ``timeout``), usage accounting
+and the fallback rule: any exception, timeout, or empty/unparseable reply logs one
+warning and yields the original query with ``fallback=True``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
+from llama_index.core.prompts.mixin import PromptDictType
+from llama_index.core.settings import Settings
+
+from .. import _llm
+from ..usage import ModelPrice, Usage, sum_usage
+from .base import QueryTransformer, TransformResult, logger, validate_query
+
+
+class UnusableReplyError(ValueError):
+    """The LLM answered, but nothing usable could be parsed from the reply."""
+
+
+def _template(prompt: str | BasePromptTemplate, allowed: frozenset[str]) -> BasePromptTemplate:
+    template = PromptTemplate(prompt) if isinstance(prompt, str) else prompt
+    names = set(template.template_vars)
+    if "query" not in names:
+        raise ValueError("prompt must contain the {query} placeholder")
+    extra = names - allowed
+    if extra:
+        raise ValueError(
+            f"prompt has unknown placeholder(s) {sorted(extra)}; allowed: {sorted(allowed)} "
+            "(write literal braces as {{ and }})"
+        )
+    return template
+
+
+class LLMTransform(QueryTransformer):
+    """Base of HyDE, MultiQuery, StepBack, Decompose and Rewrite."""
+
+    prompt_key: ClassVar[str]
+    default_prompt: ClassVar[str]
+    prompt_vars: ClassVar[frozenset[str]] = frozenset({"query"})
+
+    def __init__(
+        self,
+        llm: LLM | None = None,
+        *,
+        prompt: str | BasePromptTemplate | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        super().__init__()
+        if llm is not None and not isinstance(llm, LLM):
+            raise TypeError(f"llm must be a LlamaIndex LLM, not {type(llm).__name__}")
+        if temperature is not None and not 0 <= temperature <= 2:
+            raise ValueError("temperature must be between 0 and 2")
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be > 0 seconds")
+        self._llm = llm
+        self._prompt = _template(prompt or self.default_prompt, self.prompt_vars)
+        self.temperature = temperature
+        self.timeout = timeout
+        self.prices = dict(prices) if prices else None
+        self._callback_manager = callback_manager
+
+    @property
+    def llm(self) -> LLM:
+        """The transform's own LLM; ``Settings.llm`` when none was given."""
+        return self._llm if self._llm is not None else Settings.llm
+
+    @property
+    def prompt(self) -> BasePromptTemplate:
+        return self._prompt
+
+    @property
+    def callback_manager(self) -> CallbackManager:
+        """Where LLM events are reported besides the LLM's own manager."""
+        return self._callback_manager or Settings.callback_manager
+
+    # -- prompts -----------------------------------------------------------------
+    def _get_prompts(self) -> PromptDictType:
+        return {self.prompt_key: self._prompt}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        if self.prompt_key in prompts:
+            self._prompt = _template(prompts[self.prompt_key], self.prompt_vars)
+
+    # -- what subclasses define ----------------------------------------------------
+    def _format_vars(self) -> dict[str, Any]:
+        return {}
+
+    def _num_calls(self) -> int:
+        return 1
+
+    @abstractmethod
+    def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
+        """Build the result from the replies; raise `UnusableReplyError` if none is."""
+
+    # -- the call ----------------------------------------------------------------
+    def _render(self, query: str) -> str:
+        return self._prompt.format(query=query, **self._format_vars())
+
+    def _call_kwargs(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "timeout": self.timeout,
+            "prices": self.prices,
+            "host_callback_manager": self.callback_manager,
+        }
+
+    def transform(self, query: str) -> TransformResult:
+        validate_query(query)
+        start = time.perf_counter()
+        replies: list[_llm.LLMReply] = []
+        errors: list[BaseException] = []
+        try:
+            llm = self.llm
+            prompt = self._render(query)
+        except Exception as exc:
+            return self._fallback(query, [], [exc], start)
+        for _ in range(self._num_calls()):
+            try:
+                replies.append(_llm.complete(llm, prompt, **self._call_kwargs()))
+            except Exception as exc:
+                errors.append(exc)
+        return self._finish(query, replies, errors, start)
+
+    async def atransform(self, query: str) -> TransformResult:
+        validate_query(query)
+        start = time.perf_counter()
+        try:
+            llm = self.llm
+            prompt = self._render(query)
+        except Exception as exc:
+            return self._fallback(query, [], [exc], start)
+        outcomes = await asyncio.gather(
+            *(_llm.acomplete(llm, prompt, **self._call_kwargs()) for _ in range(self._num_calls())),
+            return_exceptions=True,
+        )
+        replies = [o for o in outcomes if isinstance(o, _llm.LLMReply)]
+        errors: list[BaseException] = []
+        for o in outcomes:
+            if isinstance(o, BaseException):
+                if not isinstance(o, Exception):
+                    raise o  # cancellation and friends are not failures to hide
+                errors.append(o)
+        return self._finish(query, replies, errors, start)
+
+    def _finish(
+        self,
+        query: str,
+        replies: list[_llm.LLMReply],
+        errors: list[BaseException],
+        start: float,
+    ) -> TransformResult:
+        usage = sum_usage([r.usage for r in replies])
+        texts = [r.text for r in replies if r.text and r.text.strip()]
+        if not texts:
+            if not errors:
+                errors = [UnusableReplyError("the LLM returned an empty reply")]
+            return self._fallback(query, replies, errors, start)
+        try:
+            result = self._build(query, texts, usage)
+        except UnusableReplyError as exc:
+            return self._fallback(query, replies, [exc], start)
+        return TransformResult(
+            query=result.query,
+            method=result.method,
+            queries=result.queries,
+            hypothetical=result.hypothetical,
+            include_query=result.include_query,
+            usage=usage,
+            error=_describe(errors[0]) if errors else None,
+            latency_s=time.perf_counter() - start,
+        )
+
+    def _fallback(
+        self,
+        query: str,
+        replies: list[_llm.LLMReply],
+        errors: list[BaseException],
+        start: float,
+    ) -> TransformResult:
+        error = _describe(errors[0]) if errors else "unknown error"
+        logger.warning("%s failed (%s); searching with the original query", self.method, error)
+        result = TransformResult.fallback_for(
+            query, self.method, error, usage=sum_usage([r.usage for r in replies])
+        )
+        return TransformResult(**{**result.__dict__, "latency_s": time.perf_counter() - start})
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

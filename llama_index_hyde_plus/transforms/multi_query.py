@@ -1,0 +1,52 @@
+"""`MultiQuery`: several paraphrases of the question, searched and fused."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import BasePromptTemplate
+
+from ..fusion import FusionMode
+from ..usage import ModelPrice
+from ._listing import QueryListTransform
+from .prompts import MULTI_QUERY_PROMPT
+
+
+class MultiQuery(QueryListTransform):
+    """``n`` differently worded queries for the same need (1 <= n <= 10).
+
+    Each is searched (concurrently, by `TransformRetriever`) along with the original
+    question when ``include_query``, and the lists are fused with RRF. Prompt key:
+    ``"multi_query_prompt"``; the prompt may use ``{n}`` as well as ``{query}``.
+    """
+
+    method: ClassVar[str] = "multi-query"
+    prompt_key: ClassVar[str] = "multi_query_prompt"
+    default_prompt: ClassVar[str] = MULTI_QUERY_PROMPT
+    default_fusion: ClassVar[FusionMode] = FusionMode.RRF
+
+    def __init__(
+        self,
+        llm: LLM | None = None,
+        *,
+        n: int = 3,
+        include_query: bool = True,
+        prompt: str | BasePromptTemplate | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        super().__init__(
+            llm,
+            n=n,
+            include_query=include_query,
+            prompt=prompt,
+            temperature=temperature,
+            timeout=timeout,
+            prices=prices,
+            callback_manager=callback_manager,
+        )

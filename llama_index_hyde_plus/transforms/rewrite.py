@@ -1,0 +1,44 @@
+"""`Rewrite`: one cleaned-up query in place of the user's raw one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import BasePromptTemplate
+
+from ..usage import ModelPrice
+from ._listing import QueryListTransform
+from .prompts import REWRITE_PROMPT
+
+
+class Rewrite(QueryListTransform):
+    """A single rewritten query (spelling fixed, abbreviations expanded, filler
+    dropped) searched instead of the original. Prompt key: ``"rewrite_prompt"``."""
+
+    method: ClassVar[str] = "rewrite"
+    prompt_key: ClassVar[str] = "rewrite_prompt"
+    default_prompt: ClassVar[str] = REWRITE_PROMPT
+
+    def __init__(
+        self,
+        llm: LLM | None = None,
+        *,
+        prompt: str | BasePromptTemplate | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        super().__init__(
+            llm,
+            n=1,
+            include_query=False,
+            prompt=prompt,
+            temperature=temperature,
+            timeout=timeout,
+            prices=prices,
+            callback_manager=callback_manager,
+        )

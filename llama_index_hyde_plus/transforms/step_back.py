@@ -1,0 +1,46 @@
+"""`StepBack`: search for the general principle behind a specific question."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import BasePromptTemplate
+
+from ..usage import ModelPrice
+from ._listing import QueryListTransform
+from .prompts import STEP_BACK_PROMPT
+
+
+class StepBack(QueryListTransform):
+    """One more general "step-back" question (Zheng et al., 2023), searched with the
+    original question when ``include_query`` (default True), fused with RRF.
+    Prompt key: ``"step_back_prompt"``."""
+
+    method: ClassVar[str] = "step-back"
+    prompt_key: ClassVar[str] = "step_back_prompt"
+    default_prompt: ClassVar[str] = STEP_BACK_PROMPT
+
+    def __init__(
+        self,
+        llm: LLM | None = None,
+        *,
+        include_query: bool = True,
+        prompt: str | BasePromptTemplate | None = None,
+        temperature: float | None = None,
+        timeout: float | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        super().__init__(
+            llm,
+            n=1,
+            include_query=include_query,
+            prompt=prompt,
+            temperature=temperature,
+            timeout=timeout,
+            prices=prices,
+            callback_manager=callback_manager,
+        )

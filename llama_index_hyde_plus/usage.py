@@ -1,0 +1,214 @@
+"""Token usage and cost of the LLM calls a transform makes.
+
+`Usage` is summed across calls with ``+``. Token counts come from the provider's
+response when it carries them (OpenAI-style ``prompt_tokens``/``completion_tokens``,
+llama.cpp's identical fields, or Anthropic-style ``input_tokens``/``output_tokens``);
+otherwise they are estimated with LlamaIndex's global tokenizer and marked
+``usage_source="estimated"``. Cost comes from a price table (USD per million tokens),
+a user's own prices (``cost_source="custom"``), is zero for local models
+(``"local"``), or is unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+UsageSource = Literal["provider", "estimated", "none"]
+CostSource = Literal["price-table", "custom", "local", "unknown", "none"]
+
+
+@dataclass(frozen=True)
+class ModelPrice:
+    """USD per one million input and output tokens."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+
+    def __post_init__(self) -> None:
+        if self.input_per_mtok < 0 or self.output_per_mtok < 0:
+            raise ValueError("ModelPrice: prices must be >= 0")
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (
+            input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok
+        ) / 1_000_000
+
+
+#: List prices (USD per 1M tokens, standard tier) of common OpenAI models, as
+#: published by OpenAI. Override or extend per model with ``prices=`` on a transform.
+PRICE_TABLE: Mapping[str, ModelPrice] = {
+    "gpt-3.5-turbo": ModelPrice(0.50, 1.50),
+    "gpt-4": ModelPrice(30.00, 60.00),
+    "gpt-4-turbo": ModelPrice(10.00, 30.00),
+    "gpt-4o": ModelPrice(2.50, 10.00),
+    "gpt-4o-mini": ModelPrice(0.15, 0.60),
+    "gpt-4.1": ModelPrice(2.00, 8.00),
+    "gpt-4.1-mini": ModelPrice(0.40, 1.60),
+    "gpt-4.1-nano": ModelPrice(0.10, 0.40),
+    "gpt-5": ModelPrice(1.25, 10.00),
+    "gpt-5-mini": ModelPrice(0.25, 2.00),
+    "gpt-5-nano": ModelPrice(0.05, 0.40),
+    "o3-mini": ModelPrice(1.10, 4.40),
+    "o4-mini": ModelPrice(1.10, 4.40),
+}
+
+_SOURCE_RANK = {"none": 0, "provider": 1, "estimated": 2}
+_COST_RANK = {"none": 0, "local": 1, "price-table": 2, "custom": 3, "unknown": 4}
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens and cost of one or more LLM calls.
+
+    When calls of different provenance are added, the result reports the weakest:
+    any estimated count makes the sum ``"estimated"``, and any call of unknown price
+    makes the cost ``"unknown"`` (the known part is still summed in ``cost``).
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cost: float = 0.0
+    usage_source: UsageSource = "none"
+    cost_source: CostSource = "none"
+    calls: int = 0
+    cached: bool = field(default=False)
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cost=self.cost + other.cost,
+            usage_source=max(self.usage_source, other.usage_source, key=_SOURCE_RANK.__getitem__),
+            cost_source=max(self.cost_source, other.cost_source, key=_COST_RANK.__getitem__),
+            calls=self.calls + other.calls,
+            cached=self.cached and other.cached,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "total_tokens": self.total_tokens,
+            "cost": self.cost,
+            "usage_source": self.usage_source,
+            "cost_source": self.cost_source,
+            "calls": self.calls,
+        }
+
+
+def sum_usage(usages: list[Usage]) -> Usage:
+    """Sum of several usages; an empty list is zero usage."""
+    total = Usage()
+    for usage in usages:
+        total = total + usage
+    return total
+
+
+def _get(obj: Any, key: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def provider_token_counts(
+    raw: Any, additional_kwargs: Mapping[str, Any] | None = None
+) -> tuple[int, int] | None:
+    """Input and output tokens reported by the provider, or None if it reported none.
+
+    Reads OpenAI/llama.cpp (``usage.prompt_tokens``/``completion_tokens``) and
+    Anthropic-style (``usage.input_tokens``/``output_tokens``) shapes, from a dict or
+    an SDK object, falling back to LlamaIndex's ``additional_kwargs``.
+    """
+    candidates: list[Any] = []
+    if raw is not None:
+        candidates.append(_get(raw, "usage"))
+        candidates.append(_get(raw, "usage_metadata"))
+    if additional_kwargs:
+        candidates.append(additional_kwargs)
+    for usage in candidates:
+        if usage is None:
+            continue
+        prompt = _get(usage, "prompt_tokens")
+        if prompt is None:
+            prompt = _get(usage, "input_tokens")
+        completion = _get(usage, "completion_tokens")
+        if completion is None:
+            completion = _get(usage, "output_tokens")
+        if isinstance(prompt, int) and isinstance(completion, int):
+            return prompt, completion
+    return None
+
+
+def estimate_tokens(text: str) -> int:
+    """Token count of ``text`` with LlamaIndex's global tokenizer (tiktoken, offline)."""
+    from llama_index.core.utils import get_tokenizer
+
+    return len(get_tokenizer()(text))
+
+
+def price_for(
+    model: str | None, prices: Mapping[str, ModelPrice] | None = None
+) -> tuple[ModelPrice | None, CostSource]:
+    """The price of ``model`` and where it came from.
+
+    User ``prices`` win over the built-in table; a dated model id
+    (``gpt-4o-mini-2024-07-18``) falls back to its undated family.
+    """
+    if not model:
+        return None, "unknown"
+    for table, source in ((prices or {}, "custom"), (PRICE_TABLE, "price-table")):
+        name = model
+        while True:
+            if name in table:
+                return table[name], source  # type: ignore[return-value]
+            head, sep, _tail = name.rpartition("-")
+            if not sep or not head:
+                break
+            name = head
+    return None, "unknown"
+
+
+def usage_for_call(
+    *,
+    prompt: str,
+    completion: str,
+    raw: Any,
+    additional_kwargs: Mapping[str, Any] | None,
+    model: str | None,
+    local: bool,
+    prices: Mapping[str, ModelPrice] | None = None,
+) -> Usage:
+    """The `Usage` of one LLM call, from the provider's counts or an estimate."""
+    counts = provider_token_counts(raw, additional_kwargs)
+    source: UsageSource
+    if counts is not None:
+        input_tokens, output_tokens = counts
+        source = "provider"
+    else:
+        input_tokens, output_tokens = estimate_tokens(prompt), estimate_tokens(completion)
+        source = "estimated"
+    cost = 0.0
+    cost_source: CostSource
+    price, price_source = price_for(model, prices)
+    if price is not None and (price_source == "custom" or not local):
+        cost = price.cost(input_tokens, output_tokens)
+        cost_source = price_source
+    elif local:
+        cost_source = "local"
+    else:
+        cost_source = "unknown"
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=input_tokens + output_tokens,
+        cost=cost,
+        usage_source=source,
+        cost_source=cost_source,
+        calls=1,
+    )
