@@ -57,6 +57,8 @@ def trim_passage(text: str, max_characters: int) -> str:
         after = text[end] if end < len(text) else " "
         if after.isspace():
             return window[:end].rstrip()
+    if text[max_characters].isspace():
+        return window.rstrip()
     for i in range(len(window) - 1, 0, -1):
         if window[i].isspace():
             return window[:i].rstrip()

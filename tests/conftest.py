@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import faiss
+import pytest
+from llama_index.core import StorageContext, VectorStoreIndex
+from llama_index.core.schema import TextNode
+from llama_index.vector_stores.faiss import FaissVectorStore
+
+from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+DOCS = {
+    "renewals": "Enterprise renewals slipped last quarter as three large accounts delayed signing.",
+    "hiring": "The company hired forty engineers for the new platform team in Berlin.",
+    "office": "The Lisbon office moved to a larger building near the river in March.",
+    "pto": "Employees receive twenty five days of paid time off each year.",
+    "security": "All laptops must use full disk encryption and a hardware security key.",
+    "pricing": "List prices for the analytics add-on rise by five percent in January.",
+    "lunch": "Revenue team members can drop by the Friday lunch in the main kitchen.",
+}
+
+
+@pytest.fixture
+def embed_model() -> DeterministicEmbedding:
+    return DeterministicEmbedding(dim=256)
+
+
+@pytest.fixture
+def faiss_index(embed_model: DeterministicEmbedding) -> VectorStoreIndex:
+    """A real FAISS (inner product) index over DOCS with the deterministic embedding."""
+    store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(embed_model.dim))
+    nodes = [TextNode(id_=nid, text=text) for nid, text in DOCS.items()]
+    return VectorStoreIndex(
+        nodes,
+        storage_context=StorageContext.from_defaults(vector_store=store),
+        embed_model=embed_model,
+    )

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import pytest
+from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+from llama_index.llms.openai import OpenAI
+
+from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
+from llama_index_hyde_plus._llm import LLMTimeoutError, acomplete, complete
+from llama_index_hyde_plus.testing import HANG, ScriptedLLM
+
+from .openai_stub import openai_stub
+
+
+def install_counter(monkeypatch: pytest.MonkeyPatch) -> TokenCountingHandler:
+    handler = TokenCountingHandler()
+    monkeypatch.setattr(Settings, "_callback_manager", CallbackManager([handler]))
+    return handler
+
+
+@pytest.fixture
+def counter(monkeypatch: pytest.MonkeyPatch) -> TokenCountingHandler:
+    return install_counter(monkeypatch)
+
+
+def llm_tokens(handler: TokenCountingHandler) -> tuple[int, int]:
+    return handler.prompt_llm_token_count, handler.completion_llm_token_count
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_token_counting_handler_on_settings_sees_exactly_the_transform_tokens(
+    faiss_index: VectorStoreIndex, monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    # The LLM is built before the handler is installed (an app's module-level LLM), so
+    # its own callback manager lacks the handler: LlamaIndex alone would miss the call.
+    llm = ScriptedLLM(["1. staff hired\n2. offices moved"])
+    counter = install_counter(monkeypatch)
+    assert not llm.callback_manager.handlers
+    retriever = TransformRetriever(faiss_index.as_retriever(), MultiQuery(llm, n=2))
+    result = await retriever.asearch("growth") if use_async else retriever.search("growth")
+    usage = result.transform.usage
+    assert usage.input_tokens > 0
+    assert llm_tokens(counter) == (usage.input_tokens, usage.output_tokens)
+    assert len(counter.llm_token_counts) == 1
+
+
+def test_an_llm_already_reporting_to_the_handler_is_not_counted_twice(
+    counter: TokenCountingHandler,
+) -> None:
+    llm = ScriptedLLM(["passage."])  # built after the handler: LlamaIndex wires it in
+    assert counter in llm.callback_manager.handlers
+    result = HyDE(llm).transform("q")
+    assert len(counter.llm_token_counts) == 1
+    assert llm_tokens(counter) == (result.usage.input_tokens, result.usage.output_tokens)
+
+
+def test_explicit_callback_manager_on_the_transform_is_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    llm = ScriptedLLM(["p."])
+    counter = install_counter(monkeypatch)
+    mine = TokenCountingHandler()
+    HyDE(llm, callback_manager=CallbackManager([mine])).transform("q")
+    assert len(mine.llm_token_counts) == 1 and not counter.llm_token_counts
+
+
+def test_sync_timeout_raises_llm_timeout_error() -> None:
+    with pytest.raises(LLMTimeoutError):
+        complete(ScriptedLLM([HANG]), "p", timeout=0.1)
+
+
+async def test_async_timeout_cancels_the_call() -> None:
+    with pytest.raises(LLMTimeoutError):
+        await acomplete(ScriptedLLM([HANG]), "p", timeout=0.1)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_openai_client_against_a_real_http_server_reports_provider_usage(
+    counter: TokenCountingHandler, use_async: bool
+) -> None:
+    with openai_stub(text="Renewals slipped.", prompt_tokens=42, completion_tokens=7) as (
+        base,
+        state,
+    ):
+        llm = OpenAI(model="gpt-4o-mini", api_base=base, api_key="test-key", max_retries=0)
+        hyde = HyDE(llm, temperature=0.7)
+        result = await hyde.atransform("Why?") if use_async else hyde.transform("Why?")
+    assert not result.fallback, result.error
+    assert result.hypothetical == ("Renewals slipped.",)
+    usage = result.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (42, 7, 49)
+    assert usage.usage_source == "provider" and usage.cost_source == "price-table"
+    assert usage.cost == pytest.approx((42 * 0.15 + 7 * 0.60) / 1e6)
+    assert llm_tokens(counter) == (42, 7)
+    [request] = state.requests
+    assert request["path"].endswith("/chat/completions")
+    assert request["body"]["temperature"] == 0.7
+    assert "Why?" in request["body"]["messages"][-1]["content"]

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+
+from llama_index_hyde_plus import MultiQuery
+from llama_index_hyde_plus.testing import ScriptedLLM
+
+REPLY = (
+    "Here are 3 queries:\n1. revenue decline causes\n2. why sales fell\n3. why did revenue drop?"
+)
+
+
+def test_paraphrases_are_parsed_and_the_question_is_searched_first() -> None:
+    llm = ScriptedLLM([REPLY])
+    result = MultiQuery(llm, n=3).transform("Why did revenue drop?")
+    # the model's copy of the question is dropped: it is searched already
+    assert result.queries == ("revenue decline causes", "why sales fell")
+    assert result.search_queries[0] == "Why did revenue drop?"
+    assert "3" in llm.prompts[0] and "Why did revenue drop?" in llm.prompts[0]
+
+
+def test_without_include_query_only_paraphrases_are_searched() -> None:
+    result = MultiQuery(ScriptedLLM([REPLY]), n=2, include_query=False).transform("q")
+    assert result.search_queries == ("revenue decline causes", "why sales fell")
+
+
+def test_never_more_than_n() -> None:
+    result = MultiQuery(ScriptedLLM(["1. a1\n2. b2\n3. c3\n4. d4"]), n=2).transform("q")
+    assert result.queries == ("a1", "b2")
+
+
+def test_prompt_may_use_n_and_is_swappable() -> None:
+    llm = ScriptedLLM(["a1"])
+    mq = MultiQuery(llm, n=4, prompt="Give {n} variants of {query}")
+    mq.transform("q")
+    assert llm.prompts == ["Give 4 variants of q"]
+    assert set(mq.get_prompts()) == {"multi_query_prompt"}
+
+
+def test_unparseable_reply_falls_back() -> None:
+    result = MultiQuery(ScriptedLLM(["\n\n"])).transform("q")
+    assert result.fallback and result.search_queries == ("q",)
+
+
+@pytest.mark.parametrize("n", [0, 11])
+def test_n_out_of_range_is_value_error(n: int) -> None:
+    with pytest.raises(ValueError, match="n must be"):
+        MultiQuery(ScriptedLLM(), n=n)

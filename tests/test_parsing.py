@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llama_index_hyde_plus.transforms.parsing import dedupe, parse_queries, trim_passage
+
+
+class TestTrimPassage:
+    def test_text_within_limit_is_only_stripped(self) -> None:
+        assert trim_passage("  Short text.  ", 100) == "Short text."
+
+    def test_cuts_at_last_sentence_end_inside_limit(self) -> None:
+        text = "First sentence here. Second one is longer! Third never fits in."
+        assert trim_passage(text, 50) == "First sentence here. Second one is longer!"
+
+    def test_keeps_closing_quote_after_sentence_end(self) -> None:
+        text = 'He said "revenue fell." Then the board met and decided many things.'
+        assert trim_passage(text, 40) == 'He said "revenue fell."'
+
+    def test_ignores_period_inside_a_number(self) -> None:
+        text = "Growth was 3.5 percent in the quarter and costs rose sharply"
+        out = trim_passage(text, 30)
+        assert out == "Growth was 3.5 percent in the"
+
+    def test_falls_back_to_word_break_without_sentence_end(self) -> None:
+        text = "no sentence ends anywhere in this rather long passage of words"
+        out = trim_passage(text, 25)
+        assert out == "no sentence ends anywhere"
+
+    def test_hard_cut_when_no_boundary(self) -> None:
+        assert trim_passage("x" * 50, 10) == "x" * 10
+
+    def test_rejects_non_positive_limit(self) -> None:
+        with pytest.raises(ValueError, match="max_characters"):
+            trim_passage("text", 0)
+
+    @given(st.text(), st.integers(min_value=1, max_value=300))
+    def test_never_exceeds_limit(self, text: str, limit: int) -> None:
+        assert len(trim_passage(text, limit)) <= limit
+
+    @given(
+        st.lists(st.sampled_from(["alpha", "beta.", "gamma!", "delta?", "x"]), min_size=1),
+        st.integers(min_value=1, max_value=80),
+    )
+    def test_ends_on_a_boundary(self, words: list[str], limit: int) -> None:
+        text = " ".join(words)
+        out = trim_passage(text, limit)
+        if len(text) <= limit:
+            assert out == text
+        elif out and len(out) < limit and " " in text[:limit]:
+            # cut at a sentence end or a word break: the next char of the text is a space
+            assert text[len(out)] == " " or out[-1] in ".!?"
+            assert text.startswith(out)
+
+
+MESSY = {
+    "numbered": (
+        "1. first query\n2. second query\n3. third query",
+        ["first query", "second query", "third query"],
+    ),
+    "parens": ("1) alpha\n2) beta", ["alpha", "beta"]),
+    "bullets": ("- alpha\n* beta\n• gamma", ["alpha", "beta", "gamma"]),
+    "preamble": (
+        "Here are 3 alternative queries:\n\n1. alpha one\n2. beta two\n3. gamma three\n\nI hope this helps!",
+        ["alpha one", "beta two", "gamma three"],
+    ),
+    "quotes": (
+        "1. \"alpha one\"\n2. \u201cbeta two\u201d\n3. 'gamma'",
+        ["alpha one", "beta two", "gamma"],
+    ),
+    "json": ('["alpha", "beta", "gamma"]', ["alpha", "beta", "gamma"]),
+    "json_fenced": ('```json\n["alpha", "beta"]\n```', ["alpha", "beta"]),
+    "json_object": ('{"queries": ["alpha", "beta"]}', ["alpha", "beta"]),
+    "plain_lines": ("alpha one\n\nbeta two\n", ["alpha one", "beta two"]),
+    "labels": ("Query 1: alpha\nQuery 2: beta", ["alpha", "beta"]),
+    "bold": ("1. **alpha** one\n2. beta", ["alpha one", "beta"]),
+    "sure": ("Sure! Here you go\nalpha\nbeta", ["alpha", "beta"]),
+    "step_back_label": ("Step-back question: What drives revenue?", ["What drives revenue?"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MESSY))
+def test_parse_queries_handles_messy_output(name: str) -> None:
+    text, expected = MESSY[name]
+    assert parse_queries(text, 5) == expected
+
+
+def test_parse_queries_caps_at_n() -> None:
+    assert parse_queries("1. a1\n2. b2\n3. c3\n4. d4", 2) == ["a1", "b2"]
+
+
+def test_parse_queries_dedupes_case_and_space_insensitively_first_wins() -> None:
+    assert parse_queries("1. Alpha  Beta\n2. alpha beta\n3. Gamma", 5) == ["Alpha  Beta", "Gamma"]
+
+
+def test_parse_queries_excludes_given_items() -> None:
+    assert parse_queries("1. the question\n2. other", 5, exclude=("The Question",)) == ["other"]
+
+
+def test_parse_queries_empty_reply_is_empty_list() -> None:
+    assert parse_queries("   \n\n", 3) == []
+
+
+def test_parse_queries_rejects_bad_n() -> None:
+    with pytest.raises(ValueError, match="n must be"):
+        parse_queries("a", 0)
+
+
+def test_dedupe_keeps_order() -> None:
+    assert dedupe(["b", "a", "B", "c", "a"]) == ["b", "a", "c"]
+
+
+@given(st.text(), st.integers(min_value=1, max_value=10))
+def test_parse_queries_never_raises_never_exceeds_n_no_duplicates(text: str, n: int) -> None:
+    out = parse_queries(text, n)
+    assert len(out) <= n
+    keys = [" ".join(x.casefold().split()) for x in out]
+    assert len(keys) == len(set(keys))
+    assert all(x.strip() for x in out)

@@ -1,0 +1,345 @@
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+import pytest
+from llama_index.core import VectorStoreIndex
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.vector_stores.types import VectorStoreQuery
+from llama_index.vector_stores.faiss import FaissVectorStore
+
+from llama_index_hyde_plus import (
+    Decompose,
+    FusionMode,
+    HyDE,
+    MultiQuery,
+    QueryTransformer,
+    StepBack,
+    TransformRetriever,
+)
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+
+from .conftest import DOCS
+
+Q = "Why did revenue drop?"
+P1 = "Revenue dropped because enterprise renewals slipped last quarter."
+P2 = "Large accounts delayed signing their renewals, so revenue fell."
+
+
+@pytest.fixture
+def spy_queries(monkeypatch: pytest.MonkeyPatch) -> list[VectorStoreQuery]:
+    seen: list[VectorStoreQuery] = []
+    original = FaissVectorStore.query
+
+    def query(self: FaissVectorStore, query: VectorStoreQuery, **kwargs: object):  # type: ignore[no-untyped-def]
+        seen.append(query)
+        return original(self, query, **kwargs)
+
+    monkeypatch.setattr(FaissVectorStore, "query", query)
+    return seen
+
+
+def mean_vector(embed: DeterministicEmbedding, texts: list[str]) -> np.ndarray:
+    return np.mean([embed.vector(t) for t in texts], axis=0)
+
+
+@pytest.mark.parametrize("include_query", [False, True])
+def test_hyde_search_vector_is_the_mean_of_passages_and_query(
+    faiss_index: VectorStoreIndex,
+    embed_model: DeterministicEmbedding,
+    spy_queries: list[VectorStoreQuery],
+    include_query: bool,
+) -> None:
+    hyde = HyDE(ScriptedLLM([P1, P2]), num_passages=2, include_query=include_query)
+    retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=2), hyde)
+    retriever.search(Q)
+    [query] = spy_queries
+    texts = [P1, P2] + ([Q] if include_query else [])
+    np.testing.assert_allclose(query.query_embedding, mean_vector(embed_model, texts), atol=1e-6)
+
+
+async def test_async_hyde_search_vector_is_the_same_mean(
+    faiss_index: VectorStoreIndex,
+    embed_model: DeterministicEmbedding,
+    spy_queries: list[VectorStoreQuery],
+) -> None:
+    hyde = HyDE(ScriptedLLM([P1, P2], forbid_sync=True), num_passages=2, include_query=True)
+    retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=2), hyde)
+    await retriever.asearch(Q)
+    [query] = spy_queries
+    np.testing.assert_allclose(
+        query.query_embedding, mean_vector(embed_model, [P1, P2, Q]), atol=1e-6
+    )
+
+
+def test_hyde_finds_the_document_the_question_misses(faiss_index: VectorStoreIndex) -> None:
+    base = faiss_index.as_retriever(similarity_top_k=1)
+    plain = base.retrieve(Q)
+    assert plain[0].node.node_id == "lunch"  # shares the question's words, not its answer
+    result = TransformRetriever(base, HyDE(ScriptedLLM([P1]))).search(Q)
+    assert [n.node.node_id for n in result.nodes] == ["renewals"]
+    assert result.transform.hypothetical == (P1,)
+    assert result.latency_s > 0
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("down"), ""])
+async def test_failed_transform_still_returns_results_sync_and_async(
+    faiss_index: VectorStoreIndex, failure: object
+) -> None:
+    base = faiss_index.as_retriever(similarity_top_k=2)
+    retriever = TransformRetriever(base, HyDE(ScriptedLLM([failure, failure])))  # type: ignore[list-item]
+    for result in (
+        retriever.search("paid time off days"),
+        await retriever.asearch("paid time off days"),
+    ):
+        assert result.transform.fallback
+        assert result.nodes[0].node.node_id == "pto"
+
+
+async def test_asearch_never_calls_blocking_llm_or_retriever_methods(
+    faiss_index: VectorStoreIndex,
+) -> None:
+    class AsyncOnly(StaticRetriever):
+        def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            raise AssertionError("blocking _retrieve called on the async path")
+
+    llm = ScriptedLLM(["1. q one\n2. q two"], forbid_sync=True)
+    base = AsyncOnly(DOCS, default=["pto"])
+    result = await TransformRetriever(base, MultiQuery(llm, n=2)).asearch("question")
+    assert not result.transform.fallback, result.transform.error
+    assert result.failed_searches == ()
+    assert llm.sync_calls == 0 and len(base.queries) == 3
+
+
+async def test_sync_only_retriever_runs_off_the_event_loop() -> None:
+    class SyncOnly(StaticRetriever):
+        async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            raise AssertionError("not native async")
+
+    del SyncOnly._aretrieve  # a retriever without native async support
+    base = SyncOnly(DOCS, default=["pto"], delay=0.3)
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(ticker())
+    retriever = TransformRetriever(base, HyDE(ScriptedLLM(["passage."], forbid_sync=True)))
+    result = await retriever.asearch("q")
+    done = True
+    await task
+    assert result.nodes[0].node.node_id == "pto"
+    assert ticks >= 5  # the loop kept running while the retriever slept in a thread
+
+
+class RecordingReranker(BaseNodePostprocessor):
+    seen: list[str] = []
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        assert query_bundle is not None
+        self.seen.append(query_bundle.query_str)
+        for n in nodes:
+            n.score = 100.0  # a reranker that rewrites scores in place
+        return list(reversed(nodes))
+
+
+async def test_reranker_scores_against_the_original_question() -> None:
+    base = StaticRetriever(DOCS, default=["pto", "hiring"])
+    original = base._answer(QueryBundle("x"))
+    reranker = RecordingReranker(seen=[])
+    retriever = TransformRetriever(base, HyDE(ScriptedLLM([P1, P1])), reranker=reranker)
+    sync_ids = [n.node.node_id for n in retriever.search(Q).nodes]
+    async_ids = [n.node.node_id for n in (await retriever.asearch(Q)).nodes]
+    assert reranker.seen == [Q, Q]
+    assert sync_ids == async_ids == ["hiring", "pto"]
+    assert [n.score for n in original] == [2.0, 1.0]
+
+
+def test_wrapped_retriever_nodes_are_never_mutated() -> None:
+    class Keeping(StaticRetriever):
+        handed_out: list[NodeWithScore] = []
+
+        def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            nodes = super()._retrieve(query_bundle)
+            self.handed_out.extend(nodes)
+            return nodes
+
+    base = Keeping(DOCS, default=["pto", "hiring"])
+    retriever = TransformRetriever(
+        base, MultiQuery(ScriptedLLM(["1. a\n2. b"]), n=2), reranker=RecordingReranker(seen=[])
+    )
+    retriever.search("q")
+    assert base.handed_out and all(n.score in (1.0, 2.0) for n in base.handed_out)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_fan_out_runs_every_query_concurrently(use_async: bool) -> None:
+    base = StaticRetriever(DOCS, default=["pto"], delay=0.2)
+    llm = ScriptedLLM(["1. q one\n2. q two\n3. q three"])
+    retriever = TransformRetriever(base, MultiQuery(llm, n=3))
+    result = await retriever.asearch("q") if use_async else retriever.search("q")
+    assert base.queries and sorted(base.queries) == sorted(["q", "q one", "q two", "q three"])
+    assert base.max_active == 4  # all four searches were in flight at once
+    assert result.transform.search_queries == ("q", "q one", "q two", "q three")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_max_concurrency_bounds_the_fan_out(use_async: bool) -> None:
+    base = StaticRetriever(DOCS, default=["pto"], delay=0.05)
+    llm = ScriptedLLM(["1. a1\n2. b2\n3. c3\n4. d4"])
+    retriever = TransformRetriever(base, MultiQuery(llm, n=4), max_concurrency=2)
+    await retriever.asearch("q") if use_async else retriever.search("q")
+    assert len(base.queries) == 5 and base.max_active == 2
+
+
+async def test_sync_search_inside_a_running_event_loop_does_not_deadlock() -> None:
+    base = StaticRetriever(DOCS, default=["pto"], delay=0.01)
+    retriever = TransformRetriever(base, MultiQuery(ScriptedLLM(["1. a\n2. b"]), n=2))
+    result = retriever.search("q")  # called from inside a coroutine, as in Jupyter
+    assert [n.node.node_id for n in result.nodes] == ["pto"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_one_failing_sub_search_is_logged_and_the_others_return(
+    use_async: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    base = StaticRetriever(DOCS, results={"q": ["pto"], "good": ["hiring"]}, fail_on=["bad"])
+    retriever = TransformRetriever(base, MultiQuery(ScriptedLLM(["1. good\n2. bad"]), n=2))
+    result = await retriever.asearch("q") if use_async else retriever.search("q")
+    assert {n.node.node_id for n in result.nodes} == {"pto", "hiring"}
+    assert len(result.failed_searches) == 1 and "bad" in result.failed_searches[0]
+    assert any("sub-search" in r.getMessage() for r in caplog.records)
+
+
+def test_all_sub_searches_failing_raises_the_retriever_error() -> None:
+    base = StaticRetriever(DOCS, fail_on=["q", "a"])
+    retriever = TransformRetriever(base, MultiQuery(ScriptedLLM(["1. a"]), n=1))
+    with pytest.raises(RuntimeError, match="search failed"):
+        retriever.search("q")
+
+
+def test_raising_custom_transformer_searches_with_the_original_query() -> None:
+    class Broken(QueryTransformer):
+        def transform(self, query: str) -> str:
+            raise RuntimeError("bug in user code")
+
+    base = StaticRetriever(DOCS, results={"q": ["pto"]})
+    result = TransformRetriever(base, Broken()).search("q")
+    assert base.queries == ["q"] and result.transform.fallback
+    assert [n.node.node_id for n in result.nodes] == ["pto"]
+
+
+def test_keyword_retriever_gets_passage_text_and_warns_without_include_query(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    base = StaticRetriever(DOCS, default=["pto"])
+    retriever = TransformRetriever(base, HyDE(ScriptedLLM([P1, P1])), search_type="keyword")
+    retriever.search(Q)
+    retriever.search(Q)
+    assert base.queries == [P1, P1]
+    warnings = [r for r in caplog.records if "include_query=False" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_keyword_retriever_gets_query_and_passage_with_include_query(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    base = StaticRetriever(DOCS, default=["pto"])
+    hyde = HyDE(ScriptedLLM([P1]), include_query=True)
+    TransformRetriever(base, hyde, search_type="keyword").search(Q)
+    assert base.queries == [f"{Q}\n\n{P1}"]
+    assert not [r for r in caplog.records if "include_query" in r.getMessage()]
+
+
+def test_hybrid_vector_store_mode_is_detected_and_warned(
+    faiss_index: VectorStoreIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    hybrid = faiss_index.as_retriever(vector_store_query_mode="hybrid")
+    retriever = TransformRetriever(hybrid, HyDE(ScriptedLLM()))
+    assert retriever.search_type == "hybrid"
+    assert any("hybrid search" in r.getMessage() for r in caplog.records)
+    dense = TransformRetriever(faiss_index.as_retriever(), HyDE(ScriptedLLM()))
+    assert dense.search_type == "dense"
+
+
+def test_decompose_interleaves_so_each_sub_question_is_represented() -> None:
+    base = StaticRetriever(
+        DOCS, results={"s1": ["pto", "hiring", "office"], "s2": ["security", "pricing"]}
+    )
+    retriever = TransformRetriever(base, Decompose(ScriptedLLM(["1. s1\n2. s2"]), n=2), top_k=2)
+    assert [n.node.node_id for n in retriever.search("q").nodes] == ["pto", "security"]
+
+
+def test_explicit_fusion_and_top_k() -> None:
+    base = StaticRetriever(DOCS, results={"q": ["pto", "hiring"], "a": ["hiring", "office"]})
+    retriever = TransformRetriever(
+        base, StepBack(ScriptedLLM(["a"])), fusion=FusionMode.RRF, top_k=1
+    )
+    assert [n.node.node_id for n in retriever.search("q").nodes] == ["hiring"]
+
+
+def test_works_inside_a_retriever_query_engine(faiss_index: VectorStoreIndex) -> None:
+    answer_llm = ScriptedLLM(respond=lambda p: "ok")
+    retriever = TransformRetriever(
+        faiss_index.as_retriever(similarity_top_k=1), HyDE(ScriptedLLM([P1]))
+    )
+    engine = RetrieverQueryEngine.from_args(retriever, llm=answer_llm)
+    response = engine.query(Q)
+    assert response.source_nodes[0].node.node_id == "renewals"
+    assert Q in answer_llm.prompts[0] and P1 not in answer_llm.prompts[0]
+
+
+async def test_aretrieve_returns_nodes(faiss_index: VectorStoreIndex) -> None:
+    retriever = TransformRetriever(
+        faiss_index.as_retriever(similarity_top_k=1), HyDE(ScriptedLLM([P1]))
+    )
+    nodes = await retriever.aretrieve(Q)
+    assert nodes[0].node.node_id == "renewals"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"top_k": 0}, "top_k"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"search_type": "fuzzy"}, "search_type"),
+        ({"fusion": "nope"}, "nope"),
+    ],
+)
+def test_bad_arguments_are_value_errors(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        TransformRetriever(StaticRetriever(DOCS), HyDE(ScriptedLLM()), **kwargs)
+
+
+def test_wrong_types_are_type_errors() -> None:
+    with pytest.raises(TypeError, match="retriever"):
+        TransformRetriever(object(), HyDE(ScriptedLLM()))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="transformer"):
+        TransformRetriever(StaticRetriever(DOCS), object())  # type: ignore[arg-type]
+
+
+def test_empty_query_is_value_error() -> None:
+    with pytest.raises(ValueError, match="query"):
+        TransformRetriever(StaticRetriever(DOCS), HyDE(ScriptedLLM())).search(" ")
+
+
+def test_search_latency_is_measured() -> None:
+    base = StaticRetriever(DOCS, default=["pto"], delay=0.05)
+    start = time.perf_counter()
+    result = TransformRetriever(base, HyDE(ScriptedLLM(["p."]))).search("q")
+    assert 0.05 <= result.latency_s <= time.perf_counter() - start

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from llama_index_hyde_plus import Rewrite
+from llama_index_hyde_plus.testing import ScriptedLLM
+
+
+def test_one_rewritten_query_replaces_the_original() -> None:
+    llm = ScriptedLLM(['Rewritten query: "paid time off policy for employees"'])
+    result = Rewrite(llm).transform("pto polcy??")
+    assert result.queries == ("paid time off policy for employees",)
+    assert result.search_queries == ("paid time off policy for employees",)
+    assert "pto polcy??" in llm.prompts[0]
+    assert set(Rewrite(llm).get_prompts()) == {"rewrite_prompt"}
+
+
+async def test_async_twin_gives_the_same_result() -> None:
+    llm = ScriptedLLM(["paid time off policy"], forbid_sync=True)
+    result = await Rewrite(llm).atransform("pto policy")
+    assert result.queries == ("paid time off policy",) and llm.sync_calls == 0
