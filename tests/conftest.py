@@ -34,3 +34,19 @@ def faiss_index(embed_model: DeterministicEmbedding) -> VectorStoreIndex:
         storage_context=StorageContext.from_defaults(vector_store=store),
         embed_model=embed_model,
     )
+
+
+@pytest.fixture(scope="session")
+def real_embedding():  # type: ignore[no-untyped-def]
+    """The real local embedding model (fetched once into the user cache)."""
+    from llama_index_hyde_plus.local import local_embedding
+
+    return local_embedding()
+
+
+@pytest.fixture(scope="session")
+def real_llm():  # type: ignore[no-untyped-def]
+    """The real local LLM, seeded so runs repeat."""
+    from llama_index_hyde_plus.local import local_llm
+
+    return local_llm(seed=0, temperature=0.7, max_tokens=100, n_parallel=4)

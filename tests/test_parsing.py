@@ -77,6 +77,11 @@ MESSY = {
     "labels": ("Query 1: alpha\nQuery 2: beta", ["alpha", "beta"]),
     "bold": ("1. **alpha** one\n2. beta", ["alpha one", "beta"]),
     "sure": ("Sure! Here you go\nalpha\nbeta", ["alpha", "beta"]),
+    "double_numbering": ("1. 1. alpha one\n2. 2. beta two", ["alpha one", "beta two"]),
+    "headings_and_bare_numbers": (
+        "Question: alpha one\nQueries: 1.\nQuestion: beta two\nRevenue:",
+        ["alpha one", "beta two"],
+    ),
     "step_back_label": ("Step-back question: What drives revenue?", ["What drives revenue?"]),
 }
 

@@ -23,7 +23,7 @@ _MARKER = re.compile(
     re.IGNORECASE,
 )
 _LABEL = re.compile(
-    r"^\s*(?:[\w\s-]{0,30}?(?:question|query|rewrite|rewritten|paraphrase|claim|search))"
+    r"^\s*(?:[\w\s-]{0,30}?(?:question|queries|query|rewrite|rewritten|paraphrase|claim|search))"
     r"(?:\s*#?\d{1,2})?\s*:\s+",
     re.IGNORECASE,
 )
@@ -73,12 +73,21 @@ def _unquote(item: str) -> str:
     return item
 
 
+_LETTERS = re.compile(r"[^\W\d_]")
+
+
 def _clean_item(line: str) -> str:
     item = _BOLD.sub(r"\1", line.strip())
-    item = _MARKER.sub("", item, count=1)
+    for _ in range(3):  # "1. 1. query" and "- 2) query" happen
+        stripped = _MARKER.sub("", item, count=1)
+        if stripped == item:
+            break
+        item = stripped
     item = _LABEL.sub("", item, count=1)
-    item = _unquote(item)
-    return item.strip().rstrip(",").strip()
+    item = _unquote(item).strip().rstrip(",").strip()
+    if item.endswith(":") or not _LETTERS.search(item):
+        return ""  # a heading or a bare number, not a query
+    return item
 
 
 def _json_items(text: str) -> list[str] | None:

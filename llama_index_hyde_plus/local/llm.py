@@ -1,0 +1,178 @@
+"""`LocalLLM`: a LlamaIndex LLM running a GGUF model in-process with llama.cpp.
+
+The runtime is ``xllamacpp`` (prebuilt CPU wheels, no compiler). Its server object keeps
+``n_parallel`` slots and serves calls from several threads at once, releasing the GIL
+while it computes, so the async methods run calls in worker threads without blocking
+the event loop. Replies carry llama.cpp's own ``usage`` block (provider counts), and the
+model's own chat template formats the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from pydantic import Field, PrivateAttr
+
+
+class LocalLLMError(RuntimeError):
+    """llama.cpp answered with an error (context overflow, bad request...)."""
+
+
+class LocalLLM(CustomLLM):
+    """A GGUF chat model on the CPU, through llama.cpp (``xllamacpp``).
+
+    ``n_ctx`` is the context per parallel slot; ``n_parallel`` calls run at once;
+    ``max_tokens`` caps each reply; ``temperature`` is the default sampling temperature
+    (a ``temperature=`` keyword on a call overrides it); ``seed`` makes a run
+    repeatable (call i samples with ``seed + i``, so repeated samples still differ).
+    ``threads`` defaults to the machine's cores.
+    """
+
+    model_path: str = Field(description="Path of the GGUF file.")
+    model_name: str = Field(default="local-gguf")
+    n_ctx: int = Field(default=2048, gt=0)
+    n_parallel: int = Field(default=2, gt=0)
+    max_tokens: int = Field(default=256, gt=0)
+    temperature: float = Field(default=0.7, ge=0, le=2)
+    seed: int | None = Field(default=None)
+    threads: int | None = Field(default=None)
+    is_local: bool = Field(default=True)
+
+    _server: Any = PrivateAttr(default=None)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _calls: int = PrivateAttr(default=0)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "LocalLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self.n_ctx,
+            num_output=self.max_tokens,
+            is_chat_model=True,
+            model_name=self.model_name,
+        )
+
+    # -- runtime -------------------------------------------------------------------
+    def _get_server(self) -> Any:
+        if self._server is None:
+            with self._lock:
+                if self._server is None:
+                    self._server = self._start()
+        return self._server
+
+    def _start(self) -> Any:
+        if not Path(self.model_path).is_file():
+            raise FileNotFoundError(f"GGUF model not found: {self.model_path}")
+        import xllamacpp
+
+        threads = self.threads or os.cpu_count() or 2
+        params = xllamacpp.CommonParams()
+        params.model.path = self.model_path
+        params.n_parallel = self.n_parallel
+        params.n_ctx = self.n_ctx * self.n_parallel
+        params.n_predict = self.max_tokens
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
+        params.warmup = False
+        params.verbosity = -1
+        return xllamacpp.Server(params)
+
+    def close(self) -> None:
+        """Free the model (it loads again on the next call)."""
+        with self._lock:
+            self._server = None
+
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
+        request: dict[str, Any] = {
+            "messages": [{"role": m.role.value, "content": m.content or ""} for m in messages],
+            "max_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
+            "temperature": float(kwargs.get("temperature", self.temperature)),
+        }
+        if self.seed is not None:
+            # a different, reproducible seed per call: N samples must differ (HyDE)
+            with self._lock:
+                request["seed"] = self.seed + self._calls
+                self._calls += 1
+        response = self._get_server().handle_chat_completions(request)
+        if not isinstance(response, dict) or "error" in response:
+            error = response.get("error") if isinstance(response, dict) else response
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            raise LocalLLMError(f"llama.cpp error: {message}")
+        return response
+
+    @staticmethod
+    def _text(response: dict[str, Any]) -> str:
+        choices = response.get("choices") or [{}]
+        message = choices[0].get("message") or {}
+        return str(message.get("content") or "")
+
+    # -- LlamaIndex LLM interface --------------------------------------------------
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        response = self._request(messages, kwargs)
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=self._text(response)),
+            raw=response,
+        )
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        response = self._request([ChatMessage(role=MessageRole.USER, content=prompt)], kwargs)
+        return CompletionResponse(text=self._text(response), raw=response)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        response = await asyncio.to_thread(self._request, messages, kwargs)
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=self._text(response)),
+            raw=response,
+        )
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
+        response = await asyncio.to_thread(self._request, messages, kwargs)
+        return CompletionResponse(text=self._text(response), raw=response)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        response = self.complete(prompt, formatted=formatted, **kwargs)
+
+        def gen() -> CompletionResponseGen:
+            yield CompletionResponse(text=response.text, delta=response.text, raw=response.raw)
+
+        return gen()
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        response = self.chat(messages, **kwargs)
+
+        def gen() -> ChatResponseGen:
+            yield ChatResponse(
+                message=response.message, delta=response.message.content, raw=response.raw
+            )
+
+        return gen()

