@@ -35,8 +35,9 @@ TEXTS = {f"d{i}": f"document number {i}" for i in range(20)}
 
 def llm() -> ScriptedLLM:
     return ScriptedLLM(
-        respond=lambda prompt: "\n".join(f"{i}. paraphrase {i} of the question" for i in
-                                         range(1, N + 1)),
+        respond=lambda prompt: "\n".join(
+            f"{i}. paraphrase {i} of the question" for i in range(1, N + 1)
+        ),
         delay=LLM_S,
     )
 
@@ -51,14 +52,22 @@ def ours_multi() -> TransformRetriever:
 
 def theirs_multi() -> QueryFusionRetriever:
     return QueryFusionRetriever(
-        [retriever()], llm=llm(), num_queries=N + 1, use_async=True, mode="reciprocal_rerank",
+        [retriever()],
+        llm=llm(),
+        num_queries=N + 1,
+        use_async=True,
+        mode="reciprocal_rerank",
         similarity_top_k=10,
     )
 
 
 def theirs_multi_sync() -> QueryFusionRetriever:
     return QueryFusionRetriever(
-        [retriever()], llm=llm(), num_queries=N + 1, use_async=False, mode="reciprocal_rerank",
+        [retriever()],
+        llm=llm(),
+        num_queries=N + 1,
+        use_async=False,
+        mode="reciprocal_rerank",
         similarity_top_k=10,
     )
 
@@ -103,42 +112,58 @@ def main() -> None:
     def add(name: str, ours: float, theirs: float, what: str) -> None:
         rows.append((name, ours, theirs, what))
 
-    add(f"multi-query n={N}, one asearch",
+    add(
+        f"multi-query n={N}, one asearch",
         timed_async(lambda: ours_multi().aretrieve(q), args.repeat),
         timed_async(lambda: theirs_multi().aretrieve(q), args.repeat),
-        "QueryFusionRetriever(use_async=True)")
-    add(f"multi-query n={N}, one sync search",
+        "QueryFusionRetriever(use_async=True)",
+    )
+    add(
+        f"multi-query n={N}, one sync search",
         timed(lambda: ours_multi().retrieve(q), args.repeat),
         timed(lambda: theirs_multi_sync().retrieve(q), args.repeat),
-        "QueryFusionRetriever(use_async=False)")
-    add(f"multi-query n={N}, {CONCURRENT} concurrent asearch",
+        "QueryFusionRetriever(use_async=False)",
+    )
+    add(
+        f"multi-query n={N}, {CONCURRENT} concurrent asearch",
         timed_async(concurrent(ours_multi, q), args.repeat),
         timed_async(concurrent(theirs_multi, q), args.repeat),
-        "QueryFusionRetriever(use_async=True)")
-    add("HyDE, one asearch",
+        "QueryFusionRetriever(use_async=True)",
+    )
+    add(
+        "HyDE, one asearch",
         timed_async(lambda: ours_hyde().aretrieve(q), args.repeat),
         timed_async(lambda: theirs_hyde().aretrieve(q), args.repeat),
-        "TransformRetriever + HyDEQueryTransform")
-    add(f"HyDE, {CONCURRENT} concurrent asearch",
+        "TransformRetriever + HyDEQueryTransform",
+    )
+    add(
+        f"HyDE, {CONCURRENT} concurrent asearch",
         timed_async(concurrent(ours_hyde, q), args.repeat),
         timed_async(concurrent(theirs_hyde, q), args.repeat),
-        "TransformRetriever + HyDEQueryTransform")
+        "TransformRetriever + HyDEQueryTransform",
+    )
 
     if args.markdown:
         print("| scenario | hyde-plus | LlamaIndex built-in | speed-up | built-in |")
         print("| --- | ---: | ---: | ---: | --- |")
         for name, ours, theirs, what in rows:
-            print(f"| {name} | {ours * 1000:.0f} ms | {theirs * 1000:.0f} ms | "
-                  f"{theirs / ours:.1f}x | {what} |")
+            print(
+                f"| {name} | {ours * 1000:.0f} ms | {theirs * 1000:.0f} ms | "
+                f"{theirs / ours:.1f}x | {what} |"
+            )
         return
-    table = Table(title=f"Fan-out wall time (LLM {LLM_S * 1000:.0f} ms, retriever "
-                        f"{RETRIEVER_S * 1000:.0f} ms, median of {args.repeat})")
+    table = Table(
+        title=f"Fan-out wall time (LLM {LLM_S * 1000:.0f} ms, retriever "
+        f"{RETRIEVER_S * 1000:.0f} ms, median of {args.repeat})"
+    )
     for col in ("scenario", "hyde-plus", "LlamaIndex", "speed-up", "built-in"):
-        table.add_column(col, justify="right" if col in ("hyde-plus", "LlamaIndex",
-                                                         "speed-up") else "left")
+        table.add_column(
+            col, justify="right" if col in ("hyde-plus", "LlamaIndex", "speed-up") else "left"
+        )
     for name, ours, theirs, what in rows:
-        table.add_row(name, f"{ours * 1000:.0f} ms", f"{theirs * 1000:.0f} ms",
-                      f"{theirs / ours:.1f}x", what)
+        table.add_row(
+            name, f"{ours * 1000:.0f} ms", f"{theirs * 1000:.0f} ms", f"{theirs / ours:.1f}x", what
+        )
     Console(width=120).print(table)
 
 

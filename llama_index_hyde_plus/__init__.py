@@ -2,6 +2,7 @@
 rewrite, with rank fusion, safe fallbacks and honest cost accounting."""
 
 from .fusion import FusionMode, fuse
+from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
 from .retriever import SearchResult, TransformRetriever
 from .transforms import (
     Decompose,
@@ -20,6 +21,8 @@ __all__ = [
     "Decompose",
     "FusionMode",
     "HyDE",
+    "HyDERAG",
+    "HyDERAGResult",
     "ModelPrice",
     "MultiQuery",
     "QueryTransformer",
@@ -30,5 +33,7 @@ __all__ = [
     "TransformRetriever",
     "Usage",
     "__version__",
+    "aquery_for_evaluation",
     "fuse",
+    "query_for_evaluation",
 ]

@@ -32,6 +32,13 @@ class LLMTimeoutError(TimeoutError):
 class LLMReply:
     text: str
     usage: Usage
+    model_id: str | None = None
+    """The model id the provider reported in its response, when it did."""
+
+
+def _reported_model(raw: Any) -> str | None:
+    value = raw.get("model") if isinstance(raw, Mapping) else getattr(raw, "model", None)
+    return str(value) if isinstance(value, str) and value else None
 
 
 def model_name(llm: Any) -> str | None:
@@ -83,7 +90,7 @@ def _reply(
         local=is_local(llm),
         prices=prices,
     )
-    return LLMReply(text=text, usage=usage)
+    return LLMReply(text=text, usage=usage, model_id=_reported_model(response.raw))
 
 
 def complete(
