@@ -1,6 +1,7 @@
 """Query transformation for LlamaIndex: HyDE, multi-query, step-back, decompose and
 rewrite, with rank fusion, safe fallbacks and honest cost accounting."""
 
+from .cache import MemoryCache, SQLiteCache
 from .fusion import FusionMode, fuse
 from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
 from .retriever import SearchResult, TransformRetriever
@@ -23,10 +24,12 @@ __all__ = [
     "HyDE",
     "HyDERAG",
     "HyDERAGResult",
+    "MemoryCache",
     "ModelPrice",
     "MultiQuery",
     "QueryTransformer",
     "Rewrite",
+    "SQLiteCache",
     "SearchResult",
     "StepBack",
     "TransformResult",

@@ -90,6 +90,18 @@ class Usage:
             cached=self.cached and other.cached,
         )
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Usage:
+        return cls(
+            input_tokens=int(data.get("input_tokens", 0)),
+            output_tokens=int(data.get("output_tokens", 0)),
+            total_tokens=int(data.get("total_tokens", 0)),
+            cost=float(data.get("cost", 0.0)),
+            usage_source=data.get("usage_source", "none"),
+            cost_source=data.get("cost_source", "none"),
+            calls=int(data.get("calls", 0)),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "input_tokens": self.input_tokens,

@@ -9,6 +9,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
+from ..cache import TransformCache
 from ..usage import ModelPrice, Usage
 from .base import TransformResult
 from .llm_base import LLMTransform, UnusableReplyError
@@ -33,6 +34,7 @@ class QueryListTransform(LLMTransform):
         timeout: float | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
+        cache: TransformCache | None = None,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError("n must be an int")
@@ -45,9 +47,13 @@ class QueryListTransform(LLMTransform):
             timeout=timeout,
             prices=prices,
             callback_manager=callback_manager,
+            cache=cache,
         )
         self.n = n
         self.include_query = bool(include_query)
+
+    def _params(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "n": self.n, "include_query": self.include_query}
 
     def _format_vars(self) -> dict[str, Any]:
         return {"n": self.n} if "n" in self._prompt.template_vars else {}

@@ -47,6 +47,11 @@ class TransformResult:
     latency_s: float = 0.0
     children: tuple[TransformResult, ...] = ()
     """Per-query results of a composed transform (``a.then(b)``): one per search of ``a``."""
+    cached: bool = False
+    """Served from a cache, or shared with an identical concurrent request: no LLM call
+    was made for it, so ``usage`` is zero."""
+    generation_usage: Usage | None = None
+    """For a cached result, the usage of the call that first generated it."""
 
     @classmethod
     def fallback_for(
@@ -107,7 +112,30 @@ class TransformResult:
         }
         if self.children:
             out["children"] = [c.to_dict() for c in self.children]
+        if self.cached:
+            out["cached"] = True
+        if self.generation_usage is not None:
+            out["generation_usage"] = self.generation_usage.to_dict()
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformResult:
+        """Inverse of `to_dict` (used by the caches)."""
+        generation = data.get("generation_usage")
+        return cls(
+            query=str(data["query"]),
+            method=str(data["method"]),
+            queries=tuple(data.get("queries", ())),
+            hypothetical=tuple(data.get("hypothetical", ())),
+            include_query=bool(data.get("include_query", True)),
+            usage=Usage.from_dict(data.get("usage", {})),
+            fallback=bool(data.get("fallback", False)),
+            error=data.get("error"),
+            latency_s=float(data.get("latency_s", 0.0)),
+            children=tuple(cls.from_dict(c) for c in data.get("children", ())),
+            cached=bool(data.get("cached", False)),
+            generation_usage=Usage.from_dict(generation) if generation else None,
+        )
 
 
 def _method_name(obj: QueryTransformer) -> str:

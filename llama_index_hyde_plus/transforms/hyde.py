@@ -10,6 +10,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
+from ..cache import TransformCache
 from ..usage import ModelPrice, Usage
 from .base import TransformResult
 from .llm_base import LLMTransform, UnusableReplyError
@@ -52,6 +53,7 @@ class HyDE(LLMTransform):
         timeout: float | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
+        cache: TransformCache | None = None,
     ) -> None:
         if isinstance(max_characters, bool) or not isinstance(max_characters, int):
             raise TypeError("max_characters must be an int")
@@ -68,10 +70,19 @@ class HyDE(LLMTransform):
             timeout=timeout,
             prices=prices,
             callback_manager=callback_manager,
+            cache=cache,
         )
         self.max_characters = max_characters
         self.include_query = bool(include_query)
         self.num_passages = num_passages
+
+    def _params(self) -> dict[str, object]:
+        return {
+            "temperature": self.temperature,
+            "max_characters": self.max_characters,
+            "num_passages": self.num_passages,
+            "include_query": self.include_query,
+        }
 
     def _num_calls(self) -> int:
         return self.num_passages

@@ -10,9 +10,11 @@ warning and yields the original query with ``fallback=True``.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from abc import abstractmethod
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from llama_index.core.callbacks import CallbackManager
@@ -22,6 +24,7 @@ from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.settings import Settings
 
 from .. import _llm
+from ..cache import MemoryCache, TransformCache, cache_key
 from ..usage import ModelPrice, Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
 
@@ -60,8 +63,11 @@ class LLMTransform(QueryTransformer):
         timeout: float | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
+        cache: TransformCache | None = None,
     ) -> None:
         super().__init__()
+        if cache is not None and not isinstance(cache, TransformCache):
+            raise TypeError("cache must have get(key) and set(key, value), like MemoryCache")
         if llm is not None and not isinstance(llm, LLM):
             raise TypeError(f"llm must be a LlamaIndex LLM, not {type(llm).__name__}")
         if temperature is not None and not 0 <= temperature <= 2:
@@ -74,6 +80,10 @@ class LLMTransform(QueryTransformer):
         self.timeout = timeout
         self.prices = dict(prices) if prices else None
         self._callback_manager = callback_manager
+        self.cache = cache
+        self._flights_lock = threading.Lock()
+        self._sync_flights: dict[str, _Flight] = {}
+        self._async_flights: dict[str, asyncio.Future[TransformResult]] = {}
 
     @property
     def llm(self) -> LLM:
@@ -120,8 +130,126 @@ class LLMTransform(QueryTransformer):
             "host_callback_manager": self.callback_manager,
         }
 
+    def _params(self) -> dict[str, Any]:
+        """Parameters that change the output, for the cache key."""
+        return {"temperature": self.temperature}
+
+    def cache_key_for(self, query: str) -> str:
+        """The cache key of ``query``: method, model, prompt, parameters and query."""
+        llm = self.llm
+        return cache_key(
+            {
+                "method": self.method,
+                "llm": type(llm).__name__,
+                "model": _llm.model_name(llm),
+                "prompt": self._prompt.get_template(),
+                "params": self._params(),
+                "query": query,
+            }
+        )
+
+    def _lookup(self, key: str, start: float) -> TransformResult | None:
+        assert self.cache is not None
+        try:
+            data = self.cache.get(key)
+            return None if data is None else _as_cached(TransformResult.from_dict(data), start)
+        except Exception as exc:
+            logger.warning("transform cache read failed (%s); calling the LLM", exc)
+            return None
+
+    def _store(self, key: str, result: TransformResult) -> None:
+        assert self.cache is not None
+        if result.fallback:
+            return  # never cache an outage
+        try:
+            self.cache.set(key, result.to_dict())
+        except Exception as exc:
+            logger.warning("transform cache write failed (%s)", exc)
+
+    def _cache_io_is_blocking(self) -> bool:
+        return not isinstance(self.cache, MemoryCache)
+
     def transform(self, query: str) -> TransformResult:
         validate_query(query)
+        if self.cache is None:
+            return self._generate(query)
+        start = time.perf_counter()
+        try:
+            key = self.cache_key_for(query)
+        except Exception:
+            return self._generate(query)  # no LLM to key on: _generate falls back
+        hit = self._lookup(key, start)
+        if hit is not None:
+            return hit
+        with self._flights_lock:
+            flight = self._sync_flights.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._sync_flights[key] = _Flight()
+        if not leader:
+            flight.done.wait()
+            if flight.result is not None and not flight.result.fallback:
+                return _as_cached(flight.result, start)
+            return self._generate(query)
+        try:
+            flight.result = self._generate(query)
+            self._store(key, flight.result)
+            return flight.result
+        finally:
+            with self._flights_lock:
+                self._sync_flights.pop(key, None)
+            flight.done.set()
+
+    async def atransform(self, query: str) -> TransformResult:
+        validate_query(query)
+        if self.cache is None:
+            return await self._agenerate(query)
+        start = time.perf_counter()
+        try:
+            key = self.cache_key_for(query)
+        except Exception:
+            return await self._agenerate(query)
+        if self._cache_io_is_blocking():
+            hit = await asyncio.to_thread(self._lookup, key, start)
+        else:
+            hit = self._lookup(key, start)
+        if hit is not None:
+            return hit
+        loop = asyncio.get_running_loop()
+        existing = self._async_flights.get(key)
+        if existing is not None and existing.get_loop() is loop:
+            try:
+                shared = await asyncio.shield(existing)
+            except asyncio.CancelledError:
+                if existing.cancelled():  # the leader was cancelled, not us: go alone
+                    return await self._agenerate(query)
+                raise
+            if not shared.fallback:
+                return _as_cached(shared, start)
+            return await self._agenerate(query)
+        future: asyncio.Future[TransformResult] = loop.create_future()
+        self._async_flights[key] = future
+        try:
+            result = await self._agenerate(query)
+            future.set_result(result)
+            if self._cache_io_is_blocking():
+                await asyncio.to_thread(self._store, key, result)
+            else:
+                self._store(key, result)
+            return result
+        except BaseException as exc:
+            if not future.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(exc)
+                    future.exception()  # mark retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            if self._async_flights.get(key) is future:
+                del self._async_flights[key]
+
+    def _generate(self, query: str) -> TransformResult:
         start = time.perf_counter()
         replies: list[_llm.LLMReply] = []
         errors: list[BaseException] = []
@@ -137,8 +265,7 @@ class LLMTransform(QueryTransformer):
                 errors.append(exc)
         return self._finish(query, replies, errors, start)
 
-    async def atransform(self, query: str) -> TransformResult:
-        validate_query(query)
+    async def _agenerate(self, query: str) -> TransformResult:
         start = time.perf_counter()
         try:
             llm = self.llm
@@ -199,6 +326,25 @@ class LLMTransform(QueryTransformer):
             query, self.method, error, usage=sum_usage([r.usage for r in replies])
         )
         return TransformResult(**{**result.__dict__, "latency_s": time.perf_counter() - start})
+
+
+class _Flight:
+    """One in-progress generation that identical concurrent sync calls wait for."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: TransformResult | None = None
+
+
+def _as_cached(result: TransformResult, start: float) -> TransformResult:
+    """``result`` as served without an LLM call: zero usage, original usage kept."""
+    return replace(
+        result,
+        usage=Usage(cached=True),
+        cached=True,
+        generation_usage=result.generation_usage or result.usage,
+        latency_s=time.perf_counter() - start,
+    )
 
 
 def _describe(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
+from ..cache import TransformCache
 from ..fusion import FusionMode
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
@@ -39,6 +40,7 @@ class MultiQuery(QueryListTransform):
         timeout: float | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
+        cache: TransformCache | None = None,
     ) -> None:
         super().__init__(
             llm,
@@ -49,4 +51,5 @@ class MultiQuery(QueryListTransform):
             timeout=timeout,
             prices=prices,
             callback_manager=callback_manager,
+            cache=cache,
         )

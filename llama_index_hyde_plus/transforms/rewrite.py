@@ -9,6 +9,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
+from ..cache import TransformCache
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
 from .prompts import REWRITE_PROMPT
@@ -31,6 +32,7 @@ class Rewrite(QueryListTransform):
         timeout: float | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
+        cache: TransformCache | None = None,
     ) -> None:
         super().__init__(
             llm,
@@ -41,4 +43,5 @@ class Rewrite(QueryListTransform):
             timeout=timeout,
             prices=prices,
             callback_manager=callback_manager,
+            cache=cache,
         )

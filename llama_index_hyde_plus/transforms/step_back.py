@@ -9,6 +9,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
+from ..cache import TransformCache
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
 from .prompts import STEP_BACK_PROMPT
@@ -33,6 +34,7 @@ class StepBack(QueryListTransform):
         timeout: float | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
+        cache: TransformCache | None = None,
     ) -> None:
         super().__init__(
             llm,
@@ -43,4 +45,5 @@ class StepBack(QueryListTransform):
             timeout=timeout,
             prices=prices,
             callback_manager=callback_manager,
+            cache=cache,
         )
