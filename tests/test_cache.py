@@ -139,8 +139,7 @@ def test_identical_concurrent_sync_requests_share_one_call() -> None:
     llm = ScriptedLLM(["A passage."], delay=0.2)
     hyde = HyDE(llm, cache=MemoryCache())
     results = []
-    threads = [threading.Thread(target=lambda: results.append(hyde.transform(Q)))
-               for _ in range(5)]
+    threads = [threading.Thread(target=lambda: results.append(hyde.transform(Q))) for _ in range(5)]
     for t in threads:
         t.start()
     for t in threads:
