@@ -312,6 +312,142 @@ def models_list() -> None:
     console.print(f"[dim]cache: {asset_path(ASSETS[0]).parent}[/]")
 
 
+@app.command("eval")
+def eval_cmd(
+    dataset: Annotated[
+        Path, typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv).")
+    ],
+    transforms: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: none, hyde, hyde-n4, hyde+q, multi-query, step-back, "
+            "decompose, rewrite, or NAME:key=value."
+        ),
+    ] = "none,hyde",
+    split: Annotated[str, typer.Option(help="qrels split.")] = "test",
+    limit: Annotated[int | None, typer.Option(help="Only the first N judged queries.")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")] = Path(
+        "eval-results"
+    ),
+    llm: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
+    embed: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
+    hyde_prompt: Annotated[
+        str | None,
+        typer.Option(
+            help="HyDE paper prompt by task (scifact, fiqa, trec-covid...) or a template."
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = 4,
+    top_k: Annotated[int, typer.Option(help="Results kept per query.")] = 100,
+    temperature: Annotated[float, typer.Option(help="LLM sampling temperature.")] = 0.7,
+    max_tokens: Annotated[int, typer.Option(help="Max tokens per LLM reply.")] = 160,
+    seed: Annotated[int, typer.Option(help="Sampling seed (local LLM).")] = 0,
+    max_length: Annotated[int, typer.Option(help="Embedding max tokens (local).")] = 256,
+    cache: Annotated[
+        bool, typer.Option("--cache/--no-cache", help="Reuse cached transform outputs.")
+    ] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, latency, tokens, cost."""
+    from .evaluation import BeirFormatError, load_beir, run_eval
+    from .evaluation.report import rich_table, write_outputs
+    from .local.assets import cache_dir
+    from .models import concrete_embedding_spec, resolve_embedding
+
+    _setup_logging(verbose)
+    names = [t.strip() for t in transforms.split(",") if t.strip()]
+    try:
+        ds = load_beir(dataset, split, limit=limit)
+        embed_spec = concrete_embedding_spec(embed)
+        embed_label = f"{embed_spec}@{max_length}"
+        with err.status("Loading models..."):
+            embed_model = resolve_embedding(embed_spec, max_length=max_length)
+            model = (
+                _eval_llm(llm, temperature, max_tokens, seed, concurrency)
+                if any(n != "none" for n in names)
+                else None
+            )
+    except (BeirFormatError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    err.print(
+        f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
+        f"transforms: {', '.join(names)}"
+    )
+    config = {
+        "llm": llm if model is None else _describe_llm(model),
+        "embed": embed_label,
+        "top_k": top_k,
+        "concurrency": concurrency,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "hyde_prompt": hyde_prompt or "default",
+        "split": split,
+    }
+    command = "hyde-plus eval " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else None
+    with _progress() as progress:
+        start_times: dict[int, float] = {}
+
+        def factory(description: str, total: int) -> Any:
+            task = progress.add_task(description, total=total, rate="")
+            start_times[task] = time.perf_counter()
+
+            def advance(n: int) -> None:
+                done = progress.tasks[task].completed + n
+                rate = done / max(time.perf_counter() - start_times[task], 1e-9)
+                progress.update(task, advance=n, rate=f"{rate:.1f}/s")
+
+            return advance
+
+        try:
+            result = run_eval(
+                ds,
+                names,
+                llm=model,
+                embed_model=embed_model,
+                embed_label=embed_label,
+                cache_root=cache_dir(),
+                max_length=max_length,
+                top_k=top_k,
+                concurrency=concurrency,
+                hyde_prompt=hyde_prompt,
+                use_cache=cache,
+                progress=factory,
+                config=config,
+            )
+        except ValueError as exc:
+            raise _fail(str(exc)) from exc
+    console.print(rich_table(result), width=max(console.width, 150))
+    paths = write_outputs(result, out, command)
+    console.print(f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]")
+
+
+def _eval_llm(spec: str, temperature: float, max_tokens: int, seed: int, concurrency: int) -> Any:
+    from .models import _split
+
+    kind, name = _split(spec)
+    if kind == "local":
+        from .local import local_llm
+
+        return local_llm(
+            seed=seed,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            n_parallel=max(1, min(concurrency, 8)),
+        )
+    from llama_index.llms.openai import OpenAI
+
+    from .models import DEFAULT_OPENAI_LLM
+
+    return OpenAI(model=name or DEFAULT_OPENAI_LLM, temperature=temperature, max_tokens=max_tokens)
+
+
+def _describe_llm(model: Any) -> str:
+    from ._llm import model_name
+
+    return model_name(model) or type(model).__name__
+
+
 def demo_corpus_path() -> Path:
     return Path(__file__).parent / "data" / "demo_corpus.jsonl"
 

@@ -108,14 +108,24 @@ def test_key_covers_method_model_prompt_parameters_and_query() -> None:
         base.cache_key_for(Q),
         base.cache_key_for(Q + "!"),
         HyDE(llm, cache=cache, num_passages=2).cache_key_for(Q),
-        HyDE(llm, cache=cache, include_query=True).cache_key_for(Q),
+        HyDE(llm, cache=cache, max_characters=50).cache_key_for(Q),
         HyDE(llm, cache=cache, prompt="Doc: {query}").cache_key_for(Q),
         HyDE(ScriptedLLM(model_name="other"), cache=cache).cache_key_for(Q),
         MultiQuery(llm, cache=cache).cache_key_for(Q),
     }
     assert len(keys) == 7
     assert base.cache_key_for(Q) == HyDE(llm).cache_key_for(Q)
+    # include_query changes how HyDE's passages are searched, not the passages
+    assert base.cache_key_for(Q) == HyDE(llm, include_query=True).cache_key_for(Q)
     assert cache_key({"a": 1, "b": 2}) == cache_key({"b": 2, "a": 1})
+
+
+def test_a_hyde_hit_takes_the_include_query_of_the_asking_transform() -> None:
+    cache = MemoryCache()
+    llm = ScriptedLLM(["A passage."])
+    HyDE(llm, cache=cache).transform(Q)
+    hit = HyDE(llm, cache=cache, include_query=True).transform(Q)
+    assert hit.cached and hit.include_query and hit.embedding_strs == ("A passage.", Q)
 
 
 def test_fallbacks_are_not_cached() -> None:

@@ -10,8 +10,10 @@ model's own chat template formats the prompt.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from pydantic import Field, PrivateAttr
 
+_MAX_SEEDS = 100_000
+
 
 class LocalLLMError(RuntimeError):
     """llama.cpp answered with an error (context overflow, bad request...)."""
@@ -40,7 +44,8 @@ class LocalLLM(CustomLLM):
     ``n_ctx`` is the context per parallel slot; ``n_parallel`` calls run at once;
     ``max_tokens`` caps each reply; ``temperature`` is the default sampling temperature
     (a ``temperature=`` keyword on a call overrides it); ``seed`` makes a run
-    repeatable (call i samples with ``seed + i``, so repeated samples still differ).
+    repeatable (the seed of a call depends on the prompt and on how many times it was asked, not on
+    call order, so repeated samples still differ and concurrent runs repeat).
     ``threads`` defaults to the machine's cores.
     """
 
@@ -56,7 +61,7 @@ class LocalLLM(CustomLLM):
 
     _server: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
-    _calls: int = PrivateAttr(default=0)
+    _seen: Any = PrivateAttr(default_factory=OrderedDict)
 
     @classmethod
     def class_name(cls) -> str:
@@ -108,16 +113,26 @@ class LocalLLM(CustomLLM):
             "temperature": float(kwargs.get("temperature", self.temperature)),
         }
         if self.seed is not None:
-            # a different, reproducible seed per call: N samples must differ (HyDE)
-            with self._lock:
-                request["seed"] = self.seed + self._calls
-                self._calls += 1
+            request["seed"] = self._seed_for(request["messages"])
         response = self._get_server().handle_chat_completions(request)
         if not isinstance(response, dict) or "error" in response:
             error = response.get("error") if isinstance(response, dict) else response
             message = error.get("message") if isinstance(error, dict) else str(error)
             raise LocalLLMError(f"llama.cpp error: {message}")
         return response
+
+    def _seed_for(self, messages: list[dict[str, str]]) -> int:
+        """A seed that depends on the prompt and on how often this prompt was asked
+        before, not on call order: concurrent runs sample the same set of replies, and
+        N samples of one prompt (HyDE's ``num_passages``) still differ."""
+        digest = hashlib.blake2b(repr(messages).encode(), digest_size=4).digest()
+        base = int.from_bytes(digest, "little")
+        with self._lock:
+            repeat = self._seen.pop(base, 0)
+            self._seen[base] = repeat + 1
+            while len(self._seen) > _MAX_SEEDS:
+                self._seen.popitem(last=False)
+        return int((int(self.seed or 0) + base + 7919 * repeat) % (2**31 - 1))
 
     @staticmethod
     def _text(response: dict[str, Any]) -> str:

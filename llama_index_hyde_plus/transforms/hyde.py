@@ -77,11 +77,11 @@ class HyDE(LLMTransform):
         self.num_passages = num_passages
 
     def _params(self) -> dict[str, object]:
+        # include_query only changes how passages are searched, not the passages
         return {
             "temperature": self.temperature,
             "max_characters": self.max_characters,
             "num_passages": self.num_passages,
-            "include_query": self.include_query,
         }
 
     def _num_calls(self) -> int:

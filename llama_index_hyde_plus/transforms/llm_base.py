@@ -152,7 +152,10 @@ class LLMTransform(QueryTransformer):
         assert self.cache is not None
         try:
             data = self.cache.get(key)
-            return None if data is None else _as_cached(TransformResult.from_dict(data), start)
+            if data is None:
+                return None
+            result = replace(TransformResult.from_dict(data), include_query=self.include_query)
+            return _as_cached(result, start)
         except Exception as exc:
             logger.warning("transform cache read failed (%s); calling the LLM", exc)
             return None

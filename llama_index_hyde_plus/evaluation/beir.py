@@ -1,0 +1,116 @@
+"""Load a dataset in BEIR format: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``.
+
+Every malformed line is reported with its file and line number, and nothing is
+half-loaded: a dataset either loads whole or raises `BeirFormatError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class BeirFormatError(ValueError):
+    """A BEIR file is missing or malformed (the message names the file and line)."""
+
+
+@dataclass(frozen=True)
+class BeirDataset:
+    """A loaded BEIR dataset, restricted to the queries that have judgments."""
+
+    name: str
+    corpus: dict[str, tuple[str, str]]  # doc id -> (title, text)
+    queries: dict[str, str]  # query id -> text, in file order
+    qrels: dict[str, dict[str, int]]  # query id -> doc id -> relevance
+    corpus_sha256: str
+
+    def document_text(self, doc_id: str) -> str:
+        title, text = self.corpus[doc_id]
+        return f"{title}\n{text}" if title else text
+
+
+def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[dict[str, object]]:
+    if not path.is_file():
+        raise BeirFormatError(f"missing file: {path}")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise BeirFormatError(f"{path.name}:{lineno}: not valid JSON ({exc})") from exc
+            if not isinstance(row, dict):
+                raise BeirFormatError(f"{path.name}:{lineno}: expected a JSON object")
+            missing = [k for k in required if k not in row]
+            if missing:
+                raise BeirFormatError(f"{path.name}:{lineno}: missing field(s) {missing}")
+            rows.append(row)
+    if not rows:
+        raise BeirFormatError(f"{path.name} is empty")
+    return rows
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = None) -> BeirDataset:
+    """Load the BEIR dataset in ``folder``; keep the judged queries of ``split``.
+
+    ``limit`` keeps the first N judged queries (in ``queries.jsonl`` order).
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise BeirFormatError(f"dataset folder not found: {root}")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be >= 1")
+    corpus_path = root / "corpus.jsonl"
+    corpus: dict[str, tuple[str, str]] = {}
+    for row in _read_jsonl(corpus_path, ("_id", "text")):
+        corpus[str(row["_id"])] = (str(row.get("title") or "").strip(), str(row["text"]))
+    all_queries = {
+        str(r["_id"]): str(r["text"]) for r in _read_jsonl(root / "queries.jsonl", ("_id", "text"))
+    }
+    qrels_path = root / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        raise BeirFormatError(f"missing file: {qrels_path}")
+    qrels: dict[str, dict[str, int]] = {}
+    with qrels_path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.rstrip("\n").split("\t")
+            if not line.strip():
+                continue
+            if lineno == 1 and parts[0] in ("query-id", "query_id", "qid"):
+                continue
+            if len(parts) != 3:
+                raise BeirFormatError(
+                    f"{qrels_path.name}:{lineno}: expected 3 tab-separated columns "
+                    "(query-id, corpus-id, score)"
+                )
+            qid, did, score = parts
+            try:
+                rel = int(float(score))
+            except ValueError as exc:
+                raise BeirFormatError(
+                    f"{qrels_path.name}:{lineno}: score {score!r} is not a number"
+                ) from exc
+            if qid not in all_queries:
+                raise BeirFormatError(f"{qrels_path.name}:{lineno}: unknown query id {qid!r}")
+            if did not in corpus:
+                raise BeirFormatError(f"{qrels_path.name}:{lineno}: unknown corpus id {did!r}")
+            qrels.setdefault(qid, {})[did] = rel
+    if not qrels:
+        raise BeirFormatError(f"{qrels_path.name} has no judgments")
+    queries = {qid: text for qid, text in all_queries.items() if qid in qrels}
+    if limit is not None:
+        queries = dict(list(queries.items())[:limit])
+        qrels = {qid: qrels[qid] for qid in queries}
+    return BeirDataset(root.name, corpus, queries, qrels, _sha256(corpus_path))
