@@ -346,6 +346,10 @@ def eval_cmd(
     cache: Annotated[
         bool, typer.Option("--cache/--no-cache", help="Reuse cached transform outputs.")
     ] = True,
+    cache_dir_: Annotated[
+        Path | None,
+        typer.Option("--cache-dir", help="Where indexes and transform outputs are cached."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, latency, tokens, cost."""
@@ -399,14 +403,17 @@ def eval_cmd(
 
             return advance
 
+        def fresh_llm() -> Any:
+            return _eval_llm(llm, temperature, max_tokens, seed, concurrency)
+
         try:
             result = run_eval(
                 ds,
                 names,
-                llm=model,
+                llm=fresh_llm if model is not None else None,
                 embed_model=embed_model,
                 embed_label=embed_label,
-                cache_root=cache_dir(),
+                cache_root=cache_dir_ or cache_dir(),
                 max_length=max_length,
                 top_k=top_k,
                 concurrency=concurrency,

@@ -143,3 +143,60 @@ def test_demo_runs_end_to_end() -> None:
     assert result.exit_code == 0, result.output
     assert "Plain search" in result.output and "HyDE search" in result.output
     assert "The Q3 business review" in result.output
+
+
+@pytest.mark.local
+def test_eval_writes_results_and_resumes_from_cache(tmp_path: Path) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    args = [
+        "eval",
+        "--dataset",
+        str(tiny),
+        "--transforms",
+        "none,hyde",
+        "--llm",
+        "local",
+        "--embed",
+        "local",
+        "--out",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--max-tokens",
+        "48",
+    ]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "nDCG@10" in first.output
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["transform"] for r in data["results"]] == ["none", "hyde"]
+    assert data["results"][1]["llm_calls"] == 3 and data["results"][1]["cached_transforms"] == 0
+    assert (tmp_path / "out" / "results.png").is_file()
+    second = runner.invoke(app, args)
+    assert second.exit_code == 0, second.output
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["index_cached"] and data["results"][1]["cached_transforms"] == 3
+
+
+def test_eval_with_a_malformed_dataset_is_a_clear_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["eval", "--dataset", str(tmp_path), "--transforms", "none"])
+    assert result.exit_code == 2 and "missing file" in result.output
+
+
+def test_eval_with_an_unknown_transform_is_a_clear_error(tmp_path: Path) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--dataset",
+            str(tiny),
+            "--transforms",
+            "none,magic",
+            "--embed",
+            "local",
+            "--cache-dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 2 and "unknown transform" in result.output

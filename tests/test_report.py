@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from llama_index_hyde_plus.evaluation import load_beir, run_eval
+from llama_index_hyde_plus.evaluation.report import markdown, rich_table, write_outputs
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
+
+TINY = Path(__file__).parent / "data" / "tiny-beir"
+
+
+def result(tmp_path: Path):  # type: ignore[no-untyped-def]
+    llm = ScriptedLLM(respond=lambda p: "Enterprise renewals slipped.")
+    return run_eval(
+        load_beir(TINY),
+        ["none", "hyde"],
+        llm=llm,
+        embed_model=DeterministicEmbedding(),
+        embed_label="det",
+        cache_root=tmp_path,
+        config={"concurrency": 4},
+    )
+
+
+def test_outputs_are_written(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    paths = write_outputs(res, tmp_path / "out", command="hyde-plus eval --dataset x")
+    assert [p.name for p in paths] == ["results.json", "results.md", "results.png"]
+    data = json.loads(paths[0].read_text())
+    assert data["command"] == "hyde-plus eval --dataset x"
+    assert [r["transform"] for r in data["results"]] == ["none", "hyde"]
+    assert {
+        "nDCG@10",
+        "R@10",
+        "R@100",
+        "RR@10",
+        "latency_p50_s",
+        "cost_usd",
+        "p_value_vs_none",
+    } <= set(data["results"][1])
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = paths[1].read_text()
+    assert "| transform | nDCG@10 | Recall@10 | Recall@100 | MRR@10 |" in md
+    assert md.count("\n| ") >= 3
+
+
+def test_terminal_table_lists_every_transform(tmp_path: Path) -> None:
+    console = Console(width=200, record=True)
+    console.print(rich_table(result(tmp_path)))
+    text = console.export_text()
+    assert "none" in text and "hyde" in text and "nDCG@10" in text
+    assert "hyde" in markdown(result(tmp_path))

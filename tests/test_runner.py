@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llama_index_hyde_plus.evaluation import load_beir, parse_transform_spec, run_eval
+from llama_index_hyde_plus.evaluation.runner import TransformSpec
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
+
+TINY = Path(__file__).parent / "data" / "tiny-beir"
+ANSWERS = {
+    "Why did revenue drop?": "Revenue fell because enterprise renewals slipped when large "
+    "accounts delayed signing.",
+    "How many vacation days do staff get?": "Employees receive twenty five days of paid time off.",
+    "Which security measures protect company laptops?": "Laptops use full disk encryption.",
+}
+
+
+def answering_llm() -> ScriptedLLM:
+    def respond(prompt: str) -> str:
+        return next(a for q, a in ANSWERS.items() if q in prompt)
+
+    return ScriptedLLM(respond=respond, model_name="gpt-4o-mini")
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("none", TransformSpec("none", "none", {})),
+        ("hyde", TransformSpec("hyde", "hyde", {})),
+        ("hyde-n4", TransformSpec("hyde-n4", "hyde", {"num_passages": 4})),
+        ("hyde+q", TransformSpec("hyde+q", "hyde", {"include_query": True})),
+        (
+            "hyde-n4+q",
+            TransformSpec("hyde-n4+q", "hyde", {"num_passages": 4, "include_query": True}),
+        ),
+        ("multi-query-n5", TransformSpec("multi-query-n5", "multi-query", {"n": 5})),
+        (
+            "hyde:num_passages=2,temperature=0.5,include_query=true",
+            TransformSpec(
+                "hyde:num_passages=2,temperature=0.5,include_query=true",
+                "hyde",
+                {"num_passages": 2, "temperature": 0.5, "include_query": True},
+            ),
+        ),
+    ],
+)
+def test_transform_specs(spec: str, expected: TransformSpec) -> None:
+    assert parse_transform_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["magic", "hyde:n", "HyDE!!"])
+def test_bad_transform_specs_are_value_errors(spec: str) -> None:
+    with pytest.raises(ValueError):
+        parse_transform_spec(spec)
+
+
+def test_eval_scores_transforms_and_resumes_from_cache(tmp_path: Path) -> None:
+    ds = load_beir(TINY)
+    embed = DeterministicEmbedding(dim=256)
+    llm = answering_llm()
+    kwargs = dict(
+        embed_model=embed, embed_label="det-256", cache_root=tmp_path, top_k=5, concurrency=2
+    )
+    first = run_eval(ds, ["none", "hyde", "hyde+q"], llm=llm, **kwargs)  # type: ignore[arg-type]
+    reports = {r.label: r for r in first.reports}
+    assert not first.index_cached
+    assert reports["hyde"].scores["nDCG@10"] > reports["none"].scores["nDCG@10"]
+    assert reports["hyde"].usage.calls == 3 and reports["hyde"].usage.cost > 0
+    assert reports["hyde"].p_value_vs_none is not None
+    assert reports["none"].p_value_vs_none is None and reports["none"].usage.calls == 0
+    assert reports["hyde"].latency_n == 3 and reports["hyde"].fallbacks == 0
+    assert reports["hyde+q"].cached == 3  # same passages: include_query is not in the key
+    calls_after_first = len(llm.prompts)
+    assert calls_after_first == 3
+
+    second = run_eval(ds, ["none", "hyde"], llm=llm, **kwargs)  # type: ignore[arg-type]
+    assert second.index_cached and len(llm.prompts) == calls_after_first
+    again = {r.label: r for r in second.reports}
+    assert again["hyde"].cached == 3
+    assert again["hyde"].scores == reports["hyde"].scores
+    assert again["hyde"].usage.calls == 3  # the generation usage is still reported
+
+
+def test_eval_counts_fallbacks(tmp_path: Path) -> None:
+    ds = load_beir(TINY, limit=2)
+    llm = ScriptedLLM([RuntimeError("down"), RuntimeError("down")])
+    result = run_eval(
+        ds,
+        ["hyde"],
+        llm=llm,
+        embed_model=DeterministicEmbedding(),
+        embed_label="det",
+        cache_root=tmp_path,
+        use_cache=False,
+    )
+    assert result.reports[0].fallbacks == 2
+
+
+def test_eval_needs_an_llm_for_llm_transforms(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="llm"):
+        run_eval(
+            load_beir(TINY),
+            ["hyde"],
+            llm=None,
+            embed_model=DeterministicEmbedding(),
+            embed_label="det",
+            cache_root=tmp_path,
+        )
