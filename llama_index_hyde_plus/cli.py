@@ -424,7 +424,7 @@ def eval_cmd(
             )
         except ValueError as exc:
             raise _fail(str(exc)) from exc
-    console.print(rich_table(result), width=max(console.width, 150))
+    Console(width=max(console.width, 160)).print(rich_table(result))
     paths = write_outputs(result, out, command)
     console.print(f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]")
 

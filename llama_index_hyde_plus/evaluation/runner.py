@@ -274,12 +274,16 @@ def run_eval(
     index, index_seconds, index_cached = cached_index(
         ds, embed_model, embed_label, cache_root, max_length=max_length, progress=progress
     )
+    embed_model.get_query_embedding("warm up")  # load the model outside the timings
     cache = SQLiteCache(cache_root / "eval" / "transforms.sqlite") if use_cache else None
     reports: list[TransformReport] = []
     for spec in specs:
         # a factory gives each transform a fresh LLM, so seeded sampling does not depend
         # on which transforms ran before in this process
         model = llm() if callable(llm) and not isinstance(llm, LLM) else llm
+        warm_up = getattr(model, "warm_up", None)
+        if spec.name != "none" and callable(warm_up):
+            warm_up()  # a local model loads outside the timings
         transformer = build_transform(
             spec, model if spec.name != "none" else None, cache, hyde_prompt
         )

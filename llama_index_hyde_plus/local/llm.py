@@ -101,6 +101,10 @@ class LocalLLM(CustomLLM):
         params.verbosity = -1
         return xllamacpp.Server(params)
 
+    def warm_up(self) -> None:
+        """Load the model now rather than on the first call."""
+        self._get_server()
+
     def close(self) -> None:
         """Free the model (it loads again on the next call)."""
         with self._lock:
