@@ -455,6 +455,61 @@ def _describe_llm(model: Any) -> str:
     return model_name(model) or type(model).__name__
 
 
+@app.command()
+def serve(
+    index_path: Annotated[
+        Path | None,
+        typer.Option("--index", "-i", help="Index folder for `retrieve` (omit: transform only)."),
+    ] = None,
+    stdio: Annotated[
+        bool, typer.Option("--stdio", help="Serve one client on stdin/stdout.")
+    ] = False,
+    http: Annotated[int | None, typer.Option("--http", help="Serve HTTP on this port.")] = None,
+    host: Annotated[str, typer.Option(help="HTTP bind address.")] = "127.0.0.1",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Require 'Authorization: Bearer TOKEN' (HTTP).", envvar="HYDE_PLUS_TOKEN"
+        ),
+    ] = None,
+    llm: Annotated[
+        str, typer.Option(help="auto, local, openai[:MODEL], or scripted[:DELAY_MS] (load tests).")
+    ] = "auto",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve the Retrieval Context Protocol: query/transform and retrieve."""
+    from .models import resolve_llm
+    from .rcp import RcpHttpServer, TransformService, build_server, serve_stdio
+
+    _setup_logging(verbose)
+    if stdio == (http is not None):
+        raise _fail("choose exactly one of --stdio and --http PORT")
+    try:
+        retriever = _load_retriever(index_path, 10) if index_path else None
+        model = resolve_llm(llm)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    service = TransformService(model, retriever)
+    if stdio:
+        serve_stdio(build_server(service))
+        return
+    if host not in ("127.0.0.1", "localhost", "::1") and token is None:
+        err.print(
+            f"[yellow]warning:[/] serving on {host} without --token: anyone who can "
+            "reach it can spend your LLM budget"
+        )
+    assert http is not None
+    server = RcpHttpServer(build_server(service, http=True), host=host, port=http, token=token)
+    err.print(
+        f"RCP server on {server.url} (index: {index_path or 'none'}, llm: {llm}"
+        f"{', token required' if token else ''}); Ctrl-C to stop"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        err.print("stopped")
+
+
 def demo_corpus_path() -> Path:
     return Path(__file__).parent / "data" / "demo_corpus.jsonl"
 

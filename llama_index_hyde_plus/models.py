@@ -26,7 +26,16 @@ def _split(spec: str) -> tuple[str, str | None]:
 
 
 def resolve_llm(spec: str = "auto", *, temperature: float | None = None) -> LLM:
-    """The LLM named by ``spec``."""
+    """The LLM named by ``spec``; ``scripted[:DELAY_MS]`` is the echoing test double
+    (`testing.echo_llm`), for load tests and demos of the plumbing."""
+    if spec.startswith("scripted"):
+        from .testing import echo_llm
+
+        _, _, delay = spec.partition(":")
+        try:
+            return echo_llm(delay=float(delay or 0) / 1000)
+        except ValueError as exc:
+            raise ValueError(f"scripted delay must be milliseconds, not {delay!r}") from exc
     kind, model = _split(spec)
     if kind == "openai":
         from llama_index.llms.openai import OpenAI

@@ -36,6 +36,7 @@ __all__ = [
     "ScriptedLLM",
     "StaticRetriever",
     "SyncCallError",
+    "echo_llm",
 ]
 
 
@@ -180,6 +181,18 @@ class ScriptedLLM(CustomLLM):
             yield CompletionResponse(text=response.text, delta=response.text, raw=response.raw)
 
         return gen()
+
+
+def _echo(prompt: str) -> str:
+    match = re.search(r"(?:Question|Query|Claim): (.+)", prompt)
+    subject = match.group(1).strip() if match else prompt.strip().splitlines()[-1]
+    return f"1. {subject} explained\n2. background of {subject}\n3. evidence about {subject}"
+
+
+def echo_llm(delay: float = 0.0, **kwargs: Any) -> ScriptedLLM:
+    """A `ScriptedLLM` that answers every prompt with three numbered variations of the
+    question it finds in it, after ``delay`` seconds: a stand-in for load tests."""
+    return ScriptedLLM(respond=_echo, delay=delay, **kwargs)
 
 
 _WORD = re.compile(r"[a-z0-9]+")
