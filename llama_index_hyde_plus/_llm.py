@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,10 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
+from .reliability import NO_RETRY, CircuitBreaker, CircuitOpenError, RetryPolicy, is_transient
 from .usage import ModelPrice, Usage, usage_for_call
+
+logger = logging.getLogger("llama_index_hyde_plus")
 
 
 class LLMTimeoutError(TimeoutError):
@@ -101,16 +106,76 @@ def complete(
     timeout: float | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
     host_callback_manager: CallbackManager | None = None,
+    retry: RetryPolicy = NO_RETRY,
+    breaker: CircuitBreaker | None = None,
 ) -> LLMReply:
-    """Blocking completion. With ``timeout`` the call runs in a daemon thread and
-    `LLMTimeoutError` is raised when it overruns (the thread is abandoned, not killed)."""
+    """Blocking completion. ``timeout`` bounds the whole call, retries included: each
+    attempt runs in a daemon thread and `LLMTimeoutError` is raised when the budget
+    runs out (the thread is abandoned, not killed). Transient errors are retried per
+    ``retry``; ``breaker`` is consulted before and told after every attempt."""
 
     def call() -> CompletionResponse:
         return llm.complete(prompt, **_kwargs(temperature))
 
-    response = call() if timeout is None else _call_with_timeout(call, timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    attempt = 0
+    while True:
+        _check_breaker(breaker)
+        remaining = _remaining(deadline, timeout)
+        try:
+            response = call() if remaining is None else _call_with_timeout(call, remaining)
+        except Exception as exc:
+            pause = _after_failure(exc, attempt, retry, breaker, deadline)
+            if pause is None:
+                raise
+            time.sleep(pause)
+            attempt += 1
+            continue
+        if breaker is not None:
+            breaker.record_success()
+        break
     _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
     return _reply(llm, prompt, response, prices)
+
+
+def _check_breaker(breaker: CircuitBreaker | None) -> None:
+    if breaker is not None and not breaker.allow():
+        raise CircuitOpenError(f"circuit breaker for {breaker.name} is open; not calling the LLM")
+
+
+def _remaining(deadline: float | None, timeout: float | None) -> float | None:
+    if deadline is None:
+        return None
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s")
+    return remaining
+
+
+def _after_failure(
+    exc: Exception,
+    attempt: int,
+    retry: RetryPolicy,
+    breaker: CircuitBreaker | None,
+    deadline: float | None,
+) -> float | None:
+    """Record the failure; return how long to sleep before retrying, or None to give up."""
+    if breaker is not None:
+        breaker.record_failure()
+    if attempt >= retry.max_retries or not is_transient(exc):
+        return None
+    pause = retry.delay(attempt)
+    if deadline is not None and time.monotonic() + pause >= deadline:
+        return None
+    logger.info(
+        "transient LLM error (%s: %s); retry %d of %d in %.2fs",
+        type(exc).__name__,
+        exc,
+        attempt + 1,
+        retry.max_retries,
+        pause,
+    )
+    return pause
 
 
 def _call_with_timeout(call: Any, timeout: float) -> CompletionResponse:
@@ -142,15 +207,34 @@ async def acomplete(
     timeout: float | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
     host_callback_manager: CallbackManager | None = None,
+    retry: RetryPolicy = NO_RETRY,
+    breaker: CircuitBreaker | None = None,
 ) -> LLMReply:
-    """Native async completion (``llm.acomplete``), cancelled on ``timeout``."""
-    coro = llm.acomplete(prompt, **_kwargs(temperature))
-    try:
-        if timeout is None:
-            response = await coro
-        else:
-            response = await asyncio.wait_for(coro, timeout)
-    except asyncio.TimeoutError as exc:
-        raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s") from exc
+    """Native async completion (``llm.acomplete``): the async twin of `complete`; an
+    overrun attempt is cancelled."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    attempt = 0
+    while True:
+        _check_breaker(breaker)
+        remaining = _remaining(deadline, timeout)
+        coro = llm.acomplete(prompt, **_kwargs(temperature))
+        try:
+            if remaining is None:
+                response = await coro
+            else:
+                try:
+                    response = await asyncio.wait_for(coro, remaining)
+                except asyncio.TimeoutError as exc:
+                    raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s") from exc
+        except Exception as exc:
+            pause = _after_failure(exc, attempt, retry, breaker, deadline)
+            if pause is None:
+                raise
+            await asyncio.sleep(pause)
+            attempt += 1
+            continue
+        if breaker is not None:
+            breaker.record_success()
+        break
     _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
     return _reply(llm, prompt, response, prices)

@@ -204,6 +204,9 @@ def build_transform(
         options["prompt"] = HYDE_PAPER_PROMPTS.get(hyde_prompt, hyde_prompt)
     if cache is not None:
         options["cache"] = cache
+    # an evaluation wants every generation, not a latency bound: a slow local model
+    # under load must not turn into fallbacks
+    options.setdefault("timeout", 600.0)
     return make_transform(spec.name, llm, **options)
 
 

@@ -10,9 +10,10 @@ from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
 from ..cache import TransformCache
+from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice, Usage
 from .base import TransformResult
-from .llm_base import LLMTransform, UnusableReplyError
+from .llm_base import DEFAULT_TIMEOUT_S, LLMTransform, UnusableReplyError
 from .parsing import parse_queries
 
 MAX_N = 10
@@ -31,10 +32,12 @@ class QueryListTransform(LLMTransform):
         include_query: bool,
         prompt: str | BasePromptTemplate | None = None,
         temperature: float | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
         cache: TransformCache | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: CircuitBreaker | bool = True,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError("n must be an int")
@@ -48,6 +51,8 @@ class QueryListTransform(LLMTransform):
             prices=prices,
             callback_manager=callback_manager,
             cache=cache,
+            retry=retry,
+            breaker=breaker,
         )
         self.n = n
         self.include_query = bool(include_query)

@@ -11,9 +11,10 @@ from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
 from ..cache import TransformCache
+from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice, Usage
 from .base import TransformResult
-from .llm_base import LLMTransform, UnusableReplyError
+from .llm_base import DEFAULT_TIMEOUT_S, LLMTransform, UnusableReplyError
 from .parsing import dedupe, trim_passage
 from .prompts import HYDE_PROMPT
 
@@ -50,10 +51,12 @@ class HyDE(LLMTransform):
         include_query: bool = False,
         num_passages: int = 1,
         temperature: float | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
         cache: TransformCache | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: CircuitBreaker | bool = True,
     ) -> None:
         if isinstance(max_characters, bool) or not isinstance(max_characters, int):
             raise TypeError("max_characters must be an int")
@@ -71,6 +74,8 @@ class HyDE(LLMTransform):
             prices=prices,
             callback_manager=callback_manager,
             cache=cache,
+            retry=retry,
+            breaker=breaker,
         )
         self.max_characters = max_characters
         self.include_query = bool(include_query)

@@ -10,6 +10,7 @@ warning and yields the original query with ``fallback=True``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from abc import abstractmethod
@@ -25,8 +26,12 @@ from llama_index.core.settings import Settings
 
 from .. import _llm
 from ..cache import MemoryCache, TransformCache, cache_key
+from ..reliability import CircuitBreaker, CircuitOpenError, RetryPolicy
 from ..usage import ModelPrice, Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
+
+DEFAULT_TIMEOUT_S = 10.0
+"""Default bound on one transform's LLM work, retries included (seconds)."""
 
 
 class UnusableReplyError(ValueError):
@@ -60,10 +65,12 @@ class LLMTransform(QueryTransformer):
         *,
         prompt: str | BasePromptTemplate | None = None,
         temperature: float | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
         cache: TransformCache | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: CircuitBreaker | bool = True,
     ) -> None:
         super().__init__()
         if cache is not None and not isinstance(cache, TransformCache):
@@ -81,6 +88,15 @@ class LLMTransform(QueryTransformer):
         self.prices = dict(prices) if prices else None
         self._callback_manager = callback_manager
         self.cache = cache
+        self.retry = retry if retry is not None else RetryPolicy()
+        if breaker is True:
+            self.breaker: CircuitBreaker | None = CircuitBreaker(name=self.method)
+        elif breaker is False:
+            self.breaker = None
+        elif isinstance(breaker, CircuitBreaker):
+            self.breaker = breaker
+        else:
+            raise TypeError("breaker must be a CircuitBreaker, True (a new one) or False")
         self._flights_lock = threading.Lock()
         self._sync_flights: dict[str, _Flight] = {}
         self._async_flights: dict[str, asyncio.Future[TransformResult]] = {}
@@ -128,6 +144,8 @@ class LLMTransform(QueryTransformer):
             "timeout": self.timeout,
             "prices": self.prices,
             "host_callback_manager": self.callback_manager,
+            "retry": self.retry,
+            "breaker": self.breaker,
         }
 
     def _params(self) -> dict[str, Any]:
@@ -324,7 +342,14 @@ class LLMTransform(QueryTransformer):
         start: float,
     ) -> TransformResult:
         error = _describe(errors[0]) if errors else "unknown error"
-        logger.warning("%s failed (%s); searching with the original query", self.method, error)
+        # an open breaker was logged once when it opened: no warning for every search
+        quiet = bool(errors) and isinstance(errors[0], CircuitOpenError)
+        logger.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "%s failed (%s); searching with the original query",
+            self.method,
+            error,
+        )
         result = TransformResult.fallback_for(
             query, self.method, error, usage=sum_usage([r.usage for r in replies])
         )

@@ -11,8 +11,10 @@ from llama_index.core.prompts import BasePromptTemplate
 
 from ..cache import TransformCache
 from ..fusion import FusionMode
+from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
+from .llm_base import DEFAULT_TIMEOUT_S
 from .prompts import MULTI_QUERY_PROMPT
 
 
@@ -37,10 +39,12 @@ class MultiQuery(QueryListTransform):
         include_query: bool = True,
         prompt: str | BasePromptTemplate | None = None,
         temperature: float | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
         cache: TransformCache | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: CircuitBreaker | bool = True,
     ) -> None:
         super().__init__(
             llm,
@@ -52,4 +56,6 @@ class MultiQuery(QueryListTransform):
             prices=prices,
             callback_manager=callback_manager,
             cache=cache,
+            retry=retry,
+            breaker=breaker,
         )

@@ -10,8 +10,10 @@ from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
 from ..cache import TransformCache
+from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
+from .llm_base import DEFAULT_TIMEOUT_S
 from .prompts import REWRITE_PROMPT
 
 
@@ -29,10 +31,12 @@ class Rewrite(QueryListTransform):
         *,
         prompt: str | BasePromptTemplate | None = None,
         temperature: float | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
         cache: TransformCache | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: CircuitBreaker | bool = True,
     ) -> None:
         super().__init__(
             llm,
@@ -44,4 +48,6 @@ class Rewrite(QueryListTransform):
             prices=prices,
             callback_manager=callback_manager,
             cache=cache,
+            retry=retry,
+            breaker=breaker,
         )
