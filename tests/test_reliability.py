@@ -134,8 +134,11 @@ def test_breaker_opens_after_k_failures_skips_the_llm_and_logs_once(
     assert len(llm.prompts) == 3  # the LLM was not called while open
     opened = [r for r in caplog.records if "is now open" in r.getMessage()]
     assert len(opened) == 1
-    warnings = [r for r in caplog.records if "original query" in r.getMessage()
-                and r.levelno >= logging.WARNING]
+    warnings = [
+        r
+        for r in caplog.records
+        if "original query" in r.getMessage() and r.levelno >= logging.WARNING
+    ]
     assert len(warnings) == 3  # one per real failure, none per skipped call
 
 
@@ -179,8 +182,17 @@ async def test_hanging_provider_opens_the_breaker_and_searches_get_fast() -> Non
 
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_every_fault_still_returns_results(use_async: bool) -> None:
-    faults = [StatusError(500), StatusError(400), ConnectionResetError("x"), HANG, "", "!!!",
-              RuntimeError("boom"), TimeoutError("t"), KeyError("k")]
+    faults = [
+        StatusError(500),
+        StatusError(400),
+        ConnectionResetError("x"),
+        HANG,
+        "",
+        "!!!",
+        RuntimeError("boom"),
+        TimeoutError("t"),
+        KeyError("k"),
+    ]
     base = StaticRetriever(DOCS, default=["pto", "hiring"])
     for fault in faults:
         llm = ScriptedLLM([fault] * 3)
