@@ -110,23 +110,100 @@ def _build_index(
 @app.command()
 def index(
     docs: Annotated[Path, typer.Argument(help="Folder of .txt, .md or .jsonl documents.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the index to.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Folder to write a FAISS index to.")
+    ] = None,
+    store: Annotated[str, typer.Option(help="faiss (dense, on disk) or milvus (hybrid).")] = (
+        "faiss"
+    ),
+    uri: Annotated[
+        str | None, typer.Option(help="Milvus: a Milvus Lite file path or a cluster URL.")
+    ] = None,
+    collection: Annotated[str, typer.Option(help="Milvus collection name.")] = "hyde_plus",
+    token: Annotated[
+        str | None, typer.Option(help="Milvus cluster token.", envvar="MILVUS_TOKEN")
+    ] = None,
     embed: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
     max_length: Annotated[int, typer.Option(help="Max tokens per text (local model).")] = 256,
     batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 64,
 ) -> None:
-    """Embed a folder of documents into a FAISS index on disk."""
+    """Embed a folder of documents into FAISS on disk or a hybrid Milvus collection."""
     from .indexing import read_documents
 
     try:
         documents = read_documents(docs)
-        info, _ = _build_index(docs, documents, out, embed, max_length, batch_size)
+        if store == "faiss":
+            if out is None:
+                raise ValueError("--out is needed for the FAISS store")
+            info, _ = _build_index(docs, documents, out, embed, max_length, batch_size)
+            console.print(
+                f"[green]Indexed {info.documents} documents[/] into [bold]{info.path}[/] "
+                f"({info.dim}-d, {info.seconds:.1f}s, {info.docs_per_second:.1f} docs/s)"
+            )
+            return
+        if store != "milvus":
+            raise ValueError("--store must be faiss or milvus")
+        if not uri:
+            raise ValueError("--uri is needed for the Milvus store (a file path or a URL)")
+        _build_milvus(documents, uri, collection, token or "", embed, max_length, batch_size)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
+
+
+def _build_milvus(
+    documents: list[Any],
+    uri: str,
+    collection: str,
+    token: str,
+    embed: str,
+    max_length: int,
+    batch_size: int,
+) -> None:
+    from .milvus import build_milvus_index
+    from .models import concrete_embedding_spec, resolve_embedding
+
+    spec = concrete_embedding_spec(embed)
+    with err.status("Loading the embedding model..."):
+        embed_model = resolve_embedding(spec, max_length=max_length)
+    start = time.perf_counter()
+    with _progress() as progress:
+        task = progress.add_task("Embedding documents", total=len(documents), rate="")
+
+        def advance(n: int) -> None:
+            done = progress.tasks[task].completed + n
+            rate = done / max(time.perf_counter() - start, 1e-9)
+            progress.update(task, advance=n, rate=f"{rate:.1f} docs/s")
+
+        build_milvus_index(
+            documents,
+            embed_model,
+            uri,
+            collection=collection,
+            token=token,
+            embed_spec=spec,
+            max_length=max_length,
+            batch_size=batch_size,
+            progress=advance,
+        )
+    seconds = time.perf_counter() - start
     console.print(
-        f"[green]Indexed {info.documents} documents[/] into [bold]{info.path}[/] "
-        f"({info.dim}-d, {info.seconds:.1f}s, {info.docs_per_second:.1f} docs/s)"
+        f"[green]Indexed {len(documents)} documents[/] into Milvus collection "
+        f"[bold]{collection}[/] at {uri} (BM25 + dense, {seconds:.1f}s)",
+        soft_wrap=True,
     )
+
+
+def _load_milvus_retriever(
+    uri: str, collection: str, token: str, embed: str | None, top_k: int
+) -> Any:
+    from .milvus import hybrid_retriever, load_milvus_index, read_milvus_meta
+    from .models import resolve_embedding
+
+    meta = read_milvus_meta(uri, collection) or {}
+    spec = embed or meta.get("embed") or "auto"
+    embed_model = resolve_embedding(spec, max_length=int(meta.get("max_length", 256)))
+    index = load_milvus_index(uri, embed_model, collection=collection, token=token)
+    return hybrid_retriever(index, top_k)
 
 
 def _load_retriever(index_path: Path, top_k: int) -> Any:
@@ -184,7 +261,20 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 @app.command()
 def query(
     question: Annotated[str, typer.Argument(help="The question to search for.")],
-    index_path: Annotated[Path, typer.Option("--index", "-i", help="Index folder.")],
+    index_path: Annotated[
+        Path | None, typer.Option("--index", "-i", help="FAISS index folder.")
+    ] = None,
+    uri: Annotated[
+        str | None,
+        typer.Option(help="Milvus Lite file or cluster URL (hybrid search) instead of --index."),
+    ] = None,
+    collection: Annotated[str, typer.Option(help="Milvus collection name.")] = "hyde_plus",
+    token: Annotated[
+        str | None, typer.Option(help="Milvus cluster token.", envvar="MILVUS_TOKEN")
+    ] = None,
+    embed: Annotated[
+        str | None, typer.Option(help="Milvus: embedding model (default: as recorded at indexing).")
+    ] = None,
     transform: Annotated[
         str, typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORM_CHOICES)}.")
     ] = "hyde",
@@ -207,7 +297,13 @@ def query(
     _setup_logging(verbose)
     _check_choice("--transform", transform, TRANSFORM_CHOICES)
     try:
-        retriever = _load_retriever(index_path, top_k)
+        if (index_path is None) == (uri is None):
+            raise ValueError("give exactly one of --index (FAISS) and --uri (Milvus)")
+        if uri is not None:
+            retriever = _load_milvus_retriever(uri, collection, token or "", embed, top_k)
+        else:
+            assert index_path is not None
+            retriever = _load_retriever(index_path, top_k)
         model = None if transform == "none" else resolve_llm(llm)
         options: dict[str, Any] = {"temperature": temperature}
         if transform in ("multi-query", "decompose"):
@@ -350,6 +446,10 @@ def eval_cmd(
         Path | None,
         typer.Option("--cache-dir", help="Where indexes and transform outputs are cached."),
     ] = None,
+    store: Annotated[str, typer.Option(help="faiss (dense) or milvus (hybrid BM25 + dense).")] = (
+        "faiss"
+    ),
+    uri: Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, latency, tokens, cost."""
@@ -378,6 +478,7 @@ def eval_cmd(
         f"transforms: {', '.join(names)}"
     )
     config = {
+        "store": store,
         "llm": llm if model is None else _describe_llm(model),
         "embed": embed_label,
         "top_k": top_k,
@@ -419,6 +520,8 @@ def eval_cmd(
                 concurrency=concurrency,
                 hyde_prompt=hyde_prompt,
                 use_cache=cache,
+                store=store,
+                milvus_uri=uri,
                 progress=factory,
                 config=config,
             )

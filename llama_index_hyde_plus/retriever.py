@@ -42,8 +42,12 @@ class SearchResult:
 
 
 def detect_search_type(retriever: BaseRetriever) -> Literal["dense", "keyword", "hybrid"]:
-    """Best guess at how ``retriever`` matches: BM25 and sparse/text modes are keyword,
-    hybrid vector-store modes are hybrid, a fusion retriever over both is hybrid."""
+    """Best guess at how ``retriever`` matches: a ``search_type`` attribute on the
+    retriever says so outright; BM25 and sparse/text modes are keyword, hybrid
+    vector-store modes are hybrid, a fusion retriever over both is hybrid."""
+    declared = getattr(retriever, "search_type", None)
+    if declared in ("dense", "keyword", "hybrid"):
+        return declared  # type: ignore[no-any-return]
     name = type(retriever).__name__.lower()
     if "bm25" in name or "keyword" in name:
         return "keyword"

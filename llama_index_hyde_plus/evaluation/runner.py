@@ -194,6 +194,43 @@ def cached_index(
     return load_faiss_index(path, embed_model), info.seconds, False
 
 
+def cached_milvus_index(
+    ds: BeirDataset,
+    embed_model: BaseEmbedding,
+    embed_label: str,
+    uri: str,
+    *,
+    max_length: int = 256,
+    batch_size: int = 32,
+    progress: ProgressFactory | None = None,
+) -> tuple[VectorStoreIndex, float, bool]:
+    """The hybrid Milvus collection of ``ds`` at ``uri``: reused when its recorded
+    corpus and embedding match, else built."""
+    import hashlib
+
+    from ..milvus import build_milvus_index, load_milvus_index, read_milvus_meta
+
+    key = hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}".encode()).hexdigest()[:12]
+    collection = re.sub(r"\W", "_", f"{ds.name}_{key}")
+    meta = read_milvus_meta(uri, collection)
+    if meta is not None and meta.get("embed") == embed_label:
+        return load_milvus_index(uri, embed_model, collection=collection), 0.0, True
+    docs = [Document(text=ds.document_text(did), id_=did) for did in ds.corpus]
+    advance = progress("Embedding corpus (Milvus)", len(docs)) if progress else None
+    start = time.perf_counter()
+    index = build_milvus_index(
+        docs,
+        embed_model,
+        uri,
+        collection=collection,
+        embed_spec=embed_label,
+        max_length=max_length,
+        batch_size=batch_size,
+        progress=advance,
+    )
+    return index, time.perf_counter() - start, False
+
+
 def build_transform(
     spec: TransformSpec, llm: LLM | None, cache: TransformCache | None, hyde_prompt: str | None
 ) -> Any:
@@ -258,6 +295,8 @@ def run_eval(
     concurrency: int = 4,
     hyde_prompt: str | None = None,
     use_cache: bool = True,
+    store: str = "faiss",
+    milvus_uri: str | None = None,
     progress: ProgressFactory | None = None,
     config: dict[str, Any] | None = None,
 ) -> EvalResult:
@@ -274,9 +313,26 @@ def run_eval(
     if llm is None and any(s.name != "none" for s in specs):
         raise ValueError("an llm is needed for transforms other than none")
     wall = time.perf_counter()
-    index, index_seconds, index_cached = cached_index(
-        ds, embed_model, embed_label, cache_root, max_length=max_length, progress=progress
-    )
+    if store == "milvus":
+        if not milvus_uri:
+            raise ValueError("store='milvus' needs milvus_uri (a file path or a cluster URL)")
+        from ..milvus import hybrid_retriever
+
+        index, index_seconds, index_cached = cached_milvus_index(
+            ds, embed_model, embed_label, milvus_uri, max_length=max_length, progress=progress
+        )
+
+        def base_retriever() -> Any:
+            return hybrid_retriever(index, top_k)
+    elif store == "faiss":
+        index, index_seconds, index_cached = cached_index(
+            ds, embed_model, embed_label, cache_root, max_length=max_length, progress=progress
+        )
+
+        def base_retriever() -> Any:
+            return index.as_retriever(similarity_top_k=top_k)
+    else:
+        raise ValueError("store must be 'faiss' or 'milvus'")
     embed_model.get_query_embedding("warm up")  # load the model outside the timings
     cache = SQLiteCache(cache_root / "eval" / "transforms.sqlite") if use_cache else None
     reports: list[TransformReport] = []
@@ -290,9 +346,7 @@ def run_eval(
         transformer = build_transform(
             spec, model if spec.name != "none" else None, cache, hyde_prompt
         )
-        retriever = TransformRetriever(
-            index.as_retriever(similarity_top_k=top_k), transformer, top_k=top_k
-        )
+        retriever = TransformRetriever(base_retriever(), transformer, top_k=top_k)
         advance = progress(f"{spec.label}", len(ds.queries)) if progress else None
         run, records = asyncio.run(_run_one(retriever, ds, concurrency, advance))
         scores = evaluate(ds.qrels, run, MEASURES)
