@@ -53,6 +53,10 @@ def _setup_logging(verbose: bool) -> None:
         handlers=[RichHandler(console=err, show_path=False)],
         force=True,
     )
+    if not verbose:
+        # Milvus Lite's in-process gRPC server logs harmless "Method not implemented"
+        # tracebacks (AllocTimestamp) at ERROR; they are noise to a user
+        logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +137,8 @@ class TransformRetriever(BaseRetriever):
         self.max_concurrency = max_concurrency
         self.search_type = detect_search_type(retriever) if search_type == "auto" else search_type
         self._warned_include_query = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         if getattr(transformer, "method", "") == "hyde" and not transformer.include_query:
             self._warn_include_query()
@@ -188,21 +191,36 @@ class TransformRetriever(BaseRetriever):
             except Exception as exc:
                 self._log_failure(specs[0], exc)
                 raise
-        workers = min(self.max_concurrency, len(specs))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hyde-plus") as pool:
-            futures = [
-                pool.submit(
-                    contextvars.copy_context().run, self.retriever.retrieve, self._bundle(spec)
-                )
-                for spec in specs
-            ]
-            outcomes: list[Any] = []
-            for future in futures:
-                try:
-                    outcomes.append(future.result())
-                except Exception as exc:
-                    outcomes.append(exc)
+        pool = self._thread_pool()
+        futures = [
+            pool.submit(contextvars.copy_context().run, self.retriever.retrieve, self._bundle(spec))
+            for spec in specs
+        ]
+        outcomes: list[Any] = []
+        for future in futures:
+            try:
+                outcomes.append(future.result())
+            except Exception as exc:
+                outcomes.append(exc)
         return self._split(specs, outcomes)
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        """Worker threads for the sync fan-out, created once and reused (idle threads
+        cost nothing; creating them per search did). At most ``max_concurrency``."""
+        if self._pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        max_workers=self.max_concurrency, thread_name_prefix="hyde-plus"
+                    )
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker threads of the sync fan-out (they restart if needed)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     async def _retrieve_one(self, spec: SearchSpec, gate: asyncio.Semaphore) -> Any:
         async with gate:

@@ -168,12 +168,25 @@ def test_cli_indexes_and_queries_milvus_lite(tmp_path: Path) -> None:
         "\n".join(json.dumps({"_id": i, "text": t}) for i, t in MILVUS_DOCS.items())
     )
     uri = str(tmp_path / "cli.db")
-    built = runner.invoke(app, ["index", str(docs), "--store", "milvus", "--uri", uri,
-                                "--embed", "local"])
+    built = runner.invoke(
+        app, ["index", str(docs), "--store", "milvus", "--uri", uri, "--embed", "local"]
+    )
     assert built.exit_code == 0, built.output
     assert "BM25 + dense" in built.output
-    found = runner.invoke(app, ["query", "How long is the ZX9000 covered?", "--uri", uri,
-                                "-t", "none", "-k", "2", "--json"])
+    found = runner.invoke(
+        app,
+        [
+            "query",
+            "How long is the ZX9000 covered?",
+            "--uri",
+            uri,
+            "-t",
+            "none",
+            "-k",
+            "2",
+            "--json",
+        ],
+    )
     assert found.exit_code == 0, found.output
     assert json.loads(found.stdout)["results"][0]["id"] == "zx-router"
     both = runner.invoke(app, ["query", "q", "--uri", uri, "--index", str(tmp_path)])
@@ -185,8 +198,15 @@ def test_eval_on_milvus_scores_the_hybrid_store(tmp_path: Path) -> None:
 
     tiny = Path(__file__).parent / "data" / "tiny-beir"
     llm = ScriptedLLM(respond=lambda p: "Enterprise renewals slipped; paid time off; laptops.")
-    kwargs = dict(llm=llm, embed_model=EMBED, embed_label="det", cache_root=tmp_path,
-                  store="milvus", milvus_uri=str(tmp_path / "eval.db"), top_k=5)
+    kwargs = dict(
+        llm=llm,
+        embed_model=EMBED,
+        embed_label="det",
+        cache_root=tmp_path,
+        store="milvus",
+        milvus_uri=str(tmp_path / "eval.db"),
+        top_k=5,
+    )
     first = run_eval(load_beir(tiny), ["none", "hyde+q"], **kwargs)  # type: ignore[arg-type]
     assert not first.index_cached and [r.label for r in first.reports] == ["none", "hyde+q"]
     assert all(0 < r.scores["R@100"] <= 1 for r in first.reports)

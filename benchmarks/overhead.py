@@ -1,0 +1,202 @@
+"""Orchestration overhead, concurrency and memory, against LlamaIndex's built-ins.
+
+(1) Per-query overhead with an instant LLM and an in-memory retriever: what the
+    orchestration (transform, fan-out, fusion, events, usage) costs by itself.
+(2) 64 concurrent ``aretrieve`` calls with a 100 ms LLM.
+(3) Memory: peak traced allocation with 1,000 searches in flight at once.
+
+Both libraries get the same LLM, retriever and work in the same run; the last column
+is the built-in's time (or memory) divided by ours.
+
+    uv run --frozen python benchmarks/overhead.py [--queries 2000] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from llama_index.core.indices.query.query_transform.base import HyDEQueryTransform
+from llama_index.core.retrievers import QueryFusionRetriever
+from llama_index.core.retrievers import TransformRetriever as CoreTransformRetriever
+from rich.console import Console
+from rich.table import Table
+
+from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
+from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
+
+TEXTS = {f"d{i}": f"document number {i}" for i in range(20)}
+N = 4
+
+
+def llm(delay: float = 0.0) -> ScriptedLLM:
+    reply = "\n".join(f"{i}. paraphrase {i}" for i in range(1, N + 1))
+    return ScriptedLLM(respond=lambda prompt: reply, delay=delay)
+
+
+def base() -> StaticRetriever:
+    return StaticRetriever(TEXTS, default=[f"d{i}" for i in range(10)])
+
+
+def ours_hyde(delay: float = 0.0) -> Any:
+    return TransformRetriever(base(), HyDE(llm(delay), breaker=False))
+
+
+def core_hyde(delay: float = 0.0) -> Any:
+    return CoreTransformRetriever(base(), HyDEQueryTransform(llm=llm(delay)))
+
+
+def ours_multi(delay: float = 0.0) -> Any:
+    return TransformRetriever(base(), MultiQuery(llm(delay), n=N, breaker=False))
+
+
+def core_multi(delay: float = 0.0) -> Any:
+    return QueryFusionRetriever(
+        [base()],
+        llm=llm(delay),
+        num_queries=N + 1,
+        use_async=True,
+        mode="reciprocal_rerank",
+        similarity_top_k=10,
+    )
+
+
+def per_query_sync(make: Callable[[], Any], n: int) -> float:
+    r = make()
+    r.retrieve("warm up")
+    start = time.perf_counter()
+    for i in range(n):
+        r.retrieve(f"question {i}")
+    return (time.perf_counter() - start) / n
+
+
+def per_query_async(make: Callable[[], Any], n: int) -> float:
+    async def run() -> float:
+        r = make()
+        await r.aretrieve("warm up")
+        start = time.perf_counter()
+        for i in range(n):
+            await r.aretrieve(f"question {i}")
+        return (time.perf_counter() - start) / n
+
+    return asyncio.run(run())
+
+
+def concurrent_wall(make: Callable[[], Any], k: int = 64) -> float:
+    async def run() -> float:
+        r = make()
+        start = time.perf_counter()
+        await asyncio.gather(*(r.aretrieve(f"question {i}") for i in range(k)))
+        return time.perf_counter() - start
+
+    return statistics.median(asyncio.run(run()) for _ in range(3))
+
+
+def peak_memory(make: Callable[[], Any], k: int = 1000) -> float:
+    async def run() -> None:
+        r = make()
+        await asyncio.gather(*(r.aretrieve(f"question {i}") for i in range(k)))
+
+    gc.collect()
+    tracemalloc.start()
+    asyncio.run(run())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    logging.getLogger("llama_index_hyde_plus").setLevel(logging.ERROR)
+    n = args.queries
+    us = 1e6
+    rows: list[tuple[str, str, str, float]] = []
+
+    def add(name: str, ours: float, theirs: float, unit: str, scale: float) -> None:
+        rows.append(
+            (name, f"{ours * scale:,.0f} {unit}", f"{theirs * scale:,.0f} {unit}", theirs / ours)
+        )
+
+    add(
+        "(1) HyDE, sync, per query",
+        per_query_sync(ours_hyde, n),
+        per_query_sync(core_hyde, n),
+        "µs",
+        us,
+    )
+    add(
+        "(1) HyDE, async, per query",
+        per_query_async(ours_hyde, n),
+        per_query_async(core_hyde, n),
+        "µs",
+        us,
+    )
+    add(
+        f"(1) multi-query n={N}, sync, per query",
+        per_query_sync(ours_multi, n // 4),
+        per_query_sync(core_multi, n // 4),
+        "µs",
+        us,
+    )
+    add(
+        f"(1) multi-query n={N}, async, per query",
+        per_query_async(ours_multi, n // 4),
+        per_query_async(core_multi, n // 4),
+        "µs",
+        us,
+    )
+    add(
+        "(2) HyDE, 64 concurrent, 100 ms LLM",
+        concurrent_wall(lambda: ours_hyde(0.1)),
+        concurrent_wall(lambda: core_hyde(0.1)),
+        "ms",
+        1000,
+    )
+    add(
+        f"(2) multi-query n={N}, 64 concurrent, 100 ms LLM",
+        concurrent_wall(lambda: ours_multi(0.1)),
+        concurrent_wall(lambda: core_multi(0.1)),
+        "ms",
+        1000,
+    )
+    add(
+        "(3) HyDE, peak memory, 1,000 in flight",
+        peak_memory(ours_hyde),
+        peak_memory(core_hyde),
+        "MB",
+        1,
+    )
+    add(
+        f"(3) multi-query n={N}, peak memory, 1,000 in flight",
+        peak_memory(ours_multi),
+        peak_memory(core_multi),
+        "MB",
+        1,
+    )
+
+    if args.markdown:
+        print("| measure | hyde-plus | LlamaIndex built-in | built-in / ours |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, ours, theirs, ratio in rows:
+            print(f"| {name} | {ours} | {theirs} | {ratio:.2f}x |")
+        return
+    table = Table(title="Overhead, concurrency and memory against LlamaIndex built-ins")
+    for col in ("measure", "hyde-plus", "LlamaIndex", "built-in / ours"):
+        table.add_column(col, justify="left" if col == "measure" else "right")
+    for name, ours, theirs, ratio in rows:
+        table.add_row(name, ours, theirs, f"{ratio:.2f}x")
+    Console(width=110).print(table)
+
+
+if __name__ == "__main__":
+    main()
