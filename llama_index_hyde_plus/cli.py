@@ -292,6 +292,7 @@ def query(
     llm: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
     temperature: Annotated[float | None, typer.Option(help="LLM temperature.")] = None,
     prompt: Annotated[str | None, typer.Option(help="Custom prompt with {query}.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds the LLM may take.")] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -309,7 +310,7 @@ def query(
             assert index_path is not None
             retriever = _load_retriever(index_path, top_k)
         model = None if transform == "none" else resolve_llm(llm)
-        options: dict[str, Any] = {"temperature": temperature}
+        options: dict[str, Any] = {"temperature": temperature, "timeout": timeout}
         if transform in ("multi-query", "decompose"):
             options["n"] = n
         if transform == "hyde":
@@ -352,6 +353,7 @@ def transform_cmd(
     num_passages: Annotated[int, typer.Option(help="HyDE passages.")] = 1,
     llm: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
     temperature: Annotated[float | None, typer.Option(help="LLM temperature.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds the LLM may take.")] = 120.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Print what a transform makes of a question, as JSON."""
@@ -360,7 +362,7 @@ def transform_cmd(
     _setup_logging(verbose)
     _check_choice("--method", method, METHODS)
     try:
-        options: dict[str, Any] = {"temperature": temperature, "n": n}
+        options: dict[str, Any] = {"temperature": temperature, "n": n, "timeout": timeout}
         if method == "hyde":
             options["num_passages"] = num_passages
         transformer = make_transform(method, resolve_llm(llm), **options)
@@ -667,7 +669,9 @@ def demo(
                 seed=seed, temperature=0.7, max_tokens=100, n_parallel=max(1, min(num_passages, 4))
             )
         plain = TransformRetriever(base, make_transform("none")).search(question)
-        hyde = HyDE(llm, prompt=DEMO_PROMPT, num_passages=num_passages, max_characters=600)
+        hyde = HyDE(
+            llm, prompt=DEMO_PROMPT, num_passages=num_passages, max_characters=600, timeout=300
+        )
         with err.status(f"Writing {num_passages} hypothetical passage(s)..."):
             result = asyncio.run(TransformRetriever(base, hyde).asearch(question))
     console.print(_results_table(f"Plain search for {question!r}", plain, DEMO_TARGET))

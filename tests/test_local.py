@@ -59,7 +59,7 @@ def test_hyde_on_faiss_with_the_real_models_finds_the_answer(
     assert info.documents == 28 and info.dim == 384
     base = load_faiss_index(tmp_path / "idx", real_embedding).as_retriever(similarity_top_k=5)
     plain = base.retrieve(Q)
-    hyde = HyDE(real_llm, prompt=DEMO_PROMPT, num_passages=4, max_characters=600)
+    hyde = HyDE(real_llm, prompt=DEMO_PROMPT, num_passages=4, max_characters=600, timeout=300)
     result = asyncio.run(TransformRetriever(base, hyde).asearch(Q))
     t = result.transform
     assert not t.fallback, t.error
@@ -80,7 +80,7 @@ def test_sync_path_with_the_real_models(
         demo_documents(), real_embedding, tmp_path / "idx", embed_spec="local", max_length=256
     )
     base = load_faiss_index(tmp_path / "idx", real_embedding).as_retriever(similarity_top_k=3)
-    result = TransformRetriever(base, MultiQuery(real_llm, n=2)).search(Q)
+    result = TransformRetriever(base, MultiQuery(real_llm, n=2, timeout=300)).search(Q)
     assert result.nodes and result.transform.usage.usage_source == "provider"
 
 
