@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -76,6 +77,19 @@ def _progress() -> Progress:
     )
 
 
+def _task(progress: Progress, description: str, total: int, unit: str) -> Callable[[int], None]:
+    """Add a bar to ``progress`` and return ``advance(n)``, which also shows the rate."""
+    task = progress.add_task(description, total=total, rate="")
+    start = time.perf_counter()
+
+    def advance(n: int) -> None:
+        done = progress.tasks[task].completed + n
+        rate = done / max(time.perf_counter() - start, 1e-9)
+        progress.update(task, advance=n, rate=f"{rate:.1f} {unit}")
+
+    return advance
+
+
 def _build_index(
     docs_dir: Path | None,
     documents: list[Any],
@@ -90,14 +104,8 @@ def _build_index(
     spec = concrete_embedding_spec(embed)
     with err.status("Loading the embedding model..."):
         embed_model = resolve_embedding(spec, max_length=max_length)
-    start = time.perf_counter()
     with _progress() as progress:
-        task = progress.add_task("Embedding documents", total=len(documents), rate="")
-
-        def advance(n: int) -> None:
-            done = progress.tasks[task].completed + n
-            rate = done / max(time.perf_counter() - start, 1e-9)
-            progress.update(task, advance=n, rate=f"{rate:.1f} docs/s")
+        advance = _task(progress, "Embedding documents", len(documents), "docs/s")
 
         info = build_faiss_index(
             documents,
@@ -171,12 +179,7 @@ def _build_milvus(
         embed_model = resolve_embedding(spec, max_length=max_length)
     start = time.perf_counter()
     with _progress() as progress:
-        task = progress.add_task("Embedding documents", total=len(documents), rate="")
-
-        def advance(n: int) -> None:
-            done = progress.tasks[task].completed + n
-            rate = done / max(time.perf_counter() - start, 1e-9)
-            progress.update(task, advance=n, rate=f"{rate:.1f} docs/s")
+        advance = _task(progress, "Embedding documents", len(documents), "docs/s")
 
         build_milvus_index(
             documents,
@@ -497,18 +500,9 @@ def eval_cmd(
     }
     command = "hyde-plus eval " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else None
     with _progress() as progress:
-        start_times: dict[int, float] = {}
 
         def factory(description: str, total: int) -> Any:
-            task = progress.add_task(description, total=total, rate="")
-            start_times[task] = time.perf_counter()
-
-            def advance(n: int) -> None:
-                done = progress.tasks[task].completed + n
-                rate = done / max(time.perf_counter() - start_times[task], 1e-9)
-                progress.update(task, advance=n, rate=f"{rate:.1f}/s")
-
-            return advance
+            return _task(progress, description, total, "/s")
 
         def fresh_llm() -> Any:
             return _eval_llm(llm, temperature, max_tokens, seed, concurrency)
