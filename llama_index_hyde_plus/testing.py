@@ -71,7 +71,8 @@ class ScriptedLLM(CustomLLM):
     ``call_kwargs``; ``sync_calls`` and ``async_calls`` count the paths taken, and with
     ``forbid_sync=True`` a blocking call raises `SyncCallError`, so a test can prove an
     async path never blocks. Replies carry OpenAI-style provider usage (whitespace
-    token counts) unless ``report_usage=False``.
+    token counts) unless ``report_usage=False``. ``record=False`` keeps no history
+    (for long load tests, where the history would grow without bound).
     """
 
     model_name: str = Field(default="scripted")
@@ -79,6 +80,7 @@ class ScriptedLLM(CustomLLM):
     forbid_sync: bool = Field(default=False)
     report_usage: bool = Field(default=True)
     is_local: bool = Field(default=False)
+    record: bool = Field(default=True)
     respond: Callable[[str], str] | None = Field(default=None, exclude=True)
 
     _queue: deque[Any] = PrivateAttr(default_factory=deque)
@@ -126,8 +128,9 @@ class ScriptedLLM(CustomLLM):
     # -- behaviour -----------------------------------------------------------------
     def _next(self, prompt: str, kwargs: dict[str, Any]) -> Reply:
         with self._lock:
-            self._prompts.append(prompt)
-            self._kwargs.append({k: v for k, v in kwargs.items() if k != "formatted"})
+            if self.record:
+                self._prompts.append(prompt)
+                self._kwargs.append({k: v for k, v in kwargs.items() if k != "formatted"})
             if self._queue:
                 return self._queue.popleft()  # type: ignore[no-any-return]
         if self.respond is not None:
@@ -191,7 +194,9 @@ def _echo(prompt: str) -> str:
 
 def echo_llm(delay: float = 0.0, **kwargs: Any) -> ScriptedLLM:
     """A `ScriptedLLM` that answers every prompt with three numbered variations of the
-    question it finds in it, after ``delay`` seconds: a stand-in for load tests."""
+    question it finds in it, after ``delay`` seconds, keeping no history: a stand-in
+    for load tests."""
+    kwargs.setdefault("record", False)
     return ScriptedLLM(respond=_echo, delay=delay, **kwargs)
 
 
