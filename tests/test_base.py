@@ -33,6 +33,8 @@ class ExpandAcronyms(QueryTransformer):
 def test_custom_transformer_returning_str_is_coerced() -> None:
     result = ExpandAcronyms().transform_safe("How much PTO do I get?")
     assert result.queries == ("How much paid time off do I get?",)
+    # what the transformer returns is what gets searched, as in the seed
+    assert result.search_queries == ("How much paid time off do I get?",)
     assert result.method == "ExpandAcronyms"
     assert not result.fallback
 

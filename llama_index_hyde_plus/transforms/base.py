@@ -227,7 +227,9 @@ class QueryTransformer(BaseQueryTransform):
     """Name reported in `TransformResult.method`; the class name when empty."""
     default_fusion: ClassVar[FusionMode] = FusionMode.RRF
     """Fusion a `TransformRetriever` uses for this transform unless told otherwise."""
-    include_query: bool = True
+    include_query: bool = False
+    """Whether the original query is searched too. False for a custom transformer, whose
+    returned query (or queries) is what gets searched, as its author wrote it."""
 
     def transform(self, query: str) -> Any:
         """Rewrite ``query``. Returns a `TransformResult` (built-ins) or, in a user's
