@@ -91,7 +91,6 @@ def _task(progress: Progress, description: str, total: int, unit: str) -> Callab
 
 
 def _build_index(
-    docs_dir: Path | None,
     documents: list[Any],
     out: Path,
     embed: str,
@@ -147,7 +146,7 @@ def index(
         if store == "faiss":
             if out is None:
                 raise ValueError("--out is needed for the FAISS store")
-            info, _ = _build_index(docs, documents, out, embed, max_length, batch_size)
+            info, _ = _build_index(documents, out, embed, max_length, batch_size)
             console.print(
                 f"[green]Indexed {info.documents} documents[/] into [bold]{info.path}[/] "
                 f"({info.dim}-d, {info.seconds:.1f}s, {info.docs_per_second:.1f} docs/s)"
@@ -652,7 +651,7 @@ def demo(
         folder.mkdir()
         (folder / "corpus.jsonl").write_text(demo_corpus_path().read_text())
         documents = read_documents(folder)
-        info, _ = _build_index(folder, documents, target, "local", 256, 32)
+        info, _ = _build_index(documents, target, "local", 256, 32)
         console.print(
             f"Indexed {info.documents} documents in {info.seconds:.1f}s "
             f"({info.docs_per_second:.1f} docs/s).\n"

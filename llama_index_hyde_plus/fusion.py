@@ -68,7 +68,7 @@ def _ranked(
     return [NodeWithScore(node=seen[nid][1].node, score=scores[nid]) for nid in order]
 
 
-def _unique(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
+def unique_nodes(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     """A list's nodes with repeats removed (the best-ranked occurrence stays)."""
     ids: set[str] = set()
     out = []
@@ -82,7 +82,7 @@ def _unique(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
 def _rrf(lists: Lists, weights: list[float], k: int) -> dict[str, float]:
     scores: dict[str, float] = {}
     for nodes, w in zip(lists, weights):
-        for rank, item in enumerate(_unique(nodes), start=1):
+        for rank, item in enumerate(unique_nodes(nodes), start=1):
             nid = item.node.node_id
             scores[nid] = scores.get(nid, 0.0) + w / (k + rank)
     return scores
@@ -91,7 +91,7 @@ def _rrf(lists: Lists, weights: list[float], k: int) -> dict[str, float]:
 def _normalised_sum(lists: Lists, weights: list[float], dist_based: bool) -> dict[str, float]:
     scores: dict[str, float] = {}
     for nodes, w in zip(lists, weights):
-        unique = _unique(nodes)
+        unique = unique_nodes(nodes)
         if not unique:
             continue
         raw = [item.score if item.score is not None else 0.0 for item in unique]
@@ -119,7 +119,7 @@ def _max(lists: Lists, weights: list[float]) -> dict[str, float]:
 
 
 def _interleave(lists: Lists, weights: list[float], top_k: int | None) -> list[NodeWithScore]:
-    active = [_unique(nodes) for nodes, w in zip(lists, weights) if w > 0]
+    active = [unique_nodes(nodes) for nodes, w in zip(lists, weights) if w > 0]
     out: list[NodeWithScore] = []
     ids: set[str] = set()
     depth = 0

@@ -77,6 +77,21 @@ def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield items[start : start + size]
 
 
+def nodes_from_documents(documents: Sequence[Document]) -> list[TextNode]:
+    """One node per document, keeping its id; metadata (source, title) is kept but not
+    embedded or shown to the LLM (the title is already in the text)."""
+    return [
+        TextNode(
+            id_=d.doc_id,
+            text=d.text,
+            metadata=dict(d.metadata),
+            excluded_embed_metadata_keys=list(d.metadata),
+            excluded_llm_metadata_keys=list(d.metadata),
+        )
+        for d in documents
+    ]
+
+
 def embed_nodes(
     nodes: Sequence[BaseNode],
     embed_model: BaseEmbedding,
@@ -108,16 +123,7 @@ def build_faiss_index(
     from llama_index.vector_stores.faiss import FaissVectorStore
 
     start = time.perf_counter()
-    nodes = [
-        TextNode(
-            id_=d.doc_id,
-            text=d.text,
-            metadata=dict(d.metadata),
-            excluded_embed_metadata_keys=list(d.metadata),  # the title is in the text
-            excluded_llm_metadata_keys=list(d.metadata),
-        )
-        for d in documents
-    ]
+    nodes = nodes_from_documents(documents)
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
     dim = len(nodes[0].embedding or [])
     store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(dim))

@@ -20,9 +20,9 @@ from typing import Any, Literal
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from .indexing import ProgressFn, embed_nodes
+from .indexing import ProgressFn, embed_nodes, nodes_from_documents
 
 Ranker = Literal["rrf", "weighted"]
 DEFAULT_COLLECTION = "hyde_plus"
@@ -87,16 +87,7 @@ def build_milvus_index(
 ) -> VectorStoreIndex:
     """Embed ``documents`` and write them to a fresh hybrid collection (replacing one of
     the same name). Beside a Milvus Lite file, a small JSON records how it was embedded."""
-    nodes = [
-        TextNode(
-            id_=d.doc_id,
-            text=d.text,
-            metadata=dict(d.metadata),
-            excluded_embed_metadata_keys=list(d.metadata),
-            excluded_llm_metadata_keys=list(d.metadata),
-        )
-        for d in documents
-    ]
+    nodes = nodes_from_documents(documents)
     if not nodes:
         raise ValueError("no documents to index")
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)

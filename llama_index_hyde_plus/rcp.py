@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -90,6 +91,8 @@ class TransformService:
         self.retriever = retriever
         self.cache = MemoryCache(cache_entries)
         self._transforms: dict[tuple[str, int], QueryTransformer] = {}
+        self._identity = make_transform("none")
+        self._retrievers: dict[int, TransformRetriever] = {}
         self._lock = threading.Lock()
 
     def transformer(self, method: str, n: int) -> QueryTransformer:
@@ -107,9 +110,20 @@ class TransformService:
         return self.transformer(method, n).transform_safe(query)
 
     def search(self, query: str, method: str | None, n: int, k: int) -> Any:
+        """Search with the ``method`` rewrite; the top ``k`` of the fused results.
+
+        One `TransformRetriever` per transform is kept and reused, so its worker threads
+        and its one-time warnings are not recreated on every request.
+        """
         assert self.retriever is not None
-        transformer = self.transformer(method, n) if method else make_transform("none")
-        return TransformRetriever(self.retriever, transformer, top_k=k).search(query)
+        transformer = self.transformer(method, n) if method else self._identity
+        with self._lock:
+            retriever = self._retrievers.get(id(transformer))
+            if retriever is None:
+                retriever = TransformRetriever(self.retriever, transformer)
+                self._retrievers[id(transformer)] = retriever
+        result = retriever.search(query)
+        return replace(result, nodes=result.nodes[:k])
 
 
 def _count(params: dict[str, Any], field: str, default: int, maximum: int) -> int:

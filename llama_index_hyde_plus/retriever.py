@@ -18,7 +18,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from .fusion import FusionMode, fuse
+from .fusion import FusionMode, fuse, unique_nodes
 from .transforms.base import QueryTransformer, SearchSpec, TransformResult, validate_query
 
 logger = logging.getLogger("llama_index_hyde_plus")
@@ -75,13 +75,7 @@ def _has_native(obj: Any, name: str, base: type) -> bool:
 def _copy(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     """Fresh NodeWithScore wrappers (deduplicated by node id), so that scoring
     downstream never touches the wrapped retriever's objects."""
-    ids: set[str] = set()
-    out = []
-    for item in nodes:
-        if item.node.node_id not in ids:
-            ids.add(item.node.node_id)
-            out.append(NodeWithScore(node=item.node, score=item.score))
-    return out
+    return [NodeWithScore(node=item.node, score=item.score) for item in unique_nodes(nodes)]
 
 
 class TransformRetriever(BaseRetriever):

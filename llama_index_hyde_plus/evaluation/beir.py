@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from llama_index.core import Document
+
 
 class BeirFormatError(ValueError):
     """A BEIR file is missing or malformed (the message names the file and line)."""
@@ -29,6 +31,10 @@ class BeirDataset:
     def document_text(self, doc_id: str) -> str:
         title, text = self.corpus[doc_id]
         return f"{title}\n{text}" if title else text
+
+    def documents(self) -> list[Document]:
+        """The corpus as LlamaIndex documents (title and text), ids kept."""
+        return [Document(text=self.document_text(did), id_=did) for did in self.corpus]
 
 
 def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[dict[str, object]]:

@@ -8,6 +8,7 @@ after an interruption, makes no new LLM calls for the queries it already did.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llama_index.core import Document, VectorStoreIndex
+from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
@@ -156,11 +157,14 @@ class EvalResult:
         }
 
 
+def _corpus_key(ds: BeirDataset, embed_label: str) -> str:
+    """What a cached index depends on: the corpus content and the embedding."""
+    return hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}".encode()).hexdigest()
+
+
 def index_cache_dir(ds: BeirDataset, embed_label: str, root: Path) -> Path:
     """Where the index of ``ds`` under ``embed_label`` lives in the cache."""
-    import hashlib
-
-    key = hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}".encode()).hexdigest()[:20]
+    key = _corpus_key(ds, embed_label)[:20]
     return root / "indexes" / f"{ds.name}-{key}"
 
 
@@ -180,7 +184,7 @@ def cached_index(
     path = index_cache_dir(ds, embed_label, root)
     if (path / "hyde_plus.json").is_file():
         return load_faiss_index(path, embed_model), 0.0, True
-    docs = [Document(text=ds.document_text(did), id_=did) for did in ds.corpus]
+    docs = ds.documents()
     advance = progress("Embedding corpus", len(docs)) if progress else None
     info = build_faiss_index(
         docs,
@@ -206,16 +210,14 @@ def cached_milvus_index(
 ) -> tuple[VectorStoreIndex, float, bool]:
     """The hybrid Milvus collection of ``ds`` at ``uri``: reused when its recorded
     corpus and embedding match, else built."""
-    import hashlib
-
     from ..milvus import build_milvus_index, load_milvus_index, read_milvus_meta
 
-    key = hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}".encode()).hexdigest()[:12]
+    key = _corpus_key(ds, embed_label)[:12]
     collection = re.sub(r"\W", "_", f"{ds.name}_{key}")
     meta = read_milvus_meta(uri, collection)
     if meta is not None and meta.get("embed") == embed_label:
         return load_milvus_index(uri, embed_model, collection=collection), 0.0, True
-    docs = [Document(text=ds.document_text(did), id_=did) for did in ds.corpus]
+    docs = ds.documents()
     advance = progress("Embedding corpus (Milvus)", len(docs)) if progress else None
     start = time.perf_counter()
     index = build_milvus_index(

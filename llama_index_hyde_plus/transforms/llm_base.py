@@ -353,7 +353,7 @@ class LLMTransform(QueryTransformer):
         result = TransformResult.fallback_for(
             query, self.method, error, usage=sum_usage([r.usage for r in replies])
         )
-        return TransformResult(**{**result.__dict__, "latency_s": time.perf_counter() - start})
+        return replace(result, latency_s=time.perf_counter() - start)
 
 
 class _Flight:
