@@ -7,10 +7,12 @@ from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_e
 from .retriever import SearchResult, TransformRetriever
 from .transforms import (
     Decompose,
+    Guards,
     HyDE,
     MultiQuery,
     QueryTransformer,
     Rewrite,
+    Rocchio,
     StepBack,
     TransformResult,
 )
@@ -21,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Decompose",
     "FusionMode",
+    "Guards",
     "HyDE",
     "HyDERAG",
     "HyDERAGResult",
@@ -29,6 +32,7 @@ __all__ = [
     "MultiQuery",
     "QueryTransformer",
     "Rewrite",
+    "Rocchio",
     "SQLiteCache",
     "SearchResult",
     "StepBack",

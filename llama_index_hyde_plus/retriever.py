@@ -9,17 +9,21 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from . import expansion
 from .fusion import FusionMode, fuse, unique_nodes
-from .transforms.base import QueryTransformer, SearchSpec, TransformResult, validate_query
+from .transforms.base import Guards, QueryTransformer, SearchSpec, TransformResult, validate_query
+from .transforms.hyde import HyDE
+from .vectors import DocVectors, Embedder, embed_model_of
 
 logger = logging.getLogger("llama_index_hyde_plus")
 
@@ -104,6 +108,7 @@ class TransformRetriever(BaseRetriever):
         reranker: BaseNodePostprocessor | None = None,
         max_concurrency: int = 8,
         search_type: SearchType = "auto",
+        embed_model: BaseEmbedding | Embedder | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
@@ -123,6 +128,8 @@ class TransformRetriever(BaseRetriever):
             raise ValueError("search_type must be one of 'auto', 'dense', 'keyword', 'hybrid'")
         if reranker is not None and not isinstance(reranker, BaseNodePostprocessor):
             raise TypeError("reranker must be a LlamaIndex node postprocessor")
+        if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
+            raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
         self.retriever = retriever
         self.transformer = transformer
         self.fusion = FusionMode(fusion) if fusion is not None else None
@@ -130,11 +137,20 @@ class TransformRetriever(BaseRetriever):
         self.reranker = reranker
         self.max_concurrency = max_concurrency
         self.search_type = detect_search_type(retriever) if search_type == "auto" else search_type
+        if isinstance(embed_model, Embedder):
+            self.embedder: Embedder | None = embed_model
+        else:
+            model = embed_model or embed_model_of(retriever)
+            self.embedder = Embedder(model) if model is not None else None
+        """Embeds the question and generated text for weighted vectors, the gate and
+        reranking: ``embed_model``, else the wrapped retriever's own model."""
+        self.doc_vectors = DocVectors(retriever, self.embedder)
         self._warned_include_query = False
+        self._warned_no_embedder = False
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         super().__init__(callback_manager=callback_manager, verbose=verbose)
-        if getattr(transformer, "method", "") == "hyde" and not transformer.include_query:
+        if isinstance(transformer, HyDE) and not transformer.include_query:
             self._warn_include_query()
 
     # -- LlamaIndex plumbing -------------------------------------------------------
@@ -149,53 +165,220 @@ class TransformRetriever(BaseRetriever):
 
     # -- public --------------------------------------------------------------------
     def search(self, query: str) -> SearchResult:
-        """Transform ``query``, run its searches concurrently, fuse and rerank."""
+        """Transform ``query``, run its searches concurrently, fuse and rerank.
+
+        With guards that need them (grounding, rerank, feedback), the question is
+        searched first and its hits are reused for the question's own list."""
         validate_query(query)
         start = time.perf_counter()
-        result = self.transformer.transform_safe(query)
+        guards = self.transformer.guards
+        hits = (
+            self._search_bundle(self._question_bundle(query))
+            if guards.needs_question_hits
+            else None
+        )
+        result = self.transformer.transform_safe(query, context=_context(guards, hits))
         self._check_include_query(result)
-        specs = result.searches()
-        lists, errors = self._run_sync(specs)
-        nodes = self._combine(lists, result)
+        result = self._gate(result, guards)
+        errors: list[str] = []
+        if hits is not None and guards.strategy == "rerank":
+            if _expanded(result) and self._have_embedder("rerank strategy"):
+                nodes = self._rerank_hits(hits, result, guards, self.doc_vectors.get(hits))
+            else:
+                nodes = _copy(hits)
+        elif hits is not None and _feeds_back(result, guards) and self._have_embedder("feedback"):
+            vectors = self.doc_vectors.get(hits[: guards.feedback_k])
+            nodes = _copy(self._search_bundle(self._feedback_bundle(query, vectors, guards)))
+        else:
+            specs = self._specs(result)
+            bundles = [self._bundle(spec, query) for spec in specs]
+            lists, weights, errors = self._run_sync(specs, bundles, query, hits)
+            nodes = self._combine(lists, weights)
         if self.reranker is not None and nodes:
             nodes = self.reranker.postprocess_nodes(nodes, query_bundle=QueryBundle(query))
         return self._finish(nodes, result, start, errors)
 
     async def asearch(self, query: str) -> SearchResult:
-        """Async twin of `search`; never calls a blocking LLM or retriever method."""
+        """Async twin of `search`; never calls a blocking LLM, embedding or retriever
+        method (those without native async run in worker threads)."""
         validate_query(query)
         start = time.perf_counter()
-        result = await self.transformer.atransform_safe(query)
+        guards = self.transformer.guards
+        hits = None
+        if guards.needs_question_hits:
+            hits = await self._asearch_bundle(await self._aquestion_bundle(query))
+        result = await self.transformer.atransform_safe(query, context=_context(guards, hits))
         self._check_include_query(result)
-        specs = result.searches()
-        lists, errors = await self._run_async(specs)
-        nodes = self._combine(lists, result)
+        result = await self._agate(result, guards)
+        errors: list[str] = []
+        if hits is not None and guards.strategy == "rerank":
+            if _expanded(result) and self._have_embedder("rerank strategy"):
+                vectors = await self.doc_vectors.aget(hits)
+                nodes = await self._arerank_hits(hits, result, guards, vectors)
+            else:
+                nodes = _copy(hits)
+        elif hits is not None and _feeds_back(result, guards) and self._have_embedder("feedback"):
+            assert self.embedder is not None
+            vectors = await self.doc_vectors.aget(hits[: guards.feedback_k])
+            await self.embedder.aquery(query)  # cached for the bundle below
+            bundle = self._feedback_bundle(query, vectors, guards)
+            nodes = _copy(await self._asearch_bundle(bundle))
+        else:
+            specs = self._specs(result)
+            bundles = [await self._abundle(spec, query) for spec in specs]
+            lists, weights, errors = await self._run_async(specs, bundles, query, hits)
+            nodes = self._combine(lists, weights)
         if self.reranker is not None and nodes:
             nodes = await self._arerank(nodes, query)
         return self._finish(nodes, result, start, errors)
 
-    # -- internals -----------------------------------------------------------------
-    def _bundle(self, spec: SearchSpec) -> QueryBundle:
+    # -- the question's own search and the guards ------------------------------------
+    def _dense(self) -> bool:
+        return self.embedder is not None and self.search_type != "keyword"
+
+    def _question_bundle(self, query: str) -> QueryBundle:
+        if self._dense():
+            assert self.embedder is not None
+            return QueryBundle(query_str=query, embedding=self.embedder.query(query))
+        return QueryBundle(query_str=query)
+
+    async def _aquestion_bundle(self, query: str) -> QueryBundle:
+        if self._dense():
+            assert self.embedder is not None
+            return QueryBundle(query_str=query, embedding=await self.embedder.aquery(query))
+        return QueryBundle(query_str=query)
+
+    def _search_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        return list(self.retriever.retrieve(bundle))
+
+    async def _asearch_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        if _has_native(self.retriever, "_aretrieve", BaseRetriever):
+            return list(await self.retriever.aretrieve(bundle))
+        return list(await asyncio.to_thread(self.retriever.retrieve, bundle))
+
+    def _gate(self, result: TransformResult, guards: Guards) -> TransformResult:
+        if not _gated(result, guards) or not self._have_embedder("gate"):
+            return result
+        assert self.embedder is not None
+        sim = expansion.cosine(
+            self.embedder.query(result.query),
+            expansion.mean_unit(self.embedder.texts(result.hypothetical)),
+        )
+        return _gate_verdict(result, guards, sim)
+
+    async def _agate(self, result: TransformResult, guards: Guards) -> TransformResult:
+        if not _gated(result, guards) or not self._have_embedder("gate"):
+            return result
+        assert self.embedder is not None
+        sim = expansion.cosine(
+            await self.embedder.aquery(result.query),
+            expansion.mean_unit(await self.embedder.atexts(result.hypothetical)),
+        )
+        return _gate_verdict(result, guards, sim)
+
+    def _rerank_hits(
+        self,
+        hits: list[NodeWithScore],
+        result: TransformResult,
+        guards: Guards,
+        doc_vectors: list[list[float]],
+    ) -> list[NodeWithScore]:
+        assert self.embedder is not None
+        generated = expansion.mean_unit(self.embedder.texts(result.hypothetical))
+        return _blend(hits, doc_vectors, generated, guards.blend)
+
+    async def _arerank_hits(
+        self,
+        hits: list[NodeWithScore],
+        result: TransformResult,
+        guards: Guards,
+        doc_vectors: list[list[float]],
+    ) -> list[NodeWithScore]:
+        assert self.embedder is not None
+        generated = expansion.mean_unit(await self.embedder.atexts(result.hypothetical))
+        return _blend(hits, doc_vectors, generated, guards.blend)
+
+    def _feedback_bundle(
+        self, query: str, doc_vectors: list[list[float]], guards: Guards
+    ) -> QueryBundle:
+        assert self.embedder is not None  # _feeds_back checked it
+        vector = expansion.rocchio_vector(
+            self.embedder.query(query), doc_vectors, guards.feedback_alpha, guards.feedback_beta
+        )
+        return QueryBundle(query_str=query, embedding=vector)
+
+    def _have_embedder(self, what: str) -> bool:
+        if self.embedder is not None:
+            return True
+        if not self._warned_no_embedder:
+            self._warned_no_embedder = True
+            logger.warning(
+                "the %s needs an embedding model and the wrapped retriever has none; "
+                "pass TransformRetriever(..., embed_model=...). Searching without it.",
+                what,
+            )
+        return False
+
+    # -- searches ------------------------------------------------------------------
+    def _specs(self, result: TransformResult) -> list[SearchSpec]:
+        if result.skipped:
+            return [SearchSpec(text=result.query, embedding_strs=(result.query,))]
+        return result.searches()
+
+    def _bundle(self, spec: SearchSpec, query: str) -> QueryBundle:
+        if self._dense() and (spec.passages or spec.text == query):
+            assert self.embedder is not None
+            if spec.passages:
+                vector = expansion.weighted_vector(
+                    self.embedder.query(spec.query or query),
+                    self.embedder.texts(spec.passages),
+                    spec.query_weight,
+                )
+            else:
+                vector = self.embedder.query(query)
+            return QueryBundle(query_str=spec.text, embedding=vector)
         return QueryBundle(query_str=spec.text, custom_embedding_strs=list(spec.embedding_strs))
 
-    def _run_sync(self, specs: list[SearchSpec]) -> tuple[list[list[NodeWithScore]], list[str]]:
-        if len(specs) == 1:
+    async def _abundle(self, spec: SearchSpec, query: str) -> QueryBundle:
+        if self._dense() and (spec.passages or spec.text == query):
+            assert self.embedder is not None
+            if spec.passages:
+                vector = expansion.weighted_vector(
+                    await self.embedder.aquery(spec.query or query),
+                    await self.embedder.atexts(spec.passages),
+                    spec.query_weight,
+                )
+            else:
+                vector = await self.embedder.aquery(query)
+            return QueryBundle(query_str=spec.text, embedding=vector)
+        return QueryBundle(query_str=spec.text, custom_embedding_strs=list(spec.embedding_strs))
+
+    def _run_sync(
+        self,
+        specs: list[SearchSpec],
+        bundles: list[QueryBundle],
+        query: str,
+        hits: list[NodeWithScore] | None,
+    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+        todo = [i for i, spec in enumerate(specs) if not _reusable(spec, query, hits)]
+        outcomes: list[Any] = [hits] * len(specs)
+        if len(todo) == 1 and len(specs) == 1:
             try:
-                return [self.retriever.retrieve(self._bundle(specs[0]))], []
+                outcomes[0] = self.retriever.retrieve(bundles[0])
             except Exception as exc:
                 self._log_failure(specs[0], exc)
                 raise
-        pool = self._thread_pool()
-        futures = [
-            pool.submit(contextvars.copy_context().run, self.retriever.retrieve, self._bundle(spec))
-            for spec in specs
-        ]
-        outcomes: list[Any] = []
-        for future in futures:
-            try:
-                outcomes.append(future.result())
-            except Exception as exc:
-                outcomes.append(exc)
+        elif todo:
+            pool = self._thread_pool()
+            futures = {
+                i: pool.submit(contextvars.copy_context().run, self.retriever.retrieve, bundles[i])
+                for i in todo
+            }
+            for i, future in futures.items():
+                try:
+                    outcomes[i] = future.result()
+                except Exception as exc:
+                    outcomes[i] = exc
         return self._split(specs, outcomes)
 
     def _thread_pool(self) -> ThreadPoolExecutor:
@@ -216,29 +399,35 @@ class TransformRetriever(BaseRetriever):
         if pool is not None:
             pool.shutdown(wait=False)
 
-    async def _retrieve_one(self, spec: SearchSpec, gate: asyncio.Semaphore) -> Any:
+    async def _retrieve_one(self, bundle: QueryBundle, gate: asyncio.Semaphore) -> Any:
         async with gate:
-            bundle = self._bundle(spec)
-            if _has_native(self.retriever, "_aretrieve", BaseRetriever):
-                return await self.retriever.aretrieve(bundle)
-            return await asyncio.to_thread(self.retriever.retrieve, bundle)
+            return await self._asearch_bundle(bundle)
 
     async def _run_async(
-        self, specs: list[SearchSpec]
-    ) -> tuple[list[list[NodeWithScore]], list[str]]:
+        self,
+        specs: list[SearchSpec],
+        bundles: list[QueryBundle],
+        query: str,
+        hits: list[NodeWithScore] | None,
+    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
         gate = asyncio.Semaphore(self.max_concurrency)
-        outcomes = await asyncio.gather(
-            *(self._retrieve_one(spec, gate) for spec in specs), return_exceptions=True
+        todo = [i for i, spec in enumerate(specs) if not _reusable(spec, query, hits)]
+        found = await asyncio.gather(
+            *(self._retrieve_one(bundles[i], gate) for i in todo), return_exceptions=True
         )
-        for outcome in outcomes:
+        for outcome in found:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome
-        return self._split(specs, list(outcomes))
+        outcomes: list[Any] = [hits] * len(specs)
+        for i, outcome in zip(todo, found):
+            outcomes[i] = outcome
+        return self._split(specs, outcomes)
 
     def _split(
         self, specs: list[SearchSpec], outcomes: list[Any]
-    ) -> tuple[list[list[NodeWithScore]], list[str]]:
+    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
         lists: list[list[NodeWithScore]] = []
+        weights: list[float] = []
         errors: list[str] = []
         first_error: Exception | None = None
         for spec, outcome in zip(specs, outcomes):
@@ -248,9 +437,10 @@ class TransformRetriever(BaseRetriever):
                 first_error = first_error or outcome
             else:
                 lists.append(list(outcome))
+                weights.append(spec.weight)
         if not lists and first_error is not None:
             raise first_error
-        return lists, errors
+        return lists, weights, errors
 
     def _log_failure(self, spec: SearchSpec, exc: Exception) -> None:
         logger.warning(
@@ -261,12 +451,14 @@ class TransformRetriever(BaseRetriever):
         )
 
     def _combine(
-        self, lists: list[list[NodeWithScore]], result: TransformResult
+        self, lists: list[list[NodeWithScore]], weights: list[float]
     ) -> list[NodeWithScore]:
         if len(lists) == 1:
             return _copy(lists[0])
         mode = self.fusion or self.transformer.default_fusion
-        return fuse(lists, mode)
+        if mode is FusionMode.INTERLEAVE and len(set(weights)) > 1:
+            mode = FusionMode.RRF  # interleaving cannot weigh lists; RRF can
+        return fuse(lists, mode, weights=weights)
 
     async def _arerank(self, nodes: list[NodeWithScore], query: str) -> list[NodeWithScore]:
         assert self.reranker is not None
@@ -305,3 +497,57 @@ class TransformRetriever(BaseRetriever):
             "Use HyDE(include_query=True) for keyword and hybrid search.",
             self.search_type,
         )
+
+
+def _context(guards: Guards, hits: list[NodeWithScore] | None) -> list[str] | None:
+    """The question's top passages for a grounded transform."""
+    if not guards.context_k or not hits:
+        return None
+    return [item.node.get_content() for item in hits[: guards.context_k]]
+
+
+def _expanded(result: TransformResult) -> bool:
+    return bool(result.hypothetical) and not result.fallback and not result.skipped
+
+
+def _gated(result: TransformResult, guards: Guards) -> bool:
+    return guards.gate is not None and _expanded(result)
+
+
+def _gate_verdict(result: TransformResult, guards: Guards, similarity: float) -> TransformResult:
+    assert guards.gate is not None
+    if similarity >= guards.gate:
+        return result
+    reason = (
+        f"generated text disagrees with the question (cosine {similarity:.3f} < gate "
+        f"{guards.gate:g}); searched with the question alone"
+    )
+    logger.debug("%s: %s", result.method, reason)
+    return replace(result, skipped=reason)
+
+
+def _feeds_back(result: TransformResult, guards: Guards) -> bool:
+    return guards.feedback_k > 0 and guards.feedback_beta > 0 and not result.fallback
+
+
+def _reusable(spec: SearchSpec, query: str, hits: list[NodeWithScore] | None) -> bool:
+    """Whether ``spec`` is the plain question, already searched."""
+    return hits is not None and not spec.passages and spec.text == query
+
+
+def _blend(
+    hits: list[NodeWithScore],
+    doc_vectors: list[list[float]],
+    generated: Any,
+    blend: float,
+) -> list[NodeWithScore]:
+    """``hits`` reordered by the blend of their own score and their similarity to the
+    generated text (see `expansion.blend_scores`); the same nodes, new wrappers."""
+    unique = unique_nodes(hits)
+    if len(unique) != len(hits):
+        keep = {id(item) for item in unique}
+        doc_vectors = [v for item, v in zip(hits, doc_vectors) if id(item) in keep]
+    sims = [expansion.cosine(v, generated) for v in doc_vectors]
+    scores = expansion.blend_scores([float(h.score or 0.0) for h in unique], sims, blend)
+    order = sorted(range(len(unique)), key=lambda i: (-scores[i], i))
+    return [NodeWithScore(node=unique[i].node, score=scores[i]) for i in order]

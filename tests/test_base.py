@@ -99,7 +99,7 @@ def test_transform_query_engine_answers_with_the_original_question(
     answer_llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.")
     engine = faiss_index.as_query_engine(llm=answer_llm, similarity_top_k=1)
     hyde_llm = ScriptedLLM([marker])
-    response = TransformQueryEngine(engine, HyDE(hyde_llm)).query("Why did revenue drop?")
+    response = TransformQueryEngine(engine, HyDE(hyde_llm, include_query=False)).query("Why did revenue drop?")
     assert str(response) == "Renewals slipped."
     assert response.source_nodes[0].node.node_id == "renewals"
     [answer_prompt] = answer_llm.prompts
@@ -120,7 +120,7 @@ def test_prompts_of_a_transform_are_reachable_through_host_components(
 def test_then_runs_second_transform_for_each_sub_question() -> None:
     decompose_llm = ScriptedLLM(["1. sub one\n2. sub two"])
     hyde_llm = ScriptedLLM(respond=lambda p: "passage about " + p.split("Question: ")[1][:7])
-    chain = Decompose(decompose_llm, n=2).then(HyDE(hyde_llm))
+    chain = Decompose(decompose_llm, n=2, include_query=False).then(HyDE(hyde_llm))
     result = chain.transform_safe("complex question")
     assert result.method == "decompose+hyde"
     assert result.queries == ("sub one", "sub two")
@@ -142,15 +142,20 @@ async def test_then_runs_the_second_transform_concurrently() -> None:
             await asyncio.wait_for(release.wait(), 2)
             return query + "!"
 
-    chain = Decompose(ScriptedLLM(["1. a1\n2. b2\n3. c3"]), n=3).then(Gate())
+    chain = Decompose(ScriptedLLM(["1. a1\n2. b2\n3. c3"]), n=3, include_query=False).then(Gate())
     result = await chain.atransform_safe("q")
     assert [c.queries for c in result.children] == [("a1!",), ("b2!",), ("c3!",)]
     assert not any(c.fallback for c in result.children)
 
 
 def test_chain_is_usable_in_a_transform_retriever(faiss_index: VectorStoreIndex) -> None:
-    chain = Decompose(ScriptedLLM(["1. engineers hired\n2. office moved"]), n=2).then(
-        HyDE(ScriptedLLM(respond=lambda p: p.split("Question: ")[1].split("\n")[0]))
+    chain = Decompose(
+        ScriptedLLM(["1. engineers hired\n2. office moved"]), n=2, include_query=False
+    ).then(
+        HyDE(
+            ScriptedLLM(respond=lambda p: p.split("Question: ")[1].split("\n")[0]),
+            include_query=False,
+        )
     )
     retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=1), chain)
     ids = [n.node.node_id for n in retriever.search("growth questions").nodes]

@@ -11,7 +11,9 @@ REPLY = """Sub-questions:
 
 
 def test_sub_questions_are_parsed_up_to_n_without_the_whole_question() -> None:
-    result = Decompose(ScriptedLLM([REPLY]), n=3).transform("Explain Q3 revenue and the board")
+    result = Decompose(ScriptedLLM([REPLY]), n=3, include_query=False).transform(
+        "Explain Q3 revenue and the board"
+    )
     assert result.queries == (
         "What was revenue in Q3?",
         "Which accounts delayed renewal?",
@@ -19,6 +21,15 @@ def test_sub_questions_are_parsed_up_to_n_without_the_whole_question() -> None:
     )
     assert result.search_queries == result.queries
     assert Decompose.default_fusion is FusionMode.INTERLEAVE
+
+
+def test_by_default_the_whole_question_is_searched_first_with_its_fusion_weight() -> None:
+    decompose = Decompose(ScriptedLLM([REPLY]), n=3)
+    result = decompose.transform("Explain Q3 revenue and the board")
+    assert result.search_queries[0] == "Explain Q3 revenue and the board"
+    specs = result.searches()
+    assert specs[0].weight == decompose.original_weight == Decompose.DEFAULT_ORIGINAL_WEIGHT
+    assert all(spec.weight == 1.0 for spec in specs[1:])
 
 
 def test_include_query_adds_the_whole_question() -> None:

@@ -82,7 +82,7 @@ def test_include_query_joins_embedding_strs_and_keyword_text() -> None:
 
 
 def test_without_include_query_keyword_text_is_only_the_passage() -> None:
-    [search] = HyDE(ScriptedLLM([PASSAGE])).transform(Q).searches()
+    [search] = HyDE(ScriptedLLM([PASSAGE]), include_query=False).transform(Q).searches()
     assert search.text == PASSAGE
     assert search.embedding_strs == (PASSAGE,)
 

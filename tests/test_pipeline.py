@@ -52,7 +52,7 @@ def test_query_for_evaluation_returns_every_key_with_correct_values(
     assert set(out) == {"question", "answer", "contexts", "metadata"}
     assert out["question"] == Q
     assert out["answer"] == "Three large accounts delayed their renewals."
-    assert len(out["contexts"]) == 3 and out["contexts"][0] == DOCS["renewals"]
+    assert len(out["contexts"]) == 3 and DOCS["renewals"] in out["contexts"]
     meta = out["metadata"]
     assert set(meta) >= SEED_KEYS
 

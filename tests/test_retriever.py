@@ -45,7 +45,10 @@ def spy_queries(monkeypatch: pytest.MonkeyPatch) -> list[VectorStoreQuery]:
 
 
 def mean_vector(embed: DeterministicEmbedding, texts: list[str]) -> np.ndarray:
-    return np.mean([embed.vector(t) for t in texts], axis=0)
+    """The paper's plain mean, scaled to unit length (FAISS inner product ranks by
+    direction, and the search vector is sent at unit length)."""
+    mean = np.mean([embed.vector(t) for t in texts], axis=0)
+    return mean / np.linalg.norm(mean)
 
 
 @pytest.mark.parametrize("include_query", [False, True])
@@ -81,7 +84,7 @@ def test_hyde_finds_the_document_the_question_misses(faiss_index: VectorStoreInd
     base = faiss_index.as_retriever(similarity_top_k=1)
     plain = base.retrieve(Q)
     assert plain[0].node.node_id == "lunch"  # shares the question's words, not its answer
-    result = TransformRetriever(base, HyDE(ScriptedLLM([P1]))).search(Q)
+    result = TransformRetriever(base, HyDE(ScriptedLLM([P1]), include_query=False)).search(Q)
     assert [n.node.node_id for n in result.nodes] == ["renewals"]
     assert result.transform.hypothetical == (P1,)
     assert result.latency_s > 0
@@ -246,7 +249,7 @@ def test_keyword_retriever_gets_passage_text_and_warns_without_include_query(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
     base = StaticRetriever(DOCS, default=["pto"])
-    retriever = TransformRetriever(base, HyDE(ScriptedLLM([P1, P1])), search_type="keyword")
+    retriever = TransformRetriever(base, HyDE(ScriptedLLM([P1, P1]), include_query=False), search_type="keyword")
     retriever.search(Q)
     retriever.search(Q)
     assert base.queries == [P1, P1]
@@ -270,10 +273,10 @@ def test_hybrid_vector_store_mode_is_detected_and_warned(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
     hybrid = faiss_index.as_retriever(vector_store_query_mode="hybrid")
-    retriever = TransformRetriever(hybrid, HyDE(ScriptedLLM()))
+    retriever = TransformRetriever(hybrid, HyDE(ScriptedLLM(), include_query=False))
     assert retriever.search_type == "hybrid"
     assert any("hybrid search" in r.getMessage() for r in caplog.records)
-    dense = TransformRetriever(faiss_index.as_retriever(), HyDE(ScriptedLLM()))
+    dense = TransformRetriever(faiss_index.as_retriever(), HyDE(ScriptedLLM(), include_query=False))
     assert dense.search_type == "dense"
 
 
@@ -296,7 +299,7 @@ def test_explicit_fusion_and_top_k() -> None:
 def test_works_inside_a_retriever_query_engine(faiss_index: VectorStoreIndex) -> None:
     answer_llm = ScriptedLLM(respond=lambda p: "ok")
     retriever = TransformRetriever(
-        faiss_index.as_retriever(similarity_top_k=1), HyDE(ScriptedLLM([P1]))
+        faiss_index.as_retriever(similarity_top_k=1), HyDE(ScriptedLLM([P1]), include_query=False)
     )
     engine = RetrieverQueryEngine.from_args(retriever, llm=answer_llm)
     response = engine.query(Q)
@@ -306,7 +309,7 @@ def test_works_inside_a_retriever_query_engine(faiss_index: VectorStoreIndex) ->
 
 async def test_aretrieve_returns_nodes(faiss_index: VectorStoreIndex) -> None:
     retriever = TransformRetriever(
-        faiss_index.as_retriever(similarity_top_k=1), HyDE(ScriptedLLM([P1]))
+        faiss_index.as_retriever(similarity_top_k=1), HyDE(ScriptedLLM([P1]), include_query=False)
     )
     nodes = await retriever.aretrieve(Q)
     assert nodes[0].node.node_id == "renewals"

@@ -6,11 +6,18 @@ from llama_index_hyde_plus.testing import ScriptedLLM
 
 def test_one_rewritten_query_replaces_the_original() -> None:
     llm = ScriptedLLM(['Rewritten query: "paid time off policy for employees"'])
-    result = Rewrite(llm).transform("pto polcy??")
+    result = Rewrite(llm, include_query=False).transform("pto polcy??")
     assert result.queries == ("paid time off policy for employees",)
     assert result.search_queries == ("paid time off policy for employees",)
     assert "pto polcy??" in llm.prompts[0]
     assert set(Rewrite(llm).get_prompts()) == {"rewrite_prompt"}
+
+
+def test_by_default_the_original_is_searched_too_and_weighted() -> None:
+    llm = ScriptedLLM(['"paid time off policy for employees"'])
+    result = Rewrite(llm, original_weight=3).transform("pto polcy??")
+    assert result.search_queries == ("pto polcy??", "paid time off policy for employees")
+    assert [s.weight for s in result.searches()] == [3.0, 1.0]
 
 
 async def test_async_twin_gives_the_same_result() -> None:

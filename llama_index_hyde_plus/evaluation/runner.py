@@ -23,8 +23,9 @@ from llama_index.core.llms import LLM
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..transforms.prompts import HYDE_PAPER_PROMPTS
-from ..transforms.registry import METHODS, make_transform
+from ..transforms.registry import TRANSFORMS, make_transform
 from ..usage import Usage, sum_usage
+from ..vectors import Embedder
 from .beir import BeirDataset
 from .metrics import MEASURES, evaluate, paired_t_test, percentile
 
@@ -81,10 +82,9 @@ def parse_transform_spec(spec: str) -> TransformSpec:
 
 
 def _checked(spec: TransformSpec) -> TransformSpec:
-    if spec.name not in ("none", *METHODS):
+    if spec.name not in TRANSFORMS:
         raise ValueError(
-            f"unknown transform {spec.name!r} in {spec.label!r}; use none or one of "
-            f"{', '.join(METHODS)}"
+            f"unknown transform {spec.name!r} in {spec.label!r}; use one of {', '.join(TRANSFORMS)}"
         )
     return spec
 
@@ -105,6 +105,30 @@ class TransformReport:
     queries: int
     p_value_vs_none: float | None = None
     examples: list[dict[str, Any]] = field(default_factory=list)
+    wins: int = 0
+    ties: int = 0
+    losses: int = 0
+    """Queries whose nDCG@10 is above, equal to, below `none`'s."""
+    delta_vs_none: float | None = None
+    """Mean nDCG@10 minus `none`'s."""
+    skipped: int = 0
+    """Queries whose expansion a gate skipped."""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        """The comparison with `none` in words: helps / hurts / no clear difference."""
+        return verdict(self.delta_vs_none, self.p_value_vs_none)
+
+    def compare_with(self, baseline: TransformReport) -> None:
+        """Fill the paired comparison with ``baseline`` (the `none` run)."""
+        mine, base = self.per_query_ndcg, baseline.per_query_ndcg
+        keys = set(mine) & set(base)
+        self.wins = sum(1 for k in keys if mine[k] > base[k] + 1e-9)
+        self.losses = sum(1 for k in keys if mine[k] < base[k] - 1e-9)
+        self.ties = len(keys) - self.wins - self.losses
+        self.delta_vs_none = self.scores["nDCG@10"] - baseline.scores["nDCG@10"]
+        self.p_value_vs_none = paired_t_test(mine, base)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -125,8 +149,30 @@ class TransformReport:
             "p_value_vs_none": None
             if self.p_value_vs_none is None
             else round(self.p_value_vs_none, 5),
+            "delta_ndcg@10_vs_none": None
+            if self.delta_vs_none is None
+            else round(self.delta_vs_none, 5),
+            "wins": self.wins,
+            "ties": self.ties,
+            "losses": self.losses,
+            "verdict": self.verdict if self.delta_vs_none is not None else None,
+            "skipped_by_gate": self.skipped,
+            "options": self.options,
             "examples": self.examples,
         }
+
+
+def verdict(delta: float | None, p_value: float | None, alpha: float = 0.05) -> str:
+    """``delta`` (nDCG@10 against `none`, 0-1 scale) and its p-value in words, in
+    nDCG points: "helps: +1.2 nDCG@10, p = 0.010" / "hurts: ..." / "no clear
+    difference: ..."."""
+    if delta is None:
+        return "baseline"
+    points = f"{delta * 100:+.1f} nDCG@10"
+    p_text = "p = 1" if p_value is None else f"p = {p_value:.3f}"
+    if p_value is not None and p_value < alpha and abs(delta) > 1e-9:
+        return f"{'helps' if delta > 0 else 'hurts'}: {points}, {p_text}"
+    return f"no clear difference: {points}, {p_text}"
 
 
 def _round(x: float) -> float | None:
@@ -233,12 +279,17 @@ def cached_milvus_index(
     return index, time.perf_counter() - start, False
 
 
+def needs_llm(name: str) -> bool:
+    """Whether the transform called ``name`` calls an LLM."""
+    return name not in ("none", "rocchio")
+
+
 def build_transform(
     spec: TransformSpec, llm: LLM | None, cache: TransformCache | None, hyde_prompt: str | None
 ) -> Any:
     options = dict(spec.options)
-    if spec.name == "none":
-        return make_transform("none")
+    if not needs_llm(spec.name):
+        return make_transform(spec.name, None, **options)
     if spec.name == "hyde" and hyde_prompt and "prompt" not in options:
         options["prompt"] = HYDE_PAPER_PROMPTS.get(hyde_prompt, hyde_prompt)
     if cache is not None:
@@ -249,15 +300,29 @@ def build_transform(
     return make_transform(spec.name, llm, **options)
 
 
+@dataclass
+class _QueryRecord:
+    """What one query's search did, for the report."""
+
+    qid: str
+    latency_s: float
+    cached: bool
+    fallback: bool
+    skipped: bool
+    usage: Usage
+    queries: list[str]
+    hypothetical: list[str]
+
+
 async def _run_one(
     retriever: TransformRetriever,
     ds: BeirDataset,
     concurrency: int,
     advance: Callable[[int], None] | None,
-) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+) -> tuple[dict[str, dict[str, float]], list[_QueryRecord]]:
     gate = asyncio.Semaphore(concurrency)
     run: dict[str, dict[str, float]] = {}
-    records: list[dict[str, Any]] = []
+    records: list[_QueryRecord] = []
 
     async def one(qid: str, text: str) -> None:
         async with gate:
@@ -267,21 +332,134 @@ async def _run_one(
         run[qid] = {n.node.node_id: float(n.score or 0.0) for n in result.nodes}
         t = result.transform
         records.append(
-            {
-                "qid": qid,
-                "latency_s": latency,
-                "cached": t.cached or any(c.cached for c in t.children),
-                "fallback": t.fallback,
-                "usage": t.generation_usage or t.usage,
-                "queries": list(t.search_queries),
-                "hypothetical": list(t.hypothetical),
-            }
+            _QueryRecord(
+                qid=qid,
+                latency_s=latency,
+                cached=t.cached or any(c.cached for c in t.children),
+                fallback=t.fallback,
+                skipped=bool(t.skipped),
+                usage=t.generation_usage or t.usage,
+                queries=list(t.search_queries),
+                hypothetical=list(t.hypothetical),
+            )
         )
         if advance:
             advance(1)
 
     await asyncio.gather(*(one(qid, text) for qid, text in ds.queries.items()))
     return run, records
+
+
+class EvalSession:
+    """One dataset, its index (built once, cached on disk), one embedder shared by
+    every run (so a sweep embeds each question and passage once) and the SQLite cache
+    of transform outputs (so a sweep generates once per query). `score` runs one
+    transform over every query and returns its report."""
+
+    def __init__(
+        self,
+        ds: BeirDataset,
+        *,
+        embed_model: BaseEmbedding,
+        embed_label: str,
+        cache_root: Path,
+        max_length: int = 256,
+        top_k: int = 100,
+        concurrency: int = 4,
+        use_cache: bool = True,
+        store: str = "faiss",
+        milvus_uri: str | None = None,
+        progress: ProgressFactory | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.ds = ds
+        self.top_k = top_k
+        self.concurrency = concurrency
+        self.progress = progress
+        if store == "milvus":
+            if not milvus_uri:
+                raise ValueError("store='milvus' needs milvus_uri (a file path or a cluster URL)")
+            self.index, self.index_seconds, self.index_cached = cached_milvus_index(
+                ds, embed_model, embed_label, milvus_uri, max_length=max_length, progress=progress
+            )
+        elif store == "faiss":
+            self.index, self.index_seconds, self.index_cached = cached_index(
+                ds, embed_model, embed_label, cache_root, max_length=max_length, progress=progress
+            )
+        else:
+            raise ValueError("store must be 'faiss' or 'milvus'")
+        self.store = store
+        embed_model.get_query_embedding("warm up")  # load the model outside the timings
+        self.embedder = Embedder(embed_model, max_entries=200_000)
+        self.cache = SQLiteCache(cache_root / "eval" / "transforms.sqlite") if use_cache else None
+        self._retriever: Any = None
+
+    def base_retriever(self) -> Any:
+        """The store's own retriever (one per session: its vectors are reused)."""
+        if self._retriever is None:
+            if self.store == "milvus":
+                from ..milvus import hybrid_retriever
+
+                self._retriever = hybrid_retriever(self.index, self.top_k)
+            else:
+                self._retriever = self.index.as_retriever(similarity_top_k=self.top_k)
+        return self._retriever
+
+    def score(
+        self, label: str, transformer: Any, *, options: dict[str, Any] | None = None
+    ) -> TransformReport:
+        """Run ``transformer`` over every query and score it (no comparison yet)."""
+        retriever = TransformRetriever(
+            self.base_retriever(), transformer, top_k=self.top_k, embed_model=self.embedder
+        )
+        advance = self.progress(label, len(self.ds.queries)) if self.progress else None
+        run, records = asyncio.run(_run_one(retriever, self.ds, self.concurrency, advance))
+        retriever.close()
+        scores = evaluate(self.ds.qrels, run, MEASURES)
+        fresh = [r.latency_s for r in records if not r.cached]
+        examples = [
+            {
+                "qid": r.qid,
+                "queries": r.queries,
+                "hypothetical": r.hypothetical,
+                "fallback": r.fallback,
+            }
+            for r in sorted(records, key=lambda r: str(r.qid))[:3]
+        ]
+        return TransformReport(
+            label=label,
+            scores=scores.mean,
+            per_query_ndcg=scores.per_query["nDCG@10"],
+            latency_p50_s=percentile(fresh, 50),
+            latency_p95_s=percentile(fresh, 95),
+            latency_n=len(fresh),
+            usage=sum_usage([r.usage for r in records]),
+            fallbacks=sum(1 for r in records if r.fallback),
+            cached=sum(1 for r in records if r.cached),
+            queries=len(records),
+            examples=examples,
+            skipped=sum(1 for r in records if r.skipped),
+            options=dict(options or {}),
+        )
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
+
+def compare(reports: Sequence[TransformReport]) -> None:
+    """Fill every report's paired comparison with the `none` report among them."""
+    baseline = next((r for r in reports if r.label == "none"), None)
+    if baseline is None:
+        return
+    for report in reports:
+        if report is not baseline:
+            report.compare_with(baseline)
+
+
+def _fresh_llm(llm: LLM | Callable[[], LLM] | None) -> LLM | None:
+    return llm() if callable(llm) and not isinstance(llm, LLM) else llm
 
 
 def run_eval(
@@ -307,88 +485,47 @@ def run_eval(
     ``llm`` is an LLM, or a zero-argument factory called once per transform (the CLI
     passes one so that each transform samples from a fresh, seeded local model).
     """
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
     specs = [parse_transform_spec(t) for t in transforms]
     if not specs:
         raise ValueError("transforms must name at least one transform")
-    if llm is None and any(s.name != "none" for s in specs):
-        raise ValueError("an llm is needed for transforms other than none")
+    if llm is None and any(needs_llm(s.name) for s in specs):
+        raise ValueError("an llm is needed for transforms other than none and rocchio")
     wall = time.perf_counter()
-    if store == "milvus":
-        if not milvus_uri:
-            raise ValueError("store='milvus' needs milvus_uri (a file path or a cluster URL)")
-        from ..milvus import hybrid_retriever
-
-        index, index_seconds, index_cached = cached_milvus_index(
-            ds, embed_model, embed_label, milvus_uri, max_length=max_length, progress=progress
-        )
-
-        def base_retriever() -> Any:
-            return hybrid_retriever(index, top_k)
-    elif store == "faiss":
-        index, index_seconds, index_cached = cached_index(
-            ds, embed_model, embed_label, cache_root, max_length=max_length, progress=progress
-        )
-
-        def base_retriever() -> Any:
-            return index.as_retriever(similarity_top_k=top_k)
-    else:
-        raise ValueError("store must be 'faiss' or 'milvus'")
-    embed_model.get_query_embedding("warm up")  # load the model outside the timings
-    cache = SQLiteCache(cache_root / "eval" / "transforms.sqlite") if use_cache else None
+    session = EvalSession(
+        ds,
+        embed_model=embed_model,
+        embed_label=embed_label,
+        cache_root=cache_root,
+        max_length=max_length,
+        top_k=top_k,
+        concurrency=concurrency,
+        use_cache=use_cache,
+        store=store,
+        milvus_uri=milvus_uri,
+        progress=progress,
+    )
     reports: list[TransformReport] = []
-    for spec in specs:
-        # a factory gives each transform a fresh LLM, so seeded sampling does not depend
-        # on which transforms ran before in this process
-        model = llm() if callable(llm) and not isinstance(llm, LLM) else llm
-        warm_up = getattr(model, "warm_up", None)
-        if spec.name != "none" and callable(warm_up):
-            warm_up()  # a local model loads outside the timings
-        transformer = build_transform(
-            spec, model if spec.name != "none" else None, cache, hyde_prompt
-        )
-        retriever = TransformRetriever(base_retriever(), transformer, top_k=top_k)
-        advance = progress(f"{spec.label}", len(ds.queries)) if progress else None
-        run, records = asyncio.run(_run_one(retriever, ds, concurrency, advance))
-        scores = evaluate(ds.qrels, run, MEASURES)
-        fresh = [r["latency_s"] for r in records if not r["cached"]]
-        examples = [
-            {k: r[k] for k in ("qid", "queries", "hypothetical", "fallback")}
-            for r in sorted(records, key=lambda r: str(r["qid"]))[:3]
-        ]
-        reports.append(
-            TransformReport(
-                label=spec.label,
-                scores=scores.mean,
-                per_query_ndcg=scores.per_query["nDCG@10"],
-                latency_p50_s=percentile(fresh, 50),
-                latency_p95_s=percentile(fresh, 95),
-                latency_n=len(fresh),
-                usage=sum_usage([r["usage"] for r in records]),
-                fallbacks=sum(1 for r in records if r["fallback"]),
-                cached=sum(1 for r in records if r["cached"]),
-                queries=len(records),
-                examples=examples,
-            )
-        )
-    baseline = next((r for r in reports if r.label == "none"), None)
-    if baseline is not None:
-        for report in reports:
-            if report is not baseline:
-                report.p_value_vs_none = paired_t_test(
-                    report.per_query_ndcg, baseline.per_query_ndcg
-                )
-    if cache is not None:
-        cache.close()
+    try:
+        for spec in specs:
+            # a factory gives each transform a fresh LLM, so seeded sampling does not
+            # depend on which transforms ran before in this process
+            model = _fresh_llm(llm) if needs_llm(spec.name) else None
+            warm_up = getattr(model, "warm_up", None)
+            if callable(warm_up):
+                warm_up()  # a local model loads outside the timings
+            transformer = build_transform(spec, model, session.cache, hyde_prompt)
+            reports.append(session.score(spec.label, transformer, options=spec.options))
+    finally:
+        session.close()
+    compare(reports)
     result = EvalResult(
         dataset=ds.name,
         queries=len(ds.queries),
         documents=len(ds.corpus),
         config=dict(config or {}),
         reports=reports,
-        index_seconds=index_seconds,
-        index_cached=index_cached,
+        index_seconds=session.index_seconds,
+        index_cached=session.index_cached,
     )
     result.wall_seconds = time.perf_counter() - wall
     return result

@@ -1,7 +1,8 @@
 """The transforms. Import them from the package root."""
 
-from .base import ChainTransform, QueryTransformer, SearchSpec, TransformResult
+from .base import ChainTransform, Guards, QueryTransformer, SearchSpec, TransformResult
 from .decompose import Decompose
+from .feedback import Rocchio
 from .hyde import HyDE
 from .multi_query import MultiQuery
 from .rewrite import Rewrite
@@ -10,10 +11,12 @@ from .step_back import StepBack
 __all__ = [
     "ChainTransform",
     "Decompose",
+    "Guards",
     "HyDE",
     "MultiQuery",
     "QueryTransformer",
     "Rewrite",
+    "Rocchio",
     "SearchSpec",
     "StepBack",
     "TransformResult",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from llama_index.core.callbacks import CallbackManager
@@ -23,6 +24,11 @@ class QueryListTransform(LLMTransform):
     """An LLM transform whose reply parses to at most ``n`` search queries."""
 
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "n"})
+    parse_excludes_query: ClassVar[bool] = True
+    """Whether a generated query equal to the question is dropped while parsing (so it
+    does not take one of the ``n`` places). Part of the cache key."""
+    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 1.0
+    """Fusion weight of the question's own list when nothing is said (tuned)."""
 
     def __init__(
         self,
@@ -30,6 +36,7 @@ class QueryListTransform(LLMTransform):
         *,
         n: int,
         include_query: bool,
+        original_weight: float | None = None,
         prompt: str | BasePromptTemplate | None = None,
         temperature: float | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
@@ -56,15 +63,41 @@ class QueryListTransform(LLMTransform):
         )
         self.n = n
         self.include_query = bool(include_query)
+        if original_weight is None:
+            original_weight = self.DEFAULT_ORIGINAL_WEIGHT
+        if isinstance(original_weight, bool) or not isinstance(original_weight, (int, float)):
+            raise TypeError("original_weight must be a number >= 0")
+        if not 0 <= original_weight <= 100:
+            raise ValueError("original_weight must be between 0 and 100")
+        self.original_weight = float(original_weight)
+
+    @classmethod
+    def tune_grid(cls) -> list[dict[str, Any]]:
+        """The question's list at increasing fusion weight (a paraphrase counts 1),
+        and without the question at all, for the record."""
+        return [
+            {"include_query": False},
+            *({"include_query": True, "original_weight": w} for w in (1.0, 2.0, 3.0, 5.0, 10.0)),
+        ]
 
     def _params(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "n": self.n, "include_query": self.include_query}
+        # include_query only decides what is searched; the key records the parsing rule
+        return {
+            "temperature": self.temperature,
+            "n": self.n,
+            "include_query": self.parse_excludes_query,
+        }
+
+    def _restyle(self, result: TransformResult) -> TransformResult:
+        return replace(
+            result, include_query=self.include_query, original_weight=self.original_weight
+        )
 
     def _format_vars(self) -> dict[str, Any]:
         return {"n": self.n} if "n" in self._prompt.template_vars else {}
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
-        exclude = (query,) if self.include_query else ()
+        exclude = (query,) if self.parse_excludes_query else ()
         queries = parse_queries(replies[0], self.n, exclude=exclude)
         if not queries:
             if parse_queries(replies[0], 1):
@@ -78,4 +111,5 @@ class QueryListTransform(LLMTransform):
             queries=tuple(queries),
             include_query=self.include_query,
             usage=usage,
+            original_weight=self.original_weight,
         )

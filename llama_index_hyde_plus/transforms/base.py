@@ -7,13 +7,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import QueryBundle
 
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher
+from ..expansion import check_weight, keyword_query
 from ..fusion import FusionMode
 from ..usage import Usage, sum_usage
 
@@ -30,6 +31,66 @@ class SearchSpec:
 
     text: str
     embedding_strs: tuple[str, ...]
+    passages: tuple[str, ...] = ()
+    """Generated passages, embedded as documents and mixed into the dense vector."""
+    query: str | None = None
+    """The original question, embedded as a query, when it joins ``passages``."""
+    query_weight: float = 0.0
+    """The question's share of the dense vector when ``passages`` are set."""
+    weight: float = 1.0
+    """This search's weight in the fusion of a fan-out (the question's own list can
+    count more than a paraphrase's)."""
+
+
+Strategy = Literal["replace", "rerank"]
+
+
+@dataclass(frozen=True)
+class Guards:
+    """How far a transform may move the question's own search, as options a
+    `TransformRetriever` carries out (it has the embedder and the question's hits).
+
+    ``context_k``: the question's top hits shown to the generator (grounded HyDE).
+    ``strategy``: ``"replace"`` searches with the generated text; ``"rerank"`` keeps
+    the question's own candidates and only reorders them by
+    ``(1 - blend) * score(question) + blend * similarity(generated text)``, so recall
+    at the candidate depth is the question's by construction.
+    ``gate``: skip the expansion for a query whose generated text has a cosine
+    similarity to the question below ``gate`` (the result says why; not a failure).
+    ``feedback_k`` / ``feedback_alpha`` / ``feedback_beta``: Rocchio pseudo-relevance
+    feedback, ``alpha * q + beta * mean(top-k document vectors)``.
+    """
+
+    context_k: int = 0
+    strategy: Strategy = "replace"
+    blend: float = 0.25
+    gate: float | None = None
+    feedback_k: int = 0
+    feedback_alpha: float = 1.0
+    feedback_beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.context_k, bool) or not isinstance(self.context_k, int):
+            raise TypeError("context_k must be an int")
+        if not 0 <= self.context_k <= 20:
+            raise ValueError("context_k must be between 0 and 20")
+        if self.strategy not in ("replace", "rerank"):
+            raise ValueError(f"strategy must be 'replace' or 'rerank', not {self.strategy!r}")
+        check_weight(self.blend, "blend", allow_none=False)
+        if self.gate is not None and not -1.0 <= float(self.gate) <= 1.0:
+            raise ValueError("gate must be a cosine similarity between -1 and 1, or None")
+        if isinstance(self.feedback_k, bool) or not 0 <= self.feedback_k <= 100:
+            raise ValueError("feedback_k must be between 0 and 100")
+        if self.feedback_alpha < 0 or self.feedback_beta < 0:
+            raise ValueError("feedback_alpha and feedback_beta must be >= 0")
+
+    @property
+    def needs_question_hits(self) -> bool:
+        """Whether the question must be searched before the transform runs."""
+        return self.context_k > 0 or self.strategy == "rerank" or self.feedback_k > 0
+
+
+NO_GUARDS = Guards()
 
 
 @dataclass(frozen=True)
@@ -52,6 +113,17 @@ class TransformResult:
     was made for it, so ``usage`` is zero."""
     generation_usage: Usage | None = None
     """For a cached result, the usage of the call that first generated it."""
+    query_weight: float | None = None
+    """HyDE: the question's share of the dense search vector; None means the paper's
+    plain mean (``1 / (N + 1)`` with ``include_query``, else 0)."""
+    keyword_weight: float | None = None
+    """HyDE: the question's share of the keyword query text (it is repeated to reach
+    it); None means ``query + passage`` with ``include_query``, else the passage."""
+    original_weight: float = 1.0
+    """Fan-out: the fusion weight of the question's own list (paraphrases count 1)."""
+    skipped: str | None = None
+    """Why the expansion was not used for this query (a gate), when it was not. Not a
+    failure: nothing is logged as a warning."""
 
     @classmethod
     def fallback_for(
@@ -85,18 +157,55 @@ class TransformResult:
         """Strings whose embeddings average into one search vector (HyDE), or the
         search queries (other methods), as LlamaIndex's ``custom_embedding_strs``."""
         if self.hypothetical:
-            head = (self.query,) if self.include_query else ()
-            return (*self.hypothetical, *head)
+            w = self.dense_query_weight
+            if w <= 0:
+                return self.hypothetical
+            if self.query_weight is None:
+                return (*self.hypothetical, self.query)
+            # no embedder at hand (LlamaIndex averages these equally): repeat the
+            # question so its share of the mean is close to query_weight
+            n = len(self.hypothetical)
+            repeats = n * 8 if w >= 1 else max(1, min(n * 8, round(w * n / (1 - w))))
+            return (*self.hypothetical, *([self.query] * repeats))
         return self.search_queries
+
+    @property
+    def dense_query_weight(self) -> float:
+        """The question's share of the dense vector for HyDE results."""
+        if self.query_weight is not None:
+            return self.query_weight
+        return 1.0 / (len(self.hypothetical) + 1) if self.include_query else 0.0
+
+    def keyword_text(self) -> str:
+        """What keyword and hybrid stores match for a HyDE result."""
+        if self.keyword_weight is not None:
+            return keyword_query(self.query, self.hypothetical, self.keyword_weight)
+        parts = ((self.query,) if self.include_query else ()) + self.hypothetical
+        return "\n\n".join(parts)
 
     def searches(self) -> list[SearchSpec]:
         """The searches to run, one ranked list each."""
         if self.children:
             return [spec for child in self.children for spec in child.searches()]
         if self.hypothetical:
-            parts = ((self.query,) if self.include_query else ()) + self.hypothetical
-            return [SearchSpec(text="\n\n".join(parts), embedding_strs=self.embedding_strs)]
-        return [SearchSpec(text=q, embedding_strs=(q,)) for q in self.search_queries]
+            return [
+                SearchSpec(
+                    text=self.keyword_text(),
+                    embedding_strs=self.embedding_strs,
+                    passages=self.hypothetical,
+                    query=self.query,
+                    query_weight=self.dense_query_weight,
+                )
+            ]
+        head = self.query if self.include_query else None
+        return [
+            SearchSpec(
+                text=q,
+                embedding_strs=(q,),
+                weight=self.original_weight if q == head else 1.0,
+            )
+            for q in self.search_queries
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -116,6 +225,14 @@ class TransformResult:
             out["cached"] = True
         if self.generation_usage is not None:
             out["generation_usage"] = self.generation_usage.to_dict()
+        if self.query_weight is not None:
+            out["query_weight"] = self.query_weight
+        if self.keyword_weight is not None:
+            out["keyword_weight"] = self.keyword_weight
+        if self.original_weight != 1.0:
+            out["original_weight"] = self.original_weight
+        if self.skipped:
+            out["skipped"] = self.skipped
         return out
 
     @classmethod
@@ -135,7 +252,15 @@ class TransformResult:
             children=tuple(cls.from_dict(c) for c in data.get("children", ())),
             cached=bool(data.get("cached", False)),
             generation_usage=Usage.from_dict(generation) if generation else None,
+            query_weight=_opt_float(data.get("query_weight")),
+            keyword_weight=_opt_float(data.get("keyword_weight")),
+            original_weight=float(data.get("original_weight", 1.0)),
+            skipped=data.get("skipped"),
         )
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _method_name(obj: QueryTransformer) -> str:
@@ -230,6 +355,15 @@ class QueryTransformer(BaseQueryTransform):
     include_query: bool = False
     """Whether the original query is searched too. False for a custom transformer, whose
     returned query (or queries) is what gets searched, as its author wrote it."""
+    guards: Guards = NO_GUARDS
+    """How a `TransformRetriever` may use this transform's output (see `Guards`)."""
+
+    @classmethod
+    def tune_grid(cls) -> list[dict[str, Any]]:
+        """The configurations `hyde-plus tune` sweeps, simplest first: keyword options
+        that change how the output is searched (so a sweep reuses one generation per
+        query). A class without search options has one: its defaults."""
+        return [{}]
 
     def transform(self, query: str) -> Any:
         """Rewrite ``query``. Returns a `TransformResult` (built-ins) or, in a user's
@@ -241,28 +375,39 @@ class QueryTransformer(BaseQueryTransform):
         return await asyncio.to_thread(self.transform, query)
 
     # -- safe wrappers used by the retriever and run() -------------------------------
-    def transform_safe(self, query: str) -> TransformResult:
+    def transform_safe(
+        self, query: str, *, context: Sequence[str] | None = None
+    ) -> TransformResult:
         """`transform` that never raises on a failure of the transform itself: it is
         logged and becomes a fallback. A bad ``query`` is still a `ValueError`.
-        Emits the start and end instrumentation events."""
+        Emits the start and end instrumentation events. ``context`` (the question's
+        top passages) is passed on only to transforms whose guards ask for it."""
         validate_query(query)
         start = time.perf_counter()
         _emit_start(self, query)
         try:
-            value = self.transform(query)
+            if context is not None and self.guards.context_k:
+                value = self.transform(query, context=context)  # type: ignore[call-arg]
+            else:
+                value = self.transform(query)
             result = coerce_result(self, query, value, time.perf_counter() - start)
         except Exception as exc:
             result = self._failed(query, exc, start)
         _emit_end(result)
         return result
 
-    async def atransform_safe(self, query: str) -> TransformResult:
+    async def atransform_safe(
+        self, query: str, *, context: Sequence[str] | None = None
+    ) -> TransformResult:
         """`atransform` that never raises (cancellation still propagates)."""
         validate_query(query)
         start = time.perf_counter()
         _emit_start(self, query)
         try:
-            value = await self.atransform(query)
+            if context is not None and self.guards.context_k:
+                value = await self.atransform(query, context=context)  # type: ignore[call-arg]
+            else:
+                value = await self.atransform(query)
             result = coerce_result(self, query, value, time.perf_counter() - start)
         except Exception as exc:
             result = self._failed(query, exc, start)

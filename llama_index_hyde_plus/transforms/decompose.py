@@ -30,13 +30,15 @@ class Decompose(QueryListTransform):
     prompt_key: ClassVar[str] = "decompose_prompt"
     default_prompt: ClassVar[str] = DECOMPOSE_PROMPT
     default_fusion: ClassVar[FusionMode] = FusionMode.INTERLEAVE
+    parse_excludes_query: ClassVar[bool] = False
 
     def __init__(
         self,
         llm: LLM | None = None,
         *,
         n: int = 3,
-        include_query: bool = False,
+        include_query: bool = True,
+        original_weight: float | None = None,
         prompt: str | BasePromptTemplate | None = None,
         temperature: float | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
@@ -50,6 +52,7 @@ class Decompose(QueryListTransform):
             llm,
             n=n,
             include_query=include_query,
+            original_weight=original_weight,
             prompt=prompt,
             temperature=temperature,
             timeout=timeout,

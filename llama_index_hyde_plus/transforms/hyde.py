@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from llama_index.core.callbacks import CallbackManager
@@ -11,12 +12,13 @@ from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate
 
 from ..cache import TransformCache
+from ..expansion import check_weight
 from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice, Usage
-from .base import TransformResult
+from .base import Guards, Strategy, TransformResult
 from .llm_base import DEFAULT_TIMEOUT_S, LLMTransform, UnusableReplyError
 from .parsing import dedupe, trim_passage
-from .prompts import HYDE_PROMPT
+from .prompts import GROUNDING_PREFIX, HYDE_PROMPT
 
 _ECHO = re.compile(
     r"^\s*(?:passage|hypothetical (?:document|passage)|document|answer)\s*:\s*", re.IGNORECASE
@@ -24,23 +26,50 @@ _ECHO = re.compile(
 
 
 class HyDE(LLMTransform):
-    """Hypothetical Document Embeddings (Gao et al., 2022).
+    """Hypothetical Document Embeddings (Gao et al., 2022), with quality guards.
 
     An LLM writes ``num_passages`` passages that answer the question; each is trimmed
-    to ``max_characters`` at a sentence end (else a word break). Dense search embeds
-    the passages, plus the question when ``include_query=True``, and searches with the
-    mean vector, as the paper does. Keyword and hybrid search get the passage text
-    (``query + "\\n\\n" + passage`` with ``include_query=True``).
+    to ``max_characters`` at a sentence end (else a word break).
 
-    ``temperature`` is passed to the LLM call when set; the paper samples several
-    passages at 0.7, so set it when ``num_passages > 1`` or every passage is the same.
-    ``timeout`` bounds each LLM call in seconds. ``prices`` overrides the price table
-    per model id. The prompt key for ``update_prompts`` is ``"hyde_prompt"``.
+    How the passages are searched:
+
+    - ``query_weight`` (0..1): the question's share of the dense search vector,
+      ``unit(w * e(question) + (1 - w) * mean(e(passage)))``. 0 searches with the
+      passages alone; the paper's plain mean of N passages and the question is
+      ``1 / (N + 1)``, which ``include_query=True`` (without ``query_weight``) selects;
+      ``include_query=False`` means 0. Left unset, the shipped default applies
+      (`DEFAULT_QUERY_WEIGHT`, chosen on SciFact train; see BENCHMARKS.md).
+    - ``keyword_weight`` (0..1): the question's share of the text a keyword or hybrid
+      store matches; the question is repeated (Query2doc / MuGI) so BM25 is not swamped
+      by the passage. Defaults to ``query_weight`` when that is set. Setting
+      ``query_weight=1`` with a lower ``keyword_weight`` is hybrid routing: the dense
+      side keeps the question, the generated text goes to BM25 only.
+    - ``strategy="rerank"``: do not replace the question's search; reorder its own
+      candidates by ``(1 - blend) * score + blend * similarity to the passages``.
+      Recall at the candidate depth is then exactly plain search's.
+    - ``gate``: when the passages' mean embedding has a cosine similarity to the
+      question below ``gate``, the expansion is skipped for that query
+      (``result.skipped`` says why; it is not a failure).
+    - ``grounded=k``: the question's top ``k`` hits (each cut to
+      ``context_characters``) are put in the prompt, so the model writes from the
+      corpus instead of from memory. One extra search; cached like any generation.
+
+    The guards that need embeddings or the question's hits (weights, rerank, gate,
+    grounding) are carried out by `TransformRetriever`; `run()` (LlamaIndex's
+    ``TransformQueryEngine``) approximates the weight by repeating the question.
+    ``temperature``/``timeout``/``prices``/``callback_manager``/``cache``/``retry``/
+    ``breaker`` are as for every built-in transform. Prompt key: ``"hyde_prompt"``.
     """
 
     method: ClassVar[str] = "hyde"
     prompt_key: ClassVar[str] = "hyde_prompt"
     default_prompt: ClassVar[str] = HYDE_PROMPT
+    DEFAULT_QUERY_WEIGHT: ClassVar[float] = 0.7
+    """The question's share of the search vector when nothing is said (tuned)."""
+    DEFAULT_STRATEGY: ClassVar[Strategy] = "replace"
+    TUNE_QUERY_WEIGHTS: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7, 0.8, 0.9)
+    TUNE_BLENDS: ClassVar[tuple[float, ...]] = (0.1, 0.2, 0.3, 0.5)
+    TUNE_GATES: ClassVar[tuple[float, ...]] = (0.4, 0.6)
 
     def __init__(
         self,
@@ -48,8 +77,15 @@ class HyDE(LLMTransform):
         *,
         prompt: str | BasePromptTemplate | None = None,
         max_characters: int = 2000,
-        include_query: bool = False,
+        include_query: bool | None = None,
+        query_weight: float | None = None,
+        keyword_weight: float | None = None,
         num_passages: int = 1,
+        strategy: Strategy | None = None,
+        blend: float = 0.25,
+        gate: float | None = None,
+        grounded: int = 0,
+        context_characters: int = 400,
         temperature: float | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         prices: Mapping[str, ModelPrice] | None = None,
@@ -66,6 +102,10 @@ class HyDE(LLMTransform):
             raise TypeError("num_passages must be an int")
         if not 1 <= num_passages <= 16:
             raise ValueError("num_passages must be between 1 and 16")
+        if isinstance(context_characters, bool) or not isinstance(context_characters, int):
+            raise TypeError("context_characters must be an int")
+        if context_characters < 1:
+            raise ValueError("context_characters must be >= 1")
         super().__init__(
             llm,
             prompt=prompt,
@@ -78,19 +118,80 @@ class HyDE(LLMTransform):
             breaker=breaker,
         )
         self.max_characters = max_characters
-        self.include_query = bool(include_query)
         self.num_passages = num_passages
+        self.query_weight, self.include_query = _resolve_weight(
+            query_weight, include_query, self.DEFAULT_QUERY_WEIGHT
+        )
+        if keyword_weight is not None:
+            self.keyword_weight: float | None = check_weight(keyword_weight, "keyword_weight")
+        else:
+            self.keyword_weight = self.query_weight
+        self.context_characters = context_characters
+        self.guards = Guards(
+            context_k=grounded,
+            strategy=strategy or self.DEFAULT_STRATEGY,
+            blend=blend,
+            gate=gate,
+        )
+
+    @classmethod
+    def tune_grid(cls) -> list[dict[str, object]]:
+        """Query weight (replace) or blend (rerank), each without and with a gate, free
+        and grounded; passages only (weight 0, the paper without the query) and the
+        paper's plain mean are included for the record."""
+        grid: list[dict[str, object]] = []
+        for grounded in (0, 3):
+            for gate in (None, *cls.TUNE_GATES):
+                base: dict[str, object] = {}
+                if grounded:
+                    base["grounded"] = grounded
+                if gate is not None:
+                    base["gate"] = gate
+                for w in cls.TUNE_QUERY_WEIGHTS:
+                    grid.append({**base, "query_weight": w})
+                for b in cls.TUNE_BLENDS:
+                    grid.append({**base, "strategy": "rerank", "blend": b})
+        return [{"include_query": False}, {"include_query": True}, *grid]
+
+    @property
+    def grounded(self) -> int:
+        """How many of the question's hits the prompt shows (0: free generation)."""
+        return self.guards.context_k
 
     def _params(self) -> dict[str, object]:
-        # include_query only changes how passages are searched, not the passages
-        return {
+        # the search options only change how passages are searched, not the passages
+        params: dict[str, object] = {
             "temperature": self.temperature,
             "max_characters": self.max_characters,
             "num_passages": self.num_passages,
         }
+        if self.grounded:
+            params["context_characters"] = self.context_characters
+        return params
 
     def _num_calls(self) -> int:
         return self.num_passages
+
+    def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
+        if not self.grounded or not context:
+            return None
+        cut = (trim_passage(" ".join(c.split()), self.context_characters) for c in context)
+        return tuple(c for c in cut if c)[: self.grounded] or None
+
+    def _render(self, query: str, context: Sequence[str] | None = None) -> str:
+        prompt = super()._render(query, context)
+        if not context:
+            return prompt
+        block = "\n".join(f"[{i}] {text}" for i, text in enumerate(context, 1))
+        return GROUNDING_PREFIX.format(context=block) + prompt
+
+    def _restyle(self, result: TransformResult) -> TransformResult:
+        return replace(
+            result,
+            include_query=self.include_query,
+            query_weight=self.query_weight,
+            keyword_weight=self.keyword_weight,
+        )
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
         passages = [trim_passage(_ECHO.sub("", r), self.max_characters) for r in replies]
@@ -107,4 +208,25 @@ class HyDE(LLMTransform):
             hypothetical=tuple(passages),
             include_query=self.include_query,
             usage=usage,
+            query_weight=self.query_weight,
+            keyword_weight=self.keyword_weight,
         )
+
+
+def _resolve_weight(
+    query_weight: float | None, include_query: bool | None, default: float
+) -> tuple[float | None, bool]:
+    """``(query_weight, include_query)`` from what the caller said: an explicit weight
+    wins (and must agree with ``include_query``); ``include_query`` alone means the
+    paper's plain mean (True) or passages only (False); neither means ``default``."""
+    if query_weight is not None:
+        w = check_weight(query_weight, "query_weight")
+        assert w is not None
+        if include_query is False and w > 0:
+            raise ValueError("include_query=False contradicts query_weight > 0; drop one")
+        if include_query is True and w == 0:
+            raise ValueError("include_query=True contradicts query_weight=0; drop one")
+        return w, w > 0
+    if include_query is None:
+        return default, default > 0
+    return None, bool(include_query)

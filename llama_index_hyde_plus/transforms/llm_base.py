@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -135,7 +135,7 @@ class LLMTransform(QueryTransformer):
         """Build the result from the replies; raise `UnusableReplyError` if none is."""
 
     # -- the call ----------------------------------------------------------------
-    def _render(self, query: str) -> str:
+    def _render(self, query: str, context: Sequence[str] | None = None) -> str:
         return self._prompt.format(query=query, **self._format_vars())
 
     def _call_kwargs(self) -> dict[str, Any]:
@@ -152,19 +152,21 @@ class LLMTransform(QueryTransformer):
         """Parameters that change the output, for the cache key."""
         return {"temperature": self.temperature}
 
-    def cache_key_for(self, query: str) -> str:
-        """The cache key of ``query``: method, model, prompt, parameters and query."""
+    def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
+        """The cache key of ``query``: method, model, prompt, parameters, query and,
+        for a grounded transform, the passages shown to the model."""
         llm = self.llm
-        return cache_key(
-            {
-                "method": self.method,
-                "llm": type(llm).__name__,
-                "model": _llm.model_name(llm),
-                "prompt": self._prompt.get_template(),
-                "params": self._params(),
-                "query": query,
-            }
-        )
+        parts: dict[str, Any] = {
+            "method": self.method,
+            "llm": type(llm).__name__,
+            "model": _llm.model_name(llm),
+            "prompt": self._prompt.get_template(),
+            "params": self._params(),
+            "query": query,
+        }
+        if context:
+            parts["context"] = list(context)
+        return cache_key(parts)
 
     def _lookup(self, key: str, start: float) -> TransformResult | None:
         assert self.cache is not None
@@ -172,7 +174,7 @@ class LLMTransform(QueryTransformer):
             data = self.cache.get(key)
             if data is None:
                 return None
-            result = replace(TransformResult.from_dict(data), include_query=self.include_query)
+            result = self._restyle(TransformResult.from_dict(data))
             return _as_cached(result, start)
         except Exception as exc:
             logger.warning("transform cache read failed (%s); calling the LLM", exc)
@@ -187,18 +189,26 @@ class LLMTransform(QueryTransformer):
         except Exception as exc:
             logger.warning("transform cache write failed (%s)", exc)
 
+    def _restyle(self, result: TransformResult) -> TransformResult:
+        """A cached result with this instance's search options (they do not change
+        what the LLM wrote, so they are not in the cache key)."""
+        return replace(result, include_query=self.include_query)
+
     def _cache_io_is_blocking(self) -> bool:
         return not isinstance(self.cache, MemoryCache)
 
-    def transform(self, query: str) -> TransformResult:
+    def transform(self, query: str, *, context: Sequence[str] | None = None) -> TransformResult:
+        """Rewrite ``query`` with the LLM; ``context`` is the question's top passages
+        for a grounded transform (ignored by the others)."""
         validate_query(query)
+        context = self._context(context)
         if self.cache is None:
-            return self._generate(query)
+            return self._generate(query, context)
         start = time.perf_counter()
         try:
-            key = self.cache_key_for(query)
+            key = self.cache_key_for(query, context)
         except Exception:
-            return self._generate(query)  # no LLM to key on: _generate falls back
+            return self._generate(query, context)  # no LLM to key on: falls back
         hit = self._lookup(key, start)
         if hit is not None:
             return hit
@@ -211,9 +221,9 @@ class LLMTransform(QueryTransformer):
             flight.done.wait()
             if flight.result is not None and not flight.result.fallback:
                 return _as_cached(flight.result, start)
-            return self._generate(query)
+            return self._generate(query, context)
         try:
-            flight.result = self._generate(query)
+            flight.result = self._generate(query, context)
             self._store(key, flight.result)
             return flight.result
         finally:
@@ -221,15 +231,19 @@ class LLMTransform(QueryTransformer):
                 self._sync_flights.pop(key, None)
             flight.done.set()
 
-    async def atransform(self, query: str) -> TransformResult:
+    async def atransform(
+        self, query: str, *, context: Sequence[str] | None = None
+    ) -> TransformResult:
+        """Async twin of `transform`: native ``acomplete``, never a blocking call."""
         validate_query(query)
+        context = self._context(context)
         if self.cache is None:
-            return await self._agenerate(query)
+            return await self._agenerate(query, context)
         start = time.perf_counter()
         try:
-            key = self.cache_key_for(query)
+            key = self.cache_key_for(query, context)
         except Exception:
-            return await self._agenerate(query)
+            return await self._agenerate(query, context)
         if self._cache_io_is_blocking():
             hit = await asyncio.to_thread(self._lookup, key, start)
         else:
@@ -243,15 +257,15 @@ class LLMTransform(QueryTransformer):
                 shared = await asyncio.shield(existing)
             except asyncio.CancelledError:
                 if existing.cancelled():  # the leader was cancelled, not us: go alone
-                    return await self._agenerate(query)
+                    return await self._agenerate(query, context)
                 raise
             if not shared.fallback:
                 return _as_cached(shared, start)
-            return await self._agenerate(query)
+            return await self._agenerate(query, context)
         future: asyncio.Future[TransformResult] = loop.create_future()
         self._async_flights[key] = future
         try:
-            result = await self._agenerate(query)
+            result = await self._agenerate(query, context)
             future.set_result(result)
             if self._cache_io_is_blocking():
                 await asyncio.to_thread(self._store, key, result)
@@ -270,13 +284,17 @@ class LLMTransform(QueryTransformer):
             if self._async_flights.get(key) is future:
                 del self._async_flights[key]
 
-    def _generate(self, query: str) -> TransformResult:
+    def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
+        """The passages this transform shows its model (none unless it is grounded)."""
+        return None
+
+    def _generate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
         start = time.perf_counter()
         replies: list[_llm.LLMReply] = []
         errors: list[BaseException] = []
         try:
             llm = self.llm
-            prompt = self._render(query)
+            prompt = self._render(query, context)
         except Exception as exc:
             return self._fallback(query, [], [exc], start)
         for _ in range(self._num_calls()):
@@ -286,11 +304,11 @@ class LLMTransform(QueryTransformer):
                 errors.append(exc)
         return self._finish(query, replies, errors, start)
 
-    async def _agenerate(self, query: str) -> TransformResult:
+    async def _agenerate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
         start = time.perf_counter()
         try:
             llm = self.llm
-            prompt = self._render(query)
+            prompt = self._render(query, context)
         except Exception as exc:
             return self._fallback(query, [], [exc], start)
         outcomes = await asyncio.gather(
@@ -323,12 +341,8 @@ class LLMTransform(QueryTransformer):
             result = self._build(query, texts, usage)
         except UnusableReplyError as exc:
             return self._fallback(query, replies, [exc], start)
-        return TransformResult(
-            query=result.query,
-            method=result.method,
-            queries=result.queries,
-            hypothetical=result.hypothetical,
-            include_query=result.include_query,
+        return replace(
+            result,
             usage=usage,
             error=_describe(errors[0]) if errors else None,
             latency_s=time.perf_counter() - start,

@@ -68,3 +68,11 @@ REWRITE_PROMPT = (
     "Query: {query}\n"
     "Rewritten query:"
 )
+
+#: Put before the HyDE prompt by ``HyDE(grounded=k)``: the question's own top hits, so a
+#: small model writes from the collection instead of from memory (Jagerman et al.,
+#: 2023: under 1B parameters, only retrieval-grounded prompts helped).
+GROUNDING_PREFIX = (
+    "Passages from the collection that may be relevant:\n{context}\n\n"
+    "Use the passages above where they help.\n"
+)

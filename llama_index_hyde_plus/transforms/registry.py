@@ -8,13 +8,18 @@ from llama_index.core.llms import LLM
 
 from .base import QueryTransformer, TransformResult
 from .decompose import Decompose
+from .feedback import Rocchio
 from .hyde import HyDE
 from .multi_query import MultiQuery
 from .rewrite import Rewrite
 from .step_back import StepBack
 
 METHODS: tuple[str, ...] = ("hyde", "multi-query", "step-back", "decompose", "rewrite")
-"""Names of the built-in transforms (the RCP ``transform.methods``)."""
+"""Names of the built-in LLM transforms (the RCP ``transform.methods``)."""
+
+TRANSFORMS: tuple[str, ...] = ("none", *METHODS, "rocchio")
+"""Every transform `make_transform` builds: the baseline, the LLM transforms and the
+LLM-free Rocchio feedback."""
 
 
 class Identity(QueryTransformer):
@@ -29,6 +34,26 @@ class Identity(QueryTransformer):
         return self.transform(query)
 
 
+_CLASSES: dict[str, type[QueryTransformer]] = {
+    "none": Identity,
+    "hyde": HyDE,
+    "multi-query": MultiQuery,
+    "step-back": StepBack,
+    "decompose": Decompose,
+    "rewrite": Rewrite,
+    "rocchio": Rocchio,
+}
+
+
+def transform_class(name: str) -> type[QueryTransformer]:
+    """The class behind the transform called ``name``."""
+    key = name.strip().lower().replace("_", "-")
+    key = {"multiquery": "multi-query", "stepback": "step-back"}.get(key, key)
+    if key not in _CLASSES:
+        raise ValueError(f"unknown transform {name!r}; choose one of: {', '.join(TRANSFORMS)}")
+    return _CLASSES[key]
+
+
 def make_transform(name: str, llm: LLM | None = None, **options: Any) -> QueryTransformer:
     """Build the transform called ``name`` ("none" or one of `METHODS`).
 
@@ -38,6 +63,8 @@ def make_transform(name: str, llm: LLM | None = None, **options: Any) -> QueryTr
     key = name.strip().lower().replace("_", "-")
     if key == "none":
         return Identity()
+    if key == "rocchio":
+        return Rocchio(**{k: v for k, v in options.items() if k in ("k", "alpha", "beta")})
     if key in ("hyde",):
         options.pop("n", None)
         return HyDE(llm, **options)
@@ -50,6 +77,5 @@ def make_transform(name: str, llm: LLM | None = None, **options: Any) -> QueryTr
         return StepBack(llm, **options)
     if key in ("rewrite",):
         options.pop("n", None)
-        options.pop("include_query", None)
         return Rewrite(llm, **options)
-    raise ValueError(f"unknown transform {name!r}; choose one of: none, {', '.join(METHODS)}")
+    raise ValueError(f"unknown transform {name!r}; choose one of: {', '.join(TRANSFORMS)}")

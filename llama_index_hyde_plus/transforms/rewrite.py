@@ -24,11 +24,14 @@ class Rewrite(QueryListTransform):
     method: ClassVar[str] = "rewrite"
     prompt_key: ClassVar[str] = "rewrite_prompt"
     default_prompt: ClassVar[str] = REWRITE_PROMPT
+    parse_excludes_query: ClassVar[bool] = False
 
     def __init__(
         self,
         llm: LLM | None = None,
         *,
+        include_query: bool = True,
+        original_weight: float | None = None,
         prompt: str | BasePromptTemplate | None = None,
         temperature: float | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
@@ -41,7 +44,8 @@ class Rewrite(QueryListTransform):
         super().__init__(
             llm,
             n=1,
-            include_query=False,
+            include_query=include_query,
+            original_weight=original_weight,
             prompt=prompt,
             temperature=temperature,
             timeout=timeout,

@@ -1,0 +1,237 @@
+"""Choose a transform's search options on a training split: `run_tune` sweeps the
+options its class declares (`tune_grid`), reusing one generation per query from the
+transform cache, and picks the simplest configuration within ``tolerance`` of the best.
+`write_config` / `load_config` keep the winner as a file that ``query``, ``serve`` and
+``eval`` accept with ``--config``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.llms import LLM
+
+from ..transforms.registry import TRANSFORMS, transform_class
+from .beir import BeirDataset
+from .runner import (
+    EvalSession,
+    ProgressFactory,
+    TransformReport,
+    TransformSpec,
+    build_transform,
+    compare,
+    needs_llm,
+)
+
+CONFIG_FORMAT = 1
+DEFAULT_TOLERANCE = 0.002
+"""nDCG@10 (0-1 scale) within which a simpler configuration is preferred to the best."""
+
+
+def complexity(options: dict[str, Any]) -> int:
+    """How much machinery a configuration switches on (lower is simpler): grounding
+    costs a search and a longer prompt, a gate and a rerank need extra embeddings."""
+    level = 0
+    if options.get("grounded"):
+        level += 4
+    if options.get("gate") is not None:
+        level += 2
+    if options.get("strategy") == "rerank":
+        level += 1
+    return level
+
+
+def label_for(name: str, options: dict[str, Any]) -> str:
+    """``hyde:query_weight=0.8,gate=0.5``: the `eval` spelling of a configuration."""
+    if not options:
+        return name
+    return name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in options.items())
+
+
+def _fmt(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+@dataclass
+class TuneResult:
+    """A sweep's reports (grid order), the baseline, the best and the chosen one."""
+
+    transform: str
+    dataset: str
+    split: str
+    queries: int
+    baseline: TransformReport
+    reports: list[TransformReport]
+    best: TransformReport
+    winner: TransformReport
+    tolerance: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ranked(self) -> list[TransformReport]:
+        return sorted(self.reports, key=lambda r: -r.scores["nDCG@10"])
+
+
+def pick_winner(reports: Sequence[TransformReport], tolerance: float) -> TransformReport:
+    """The simplest report within ``tolerance`` nDCG@10 of the best (the best among
+    equally simple ones). Where a knob makes no measurable difference, the simpler
+    value wins."""
+    if not reports:
+        raise ValueError("no configurations to choose from")
+    best = max(r.scores["nDCG@10"] for r in reports)
+    close = [r for r in reports if r.scores["nDCG@10"] >= best - tolerance - 1e-12]
+    return min(close, key=lambda r: (complexity(r.options), -r.scores["nDCG@10"]))
+
+
+def run_tune(
+    ds: BeirDataset,
+    transform: str,
+    *,
+    llm: LLM | Callable[[], LLM] | None,
+    embed_model: BaseEmbedding,
+    embed_label: str,
+    cache_root: Path,
+    split: str = "train",
+    grid: Sequence[dict[str, Any]] | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    hyde_prompt: str | None = None,
+    top_k: int = 100,
+    concurrency: int = 4,
+    store: str = "faiss",
+    milvus_uri: str | None = None,
+    progress: ProgressFactory | None = None,
+    on_report: Callable[[TransformReport], None] | None = None,
+) -> TuneResult:
+    """Score ``none`` and every configuration of ``transform`` in ``grid`` (default:
+    the class's own `tune_grid`) on ``ds``; generations are cached, so the sweep
+    calls the LLM once per query and generation setting."""
+    name = transform.strip().lower()
+    if name not in TRANSFORMS or name == "none":
+        raise ValueError(f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}")
+    if not 0 <= tolerance < 1:
+        raise ValueError("tolerance must be between 0 and 1 (nDCG@10 is 0-1)")
+    configs = list(grid) if grid is not None else transform_class(name).tune_grid()
+    if not configs:
+        raise ValueError("grid must hold at least one configuration")
+    if needs_llm(name) and llm is None:
+        raise ValueError(f"{name} needs an llm")
+    session = EvalSession(
+        ds,
+        embed_model=embed_model,
+        embed_label=embed_label,
+        cache_root=cache_root,
+        top_k=top_k,
+        concurrency=concurrency,
+        store=store,
+        milvus_uri=milvus_uri,
+        progress=progress,
+    )
+    model = (
+        (llm() if callable(llm) and not isinstance(llm, LLM) else llm) if needs_llm(name) else None
+    )
+    warm_up = getattr(model, "warm_up", None)
+    if callable(warm_up):
+        warm_up()
+    try:
+        baseline = session.score(
+            "none", build_transform(TransformSpec("none", "none"), None, None, None)
+        )
+        reports: list[TransformReport] = []
+        for options in configs:
+            spec = TransformSpec(label_for(name, options), name, dict(options))
+            transformer = build_transform(spec, model, session.cache, hyde_prompt)
+            report = session.score(spec.label, transformer, options=dict(options))
+            reports.append(report)
+            compare([baseline, report])
+            if on_report is not None:
+                on_report(report)
+    finally:
+        session.close()
+    best = max(reports, key=lambda r: r.scores["nDCG@10"])
+    return TuneResult(
+        transform=name,
+        dataset=ds.name,
+        split=split,
+        queries=len(ds.queries),
+        baseline=baseline,
+        reports=reports,
+        best=best,
+        winner=pick_winner(reports, tolerance),
+        tolerance=tolerance,
+        extra={"store": store, "hyde_prompt": hyde_prompt, "top_k": top_k},
+    )
+
+
+def config_payload(result: TuneResult) -> dict[str, Any]:
+    """What `write_config` writes: the winner's options and how they were chosen."""
+    w = result.winner
+    return {
+        "hyde_plus_config": CONFIG_FORMAT,
+        "transform": result.transform,
+        "options": w.options,
+        "tuned_on": {
+            "dataset": result.dataset,
+            "split": result.split,
+            "queries": result.queries,
+            "ndcg@10": round(w.scores["nDCG@10"], 5),
+            "none_ndcg@10": round(result.baseline.scores["nDCG@10"], 5),
+            "p_value_vs_none": None if w.p_value_vs_none is None else round(w.p_value_vs_none, 5),
+            "wins_ties_losses": [w.wins, w.ties, w.losses],
+            "best_label": result.best.label,
+            "best_ndcg@10": round(result.best.scores["nDCG@10"], 5),
+            "tolerance": result.tolerance,
+            **result.extra,
+        },
+    }
+
+
+def write_config(result: TuneResult, path: Path) -> Path:
+    """Write the winner as JSON to ``path`` (atomically: a temporary file renamed)."""
+    path = path.expanduser()
+    if path.is_dir():
+        raise ValueError(f"--out must be a file path, not a folder: {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(config_payload(result), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+@dataclass(frozen=True)
+class TransformConfig:
+    """A transform name and its options, as `tune` writes them."""
+
+    transform: str
+    options: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return label_for(self.transform, self.options)
+
+
+def load_config(path: Path | str) -> TransformConfig:
+    """Read a config file written by `write_config`; a clear `ValueError` naming the
+    file when it is missing, not JSON, or not a hyde-plus config."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"config file not found: {p}")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p} is not a JSON config file ({exc})") from exc
+    if not isinstance(data, dict) or data.get("hyde_plus_config") != CONFIG_FORMAT:
+        raise ValueError(f"{p} is not a hyde-plus config (write one with `hyde-plus tune`)")
+    name, options = data.get("transform"), data.get("options", {})
+    if not isinstance(name, str) or name not in TRANSFORMS:
+        raise ValueError(f"{p}: 'transform' must be one of {', '.join(TRANSFORMS)}")
+    if not isinstance(options, dict):
+        raise ValueError(f"{p}: 'options' must be an object")
+    for key, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{p}: option {key!r} must be finite")
+    return TransformConfig(name, dict(options))

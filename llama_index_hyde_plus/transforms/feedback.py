@@ -1,0 +1,55 @@
+"""`Rocchio`: vector pseudo-relevance feedback, the expansion that needs no LLM."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from .base import Guards, QueryTransformer, TransformResult, validate_query
+
+
+class Rocchio(QueryTransformer):
+    """Search with ``unit(alpha * e(question) + beta * mean(e(top-k documents)))``.
+
+    The question is searched first; the vectors of its top ``k`` hits (read from the
+    FAISS index or Milvus collection, re-embedded only when the store cannot return
+    them) pull the search vector towards the collection's own wording. No LLM, no
+    cost: the free baseline a generated expansion has to beat (pyserini's dense
+    Rocchio PRF). On a hybrid store the keyword side keeps the question as asked.
+
+    Carried out by `TransformRetriever` (which has the embedder and the hits); on its
+    own, ``transform()`` returns the question unchanged.
+    """
+
+    method: ClassVar[str] = "rocchio"
+    include_query = True
+    DEFAULT_K: ClassVar[int] = 5
+    DEFAULT_ALPHA: ClassVar[float] = 1.0
+    DEFAULT_BETA: ClassVar[float] = 0.3
+
+    def __init__(
+        self, *, k: int | None = None, alpha: float | None = None, beta: float | None = None
+    ) -> None:
+        super().__init__()
+        k = self.DEFAULT_K if k is None else k
+        alpha = self.DEFAULT_ALPHA if alpha is None else alpha
+        beta = self.DEFAULT_BETA if beta is None else beta
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
+            raise ValueError("k must be an int between 1 and 100")
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0")
+        if alpha == 0 and beta == 0:
+            raise ValueError("alpha and beta cannot both be 0")
+        self.k, self.alpha, self.beta = k, float(alpha), float(beta)
+        self.guards = Guards(feedback_k=k, feedback_alpha=self.alpha, feedback_beta=self.beta)
+
+    @classmethod
+    def tune_grid(cls) -> list[dict[str, object]]:
+        return [{"k": k, "beta": b} for k in (3, 5, 10) for b in (0.1, 0.2, 0.3, 0.5, 0.8)]
+
+    def transform(self, query: str) -> TransformResult:
+        validate_query(query)
+        return TransformResult(query=query, method=self.method, queries=(query,))
+
+    async def atransform(self, query: str) -> TransformResult:
+        return self.transform(query)
