@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .retriever import SearchResult, TransformRetriever
-from .transforms.registry import METHODS, make_transform
+from .transforms.registry import METHODS, TRANSFORMS, make_transform
 from .usage import Usage
 
 app = typer.Typer(
@@ -37,7 +37,7 @@ app.add_typer(models_app, name="models")
 console = Console()
 err = Console(stderr=True)
 
-TRANSFORM_CHOICES = ("none", *METHODS)
+TRANSFORM_CHOICES = TRANSFORMS
 DEMO_QUESTION = "Why did revenue drop?"
 DEMO_TARGET = "q3-review"
 #: The corpus-genre prompt the demo uses, as the HyDE paper does per dataset.
@@ -296,14 +296,23 @@ def query(
     prompt: Annotated[str | None, typer.Option(help="Custom prompt with {query}.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds the LLM may take.")] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", help="Transform and options from `hyde-plus tune`."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Search an index with a transformed query and show what was generated."""
+    from .evaluation.runner import needs_llm
+    from .evaluation.tune import load_config
     from .models import resolve_llm
 
     _setup_logging(verbose)
     _check_choice("--transform", transform, TRANSFORM_CHOICES)
     try:
+        tuned = load_config(config_file) if config_file is not None else None
+        if tuned is not None:
+            transform = tuned.transform
         if (index_path is None) == (uri is None):
             raise ValueError("give exactly one of --index (FAISS) and --uri (Milvus)")
         if uri is not None:
@@ -311,19 +320,21 @@ def query(
         else:
             assert index_path is not None
             retriever = _load_retriever(index_path, top_k)
-        model = None if transform == "none" else resolve_llm(llm)
+        model = resolve_llm(llm) if needs_llm(transform) else None
         options: dict[str, Any] = {"temperature": temperature, "timeout": timeout}
         if transform in ("multi-query", "decompose"):
             options["n"] = n
         if transform == "hyde":
             options["num_passages"] = num_passages
-        if include_query is not None and transform != "rewrite":
+        if include_query is not None and needs_llm(transform):
             options["include_query"] = include_query
         if prompt:
             options["prompt"] = prompt
-        transformer = (
-            make_transform(transform, model, **options) if model else make_transform("none")
-        )
+        if tuned is not None:
+            options.update(tuned.options)
+        if not needs_llm(transform):
+            options = dict(tuned.options) if tuned is not None else {}
+        transformer = make_transform(transform, model, **options)
         result = TransformRetriever(retriever, transformer, top_k=top_k).search(question)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
@@ -458,17 +469,27 @@ def eval_cmd(
         "faiss"
     ),
     uri: Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL.")] = None,
+    config_files: Annotated[
+        list[Path] | None,
+        typer.Option("--config", help="A config written by `hyde-plus tune` (repeatable)."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, latency, tokens, cost."""
+    """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, wins/ties/losses and a
+    verdict against `none`, latency, tokens, cost."""
     from .evaluation import BeirFormatError, load_beir, run_eval
-    from .evaluation.report import rich_table, write_outputs
+    from .evaluation.report import rich_table, verdicts, write_outputs
+    from .evaluation.runner import needs_llm, parse_transform_spec
+    from .evaluation.tune import load_config
     from .local.assets import cache_dir
     from .models import concrete_embedding_spec, resolve_embedding
 
     _setup_logging(verbose)
     names = [t.strip() for t in transforms.split(",") if t.strip()]
     try:
+        names += [load_config(path).label for path in config_files or []]
+        if not any(needs_llm(parse_transform_spec(n).name) for n in names):
+            llm = "none"
         ds = load_beir(dataset, split, limit=limit)
         embed_spec = concrete_embedding_spec(embed)
         embed_label = f"{embed_spec}@{max_length}"
@@ -476,7 +497,7 @@ def eval_cmd(
             embed_model = resolve_embedding(embed_spec, max_length=max_length)
             model = (
                 _eval_llm(llm, temperature, max_tokens, seed, concurrency)
-                if any(n != "none" for n in names)
+                if llm != "none"
                 else None
             )
     except (BeirFormatError, ValueError) as exc:
@@ -527,6 +548,8 @@ def eval_cmd(
         except ValueError as exc:
             raise _fail(str(exc)) from exc
     Console(width=max(console.width, 160)).print(rich_table(result))
+    for line in verdicts(result):
+        console.print(f"  {line}")
     paths = write_outputs(result, out, command)
     console.print(f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]")
 
@@ -555,6 +578,121 @@ def _describe_llm(model: Any) -> str:
     from ._llm import model_name
 
     return model_name(model) or type(model).__name__
+
+
+@app.command()
+def tune(
+    dataset: Annotated[
+        Path, typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv).")
+    ],
+    transform: Annotated[
+        str,
+        typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS[1:])}."),
+    ] = "hyde",
+    split: Annotated[str, typer.Option(help="qrels split to tune on (never test).")] = "train",
+    limit: Annotated[int | None, typer.Option(help="Only the first N judged queries.")] = 300,
+    out: Annotated[Path, typer.Option(help="Config file to write (JSON), for --config.")] = Path(
+        "hyde-plus-tuned.json"
+    ),
+    report: Annotated[
+        Path | None, typer.Option(help="Also write the whole sweep as a Markdown table.")
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(help="nDCG@10 points within which the simpler configuration wins."),
+    ] = 0.2,
+    llm: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
+    embed: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
+    hyde_prompt: Annotated[
+        str | None,
+        typer.Option(help="HyDE paper prompt by task (scifact, fiqa...) or a template."),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = 4,
+    top_k: Annotated[int, typer.Option(help="Results kept per query (rerank depth).")] = 100,
+    temperature: Annotated[float, typer.Option(help="LLM sampling temperature.")] = 0.7,
+    max_tokens: Annotated[int, typer.Option(help="Max tokens per LLM reply.")] = 160,
+    seed: Annotated[int, typer.Option(help="Sampling seed (local LLM).")] = 0,
+    max_length: Annotated[int, typer.Option(help="Embedding max tokens (local).")] = 256,
+    cache_dir_: Annotated[
+        Path | None,
+        typer.Option("--cache-dir", help="Where indexes and transform outputs are cached."),
+    ] = None,
+    store: Annotated[str, typer.Option(help="faiss (dense) or milvus (hybrid BM25 + dense).")] = (
+        "faiss"
+    ),
+    uri: Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Sweep a transform's search options on a training split and write the winner.
+
+    Each query is generated once (cached); every configuration reuses it, so a sweep
+    costs one generation per query and generation setting. Prints the table and the
+    chosen configuration: the simplest within --tolerance points of the best."""
+    from .evaluation import BeirFormatError, load_beir
+    from .evaluation.report import tune_markdown, tune_table
+    from .evaluation.runner import needs_llm
+    from .evaluation.tune import run_tune, write_config
+    from .local.assets import cache_dir
+    from .models import concrete_embedding_spec, resolve_embedding
+
+    _setup_logging(verbose)
+    name = transform.strip().lower()
+    _check_choice("--transform", name, TRANSFORMS[1:])
+    if split.strip().lower() == "test":
+        err.print("[bold yellow]warning:[/] tuning on the test split; report on another split")
+    if out.is_dir():
+        raise _fail(f"--out must be a file path, not a folder: {out}")
+    try:
+        ds = load_beir(dataset, split, limit=limit)
+        embed_spec = concrete_embedding_spec(embed)
+        embed_label = f"{embed_spec}@{max_length}"
+        with err.status("Loading models..."):
+            embed_model = resolve_embedding(embed_spec, max_length=max_length)
+            model = (
+                _eval_llm(llm, temperature, max_tokens, seed, concurrency)
+                if needs_llm(name)
+                else None
+            )
+    except (BeirFormatError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    err.print(f"[bold]{ds.name}[/] {split}: {len(ds.queries)} queries; tuning {name}")
+    with _progress() as progress:
+        sweep = progress.add_task("configurations", total=None, rate="")
+
+        def factory(description: str, total: int) -> Any:
+            return _task(progress, description, total, "q/s") if verbose else (lambda n: None)
+
+        def done(report: Any) -> None:
+            progress.update(sweep, advance=1, rate=f"last: {report.label}")
+
+        try:
+            result = run_tune(
+                ds,
+                name,
+                llm=model,
+                embed_model=embed_model,
+                embed_label=embed_label,
+                cache_root=cache_dir_ or cache_dir(),
+                split=split,
+                tolerance=tolerance / 100,
+                hyde_prompt=hyde_prompt,
+                top_k=top_k,
+                concurrency=concurrency,
+                store=store,
+                milvus_uri=uri,
+                progress=factory,
+                on_report=done,
+            )
+            path = write_config(result, out)
+        except ValueError as exc:
+            raise _fail(str(exc)) from exc
+    Console(width=max(console.width, 120)).print(tune_table(result))
+    console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
+    command = "hyde-plus tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else None
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(tune_markdown(result, command))
+    console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")
 
 
 @app.command()

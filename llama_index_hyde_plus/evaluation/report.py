@@ -11,6 +11,7 @@ from rich.table import Table
 
 from .metrics import LABELS, MEASURES
 from .runner import EvalResult, TransformReport
+from .tune import TuneResult
 
 
 def _ms(seconds: float) -> str:
@@ -21,6 +22,18 @@ def _p(report: TransformReport) -> str:
     if report.p_value_vs_none is None:
         return "-"
     return f"{report.p_value_vs_none:.3f}" + (" *" if report.p_value_vs_none < 0.05 else "")
+
+
+def _wtl(report: TransformReport) -> str:
+    if report.delta_vs_none is None:
+        return "-"
+    return f"{report.wins}/{report.ties}/{report.losses}"
+
+
+def _delta(report: TransformReport) -> str:
+    if report.delta_vs_none is None:
+        return "-"
+    return f"{report.delta_vs_none * 100:+.1f}"
 
 
 def _tokens(report: TransformReport) -> str:
@@ -47,6 +60,8 @@ def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
     return [
         report.label,
         *cells,
+        _delta(report),
+        _wtl(report),
         _p(report),
         _ms(report.latency_p50_s),
         _ms(report.latency_p95_s),
@@ -59,6 +74,8 @@ def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
 HEADERS = [
     "transform",
     *(LABELS[m] for m in MEASURES),
+    "Δ nDCG@10 (pts)",
+    "wins/ties/losses",
     "p vs none",
     "latency p50",
     "latency p95",
@@ -91,14 +108,33 @@ def rich_table(result: EvalResult) -> Table:
     return table
 
 
+def verdicts(result: EvalResult) -> list[str]:
+    """One line per transform: its comparison with `none` in words, and how many of
+    its queries a gate skipped or fell back."""
+    lines = []
+    for report in result.reports:
+        if report.delta_vs_none is None:
+            continue
+        extra = []
+        if report.skipped:
+            extra.append(f"{report.skipped} skipped by the gate")
+        if report.fallbacks:
+            extra.append(f"{report.fallbacks} fell back")
+        tail = f" ({'; '.join(extra)})" if extra else ""
+        lines.append(f"{report.label}: {report.verdict}{tail}")
+    return lines
+
+
 def markdown(result: EvalResult, command: str | None = None) -> str:
     lines = []
     if command:
         lines += ["```bash", command, "```", ""]
     lines += [
         f"{result.dataset}: {result.queries} queries, {result.documents} documents. "
-        "Best value per column in bold; p is a paired t-test of per-query nDCG@10 "
-        "against `none` (* below 0.05). Latency is per query (transform + search, "
+        "Best value per column in bold; Δ is nDCG@10 minus `none`'s in points; wins/ties/"
+        "losses count queries whose nDCG@10 is above/equal to/below `none`'s; p is a paired "
+        "t-test of per-query nDCG@10 against `none` (* below 0.05). Latency is per query "
+        "(transform + search, "
         f"{result.config.get('concurrency', '?')} queries in flight), measured on "
         "freshly generated transforms.",
         "",
@@ -109,6 +145,9 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     for report in result.reports:
         lines.append("| " + " | ".join(_row(report, best)) + " |")
     lines.append("")
+    said = verdicts(result)
+    if said:
+        lines += [f"- {line}" for line in said] + [""]
     config = ", ".join(f"{k}={v}" for k, v in result.config.items())
     lines.append(
         f"Config: {config}. Wall time {result.wall_seconds:.0f} s "
@@ -156,3 +195,82 @@ def write_outputs(result: EvalResult, out: Path, command: str | None = None) -> 
     paths[1].write_text(markdown(result, command))
     bar_chart(result, paths[2])
     return paths
+
+
+def tune_rows(result: TuneResult, top: int | None = None) -> list[list[str]]:
+    """Rows of a tune table, best first (``top`` of them), plus `none` and the chosen
+    configuration when they fall outside."""
+    ranked = result.ranked()
+    shown = ranked if top is None else ranked[:top]
+    rows = []
+    for report in [*shown, *(r for r in (result.winner,) if r not in shown)]:
+        mark = "chosen" if report is result.winner else ("best" if report is result.best else "")
+        rows.append(
+            [
+                report.label,
+                f"{report.scores['nDCG@10']:.4f}",
+                _delta(report),
+                _wtl(report),
+                _p(report),
+                f"{report.scores['R@100']:.4f}",
+                str(report.skipped) if report.skipped else "-",
+                mark,
+            ]
+        )
+    base = result.baseline
+    rows.append(
+        [
+            "none",
+            f"{base.scores['nDCG@10']:.4f}",
+            "-",
+            "-",
+            "-",
+            f"{base.scores['R@100']:.4f}",
+            "-",
+            "baseline",
+        ]
+    )
+    return rows
+
+
+TUNE_HEADERS = [
+    "configuration",
+    "nDCG@10",
+    "Δ (pts)",
+    "wins/ties/losses",
+    "p vs none",
+    "Recall@100",
+    "gated",
+    "",
+]
+
+
+def tune_table(result: TuneResult, top: int | None = 15) -> Table:
+    table = Table(
+        title=f"tune {result.transform} on {result.dataset} {result.split} "
+        f"({result.queries} queries, {len(result.reports)} configurations)",
+        title_justify="left",
+    )
+    for i, header in enumerate(TUNE_HEADERS):
+        table.add_column(header, justify="left" if i in (0, 7) else "right")
+    for row in tune_rows(result, top):
+        style = "bold green" if row[-1] == "chosen" else None
+        table.add_row(*row, style=style)
+    return table
+
+
+def tune_markdown(result: TuneResult, command: str | None = None, top: int | None = None) -> str:
+    lines = []
+    if command:
+        lines += ["```bash", command, "```", ""]
+    lines.append("| " + " | ".join(h or "note" for h in TUNE_HEADERS) + " |")
+    lines.append("| --- | " + " | ".join("---:" for _ in TUNE_HEADERS[1:-1]) + " | --- |")
+    lines += ["| " + " | ".join(row) + " |" for row in tune_rows(result, top)]
+    w = result.winner
+    lines += [
+        "",
+        f"Chosen: `{w.label}` ({w.verdict}); best: `{result.best.label}` "
+        f"({result.best.scores['nDCG@10']:.4f}). The simplest configuration within "
+        f"{result.tolerance * 100:.1f} points of the best is chosen.",
+    ]
+    return "\n".join(lines) + "\n"
