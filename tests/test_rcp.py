@@ -360,7 +360,7 @@ def test_a_failed_handshake_does_not_unlock_gated_calls(faiss_index: VectorStore
         server.stop()
 
 
-DEEP = 400
+DEEP = 600
 
 
 @pytest.mark.parametrize(
@@ -405,7 +405,7 @@ DEEP = 400
     ids=[
         "version-1e999",
         "version-bool",
-        "nested-400",
+        "nested-600",
         "nested-100000",
         "objects-50000",
         "id-object",
@@ -721,7 +721,7 @@ def test_stdio_survives_hostile_frames_and_answers_each() -> None:
     codes = [r.get("error", {}).get("code") for r in replies]
     assert codes == [
         rcp.Errc.INVALID_PARAMS,  # 1e999
-        rcp.Errc.INVALID_REQUEST,  # nested 400 deep
+        rcp.Errc.INVALID_REQUEST,  # nested 600 deep
         rcp.Errc.PARSE_ERROR,  # nested 100,000 deep
         rcp.Errc.INVALID_PARAMS,  # params not an object
         rcp.Errc.INVALID_REQUEST,  # id not a scalar
