@@ -7,7 +7,7 @@ not a cache hit) from ``--concurrency`` client threads. Prints throughput, laten
 percentiles, the error count, and the server's resident memory as the run goes.
 
 ``--baseline DIR`` also runs the same load, in the same sitting, against the server of
-another source tree (e.g. ``git worktree add /tmp/old 0c4cbdc``), alternating the two
+another source tree (e.g. ``git archive 0c4cbdc | tar -x -C /tmp/old``), alternating the two
 ``--rounds`` times, and prints both side by side: on a noisy machine only numbers taken
 together compare.
 
