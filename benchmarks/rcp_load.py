@@ -6,7 +6,13 @@ calls (every method in turn, every query distinct, so each is a real transform a
 not a cache hit) from ``--concurrency`` client threads. Prints throughput, latency
 percentiles, the error count, and the server's resident memory as the run goes.
 
+``--baseline DIR`` also runs the same load, in the same sitting, against the server of
+another source tree (e.g. ``git archive 0c4cbdc | tar -x -C /tmp/old``), alternating the two
+``--rounds`` times, and prints both side by side: on a noisy machine only numbers taken
+together compare.
+
     uv run --frozen python benchmarks/rcp_load.py --requests 10000 --concurrency 32
+    uv run --frozen python benchmarks/rcp_load.py --baseline /tmp/old --rounds 2
 """
 
 from __future__ import annotations
@@ -54,16 +60,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> 
     raise TimeoutError("server did not start")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--llm-delay-ms", type=float, default=0.0)
-    parser.add_argument("--markdown", action="store_true")
-    args = parser.parse_args()
-    if args.requests < 1 or args.concurrency < 1:
-        parser.error("--requests and --concurrency must be >= 1")
-
+def run(args: argparse.Namespace, source: Path | None) -> tuple[list[tuple[str, str]], list[str]]:
+    """One load test against the server of ``source`` (None: this tree); the table
+    rows and the errors."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/rcp"
     cmd = [
@@ -76,7 +75,16 @@ def main() -> None:
         "--llm",
         f"scripted:{args.llm_delay_ms:g}",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=str(source) if source is not None else None,
+    )
     try:
         wait_ready(url, proc)
         rss_start = rss_mb(proc.pid)
@@ -142,16 +150,51 @@ def main() -> None:
         ("server RSS after", f"{rss_end:.1f} MB"),
         ("server RSS by requests done", ", ".join(f"{n:,}: {mb:.0f} MB" for n, mb in memory)),
     ]
+    return rows, errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--llm-delay-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--baseline", type=Path, help="source tree of a server to compare with, same sitting"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each server (alternated)")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    if args.requests < 1 or args.concurrency < 1 or args.rounds < 1:
+        parser.error("--requests, --concurrency and --rounds must be >= 1")
+    if args.baseline is not None and not (args.baseline / "llama_index_hyde_plus").is_dir():
+        parser.error(f"--baseline {args.baseline} holds no llama_index_hyde_plus package")
+
+    sources: list[tuple[str, Path | None]] = [("this tree", None)]
+    if args.baseline is not None:
+        sources.insert(0, (f"baseline ({args.baseline})", args.baseline))
+    columns: list[tuple[str, list[tuple[str, str]]]] = []
+    errors: list[str] = []
+    for round_ in range(args.rounds):
+        for label, source in sources:
+            rows, errs = run(args, source)
+            suffix = f" #{round_ + 1}" if args.rounds > 1 else ""
+            columns.append((label + suffix, rows))
+            errors += errs
+            print(f"done: {label}{suffix}", file=sys.stderr)
+
+    names = [name for name, _ in columns[0][1]]
     if args.markdown:
-        print("| measure | value |\n| --- | ---: |")
-        for name, value in rows:
-            print(f"| {name} | {value} |")
+        print("| measure | " + " | ".join(label for label, _ in columns) + " |")
+        print("| --- |" + " ---: |" * len(columns))
+        for i, name in enumerate(names):
+            print(f"| {name} | " + " | ".join(rows[i][1] for _, rows in columns) + " |")
     else:
         table = Table(title=f"RCP load test (scripted LLM, {args.llm_delay_ms:g} ms)")
         table.add_column("measure")
-        table.add_column("value", justify="right")
-        for name, value in rows:
-            table.add_row(name, value)
+        for label, _ in columns:
+            table.add_column(label, justify="right")
+        for i, name in enumerate(names):
+            table.add_row(name, *(rows[i][1] for _, rows in columns))
         Console().print(table)
     if errors:
         print("first errors:", *errors[:5], sep="\n  ", file=sys.stderr)

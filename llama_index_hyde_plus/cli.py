@@ -580,6 +580,33 @@ def _describe_llm(model: Any) -> str:
     return model_name(model) or type(model).__name__
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _warm_up(model: Any) -> None:
+    """Load a model that loads lazily (the local LLM) and run one tiny call, so that
+    neither counts against the first requests' timeout."""
+    warm_up = getattr(model, "warm_up", None)
+    if not callable(warm_up):
+        return
+    start = time.perf_counter()
+    with err.status(f"Loading {_describe_llm(model)}..."):
+        warm_up()
+        try:
+            model.complete("Hello", max_tokens=1)
+        except Exception as exc:  # the model loaded; a failed probe is not fatal
+            err.print(f"[yellow]warning:[/] warm-up call failed ({type(exc).__name__}: {exc})")
+    err.print(f"{_describe_llm(model)} loaded in {time.perf_counter() - start:.1f} s")
+
+
 @app.command()
 def tune(
     dataset: Annotated[
@@ -704,8 +731,10 @@ def serve(
     stdio: Annotated[
         bool, typer.Option("--stdio", help="Serve one client on stdin/stdout.")
     ] = False,
-    http: Annotated[int | None, typer.Option("--http", help="Serve HTTP on this port.")] = None,
-    host: Annotated[str, typer.Option(help="HTTP bind address.")] = "127.0.0.1",
+    http: Annotated[
+        int | None, typer.Option("--http", help="Serve HTTP on this port (0: a free one).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="HTTP bind address (IPv4 or IPv6).")] = "127.0.0.1",
     token: Annotated[
         str | None,
         typer.Option(
@@ -715,39 +744,80 @@ def serve(
     llm: Annotated[
         str, typer.Option(help="auto, local, openai[:MODEL], or scripted[:DELAY_MS] (load tests).")
     ] = "auto",
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds per transform LLM call before falling back (default 10)."),
+    ] = None,
+    max_inflight: Annotated[
+        int, typer.Option(help="HTTP requests served at once; more get 503 / -32010.")
+    ] = 64,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve the Retrieval Context Protocol: query/transform and retrieve."""
     from .models import resolve_llm
-    from .rcp import RcpHttpServer, TransformService, build_server, serve_stdio
+    from .rcp import MAX_K, TransformService, build_server, serve_stdio
+    from .rcp_http import Limits, RcpHttpServer, ServeError, bind_socket
 
     _setup_logging(verbose)
     if stdio == (http is not None):
         raise _fail("choose exactly one of --stdio and --http PORT")
+    if token == "" or (token is None and os.environ.get("HYDE_PLUS_TOKEN") == ""):
+        raise _fail(
+            "the token is empty (--token or HYDE_PLUS_TOKEN): give a secret, or leave both "
+            "unset to serve without authentication on 127.0.0.1"
+        )
+    if timeout is not None and not timeout > 0:
+        raise _fail(f"--timeout must be > 0 seconds, not {timeout:g}")
+    if max_inflight < 1:
+        raise _fail(f"--max-inflight must be >= 1, not {max_inflight}")
+    sock = None
+    if http is not None:
+        if not _is_loopback(host) and token is None:
+            err.print(
+                Panel(
+                    f"Serving on [bold]{host}[/] WITHOUT a token: anyone who can reach this "
+                    "address can call the server and spend your LLM budget. Set --token "
+                    "(or HYDE_PLUS_TOKEN), or bind 127.0.0.1.",
+                    title="[bold red]WARNING: no authentication[/]",
+                    border_style="red",
+                )
+            )
+        try:
+            sock = bind_socket(host, http)  # before loading anything: fail fast
+        except ServeError as exc:
+            raise _fail(str(exc)) from exc
     try:
-        retriever = _load_retriever(index_path, 10) if index_path else None
+        retriever = _load_retriever(index_path, MAX_K) if index_path else None
         model = resolve_llm(llm)
+        service = TransformService(model, retriever, timeout=timeout)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
-    service = TransformService(model, retriever)
+    _warm_up(model)
+    name = _describe_llm(model)
+    described = name if name == llm else f"{name} ({llm})"
     if stdio:
-        serve_stdio(build_server(service))
+        err.print(f"RCP server on stdio (index: {index_path or 'none'}, llm: {described})")
+        try:
+            serve_stdio(build_server(service))
+        except KeyboardInterrupt:
+            pass
         return
-    if host not in ("127.0.0.1", "localhost", "::1") and token is None:
-        err.print(
-            f"[yellow]warning:[/] serving on {host} without --token: anyone who can "
-            "reach it can spend your LLM budget"
-        )
-    assert http is not None
-    server = RcpHttpServer(build_server(service, http=True), host=host, port=http, token=token)
+    assert sock is not None
+    server = RcpHttpServer(
+        build_server(service, http=True),
+        sock=sock,
+        token=token,
+        limits=Limits(max_inflight=max_inflight),
+    )
     err.print(
-        f"RCP server on {server.url} (index: {index_path or 'none'}, llm: {llm}"
+        f"RCP server on {server.url} (index: {index_path or 'none'}, llm: {described}"
         f"{', token required' if token else ''}); Ctrl-C to stop"
     )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        err.print("stopped")
+        pass
+    err.print("stopped")
 
 
 def demo_corpus_path() -> Path:

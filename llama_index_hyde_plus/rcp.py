@@ -2,27 +2,35 @@
 
 Built on the official ``rcp-protocol`` SDK: its ``rcp.Server`` does the JSON-RPC
 framing, the ``initialize`` handshake, capability gating, central parameter
-validation and error mapping; we register the handlers. Over stdio it serves one
-client (the SDK's own loop). Over HTTP we put a threaded server in front of the SDK's
-dispatcher, because the SDK's ``serve_http`` handles one connection at a time and has
-no authentication: ours serves requests concurrently, binds 127.0.0.1 by default,
-refuses requests without the bearer token when one is set (HTTP 401, RCP -32012), and
-refuses bodies over 1 MiB (HTTP 413, RCP -32013). HTTP is connectionless, so every HTTP
-client may ``initialize`` (the SDK would refuse a second handshake in one session);
-before any handshake, gated calls still get -32001.
+validation and error mapping; we register the handlers. `RcpServer` hardens that
+dispatcher so that every frame gets a well-formed JSON-RPC answer and nothing a
+client sends can crash the process: a frame over 1 MiB (-32013), JSON nested past
+`MAX_DEPTH` levels (-32700 / -32600), a batch over `MAX_BATCH` calls (-32600), a
+non-integer ``protocolVersion`` such as ``1e999`` (-32602), an ``id`` that is not a
+string, number or null (-32600), and any unexpected error in the SDK (-32603).
+
+Over stdio (`serve_stdio`) one client is served, with the SDK's session rules: one
+handshake per session. Over HTTP (`rcp_http.RcpHttpServer`, uvicorn + Starlette)
+the dispatcher is `HttpRcpServer`: HTTP is connectionless (the official client opens
+a connection per call), so the state is *stateless after a valid handshake*: every
+``initialize`` is judged on its own, only a successful one unlocks the gated methods,
+and nothing a client sends afterwards (a bogus ``initialize``, a notification) can
+lock other clients out again.
 """
 
 from __future__ import annotations
 
-import hmac
+import copy
 import json
 import logging
+import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import IO, Any
 
 import rcp
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -41,6 +49,10 @@ DEFAULT_N = 3
 MAX_K = 100
 MAX_QUERY_CHARS = 2000
 MAX_BODY_BYTES = 1 << 20
+#: Most calls in one JSON-RPC batch.
+MAX_BATCH = 64
+#: Deepest nesting of arrays/objects accepted in one frame.
+MAX_DEPTH = 64
 RETRIEVE_OPTIONS = frozenset({"query", "k", "rewrite", "n", "_meta"})
 TRANSFORM_OPTIONS = frozenset({"query", "method", "n", "_meta"})
 
@@ -85,10 +97,18 @@ class TransformService:
     """The protocol-independent part: transforms by method and ``n``, and searches."""
 
     def __init__(
-        self, llm: LLM | None, retriever: BaseRetriever | None = None, *, cache_entries: int = 4096
+        self,
+        llm: LLM | None,
+        retriever: BaseRetriever | None = None,
+        *,
+        cache_entries: int = 4096,
+        timeout: float | None = None,
     ) -> None:
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError("timeout must be > 0 seconds (or None for the transforms' default)")
         self.llm = llm
         self.retriever = retriever
+        self.timeout = timeout
         self.cache = MemoryCache(cache_entries)
         self._transforms: dict[tuple[str, int], QueryTransformer] = {}
         self._identity = make_transform("none")
@@ -101,6 +121,8 @@ class TransformService:
             found = self._transforms.get(key)
             if found is None:
                 options: dict[str, Any] = {"cache": self.cache}
+                if self.timeout is not None:
+                    options["timeout"] = self.timeout
                 if key[1]:
                     options["n"] = key[1]
                 found = self._transforms[key] = make_transform(method, self.llm, **options)
@@ -112,7 +134,9 @@ class TransformService:
     def search(self, query: str, method: str | None, n: int, k: int) -> Any:
         """Search with the ``method`` rewrite; the top ``k`` of the fused results.
 
-        One `TransformRetriever` per transform is kept and reused, so its worker threads
+        The wrapped retriever should fetch `MAX_K` candidates per search (``hyde-plus
+        serve`` builds it so): fewer caps what any ``k`` can return. One
+        `TransformRetriever` per transform is kept and reused, so its worker threads
         and its one-time warnings are not recreated on every request.
         """
         assert self.retriever is not None
@@ -138,10 +162,10 @@ def build_server(
     name: str = "hyde-plus",
     version: str = "0.1.0",
     http: bool = False,
-) -> rcp.Server:
-    """An ``rcp.Server`` advertising ``transform`` (and ``retrieve`` when the service
-    has a retriever) with our handlers registered."""
-    server: rcp.Server = _HttpServerSession() if http else rcp.Server()
+) -> RcpServer:
+    """An `RcpServer` (`HttpRcpServer` with ``http=True``) advertising ``transform``
+    (and ``retrieve`` when the service has a retriever) with our handlers registered."""
+    server: RcpServer = HttpRcpServer() if http else RcpServer()
     server.set_info(name, version)
     server.advertise(
         rcp.Capability.Transform,
@@ -198,7 +222,21 @@ def build_server(
             n = _count(params, "n", DEFAULT_N, MAX_N)
             rewrite = params.get("rewrite")
             if isinstance(rewrite, dict):
-                spec, rewrite = rewrite, rewrite.get("method")
+                spec = rewrite
+                unknown = sorted(set(spec) - {"method", "n"})
+                if unknown:
+                    raise _unsupported(
+                        f"unsupported rewrite option(s) {unknown}", f"rewrite.{unknown[0]}"
+                    )
+                if "method" not in spec:
+                    raise _invalid(
+                        "'rewrite' as an object needs a 'method' (one of "
+                        f'{", ".join(METHODS)}), e.g. {{"method": "multi-query", "n": 2}}',
+                        "rewrite.method",
+                    )
+                rewrite = spec["method"]
+                if not isinstance(rewrite, str):
+                    raise _invalid("'rewrite.method' MUST be a method name", "rewrite.method")
                 if "n" in spec:
                     rn = spec["n"]
                     if isinstance(rn, bool) or not isinstance(rn, int) or rn < 1:
@@ -237,133 +275,248 @@ def build_server(
     return server
 
 
-class _HttpServerSession(rcp.Server):  # type: ignore[misc]
-    """``rcp.Server`` for connectionless HTTP: any client may ``initialize``."""
+def _error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": id_, "error": error}
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by 0.0 (NaN/Infinity are not JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else 0.0
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def dumps(message: Any) -> str:
+    """Compact, strictly valid JSON (the SDK's wire format)."""
+    return json.dumps(_finite(message), separators=(",", ":"), allow_nan=False)
+
+
+def error_frame(code: int, message: str, data: Any = None, id_: Any = None) -> str:
+    """One JSON-RPC error response, serialised."""
+    return dumps(_error(id_, code, message, data))
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays/objects more than ``limit`` levels (iterative:
+    no recursion, whatever the input)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _valid_id(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return True
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
+
+
+class RcpServer(rcp.Server):  # type: ignore[misc]
+    """``rcp.Server`` that answers every frame and never raises.
+
+    Dispatch stays the SDK's; in front of it every frame is checked for what the SDK
+    does not survive or should not accept: size, nesting depth, batch size, the type
+    of ``id``, ``params`` and ``initialize``'s ``protocolVersion``. Any exception left
+    becomes -32603 for that request. Notifications (no ``id``) are never answered and
+    never change state.
+    """
+
+    max_batch = MAX_BATCH
+    max_depth = MAX_DEPTH
+    max_bytes = MAX_BODY_BYTES
+    _initialized: bool  # the SDK's handshake flag
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shutdown_requested = False
 
     def handle(self, request: Any) -> Any:
-        if isinstance(request, dict) and request.get("method") == rcp.Method.INITIALIZE:
-            self._initialized = False
+        id_: Any = None
+        if isinstance(request, dict) and isinstance(request.get("method"), str):
+            if request["method"] == rcp.Method.SHUTDOWN:
+                self.shutdown_requested = True
+            if "id" not in request:
+                return None  # a notification: never answered (§4.5), never acted on
+            if not _valid_id(request["id"]):
+                return _error(
+                    None,
+                    rcp.Errc.INVALID_REQUEST,
+                    "'id' MUST be a string, an integer, a finite number or null",
+                )
+            id_ = request["id"]
+            params = request.get("params")
+            if params is None:
+                request = {**request, "params": {}}
+            elif not isinstance(params, dict):
+                return _error(
+                    id_, rcp.Errc.INVALID_PARAMS, "'params' MUST be an object", {"field": "params"}
+                )
+            elif request["method"] == rcp.Method.INITIALIZE and "protocolVersion" in params:
+                version = params["protocolVersion"]
+                if isinstance(version, bool) or not isinstance(version, int):
+                    return _error(
+                        id_,
+                        rcp.Errc.INVALID_PARAMS,
+                        f"'protocolVersion' MUST be an integer (this server speaks "
+                        f"{rcp.PROTOCOL_VERSION})",
+                        {"field": "protocolVersion"},
+                    )
+        try:
+            return self._dispatch_request(request)
+        except Exception as exc:  # the SDK promises "never raises"; hold it to that
+            logger.warning("rcp: %s while handling a request", type(exc).__name__, exc_info=True)
+            return _error(id_, rcp.Errc.INTERNAL_ERROR, f"internal error ({type(exc).__name__})")
+
+    def _dispatch_request(self, request: Any) -> Any:
         return super().handle(request)
 
+    def handle_line(self, line: str) -> str:
+        """One frame (a request, a notification or a batch) -> the reply text ("" when
+        nothing is to be answered). Never raises."""
+        try:
+            return self._handle_line(line)
+        except Exception as exc:  # pragma: no cover - last resort
+            logger.warning("rcp: %s while handling a frame", type(exc).__name__, exc_info=True)
+            return error_frame(rcp.Errc.INTERNAL_ERROR, f"internal error ({type(exc).__name__})")
 
-class _ThreadingServer(ThreadingHTTPServer):
-    # the stdlib default backlog (5) makes bursts of clients wait for SYN retries (1 s)
-    request_queue_size = 256
-    daemon_threads = True
-
-
-class RcpHttpServer:
-    """Serve an ``rcp.Server`` over HTTP on ``host:port`` (0 picks a free port), with
-    concurrent requests and optional bearer-token authentication."""
-
-    def __init__(
-        self,
-        server: rcp.Server,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-    ) -> None:
-        self.rcp_server = server
-        self.token = token
-        self.requests = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                logger.debug("rcp http: " + format, *args)
-
-            def _send(
-                self, status: int, payload: bytes | None, extra: dict[str, str] | None = None
-            ) -> None:
-                self.send_response(status)
-                for key, value in (extra or {}).items():
-                    self.send_header(key, value)
-                if payload is None:
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def _error(
-                self, status: int, code: int, message: str, extra: dict[str, str] | None = None
-            ) -> None:
-                body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-                self._send(status, json.dumps(body).encode(), extra)
-
-            def do_POST(self) -> None:
-                outer.requests += 1
-                if outer.token is not None:
-                    sent = self.headers.get("Authorization", "")
-                    expected = f"Bearer {outer.token}"
-                    if not hmac.compare_digest(sent.encode(), expected.encode()):
-                        self._error(
-                            401,
-                            rcp.Errc.UNAUTHORIZED,
-                            "missing or wrong bearer token",
-                            {"WWW-Authenticate": "Bearer"},
-                        )
-                        return
-                try:
-                    length = int(self.headers.get("Content-Length", "0"))
-                except ValueError:
-                    length = -1
-                if length < 0 or length > MAX_BODY_BYTES:
-                    self.close_connection = True
-                    self._error(
-                        413,
-                        rcp.Errc.PAYLOAD_TOO_LARGE,
-                        f"request body must be at most {MAX_BODY_BYTES} bytes",
-                    )
-                    return
-                text = self.rfile.read(length).decode("utf-8", "replace") or "{}"
-                reply = outer.rcp_server.handle_line(text)
-                self._send(200, reply.encode()) if reply else self._send(204, None)
-
-            def do_GET(self) -> None:
-                self._error(
-                    405,
+    def _handle_line(self, line: str) -> str:
+        if len(line) > self.max_bytes:
+            return error_frame(
+                rcp.Errc.PAYLOAD_TOO_LARGE,
+                f"request must be at most {self.max_bytes} bytes",
+                {"maxBytes": self.max_bytes},
+            )
+        try:
+            message = json.loads(line)
+        except RecursionError:
+            return error_frame(
+                rcp.Errc.PARSE_ERROR,
+                f"JSON nested too deeply (at most {self.max_depth} levels)",
+                {"maxDepth": self.max_depth},
+            )
+        except ValueError as exc:  # also a number with more than 4300 digits
+            return error_frame(rcp.Errc.PARSE_ERROR, f"invalid JSON: {exc}")
+        if isinstance(message, (dict, list)) and _too_deep(message, self.max_depth):
+            return error_frame(
+                rcp.Errc.INVALID_REQUEST,
+                f"request nested deeper than {self.max_depth} levels",
+                {"maxDepth": self.max_depth},
+            )
+        if isinstance(message, list):
+            if not message:
+                return error_frame(rcp.Errc.INVALID_REQUEST, "empty batch")
+            if len(message) > self.max_batch:
+                return error_frame(
                     rcp.Errc.INVALID_REQUEST,
-                    "use POST with a JSON-RPC body",
-                    {"Allow": "POST"},
+                    f"batch of {len(message)} calls is over the limit of {self.max_batch}; "
+                    "split it into smaller batches",
+                    {"maxBatch": self.max_batch},
                 )
-
-        self._httpd = _ThreadingServer((host, port), Handler)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._httpd.server_address[:2]
-        return str(host), int(port)
-
-    @property
-    def url(self) -> str:
-        host, port = self.address
-        return f"http://{host}:{port}/rcp"
-
-    def serve_forever(self) -> None:
-        self._httpd.serve_forever()
-
-    def start(self) -> RcpHttpServer:
-        """Serve in a background thread (for tests and embedding in an app)."""
-        self._thread = threading.Thread(target=self.serve_forever, name="rcp-http", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+            replies = [r for r in (self.handle(item) for item in message) if r is not None]
+            return dumps(replies) if replies else ""
+        reply = self.handle(message)
+        return dumps(reply) if reply is not None else ""
 
 
-def serve_stdio(server: rcp.Server, before: Callable[[], None] | None = None) -> None:
-    """Serve one client over stdin/stdout with the SDK's own loop."""
+class HttpRcpServer(RcpServer):
+    """`RcpServer` for connectionless HTTP: stateless after a valid handshake.
+
+    Every ``initialize`` is judged on a throwaway copy of the session, so any client
+    may handshake (again) and a bogus one (version 0, ``1e999``, a notification) only
+    gets its own error. The first successful handshake unlocks the gated methods for
+    good; before it they get -32001. The flag only ever goes from locked to unlocked,
+    so no client can lock the others out, and requests served concurrently from
+    several threads never see it flip back.
+    """
+
+    def _dispatch_request(self, request: Any) -> Any:
+        if isinstance(request, dict) and request.get("method") == rcp.Method.INITIALIZE:
+            probe = copy.copy(self)
+            probe._initialized = False
+            reply = rcp.Server.handle(probe, request)
+            if probe._initialized:
+                self._initialized = True
+            return reply
+        return super()._dispatch_request(request)
+
+
+def _silence_stdout() -> None:
+    """The peer closed our stdout: point it at /dev/null so that Python's exit-time
+    flush does not print a BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def serve_stdio(
+    server: rcp.Server,
+    before: Callable[[], None] | None = None,
+    *,
+    stdin: IO[bytes] | None = None,
+    stdout: IO[bytes] | None = None,
+) -> None:
+    """Serve one client, newline-delimited JSON-RPC on stdin/stdout, until
+    ``shutdown`` or end of input. Every frame gets its answer (see `RcpServer`); a line
+    over 1 MiB is skipped with -32013; a closed stdout ends the loop quietly."""
     if before is not None:
         before()
-    server.serve_stdio()
+    source = stdin if stdin is not None else sys.stdin.buffer
+    sink = stdout if stdout is not None else sys.stdout.buffer
+    hardened = isinstance(server, RcpServer)
+    limit = MAX_BODY_BYTES
+    while True:
+        raw = source.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while True:  # drop the rest of the oversized line
+                more = source.readline(1 << 16)
+                if not more or more.endswith(b"\n"):
+                    break
+            reply = error_frame(
+                rcp.Errc.PAYLOAD_TOO_LARGE,
+                f"request must be at most {limit} bytes",
+                {"maxBytes": limit},
+            )
+        else:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line:
+                continue
+            reply = server.handle_line(line)
+        if reply:
+            try:
+                sink.write((reply + "\n").encode("utf-8"))
+                sink.flush()
+            except (BrokenPipeError, OSError):
+                if stdout is None:
+                    _silence_stdout()
+                return  # the client is gone
+        if hardened and server.shutdown_requested:
+            return
+
+
+def __getattr__(name: str) -> Any:
+    # ``RcpHttpServer`` lives in `rcp_http` (uvicorn + Starlette); kept importable here
+    if name == "RcpHttpServer":
+        from .rcp_http import RcpHttpServer
+
+        return RcpHttpServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,9 +18,17 @@ from pathlib import Path
 import pytest
 import rcp
 from llama_index.core import Document, VectorStoreIndex
+from typer.testing import CliRunner
 
+from llama_index_hyde_plus.cli import app
 from llama_index_hyde_plus.indexing import build_faiss_index
-from llama_index_hyde_plus.rcp import MAX_N, RcpHttpServer, TransformService, build_server
+from llama_index_hyde_plus.rcp import (
+    MAX_BATCH,
+    MAX_N,
+    TransformService,
+    build_server,
+)
+from llama_index_hyde_plus.rcp_http import RcpHttpServer
 from llama_index_hyde_plus.testing import echo_llm
 
 from .conftest import DOCS
@@ -299,3 +311,476 @@ def test_stdio_malformed_json_and_calls_before_initialize(disk_index: Path) -> N
     assert replies[3]["result"]["queries"]
     assert replies[4]["error"]["code"] == rcp.Errc.INVALID_REQUEST  # one handshake per session
     assert replies[5] == {"jsonrpc": "2.0", "id": 5, "result": {}}
+
+
+# -- issue 12: hardening ---------------------------------------------------------------
+
+CLI = [sys.executable, "-m", "llama_index_hyde_plus.cli", "serve"]
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+
+
+def frame(method: str, params: dict | None = None, id_: object = 1) -> bytes:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}
+    ).encode()
+
+
+def no_traceback(stderr: str) -> None:
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_a_bogus_initialize_never_locks_other_http_clients(http_server: RcpHttpServer) -> None:
+    alice = rcp.connect_http(http_server.url)
+    hostile = [
+        b'{"jsonrpc": "2.0", "method": "initialize", "params": {"protocolVersion": 0}}',
+        frame("initialize", {"protocolVersion": 0}),
+        b'{"jsonrpc": "2.0", "id": 7, "method": "initialize", "params": {"protocolVersion": 1e999}}',
+        frame("initialize", {"protocolVersion": "one"}),
+        frame("initialize", {"protocolVersion": -5}),
+    ]
+    for body in hostile:
+        raw_post(http_server.url, body)
+        assert alice.transform("still mine", "rewrite")["queries"]
+    assert rcp.connect_http(http_server.url).transform("newcomer", "rewrite")["queries"]
+
+
+def test_a_failed_handshake_does_not_unlock_gated_calls(faiss_index: VectorStoreIndex) -> None:
+    service = TransformService(echo_llm(), faiss_index.as_retriever())
+    server = RcpHttpServer(build_server(service, http=True)).start()
+    try:
+        transform = frame("query/transform", {"query": "q", "method": "hyde"})
+        _, body = raw_post(server.url, frame("initialize", {"protocolVersion": 0}))
+        assert body["error"]["code"] == rcp.Errc.VERSION_MISMATCH
+        _, body = raw_post(server.url, transform)
+        assert body["error"]["code"] == rcp.Errc.NOT_INITIALIZED
+        rcp.connect_http(server.url)  # a valid handshake unlocks, for every client
+        _, body = raw_post(server.url, transform)
+        assert body["result"]["queries"]
+    finally:
+        server.stop()
+
+
+DEEP = 600
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1e999}}',
+            rcp.Errc.INVALID_PARAMS,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": true}}',
+            rcp.Errc.INVALID_PARAMS,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"nonce": '
+            + b"[" * DEEP
+            + b"]" * DEEP
+            + b"}}",
+            rcp.Errc.INVALID_REQUEST,
+        ),
+        (b"[" * 100_000 + b"]" * 100_000, rcp.Errc.PARSE_ERROR),
+        (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, rcp.Errc.PARSE_ERROR),
+        (frame("ping", id_={"an": "object"}), rcp.Errc.INVALID_REQUEST),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": "nonce"}',
+            rcp.Errc.INVALID_PARAMS,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": ["nonce"]}',
+            rcp.Errc.INVALID_PARAMS,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"n": 1'
+            + b"0" * 5000
+            + b"}}",
+            rcp.Errc.PARSE_ERROR,
+        ),
+        (json.dumps([INIT] * (MAX_BATCH + 1)).encode(), rcp.Errc.INVALID_REQUEST),
+        (b"", rcp.Errc.INVALID_REQUEST),
+        (b"\xff\xfe\x00garbage", rcp.Errc.PARSE_ERROR),
+    ],
+    ids=[
+        "version-1e999",
+        "version-bool",
+        "nested-600",
+        "nested-100000",
+        "objects-50000",
+        "id-object",
+        "params-string",
+        "params-list",
+        "5000-digit-number",
+        "batch-over-limit",
+        "empty-body",
+        "garbage-bytes",
+    ],
+)
+def test_hostile_frames_over_http_get_a_json_rpc_error_and_the_server_lives(
+    http_server: RcpHttpServer, body: bytes, code: int
+) -> None:
+    status, reply = raw_post(http_server.url, body)
+    assert status == 200 and reply["jsonrpc"] == "2.0" and reply["error"]["code"] == code
+    assert rcp.connect_http(http_server.url).ping(nonce="alive") == {"nonce": "alive"}
+
+
+def test_batch_limit_is_stated_and_a_batch_at_the_limit_is_served(
+    http_server: RcpHttpServer,
+) -> None:
+    _, reply = raw_post(http_server.url, json.dumps([INIT] * (MAX_BATCH + 1)).encode())
+    assert reply["error"]["data"] == {"maxBatch": MAX_BATCH}
+    assert str(MAX_BATCH) in reply["error"]["message"]
+    pings = [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(MAX_BATCH)]
+    status, replies = raw_post(http_server.url, json.dumps(pings).encode())
+    assert status == 200 and [r["id"] for r in replies] == list(range(MAX_BATCH))  # type: ignore[index]
+
+
+def test_requests_are_served_concurrently() -> None:
+    service = TransformService(echo_llm(delay=0.5))
+    server = RcpHttpServer(build_server(service, http=True)).start()
+    try:
+        rcp.connect_http(server.url)
+        results: list[float] = []
+
+        def call(i: int) -> None:
+            start = time.perf_counter()
+            raw_post(server.url, frame("query/transform", {"query": f"q{i}", "method": "rewrite"}))
+            results.append(time.perf_counter() - start)
+
+        wall = time.perf_counter()
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - wall
+        assert len(results) == 8 and wall < 2.5  # one at a time would take 4 s
+    finally:
+        server.stop()
+
+
+def test_requests_over_the_in_flight_limit_get_503_busy() -> None:
+    from llama_index_hyde_plus.rcp_http import Limits
+
+    service = TransformService(echo_llm(delay=1.0))
+    server = RcpHttpServer(build_server(service, http=True), limits=Limits(max_inflight=2)).start()
+    try:
+        rcp.connect_http(server.url)
+        replies: list[tuple[int, dict]] = []
+
+        def call(i: int) -> None:
+            body = frame("query/transform", {"query": f"busy {i}", "method": "rewrite"})
+            replies.append(raw_post(server.url, body))
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        statuses = sorted(status for status, _ in replies)
+        assert statuses.count(200) >= 2 and 503 in statuses
+        busy = next(body for status, body in replies if status == 503)
+        assert busy["error"]["code"] == rcp.Errc.BACKEND_UNAVAILABLE
+        assert "in flight" in busy["error"]["message"] and busy["error"]["data"]["retryable"]
+        _, body = raw_post(server.url, frame("ping"))  # served again once it drains
+        assert body["result"] == {}
+    finally:
+        server.stop()
+
+
+def test_rewrite_object_needs_a_method(client: rcp.Client) -> None:
+    with pytest.raises(rcp.RcpError) as info:
+        client.call("retrieve", {"query": "q", "rewrite": {"n": 2}})
+    assert info.value.code == rcp.Errc.INVALID_PARAMS
+    assert info.value.data == {"field": "rewrite.method"} and "method" in info.value.message
+    with pytest.raises(rcp.RcpError) as info:
+        client.call("retrieve", {"query": "q", "rewrite": {"method": "hyde", "temperature": 1}})
+    assert info.value.code == rcp.Errc.OPTION_UNSUPPORTED
+    with pytest.raises(rcp.RcpError) as info:
+        client.call("retrieve", {"query": "q", "rewrite": {"method": None}})
+    assert info.value.code == rcp.Errc.INVALID_PARAMS
+
+
+def test_an_empty_token_is_refused_by_the_library() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        RcpHttpServer(build_server(TransformService(echo_llm()), http=True), token="")
+
+
+def test_transform_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        TransformService(echo_llm(), timeout=0)
+
+
+# -- the `serve` command -----------------------------------------------------------------
+
+
+class Served:
+    """``hyde-plus serve --http 0`` in a subprocess; the URL from its banner."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [*CLI, "--http", "0", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert self.proc.stderr is not None
+        banner = ""
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            banner += line
+            match = re.search(r"RCP server on (\S+/rcp)", banner)
+            if match:
+                self.url = match.group(1)
+                self.banner = banner
+                return
+        self.proc.kill()
+        raise AssertionError(f"server did not start: {banner}")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            _, rest = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:  # pragma: no cover - reported below
+            self.proc.kill()
+            _, rest = self.proc.communicate()
+        return self.banner + (rest or "")
+
+
+def serve_error(*args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``hyde-plus serve ARGS`` in-process; assert it failed with exactly one
+    ``error:`` line and no traceback; return the whole of stderr, unwrapped."""
+    result = CliRunner().invoke(app, ["serve", *args], env=env)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # not a crash
+    no_traceback(result.stderr)
+    assert len([ln for ln in result.stderr.splitlines() if ln.startswith("error:")]) == 1
+    return " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [(["--token", ""], {}), ([], {"HYDE_PLUS_TOKEN": ""})],
+    ids=["--token ''", "HYDE_PLUS_TOKEN=''"],
+)
+def test_serve_refuses_an_empty_token(args: list[str], env: dict[str, str]) -> None:
+    assert "token is empty" in serve_error("--http", "0", "--llm", "scripted", *args, env=env)
+
+
+def test_serve_warns_loudly_on_a_public_host_without_token() -> None:
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: warned, then refused
+    text = serve_error("--http", "0", "--host", "192.0.2.1", "--llm", "scripted")
+    assert "WARNING" in text and "WITHOUT a token" in text
+    assert "error: 192.0.2.1 is not an address of this machine" in text and "127.0.0.1" in text
+
+
+def test_serve_port_in_use_is_one_error_line() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        text = serve_error("--http", str(port), "--llm", "scripted")
+    assert f"port {port} on 127.0.0.1 is already in use" in text and "another --http port" in text
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "65536"])
+def test_serve_port_out_of_range_is_one_error_line(port: str) -> None:
+    text = serve_error("--http", port, "--llm", "scripted")
+    assert f"port {port} is out of range" in text and "1-65535" in text
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_serve_refuses_a_timeout_that_is_not_positive(value: str) -> None:
+    assert "--timeout must be > 0" in serve_error(
+        "--http", "0", "--llm", "scripted", "--timeout", value
+    )
+
+
+def test_serve_on_loopback_does_not_warn() -> None:
+    served = Served("--llm", "scripted")
+    try:
+        assert rcp.connect_http(served.url).ping() == {}
+    finally:
+        out = served.stop()
+    assert "WARNING" not in out
+
+
+def test_serve_on_ipv6_loopback_works_or_says_why() -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        has_ipv6 = True
+    except OSError:
+        has_ipv6 = False
+    if not has_ipv6:
+        assert "IPv6" in serve_error("--http", "0", "--host", "::1", "--llm", "scripted")
+        return
+    served = Served("--host", "::1", "--llm", "scripted")
+    try:
+        assert served.url.startswith("http://[::1]:")
+        client = rcp.connect_http(served.url)
+        assert client.transform("over IPv6", "rewrite")["queries"]
+    finally:
+        out = served.stop()
+    no_traceback(out)
+
+
+def test_serve_timeout_bounds_each_llm_call() -> None:
+    served = Served("--llm", "scripted:3000", "--timeout", "0.3")
+    try:
+        client = rcp.connect_http(served.url)
+        start = time.perf_counter()
+        out = client.call("query/transform", {"query": "slow model", "method": "rewrite"})
+        assert out["fallback"] is True and out["queries"] == ["slow model"]
+        assert time.perf_counter() - start < 2.5
+    finally:
+        served.stop()
+
+
+def test_http_client_disconnect_mid_request_prints_no_traceback() -> None:
+    served = Served("--llm", "scripted:300")
+    try:
+        client = rcp.connect_http(served.url)
+        host, port = re.match(r"http://([^/]+):(\d+)/", served.url).groups()  # type: ignore[union-attr]
+        for i in range(5):
+            body = frame("query/transform", {"query": f"gone {i}", "method": "rewrite"})
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(
+                    b"POST /rcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body) + body
+                )
+            # closed before the 300 ms reply
+        time.sleep(1.0)
+        assert client.transform("still serving", "rewrite")["queries"]
+        assert served.proc.poll() is None
+    finally:
+        out = served.stop()
+    no_traceback(out)
+
+
+def test_stdio_client_gone_mid_request_prints_no_traceback() -> None:
+    proc = subprocess.Popen(
+        [*CLI, "--stdio", "--llm", "scripted:300"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(json.dumps(INIT).encode() + b"\n")
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["result"]
+    body = frame("query/transform", {"query": "q", "method": "rewrite"}, id_=2)
+    proc.stdin.write(body + b"\n" + body + b"\n")
+    proc.stdin.flush()
+    proc.stdout.close()  # the client goes away before the reply
+    time.sleep(1.0)
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+    no_traceback(proc.stderr.read().decode())
+
+
+def stdio_exchange(
+    lines: list[bytes], *args: str
+) -> tuple[list[dict], subprocess.CompletedProcess[bytes]]:
+    proc = subprocess.run(
+        [*CLI, "--stdio", "--llm", "scripted", *args],
+        input=b"\n".join(lines) + b"\n",
+        capture_output=True,
+        timeout=120,
+    )
+    return [json.loads(line) for line in proc.stdout.splitlines()], proc
+
+
+def test_stdio_survives_hostile_frames_and_answers_each() -> None:
+    lines = [
+        b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1e999}}',
+        b'{"jsonrpc": "2.0", "id": 2, "method": "ping", "params": {"nonce": '
+        + b"[" * DEEP
+        + b"]" * DEEP
+        + b"}}",
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"jsonrpc": "2.0", "id": 3, "method": "ping", "params": "nonce"}',
+        b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"}',
+        json.dumps([INIT] * (MAX_BATCH + 1)).encode(),
+        b'{"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"pad": "'
+        + b"x" * (1 << 20)
+        + b'"}}',
+        b"\xff\xfe garbage \x00",
+        b'{"jsonrpc": "2.0", "method": "initialize", "params": {"protocolVersion": 0}}',
+        json.dumps(INIT).encode(),
+        frame("query/transform", {"query": "q", "method": "rewrite"}, id_=5),
+        frame("shutdown", id_=6),
+    ]
+    replies, proc = stdio_exchange(lines)
+    codes = [r.get("error", {}).get("code") for r in replies]
+    assert codes == [
+        rcp.Errc.INVALID_PARAMS,  # 1e999
+        rcp.Errc.INVALID_REQUEST,  # nested 600 deep
+        rcp.Errc.PARSE_ERROR,  # nested 100,000 deep
+        rcp.Errc.INVALID_PARAMS,  # params not an object
+        rcp.Errc.INVALID_REQUEST,  # id not a scalar
+        rcp.Errc.INVALID_REQUEST,  # batch over the limit
+        rcp.Errc.PAYLOAD_TOO_LARGE,  # a line over 1 MiB
+        rcp.Errc.PARSE_ERROR,  # garbage
+        # the bogus initialize notification: no reply, and it changed nothing
+        None,  # initialize
+        None,  # transform
+        None,  # shutdown
+    ], replies
+    assert replies[0]["id"] == 1 and replies[3]["id"] == 3
+    assert replies[-2]["result"]["queries"] and replies[-1] == {
+        "jsonrpc": "2.0",
+        "id": 6,
+        "result": {},
+    }
+    assert proc.returncode == 0
+    no_traceback(proc.stderr.decode())
+
+
+@pytest.fixture(scope="module")
+def wide_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llama_index_hyde_plus.local import local_embedding
+
+    out = tmp_path_factory.mktemp("rcp-wide") / "index"
+    docs = [Document(text=text, id_=nid) for nid, text in DOCS.items()]
+    docs += [
+        Document(
+            text=f"Memo {i}: the team reviewed item {i} of the quarterly plan.", id_=f"memo-{i}"
+        )
+        for i in range(40)
+    ]
+    build_faiss_index(docs, local_embedding(), out, embed_spec="local", max_length=64)
+    return out
+
+
+@pytest.mark.local
+def test_retrieve_honours_k_up_to_max_k(wide_index: Path) -> None:
+    client = rcp.connect_stdio([*CLI, "--stdio", "--index", str(wide_index), "--llm", "scripted"])
+    try:
+        assert client.capabilities["retrieve"]["maxK"] == 100
+        assert len(client.retrieve("quarterly plan", k=25)) == 25
+        assert len(client.retrieve("quarterly plan", k=3)) == 3
+        hits = client.retrieve("quarterly plan", k=100, opts={"rewrite": "multi-query"})
+        assert len(hits) == len(DOCS) + 40  # every document, not 10
+        assert len(client.retrieve("quarterly plan", k=5000)) == len(DOCS) + 40  # clamped
+    finally:
+        client.shutdown()
+
+
+@pytest.mark.local
+def test_serve_local_warms_the_model_up_and_names_it() -> None:
+    served = Served("--llm", "local", "--timeout", "30")
+    try:
+        # loaded (and one tiny call made) before the server accepts its first request,
+        # so neither counts against the first searches' timeout
+        banner = " ".join(served.banner.split())
+        assert re.search(r"SmolLM2\S* loaded in [\d.]+ s RCP server on", banner), banner
+        assert "llm: SmolLM2" in banner
+    finally:
+        served.stop()

@@ -1,0 +1,446 @@
+"""Serve an `RcpServer` over HTTP with uvicorn (h11) and Starlette.
+
+HTTP/1.1 parsing, keep-alive, chunked bodies and duplicate or conflicting
+``Content-Length`` are h11's (a malformed request gets HTTP 400 with a JSON-RPC
+-32600 body); the limits that make a public server safe are ours:
+
+* **authentication**: with a token, a request without ``Authorization: Bearer
+  <token>`` gets HTTP 401 / -32012 and the connection is closed, so its body is never
+  read, let alone served as a request;
+* **body size**: over 1 MiB (announced or streamed, chunked or not) gets HTTP 413 /
+  -32013 and the connection is closed;
+* **timeouts**: a connection that has not sent a whole request head within
+  ``header_timeout`` seconds is answered 408 and closed (slowloris), a body not
+  received within ``body_timeout`` seconds gets 408 / -32014; idle keep-alive
+  connections close after ``keep_alive`` seconds;
+* **caps**: at most ``max_connections`` open connections (more are answered 503 and
+  closed) and at most ``max_inflight`` requests in flight (more get HTTP 503 /
+  -32010 with ``Retry-After``), plus the batch, depth and size limits of `RcpServer`.
+
+Requests are served concurrently: the event loop only parses and routes, and the RCP
+dispatch (LLM calls, searches) runs in a pool of worker threads. The path is ignored
+(the official client posts to ``/rcp/<method>``); any method but POST gets 405.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hmac
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import rcp
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .rcp import MAX_BODY_BYTES, RcpServer, dumps
+
+logger = logging.getLogger("llama_index_hyde_plus")
+
+DEFAULT_MAX_INFLIGHT = 64
+DEFAULT_MAX_CONNECTIONS = 512
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
+DEFAULT_KEEP_ALIVE = 5
+
+
+class ServeError(RuntimeError):
+    """The server cannot start (address in use, bad host or port...); the message
+    names the problem and the fix, in one line."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    keep_alive: int = DEFAULT_KEEP_ALIVE
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("max_inflight", "max_connections", "max_body_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1")
+        for name in ("header_timeout", "body_timeout", "keep_alive"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds")
+
+
+def _error_body(code: int, message: str, data: Any = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+def _raw_response(status: int, reason: str, body: bytes) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, written outside h11
+    (used where no request has been parsed yet)."""
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def _protocol_class(limits: Limits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a request-head deadline, a connection cap and
+    JSON-RPC bodies on its own 400s."""
+
+    class Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _partial_head = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                logger.warning(
+                    "rcp http: %d connections open, refusing more", len(self.connections) - 1
+                )
+                body = _error_body(
+                    rcp.Errc.BACKEND_UNAVAILABLE,
+                    f"too many open connections (limit {limits.max_connections}); retry later",
+                    {"retryable": True},
+                )
+                transport.write(_raw_response(503, "Service Unavailable", body))
+                transport.close()
+                return
+            self._arm_head_timer()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._cancel_head_timer()  # the request head is complete
+            else:
+                self._partial_head = True
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._arm_head_timer()  # waiting for the next request on keep-alive
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            body = _error_body(rcp.Errc.INVALID_REQUEST, f"invalid HTTP request: {msg}")
+            self.transport.write(_raw_response(400, "Bad Request", body))
+            self.transport.close()
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self._partial_head = False
+            self._head_timer = self.loop.call_later(limits.header_timeout, self._head_timeout)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if not self._partial_head:  # an idle connection: just close it
+                self.transport.close()
+                return
+            body = _error_body(
+                rcp.Errc.TIMEOUT,
+                f"no complete request head within {limits.header_timeout:g} s",
+            )
+            self.transport.write(_raw_response(408, "Request Timeout", body))
+            self.transport.close()
+
+    return Protocol
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _Endpoint:
+    """The ASGI endpoint: checks, reads the body, dispatches in a worker thread."""
+
+    def __init__(
+        self, server: RcpServer, token: str | None, limits: Limits, pool: ThreadPoolExecutor
+    ) -> None:
+        self.server = server
+        self.token = token
+        self.limits = limits
+        self.pool = pool
+        self.inflight = 0
+        self.requests = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await self.respond(request)
+        except ClientDisconnect:
+            return  # the client is gone: nobody to answer
+        await response(scope, receive, send)
+
+    @staticmethod
+    def error(
+        status: int,
+        code: int,
+        message: str,
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+        close: bool = False,
+    ) -> Response:
+        extra = dict(headers or {})
+        if close:
+            extra["Connection"] = "close"
+        return Response(
+            _error_body(code, message, data),
+            status_code=status,
+            media_type="application/json",
+            headers=extra,
+        )
+
+    def _authorized(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        sent = request.headers.get("authorization", "").encode("utf-8", "replace")
+        return hmac.compare_digest(sent, f"Bearer {self.token}".encode())
+
+    async def _read(self, request: Request) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.limits.max_body_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> Response:
+        limit = self.limits.max_body_bytes
+        return self.error(
+            413,
+            rcp.Errc.PAYLOAD_TOO_LARGE,
+            f"request body must be at most {limit} bytes",
+            {"maxBytes": limit},
+            close=True,
+        )
+
+    async def respond(self, request: Request) -> Response:
+        self.requests += 1
+        if request.method != "POST":
+            return self.error(
+                405,
+                rcp.Errc.INVALID_REQUEST,
+                "use POST with a JSON-RPC body",
+                headers={"Allow": "POST"},
+            )
+        if not self._authorized(request):
+            # close: the unread body must never be parsed as a next request
+            return self.error(
+                401,
+                rcp.Errc.UNAUTHORIZED,
+                "missing or wrong bearer token",
+                headers={"WWW-Authenticate": "Bearer"},
+                close=True,
+            )
+        announced = request.headers.get("content-length")
+        if announced is not None and "transfer-encoding" in request.headers:
+            # RFC 9112 6.3: both framings at once is a smuggling attempt; refuse it
+            return self.error(
+                400,
+                rcp.Errc.INVALID_REQUEST,
+                "Content-Length and Transfer-Encoding together are not accepted; send one",
+                close=True,
+            )
+        if announced and announced.isdigit() and int(announced) > self.limits.max_body_bytes:
+            return self._too_large()
+        if self.inflight >= self.limits.max_inflight:
+            return self.error(
+                503,
+                rcp.Errc.BACKEND_UNAVAILABLE,
+                f"server busy: {self.inflight} requests in flight (limit "
+                f"{self.limits.max_inflight}); retry shortly",
+                {"retryable": True, "retryAfterMs": 1000},
+                headers={"Retry-After": "1"},
+                close=True,
+            )
+        self.inflight += 1
+        try:
+            try:
+                body = await asyncio.wait_for(self._read(request), self.limits.body_timeout)
+            except _BodyTooLarge:
+                return self._too_large()
+            except asyncio.TimeoutError:
+                return self.error(
+                    408,
+                    rcp.Errc.TIMEOUT,
+                    f"request body not received within {self.limits.body_timeout:g} s",
+                    close=True,
+                )
+            text = body.decode("utf-8", "replace")
+            if not text.strip():
+                return self.error(200, rcp.Errc.INVALID_REQUEST, "empty request body")
+            loop = asyncio.get_running_loop()
+            reply = await loop.run_in_executor(self.pool, self.server.handle_line, text)
+        finally:
+            self.inflight -= 1
+        if not reply:
+            return Response(status_code=204)
+        return Response(reply.encode(), status_code=200, media_type="application/json")
+
+
+def bind_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv4 or IPv6; port 0 picks a free
+    one), or `ServeError` with a one-line reason and fix."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ServeError(f"port {port} is out of range: use 1-65535 (0 picks a free port)")
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV
+        )
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise ServeError(
+            f"cannot resolve host {host!r} ({reason}): use an IP address of this machine, "
+            "e.g. 127.0.0.1"
+        ) from exc
+    family, kind, proto, _, address = infos[0]
+    try:
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        if family == socket.AF_INET6:
+            raise ServeError(
+                f"IPv6 is not available on this machine, so {host} cannot be served: "
+                "use --host 127.0.0.1"
+            ) from exc
+        raise ServeError(f"cannot open a socket for {host}: {exc.strerror}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ServeError(
+                f"port {port} on {host} is already in use: stop the other server or choose "
+                "another --http port"
+            ) from exc
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ServeError(
+                f"{host} is not an address of this machine: use 127.0.0.1 (this machine "
+                "only) or one of its addresses"
+            ) from exc
+        if exc.errno == errno.EACCES:
+            raise ServeError(
+                f"permission denied to listen on port {port}: ports below 1024 need root, "
+                "use a port from 1024 to 65535"
+            ) from exc
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
+class RcpHttpServer:
+    """Serve an `RcpServer` over HTTP on ``host:port`` (0 picks a free port) with
+    uvicorn: concurrent requests, optional bearer token, and the limits of `Limits`.
+
+    Binds at construction (or serves ``sock`` from `bind_socket`), so a bad host or a
+    busy port raises `ServeError` before anything is served. `serve_forever` runs in
+    the calling thread (Ctrl-C stops it); `start` / `stop` run it in a background
+    thread.
+    """
+
+    def __init__(
+        self,
+        server: RcpServer,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        limits: Limits | None = None,
+        threads: int | None = None,
+        sock: socket.socket | None = None,
+    ) -> None:
+        if token is not None and not token:
+            raise ValueError("token must not be empty (None serves without authentication)")
+        self.rcp_server = server
+        self.token = token
+        self.limits = limits or Limits()
+        workers = threads or min(self.limits.max_inflight, 32)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rcp-http")
+        self.endpoint = _Endpoint(server, token, self.limits, self._pool)
+        self.app = Starlette(routes=[Route("/{path:path}", self.endpoint)])
+        self._sock = sock if sock is not None else bind_socket(host, port)
+        config = uvicorn.Config(
+            self.app,
+            http=_protocol_class(self.limits),
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            log_level="error",  # not a warning per malformed request (log flooding)
+            access_log=False,
+            server_header=False,
+            timeout_keep_alive=self.limits.keep_alive,
+            timeout_graceful_shutdown=5,
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests answered by the endpoint so far."""
+        return self.endpoint.requests
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._sock.getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/rcp"
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until Ctrl-C / SIGTERM (or `stop` from another)."""
+        try:
+            asyncio.run(self._uvicorn.serve(sockets=[self._sock]))
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def start(self, timeout: float = 10.0) -> RcpHttpServer:
+        """Serve in a background thread (for tests and embedding in an app); returns
+        once the server accepts requests."""
+        self._thread = threading.Thread(target=self.serve_forever, name="rcp-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._uvicorn.started:
+            if not self._thread.is_alive():
+                raise ServeError("the HTTP server stopped during start-up")
+            if time.monotonic() > deadline:
+                raise ServeError(f"the HTTP server did not start within {timeout:g} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._sock.close()
