@@ -751,9 +751,14 @@ def serve(
     max_inflight: Annotated[
         int, typer.Option(help="HTTP requests served at once; more get 503 / -32010.")
     ] = 64,
+    config_files: Annotated[
+        list[Path] | None,
+        typer.Option("--config", help="Options for a method from `hyde-plus tune` (repeatable)."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve the Retrieval Context Protocol: query/transform and retrieve."""
+    from .evaluation.tune import load_config
     from .models import resolve_llm
     from .rcp import MAX_K, TransformService, build_server, serve_stdio
     from .rcp_http import Limits, RcpHttpServer, ServeError, bind_socket
@@ -788,8 +793,13 @@ def serve(
             raise _fail(str(exc)) from exc
     try:
         retriever = _load_retriever(index_path, MAX_K) if index_path else None
+        tuned = [load_config(path) for path in config_files or []]
+        if any(t.transform not in METHODS for t in tuned):
+            raise ValueError(f"serve --config takes configs of {', '.join(METHODS)}")
         model = resolve_llm(llm)
-        service = TransformService(model, retriever, timeout=timeout)
+        service = TransformService(
+            model, retriever, timeout=timeout, options={t.transform: t.options for t in tuned}
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     _warm_up(model)

@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import IO, Any
 
@@ -103,12 +103,16 @@ class TransformService:
         *,
         cache_entries: int = 4096,
         timeout: float | None = None,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
+        """``options`` maps a method name to its keyword options (as `hyde-plus tune`
+        writes them), applied whenever that method's transform is built."""
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError("timeout must be > 0 seconds (or None for the transforms' default)")
         self.llm = llm
         self.retriever = retriever
         self.timeout = timeout
+        self.options = {name: dict(opts) for name, opts in (options or {}).items()}
         self.cache = MemoryCache(cache_entries)
         self._transforms: dict[tuple[str, int], QueryTransformer] = {}
         self._identity = make_transform("none")
@@ -120,7 +124,7 @@ class TransformService:
         with self._lock:
             found = self._transforms.get(key)
             if found is None:
-                options: dict[str, Any] = {"cache": self.cache}
+                options: dict[str, Any] = {**self.options.get(method, {}), "cache": self.cache}
                 if self.timeout is not None:
                     options["timeout"] = self.timeout
                 if key[1]:
