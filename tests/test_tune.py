@@ -1,0 +1,281 @@
+"""Choosing a configuration (`evaluation.tune`) and saying what a transform did
+(`verdict`, `TransformReport.compare_with`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llama_index_hyde_plus.evaluation.runner import TransformReport, verdict
+from llama_index_hyde_plus.evaluation.tune import (
+    CONFIG_FORMAT,
+    DEFAULT_TOLERANCE,
+    TransformConfig,
+    TuneResult,
+    complexity,
+    config_payload,
+    label_for,
+    load_config,
+    pick_winner,
+    write_config,
+)
+from llama_index_hyde_plus.transforms.registry import make_transform
+from llama_index_hyde_plus.usage import Usage
+
+
+def report(
+    label: str,
+    ndcg: float,
+    options: dict[str, Any] | None = None,
+    per_query: dict[str, float] | None = None,
+) -> TransformReport:
+    return TransformReport(
+        label=label,
+        scores={"nDCG@10": ndcg},
+        per_query_ndcg=per_query or {},
+        latency_p50_s=0.0,
+        latency_p95_s=0.0,
+        latency_n=0,
+        usage=Usage(),
+        fallbacks=0,
+        cached=0,
+        queries=len(per_query or {}),
+        options=options or {},
+    )
+
+
+# -- complexity / pick_winner ---------------------------------------------------------
+def test_complexity_orders_the_machinery() -> None:
+    assert complexity({}) == 0
+    assert complexity({"query_weight": 0.8}) == 0
+    assert complexity({"strategy": "rerank", "blend": 0.3}) == 1
+    assert complexity({"strategy": "replace"}) == 0
+    assert complexity({"gate": 0.4}) == 2
+    assert complexity({"gate": None}) == 0
+    assert complexity({"grounded": 3}) == 4
+    assert complexity({"grounded": 0}) == 0
+    assert complexity({"grounded": 3, "gate": 0.4, "strategy": "rerank"}) == 7
+
+
+def test_pick_winner_prefers_the_simpler_config_within_tolerance() -> None:
+    simple = report("simple", 0.500, {"query_weight": 0.7})
+    fancy = report("fancy", 0.501, {"query_weight": 0.7, "grounded": 3, "gate": 0.4})
+    assert pick_winner([fancy, simple], DEFAULT_TOLERANCE) is simple
+
+
+def test_pick_winner_takes_the_best_when_it_is_clearly_better() -> None:
+    simple = report("simple", 0.500, {"query_weight": 0.7})
+    fancy = report("fancy", 0.520, {"grounded": 3})
+    assert pick_winner([simple, fancy], DEFAULT_TOLERANCE) is fancy
+
+
+def test_pick_winner_among_equally_simple_takes_the_best() -> None:
+    a = report("a", 0.500, {"query_weight": 0.6})
+    b = report("b", 0.5015, {"query_weight": 0.8})
+    c = report("c", 0.400, {})
+    assert pick_winner([a, b, c], DEFAULT_TOLERANCE) is b
+
+
+def test_pick_winner_tolerance_boundary() -> None:
+    simple = report("simple", 0.498, {})
+    gated = report("gated", 0.500, {"gate": 0.4})
+    assert pick_winner([gated, simple], 0.002) is simple  # exactly at the tolerance
+    assert pick_winner([gated, simple], 0.0019) is gated
+    assert pick_winner([gated, simple], 0.0) is gated
+
+
+def test_pick_winner_of_nothing_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="no configurations"):
+        pick_winner([], 0.002)
+
+
+# -- label_for ------------------------------------------------------------------------
+def test_label_for() -> None:
+    assert label_for("hyde", {}) == "hyde"
+    assert label_for("hyde", {"query_weight": 0.8, "gate": 0.5}) == "hyde:query_weight=0.8,gate=0.5"
+    assert label_for("hyde", {"gate": None}) == "hyde:gate=none"
+    assert label_for("multi-query", {"include_query": True}) == "multi-query:include_query=True"
+
+
+def test_labels_parse_back_to_the_same_options() -> None:
+    from llama_index_hyde_plus.evaluation.runner import parse_transform_spec
+
+    options = {"query_weight": 0.8, "strategy": "rerank", "grounded": 3, "include_query": True}
+    spec = parse_transform_spec(label_for("hyde", options))
+    assert spec.name == "hyde" and spec.options == options
+
+
+# -- write_config / load_config ---------------------------------------------------------
+def tune_result(winner_options: dict[str, Any]) -> TuneResult:
+    baseline = report("none", 0.40, per_query={"q1": 0.4, "q2": 0.4})
+    winner = report(label_for("hyde", winner_options), 0.45, winner_options)
+    best = report("hyde:grounded=3", 0.451, {"grounded": 3})
+    winner.wins, winner.ties, winner.losses = 3, 1, 2
+    winner.p_value_vs_none = 0.0123456
+    return TuneResult(
+        transform="hyde",
+        dataset="scifact",
+        split="train",
+        queries=300,
+        baseline=baseline,
+        reports=[winner, best],
+        best=best,
+        winner=winner,
+        tolerance=DEFAULT_TOLERANCE,
+        extra={"store": "faiss", "top_k": 100},
+    )
+
+
+def test_write_then_load_config_round_trips(tmp_path: Path) -> None:
+    options = {"query_weight": 0.8, "gate": 0.4}
+    path = write_config(tune_result(options), tmp_path / "sub" / "hyde.json")
+    assert path == tmp_path / "sub" / "hyde.json"
+    assert [p.name for p in path.parent.iterdir()] == ["hyde.json"]  # no temporary left
+    config = load_config(path)
+    assert config == TransformConfig("hyde", options)
+    assert config.label == "hyde:query_weight=0.8,gate=0.4"
+    # the loaded options build the transform
+    hyde = make_transform(config.transform, None, **config.options)
+    assert hyde.query_weight == 0.8 and hyde.guards.gate == 0.4  # type: ignore[attr-defined]
+
+
+def test_config_records_how_the_winner_was_chosen(tmp_path: Path) -> None:
+    data = json.loads(write_config(tune_result({}), tmp_path / "c.json").read_text())
+    assert data["hyde_plus_config"] == CONFIG_FORMAT and data["transform"] == "hyde"
+    tuned = data["tuned_on"]
+    assert tuned["split"] == "train" and tuned["queries"] == 300
+    assert tuned["ndcg@10"] == 0.45 and tuned["none_ndcg@10"] == 0.4
+    assert tuned["wins_ties_losses"] == [3, 1, 2]
+    assert tuned["p_value_vs_none"] == 0.01235
+    assert tuned["best_label"] == "hyde:grounded=3" and tuned["store"] == "faiss"
+    assert config_payload(tune_result({}))["options"] == {}
+
+
+def test_write_config_overwrites_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    write_config(tune_result({"query_weight": 0.5}), path)
+    write_config(tune_result({"query_weight": 0.9}), path)
+    assert load_config(path).options == {"query_weight": 0.9}
+
+
+def test_write_config_to_a_folder_is_a_value_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=str(tmp_path)):
+        write_config(tune_result({}), tmp_path)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("missing.json", None, "not found"),
+        ("notjson.json", "{not json", "not a JSON config"),
+        ("list.json", "[1, 2]", "not a hyde-plus config"),
+        ("format.json", '{"hyde_plus_config": 99, "transform": "hyde"}', "not a hyde-plus"),
+        ("noformat.json", '{"transform": "hyde", "options": {}}', "not a hyde-plus"),
+        ("unknown.json", '{"hyde_plus_config": 1, "transform": "magic"}', "'transform' must"),
+        ("nontext.json", '{"hyde_plus_config": 1, "transform": 3}', "'transform' must"),
+        (
+            "options.json",
+            '{"hyde_plus_config": 1, "transform": "hyde", "options": [1]}',
+            "'options'",
+        ),
+        (
+            "nan.json",
+            '{"hyde_plus_config": 1, "transform": "hyde", "options": {"gate": NaN}}',
+            "finite",
+        ),
+    ],
+)
+def test_load_config_errors_name_the_file(
+    tmp_path: Path, name: str, content: str | None, message: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        _write(path, content)
+    with pytest.raises(ValueError, match=message) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_load_config_of_binary_garbage_is_a_value_error(tmp_path: Path) -> None:
+    path = tmp_path / "bin.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="not a JSON config") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_load_config_of_a_folder_is_a_value_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        load_config(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_load_config_defaults_options_to_empty(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.json", '{"hyde_plus_config": 1, "transform": "rocchio"}')
+    assert load_config(str(path)) == TransformConfig("rocchio", {})
+
+
+# -- verdict ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("delta", "p", "want"),
+    [
+        (0.023, 0.01, "helps: +2.3 nDCG@10, p = 0.010"),
+        (-0.023, 0.01, "hurts: -2.3 nDCG@10, p = 0.010"),
+        (0.05, 0.2, "no clear difference: +5.0 nDCG@10, p = 0.200"),
+        (-0.004, 0.049, "hurts: -0.4 nDCG@10, p = 0.049"),
+        (-0.004, 0.05, "no clear difference: -0.4 nDCG@10, p = 0.050"),
+        (0.0, 0.001, "no clear difference: +0.0 nDCG@10, p = 0.001"),
+        (0.01, None, "no clear difference: +1.0 nDCG@10, p = 1"),
+        (None, None, "baseline"),
+    ],
+)
+def test_verdict_in_words(delta: float | None, p: float | None, want: str) -> None:
+    assert verdict(delta, p) == want
+
+
+# -- compare_with -----------------------------------------------------------------------
+def test_compare_with_counts_wins_ties_and_losses() -> None:
+    base = report("none", 0.5, per_query={"a": 0.4, "b": 0.3, "c": 0.5, "d": 0.1, "e": 0.9})
+    mine = report(
+        "hyde",
+        0.45,
+        per_query={"a": 0.5, "b": 0.3, "c": 0.2, "d": 0.1 + 1e-12, "e": 0.95, "x": 1.0},
+    )
+    mine.compare_with(base)
+    # a, e win; b, d tie (d within 1e-9); c loses; x is not in the baseline
+    assert (mine.wins, mine.ties, mine.losses) == (2, 2, 1)
+    assert mine.delta_vs_none == pytest.approx(-0.05)
+    assert mine.p_value_vs_none is not None and 0.0 < mine.p_value_vs_none <= 1.0
+    data = mine.to_dict()
+    assert (data["wins"], data["ties"], data["losses"]) == (2, 2, 1)
+    assert data["verdict"].startswith("no clear difference: -5.0 nDCG@10")
+
+
+def test_compare_with_a_consistent_loss_says_hurts() -> None:
+    keys = [f"q{i}" for i in range(20)]
+    base = report("none", 0.6, per_query={k: 0.6 + 0.01 * (i % 3) for i, k in enumerate(keys)})
+    mine = report("hyde", 0.5, per_query={k: 0.5 + 0.01 * (i % 2) for i, k in enumerate(keys)})
+    mine.compare_with(base)
+    assert (mine.wins, mine.ties, mine.losses) == (0, 0, 20)
+    assert mine.verdict.startswith("hurts: -10.0 nDCG@10, p = 0.000")
+
+
+def test_compare_with_itself_is_all_ties_and_no_difference() -> None:
+    base = report("none", 0.5, per_query={"a": 0.4, "b": 0.6})
+    same = report("hyde", 0.5, per_query={"a": 0.4, "b": 0.6})
+    same.compare_with(base)
+    assert (same.wins, same.ties, same.losses) == (0, 2, 0)
+    assert same.p_value_vs_none == 1.0
+    assert same.verdict == "no clear difference: +0.0 nDCG@10, p = 1.000"
+
+
+def test_a_report_not_compared_has_no_verdict_in_its_dict() -> None:
+    assert report("none", 0.5).to_dict()["verdict"] is None
