@@ -145,6 +145,8 @@ def blend_scores(
     """The blended score of each candidate, in input order (see `blend_order`)."""
     b = check_weight(blend, "blend", allow_none=False)
     assert b is not None
+    if len(question_scores) != len(generated_sims):
+        raise ValueError("question_scores and generated_sims must have the same length")
     sq, sh = minmax(list(question_scores)), minmax(list(generated_sims))
     return [(1.0 - b) * q + b * h for q, h in zip(sq, sh)]
 
@@ -154,6 +156,8 @@ def rocchio_vector(
 ) -> list[float]:
     """Vector pseudo-relevance feedback: ``unit(alpha * q + beta * mean(feedback))``
     with unit-length inputs (Rocchio, as in pyserini's dense PRF)."""
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        raise ValueError("alpha and beta must be finite")
     if alpha < 0 or beta < 0 or (alpha == 0 and beta == 0):
         raise ValueError("alpha and beta must be >= 0 and not both 0")
     q = unit(query)

@@ -96,7 +96,9 @@ class Embedder:
     async def atexts(self, texts: Sequence[str]) -> list[Vec]:
         missing = [t for t in dict.fromkeys(texts) if self._cache.get(("t", t)) is None]
         if missing:
-            if _native_async(self.model, "_aget_text_embeddings"):
+            if _native_async(self.model, "_aget_text_embeddings") or _native_async(
+                self.model, "_aget_text_embedding"
+            ):
                 vecs = await self.model.aget_text_embedding_batch(missing)
             else:
                 vecs = await asyncio.to_thread(self.model.get_text_embedding_batch, missing)

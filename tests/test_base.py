@@ -99,7 +99,9 @@ def test_transform_query_engine_answers_with_the_original_question(
     answer_llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.")
     engine = faiss_index.as_query_engine(llm=answer_llm, similarity_top_k=1)
     hyde_llm = ScriptedLLM([marker])
-    response = TransformQueryEngine(engine, HyDE(hyde_llm, include_query=False)).query("Why did revenue drop?")
+    response = TransformQueryEngine(engine, HyDE(hyde_llm, include_query=False)).query(
+        "Why did revenue drop?"
+    )
     assert str(response) == "Renewals slipped."
     assert response.source_nodes[0].node.node_id == "renewals"
     [answer_prompt] = answer_llm.prompts

@@ -249,11 +249,6 @@ def test_blend_order_rejects_lists_of_different_length() -> None:
         blend_order([1.0, 0.5], [0.3], 0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: blend_scores zips mismatched lists and silently drops candidates "
-    "(blend_order checks the lengths, blend_scores does not)",
-)
 def test_blend_scores_rejects_lists_of_different_length() -> None:
     with pytest.raises(ValueError, match="same length"):
         blend_scores([1.0, 0.5, 0.2], [0.3], 0.5)

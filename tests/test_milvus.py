@@ -109,7 +109,9 @@ def test_without_include_query_bm25_sees_only_the_passage_and_warns(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
     _, index = milvus_index
-    retriever = TransformRetriever(hybrid_retriever(index, 3), HyDE(ScriptedLLM([P1]), include_query=False))
+    retriever = TransformRetriever(
+        hybrid_retriever(index, 3), HyDE(ScriptedLLM([P1]), include_query=False)
+    )
     retriever.search(Q)
     assert spy[0].query_str == P1
     assert any(

@@ -249,7 +249,9 @@ def test_keyword_retriever_gets_passage_text_and_warns_without_include_query(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
     base = StaticRetriever(DOCS, default=["pto"])
-    retriever = TransformRetriever(base, HyDE(ScriptedLLM([P1, P1]), include_query=False), search_type="keyword")
+    retriever = TransformRetriever(
+        base, HyDE(ScriptedLLM([P1, P1]), include_query=False), search_type="keyword"
+    )
     retriever.search(Q)
     retriever.search(Q)
     assert base.queries == [P1, P1]

@@ -121,12 +121,6 @@ async def test_async_embedder_never_calls_sync_methods_of_a_native_async_model()
     assert model.async_calls == 3  # cached
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Embedder.atexts only checks _aget_text_embeddings (plural) for native "
-    "async; a model implementing only _aget_text_embedding (DeterministicEmbedding, many "
-    "integrations) gets its sync batch method called in a worker thread",
-)
 async def test_async_texts_use_the_native_single_text_async_method() -> None:
     model = DeterministicEmbedding()
     await Embedder(model).atexts(["renewals slipped", "hiring grew"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -77,12 +78,22 @@ class Guards:
         if self.strategy not in ("replace", "rerank"):
             raise ValueError(f"strategy must be 'replace' or 'rerank', not {self.strategy!r}")
         check_weight(self.blend, "blend", allow_none=False)
-        if self.gate is not None and not -1.0 <= float(self.gate) <= 1.0:
-            raise ValueError("gate must be a cosine similarity between -1 and 1, or None")
-        if isinstance(self.feedback_k, bool) or not 0 <= self.feedback_k <= 100:
+        if self.gate is not None:
+            if isinstance(self.gate, bool) or not isinstance(self.gate, (int, float)):
+                raise TypeError(f"gate must be a number or None, not {type(self.gate).__name__}")
+            if not -1.0 <= float(self.gate) <= 1.0:  # NaN fails this too
+                raise ValueError("gate must be a cosine similarity between -1 and 1, or None")
+            object.__setattr__(self, "gate", float(self.gate))
+        if isinstance(self.feedback_k, bool) or not isinstance(self.feedback_k, int):
+            raise TypeError("feedback_k must be an int")
+        if not 0 <= self.feedback_k <= 100:
             raise ValueError("feedback_k must be between 0 and 100")
-        if self.feedback_alpha < 0 or self.feedback_beta < 0:
-            raise ValueError("feedback_alpha and feedback_beta must be >= 0")
+        for name in ("feedback_alpha", "feedback_beta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0")
 
     @property
     def needs_question_hits(self) -> bool:
@@ -160,12 +171,14 @@ class TransformResult:
             w = self.dense_query_weight
             if w <= 0:
                 return self.hypothetical
+            if w >= 1:
+                return (self.query,)
             if self.query_weight is None:
                 return (*self.hypothetical, self.query)
             # no embedder at hand (LlamaIndex averages these equally): repeat the
             # question so its share of the mean is close to query_weight
             n = len(self.hypothetical)
-            repeats = n * 8 if w >= 1 else max(1, min(n * 8, round(w * n / (1 - w))))
+            repeats = max(1, min(n * 8, round(w * n / (1 - w))))
             return (*self.hypothetical, *([self.query] * repeats))
         return self.search_queries
 
@@ -456,6 +469,14 @@ class ChainTransform(QueryTransformer):
     def __init__(self, first: QueryTransformer, second: QueryTransformer) -> None:
         if not isinstance(first, QueryTransformer) or not isinstance(second, QueryTransformer):
             raise TypeError("then() composes QueryTransformer instances")
+        for stage in (first, second):
+            g = stage.guards
+            if g.needs_question_hits or g.gate is not None:
+                raise ValueError(
+                    "then() cannot compose a transform with a rerank strategy, grounding, "
+                    "feedback or a gate (they act on one question's own search); use "
+                    f"{type(stage).__name__} on its own, or without those options"
+                )
         super().__init__()
         self.first = first
         self.second = second

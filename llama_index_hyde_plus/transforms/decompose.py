@@ -22,7 +22,9 @@ class Decompose(QueryListTransform):
     """Up to ``n`` sub-questions (1 <= n <= 10), each searched on its own.
 
     Fused by interleaving by default, so every sub-question is represented near the
-    top. ``include_query`` (default False) also searches the whole question. Prompt
+    top. ``include_query`` (default True) also searches the whole question, fused with
+    weight ``original_weight`` (then by weighted RRF, since interleaving cannot weigh
+    lists). Prompt
     key: ``"decompose_prompt"``; the prompt may use ``{n}`` as well as ``{query}``.
     """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from .base import Guards, QueryTransformer, TransformResult, validate_query
@@ -36,8 +37,10 @@ class Rocchio(QueryTransformer):
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
             raise ValueError("k must be an int between 1 and 100")
         for name, value in (("alpha", alpha), ("beta", beta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0")
         if alpha == 0 and beta == 0:
             raise ValueError("alpha and beta cannot both be 0")
         self.k, self.alpha, self.beta = k, float(alpha), float(beta)

@@ -102,6 +102,12 @@ class HyDE(LLMTransform):
             raise TypeError("num_passages must be an int")
         if not 1 <= num_passages <= 16:
             raise ValueError("num_passages must be between 1 and 16")
+        if isinstance(grounded, bool) or not isinstance(grounded, int):
+            raise TypeError("grounded must be an int (how many of the question's hits)")
+        if not 0 <= grounded <= 20:
+            raise ValueError(f"grounded must be between 0 and 20, not {grounded}")
+        if strategy is not None and strategy not in ("replace", "rerank"):
+            raise ValueError(f"strategy must be 'replace' or 'rerank', not {strategy!r}")
         if isinstance(context_characters, bool) or not isinstance(context_characters, int):
             raise TypeError("context_characters must be an int")
         if context_characters < 1:
@@ -129,7 +135,7 @@ class HyDE(LLMTransform):
         self.context_characters = context_characters
         self.guards = Guards(
             context_k=grounded,
-            strategy=strategy or self.DEFAULT_STRATEGY,
+            strategy=self.DEFAULT_STRATEGY if strategy is None else strategy,
             blend=blend,
             gate=gate,
         )

@@ -1,0 +1,114 @@
+"""`hyde-plus tune` and the `--config` it writes, end to end on the tiny BEIR fixture."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llama_index_hyde_plus.cli import app
+
+runner = CliRunner()
+TINY = Path(__file__).parent / "data" / "tiny-beir"
+
+
+def _tune(tmp_path: Path, *args: str) -> tuple[object, Path]:
+    out = tmp_path / "tuned.json"
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            "--dataset",
+            str(TINY),
+            "--split",
+            "test",
+            "--embed",
+            "local",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(out),
+            "--report",
+            str(tmp_path / "tune.md"),
+            *args,
+        ],
+    )
+    return result, out
+
+
+def test_tune_rocchio_sweeps_writes_a_config_and_eval_and_query_accept_it(
+    tmp_path: Path,
+) -> None:
+    result, out = _tune(tmp_path, "--transform", "rocchio")
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    output = result.output  # type: ignore[attr-defined]
+    assert "warning" in output and "test split" in output  # tuning on test is flagged
+    assert "chosen:" in output and "baseline" in output
+    config = json.loads(out.read_text())
+    assert config["transform"] == "rocchio" and set(config["options"]) == {"k", "beta"}
+    assert config["tuned_on"]["queries"] == 3 and config["tuned_on"]["split"] == "test"
+    table = (tmp_path / "tune.md").read_text()
+    assert table.count("| rocchio:k=") == 15  # the whole grid is in the report
+
+    evaluated = runner.invoke(
+        app,
+        [
+            "eval",
+            "--dataset",
+            str(TINY),
+            "--transforms",
+            "none",
+            "--config",
+            str(out),
+            "--embed",
+            "local",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "eval"),
+        ],
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    [tuned] = [r for r in results["results"] if r["transform"].startswith("rocchio:")]
+    assert tuned["nDCG@10"] == pytest.approx(config["tuned_on"]["ndcg@10"], abs=1e-4)
+    assert {"wins", "ties", "losses", "verdict"} <= set(tuned)
+    assert tuned["wins"] + tuned["ties"] + tuned["losses"] == 3
+
+
+def test_config_errors_are_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = runner.invoke(
+        app, ["eval", "--dataset", str(TINY), "--config", str(bad), "--embed", "local"]
+    )
+    assert result.exit_code == 2
+    assert "error:" in result.output and "bad.json" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_tune_refuses_a_folder_as_out_and_an_unknown_transform(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["tune", "--dataset", str(TINY), "--out", str(tmp_path), "--embed", "local"]
+    )
+    assert result.exit_code == 2 and "folder" in result.output
+    result = runner.invoke(app, ["tune", "--dataset", str(TINY), "--transform", "magic"])
+    assert result.exit_code == 2 and "--transform must be one of" in result.output
+
+
+@pytest.mark.local
+def test_tune_hyde_end_to_end_with_the_local_models(tmp_path: Path) -> None:
+    """The real thing on the fixture: SmolLM2 writes free and grounded passages once
+    per query, every configuration of the grid reuses them."""
+    result, out = _tune(tmp_path, "--transform", "hyde", "--llm", "local", "--concurrency", "2")
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    config = json.loads(out.read_text())
+    assert config["transform"] == "hyde"
+    assert config["tuned_on"]["ndcg@10"] >= 0
+    table = (tmp_path / "tune.md").read_text()
+    assert "hyde:grounded=3" in table and "strategy=rerank" in table
+    # a rerun generates nothing new: every passage comes from the transform cache
+    rerun, _ = _tune(tmp_path, "--transform", "hyde", "--llm", "local")
+    assert rerun.exit_code == 0, rerun.output  # type: ignore[attr-defined]
