@@ -628,6 +628,13 @@ def tune(
         float,
         typer.Option(help="nDCG@10 points within which the simpler configuration wins."),
     ] = 0.2,
+    grid: Annotated[
+        str | None,
+        typer.Option(
+            help="Your own sweep instead of the transform's: "
+            "'query_weight=0.7,1.0; keyword_weight=0.5,0.9' (the product)."
+        ),
+    ] = None,
     llm: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
     embed: Annotated[str, typer.Option(help="auto, local or openai[:MODEL].")] = "auto",
     hyde_prompt: Annotated[
@@ -658,7 +665,7 @@ def tune(
     from .evaluation import BeirFormatError, load_beir
     from .evaluation.report import tune_markdown, tune_table
     from .evaluation.runner import needs_llm
-    from .evaluation.tune import run_tune, write_config
+    from .evaluation.tune import parse_grid, run_tune, write_config
     from .local.assets import cache_dir
     from .models import concrete_embedding_spec, resolve_embedding
 
@@ -670,6 +677,7 @@ def tune(
     if out.is_dir():
         raise _fail(f"--out must be a file path, not a folder: {out}")
     try:
+        configs = parse_grid(grid) if grid is not None else None
         ds = load_beir(dataset, split, limit=limit)
         embed_spec = concrete_embedding_spec(embed)
         embed_label = f"{embed_spec}@{max_length}"
@@ -701,6 +709,7 @@ def tune(
                 embed_label=embed_label,
                 cache_root=cache_dir_ or cache_dir(),
                 split=split,
+                grid=configs,
                 tolerance=tolerance / 100,
                 hyde_prompt=hyde_prompt,
                 top_k=top_k,

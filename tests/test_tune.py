@@ -279,3 +279,23 @@ def test_compare_with_itself_is_all_ties_and_no_difference() -> None:
 
 def test_a_report_not_compared_has_no_verdict_in_its_dict() -> None:
     assert report("none", 0.5).to_dict()["verdict"] is None
+
+
+def test_parse_grid_is_the_product_in_order() -> None:
+    from llama_index_hyde_plus.evaluation.tune import parse_grid
+
+    assert parse_grid("query_weight=0.7,1; gate=none,0.5") == [
+        {"query_weight": 0.7, "gate": None},
+        {"query_weight": 0.7, "gate": 0.5},
+        {"query_weight": 1, "gate": None},
+        {"query_weight": 1, "gate": 0.5},
+    ]
+    assert parse_grid("strategy=rerank;blend=0.2") == [{"strategy": "rerank", "blend": 0.2}]
+
+
+@pytest.mark.parametrize("text", ["", "query_weight", "a=1;a=2", "=1", "k="])
+def test_parse_grid_rejects_what_it_cannot_read(text: str) -> None:
+    from llama_index_hyde_plus.evaluation.tune import parse_grid
+
+    with pytest.raises(ValueError, match="grid"):
+        parse_grid(text)

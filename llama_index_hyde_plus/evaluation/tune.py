@@ -34,6 +34,32 @@ DEFAULT_TOLERANCE = 0.002
 """nDCG@10 (0-1 scale) within which a simpler configuration is preferred to the best."""
 
 
+def parse_grid(text: str) -> list[dict[str, Any]]:
+    """``"query_weight=0.7,1.0; keyword_weight=0.5,0.9"`` -> the product of the listed
+    values, in order (``none`` is None, ``true``/``false`` booleans, numbers as
+    numbers). A `ValueError` names what cannot be read."""
+    import itertools
+
+    from .runner import _value
+
+    axes: list[tuple[str, list[Any]]] = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        key, sep, values = part.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            raise ValueError(f"--grid part {part!r} must be key=value[,value...]")
+        if any(key == k for k, _ in axes):
+            raise ValueError(f"--grid names {key!r} twice")
+        parsed = [
+            None if v.strip().lower() == "none" else _value(v.strip()) for v in values.split(",")
+        ]
+        axes.append((key, parsed))
+    if not axes:
+        raise ValueError("--grid is empty; write key=value[,value...]; key=...")
+    keys = [k for k, _ in axes]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in axes))]
+
+
 def complexity(options: dict[str, Any]) -> int:
     """How much machinery a configuration switches on (lower is simpler): grounding
     costs a search and a longer prompt, a gate and a rerank need extra embeddings."""
