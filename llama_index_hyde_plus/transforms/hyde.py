@@ -69,7 +69,7 @@ class HyDE(LLMTransform):
     DEFAULT_STRATEGY: ClassVar[Strategy] = "replace"
     TUNE_QUERY_WEIGHTS: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7, 0.8, 0.9)
     TUNE_BLENDS: ClassVar[tuple[float, ...]] = (0.1, 0.2, 0.3, 0.5)
-    TUNE_GATES: ClassVar[tuple[float, ...]] = (0.4, 0.6)
+    TUNE_GATES: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7)
 
     def __init__(
         self,
