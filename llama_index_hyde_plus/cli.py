@@ -139,13 +139,16 @@ def index(
     batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 64,
 ) -> None:
     """Embed a folder of documents into FAISS on disk or a hybrid Milvus collection."""
-    from .indexing import read_documents
+    from .indexing import check_index_target, read_documents
 
     try:
-        documents = read_documents(docs)
         if store == "faiss":
             if out is None:
                 raise ValueError("--out is needed for the FAISS store")
+            check_index_target(out, docs)
+        documents = read_documents(docs)
+        if store == "faiss":
+            assert out is not None
             info, _ = _build_index(documents, out, embed, max_length, batch_size)
             console.print(
                 f"[green]Indexed {info.documents} documents[/] into [bold]{info.path}[/] "

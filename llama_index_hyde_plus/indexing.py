@@ -39,6 +39,33 @@ class IndexInfo:
         return self.documents / self.seconds if self.seconds else 0.0
 
 
+def check_index_target(out: Path, docs: Path | None = None) -> Path:
+    """``out`` resolved, if an index may be written there; else a `ValueError` saying why.
+
+    The target must be absent, an empty folder, or a hyde-plus index (it holds
+    ``hyde_plus.json``): anything else could be someone's files, and a build replaces
+    the folder. It may not be the documents folder ``docs`` or a folder above it.
+    """
+    target = out.expanduser().resolve()
+    if target.exists() and not target.is_dir():
+        raise ValueError(
+            f"--out {out} is a file, not a folder; give a new or empty folder for the index"
+        )
+    if docs is not None:
+        source = docs.expanduser().resolve()
+        if target == source or target in source.parents:
+            raise ValueError(
+                f"--out {out} is the documents folder or contains it; "
+                "write the index to a separate folder"
+            )
+    if target.is_dir() and not (target / META_FILE).is_file() and any(target.iterdir()):
+        raise ValueError(
+            f"--out {out} is a folder that is neither empty nor a hyde-plus index "
+            f"(no {META_FILE}); refusing to replace it: choose a new or empty folder"
+        )
+    return target
+
+
 def read_documents(folder: Path) -> list[Document]:
     """Documents from ``folder``: ``.txt``/``.md`` files (one document each) and
     ``.jsonl`` files (one per line, ``text`` plus optional ``title`` and ``_id``/``id``)."""
@@ -122,6 +149,7 @@ def build_faiss_index(
     import faiss
     from llama_index.vector_stores.faiss import FaissVectorStore
 
+    out = check_index_target(out)
     start = time.perf_counter()
     nodes = nodes_from_documents(documents)
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
@@ -131,7 +159,6 @@ def build_faiss_index(
     index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
     seconds = time.perf_counter() - start
 
-    out = out.expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -200,3 +200,36 @@ def test_eval_with_an_unknown_transform_is_a_clear_error(tmp_path: Path) -> None
         ],
     )
     assert result.exit_code == 2 and "unknown transform" in result.output
+
+
+def _docs(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Employees receive twenty five days of paid time off.")
+    return docs
+
+
+@pytest.mark.parametrize("target", ["notes", "docs", "parent", "file"])
+def test_index_refuses_an_out_folder_it_would_destroy(tmp_path: Path, target: str) -> None:
+    docs = _docs(tmp_path)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("my notes")
+    (tmp_path / "file").write_text("a file")
+    out = {"notes": notes, "docs": docs, "parent": tmp_path, "file": tmp_path / "file"}[target]
+    result = runner.invoke(app, ["index", str(docs), "--out", str(out), "--embed", "local"])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and "--out" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert (notes / "todo.txt").read_text() == "my notes"
+    assert (docs / "a.txt").is_file() and (tmp_path / "file").read_text() == "a file"
+
+
+def test_index_accepts_an_empty_folder_and_replaces_an_index(tmp_path: Path) -> None:
+    docs = _docs(tmp_path)
+    out = tmp_path / "empty"
+    out.mkdir()
+    for _ in range(2):  # empty folder, then the index it now holds
+        result = runner.invoke(app, ["index", str(docs), "--out", str(out), "--embed", "local"])
+        assert result.exit_code == 0, result.output
+        assert (out / "hyde_plus.json").is_file()
