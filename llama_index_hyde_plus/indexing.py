@@ -70,34 +70,88 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
     return target
 
 
+def _decode(path: Path, rel: str) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{rel}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+            "convert the file to UTF-8"
+        ) from exc
+
+
+def _field(row: dict[str, Any], name: str, where: str, *, required: bool) -> str | None:
+    value = row.get(name)
+    if value is None:
+        if required:
+            raise ValueError(f"{where}: '{name}' is missing or null; give every line a text")
+        return None
+    if not isinstance(value, str):
+        raise ValueError(
+            f"{where}: '{name}' must be a string, not {type(value).__name__} ({value!r:.60})"
+        )
+    return value
+
+
+def _doc_id(row: dict[str, Any], where: str) -> str:
+    for key in ("_id", "id"):
+        value = row.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"{where}: '{key}' must be a string or an integer")
+        if str(value).strip():
+            return str(value)
+    return where
+
+
 def read_documents(folder: Path) -> list[Document]:
     """Documents from ``folder``: ``.txt``/``.md`` files (one document each) and
-    ``.jsonl`` files (one per line, ``text`` plus optional ``title`` and ``_id``/``id``)."""
+    ``.jsonl`` files (one per line, ``text`` plus optional ``title`` and ``_id``/``id``).
+
+    A `ValueError` names the file and line of anything it cannot take as it is: a
+    file that is not UTF-8, a line that is not a JSON object, a ``text`` that is null
+    or not a string, and a document id used twice (with both places)."""
     if not folder.is_dir():
         raise ValueError(f"DIR must be a folder: {folder}")
     docs: list[Document] = []
+    seen: dict[str, str] = {}
+
+    def add(doc_id: str, where: str, text: str, meta: dict[str, Any]) -> None:
+        if doc_id in seen:
+            raise ValueError(
+                f"duplicate document id {doc_id!r} in {seen[doc_id]} and {where}; "
+                "give every document a unique _id"
+            )
+        seen[doc_id] = where
+        docs.append(Document(text=text, id_=doc_id, metadata=meta))
+
     for path in sorted(folder.rglob("*")):
         if not path.is_file():
             continue
         rel = str(path.relative_to(folder))
         if path.suffix.lower() in (".txt", ".md"):
-            text = path.read_text(encoding="utf-8", errors="replace").strip()
+            text = _decode(path, rel).strip()
             if text:
-                docs.append(Document(text=text, id_=rel, metadata={"source": rel}))
+                add(rel, rel, text, {"source": rel})
         elif path.suffix.lower() == ".jsonl":
-            for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for lineno, line in enumerate(_decode(path, rel).splitlines(), 1):
                 if not line.strip():
                     continue
+                where = f"{rel}:{lineno}"
                 try:
                     row = json.loads(line)
-                    text = str(row["text"]).strip()
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{rel}:{lineno}: expected JSON with a 'text' field") from exc
-                doc_id = str(row.get("_id") or row.get("id") or f"{rel}:{lineno}")
-                title = str(row.get("title") or "").strip()
+                except ValueError as exc:
+                    raise ValueError(f"{where}: expected JSON with a 'text' field") from exc
+                if not isinstance(row, dict):
+                    raise ValueError(f"{where}: expected a JSON object with a 'text' field")
+                text = (_field(row, "text", where, required=True) or "").strip()
+                title = (_field(row, "title", where, required=False) or "").strip()
                 body = f"{title}\n{text}" if title else text
                 meta = {"source": rel, "title": title} if title else {"source": rel}
-                docs.append(Document(text=body, id_=doc_id, metadata=meta))
+                add(_doc_id(row, where), where, body, meta)
     if not docs:
         raise ValueError(f"no .txt, .md or .jsonl documents found in {folder}")
     return docs
@@ -110,7 +164,13 @@ def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
 
 def nodes_from_documents(documents: Sequence[Document]) -> list[TextNode]:
     """One node per document, keeping its id; metadata (source, title) is kept but not
-    embedded or shown to the LLM (the title is already in the text)."""
+    embedded or shown to the LLM (the title is already in the text). Two documents
+    with one id are a `ValueError`: the second would silently replace the first."""
+    seen: set[str] = set()
+    for d in documents:
+        if d.doc_id in seen:
+            raise ValueError(f"duplicate document id {d.doc_id!r}; give every document its own")
+        seen.add(d.doc_id)
     return [
         TextNode(
             id_=d.doc_id,

@@ -208,3 +208,80 @@ def test_a_query_embedding_of_another_dimension_is_a_clear_error(tmp_path: Path)
     index = load_faiss_index(out, DeterministicEmbedding(dim=32))
     with pytest.raises(EmbeddingMismatchError, match=r"64-d vectors .* 32 dimensions"):
         index.as_retriever().retrieve("paid time off")
+
+
+def _folder(tmp_path: Path, files: dict[str, str | bytes]) -> Path:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, content in files.items():
+        path = folder / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return folder
+
+
+def _line(**row: object) -> str:
+    return json.dumps(row) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {"a.jsonl": _line(_id="x", text="one") + _line(_id="x", text="two")},
+            "a.jsonl:1 and a.jsonl:2",
+        ),
+        (
+            {"a.jsonl": _line(_id="x", text="one"), "b.jsonl": _line(id="x", text="two")},
+            "a.jsonl:1 and b.jsonl:1",
+        ),
+        (
+            {"a.jsonl": _line(_id=7, text="one") + _line(_id="7", text="two")},
+            "a.jsonl:1 and a.jsonl:2",
+        ),
+        ({"n.txt": "a text", "a.jsonl": _line(_id="n.txt", text="two")}, "a.jsonl:1 and n.txt"),
+    ],
+)
+def test_a_duplicate_document_id_is_an_error_naming_both_places(
+    tmp_path: Path, files: dict[str, str | bytes], expected: str
+) -> None:
+    from llama_index_hyde_plus.indexing import read_documents
+
+    with pytest.raises(ValueError, match="duplicate document id") as info:
+        read_documents(_folder(tmp_path, files))
+    assert expected in str(info.value)
+
+
+def test_null_ids_do_not_collide_with_the_string_none(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.indexing import read_documents
+
+    folder = _folder(
+        tmp_path, {"a.jsonl": _line(_id=None, text="one") + _line(_id="None", text="two")}
+    )
+    assert [d.doc_id for d in read_documents(folder)] == ["a.jsonl:1", "None"]
+
+
+@pytest.mark.parametrize("text", [None, {"body": "x"}, ["x"]])
+def test_a_null_or_structured_text_is_an_error_naming_file_and_line(
+    tmp_path: Path, text: object
+) -> None:
+    folder = _folder(tmp_path, {"a.jsonl": _line(text="fine") + _line(_id="b", text=text)})
+    result = runner.invoke(app, ["index", str(folder), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "a.jsonl:2" in result.output and "'text'" in result.output
+    assert "None" not in result.output.replace("NoneType", "") and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "rows.jsonl"])
+def test_a_non_utf8_file_is_an_error_naming_file_and_line(tmp_path: Path, name: str) -> None:
+    good = '{"text": "fine"}\n' if name.endswith("jsonl") else "fine\n"
+    folder = _folder(tmp_path, {name: good.encode() + b'{"text": "caf\xe9"}\n'})
+    result = runner.invoke(app, ["index", str(folder), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and f"{name}:2: not UTF-8" in result.output
+
+
+def test_the_cli_refuses_duplicate_ids_before_embedding(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, {"a.jsonl": _line(_id="x", text="one") + _line(_id="x", text="two")})
+    result = runner.invoke(app, ["index", str(folder), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "duplicate document id 'x'" in result.output
