@@ -16,10 +16,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .local.assets import ModelNotAvailableError
+from .models import MissingExtraError, require_extra
 from .retriever import SearchResult, TransformRetriever
 from .transforms.registry import METHODS, make_transform
 from .usage import Usage
@@ -61,8 +64,28 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors the user can fix, printed as one ``error:`` line instead of a traceback."""
+    import openai
+
+    return (ValueError, ModelNotAvailableError, MissingExtraError, openai.OpenAIError)
+
+
+def _describe_error(exc: Exception) -> str:
+    import openai
+
+    if isinstance(exc, openai.AuthenticationError):
+        return "OpenAI rejected the API key (HTTP 401); check OPENAI_API_KEY, or use local models"
+    if isinstance(exc, openai.OpenAIError):
+        return (
+            f"the OpenAI request failed ({type(exc).__name__}: {exc}); check the network and "
+            "OPENAI_API_KEY, or use local models"
+        )
+    return str(exc)
 
 
 def _progress() -> Progress:
@@ -159,9 +182,10 @@ def index(
             raise ValueError("--store must be faiss or milvus")
         if not uri:
             raise ValueError("--uri is needed for the Milvus store (a file path or a URL)")
+        require_extra("milvus", ("pymilvus", "llama_index.vector_stores.milvus"), "--store milvus")
         _build_milvus(documents, uri, collection, token or "", embed, max_length, batch_size)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
 
 
 def _build_milvus(
@@ -328,8 +352,8 @@ def query(
             make_transform(transform, model, **options) if model else make_transform("none")
         )
         result = TransformRetriever(retriever, transformer, top_k=top_k).search(question)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
     if as_json:
         payload = {
             "transform": result.transform.to_dict(),
@@ -372,8 +396,8 @@ def transform_cmd(
             options["num_passages"] = num_passages
         transformer = make_transform(method, resolve_llm(llm), **options)
         result = transformer.transform_safe(question)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
 
 
@@ -464,7 +488,11 @@ def eval_cmd(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, latency, tokens, cost."""
-    from .evaluation import BeirFormatError, load_beir, run_eval
+    try:
+        require_extra("eval", ("ir_measures", "matplotlib"), "hyde-plus eval")
+    except MissingExtraError as exc:
+        raise _fail(str(exc)) from exc
+    from .evaluation import load_beir, run_eval
     from .evaluation.report import rich_table, write_outputs
     from .local.assets import cache_dir
     from .models import concrete_embedding_spec, resolve_embedding
@@ -482,8 +510,8 @@ def eval_cmd(
                 if any(n != "none" for n in names)
                 else None
             )
-    except (BeirFormatError, ValueError) as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:  # BeirFormatError is a ValueError
+        raise _fail(_describe_error(exc)) from exc
     err.print(
         f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
         f"transforms: {', '.join(names)}"
@@ -549,8 +577,9 @@ def _eval_llm(spec: str, temperature: float, max_tokens: int, seed: int, concurr
         )
     from llama_index.llms.openai import OpenAI
 
-    from .models import DEFAULT_OPENAI_LLM
+    from .models import DEFAULT_OPENAI_LLM, _require_openai_key
 
+    _require_openai_key("--llm")
     return OpenAI(model=name or DEFAULT_OPENAI_LLM, temperature=temperature, max_tokens=max_tokens)
 
 
@@ -636,11 +665,19 @@ def demo(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """HyDE end to end on a small shipped corpus, with local models: no key, no server."""
+    _setup_logging(verbose)
+    try:
+        require_extra("local", ("xllamacpp", "fastembed"), "hyde-plus demo")
+        _demo(question, num_passages, seed, top_k, out)
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
+
+
+def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | None) -> None:
     from .indexing import read_documents
     from .local import local_llm
     from .transforms.hyde import HyDE
 
-    _setup_logging(verbose)
     wall = time.perf_counter()
     console.rule("[bold]hyde-plus demo")
     console.print(

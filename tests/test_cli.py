@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,81 @@ def test_index_accepts_an_empty_folder_and_replaces_an_index(tmp_path: Path) -> 
         result = runner.invoke(app, ["index", str(docs), "--out", str(out), "--embed", "local"])
         assert result.exit_code == 0, result.output
         assert (out / "hyde_plus.json").is_file()
+
+
+def _one_error_line(result) -> str:  # type: ignore[no-untyped-def]
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    return str(lines[0])
+
+
+def test_a_missing_model_offline_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYDE_PLUS_OFFLINE", "1")
+    monkeypatch.setenv("HYDE_PLUS_CACHE", str(tmp_path / "empty-cache"))
+    docs = _docs(tmp_path)
+    line = _one_error_line(
+        runner.invoke(app, ["index", str(docs), "--out", str(tmp_path / "o"), "--embed", "local"])
+    )
+    assert "hyde-plus models pull" in line
+    line = _one_error_line(runner.invoke(app, ["transform", "q", "--llm", "local"]))
+    assert "models pull" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["transform", "q", "--llm", "openai"],
+        ["query", "q", "--index", "IDX", "--llm", "openai"],
+        ["index", "DOCS", "--out", "OUT", "--embed", "openai"],
+    ],
+)
+def test_openai_without_a_key_fails_fast_instead_of_falling_back(
+    tmp_path: Path, built_index: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    paths = {"IDX": str(built_index), "DOCS": str(_docs(tmp_path)), "OUT": str(tmp_path / "o")}
+    line = _one_error_line(runner.invoke(app, [paths.get(a, a) for a in args]))
+    assert "OPENAI_API_KEY" in line
+
+
+def test_index_with_openai_unreachable_gives_up_quickly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-bad")
+    monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{port}/v1")
+    start = time.monotonic()
+    result = runner.invoke(
+        app, ["index", str(_docs(tmp_path)), "--out", str(tmp_path / "o"), "--embed", "openai"]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]  # after the progress bar and retry notes
+    assert last.startswith("error:") and "OpenAI request failed" in last
+    assert time.monotonic() - start < 40  # not ten rounds of 4-10 s backoff
+
+
+@pytest.mark.parametrize(
+    ("args", "module", "extra"),
+    [
+        (["eval", "--dataset", "x"], "ir_measures", "eval"),
+        (["demo"], "xllamacpp", "local"),
+        (["transform", "q", "--llm", "local"], "xllamacpp", "local"),
+        (["query", "q", "--index", "IDX", "-t", "none"], "fastembed", "local"),
+    ],
+)
+def test_a_missing_extra_is_named_before_any_work(
+    built_index: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], module: str, extra: str
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # as on an install without the extra
+    args = [str(built_index) if a == "IDX" else a for a in args]
+    line = _one_error_line(runner.invoke(app, args))
+    assert f"'{extra}' extra" in line and f"llama-index-hyde-plus[{extra}]" in line
