@@ -33,6 +33,31 @@ class LLMTimeoutError(TimeoutError):
     """The LLM did not answer within the transform's ``timeout``."""
 
 
+#: Set by `complete` for the thread that runs an attempt: the event is set when the
+#: attempt times out, so an LLM that can stop mid-generation (`LocalLLM`) does.
+CANCEL_EVENT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "hyde_plus_cancel_event", default=None
+)
+
+
+def has_native_async(llm: Any) -> bool:
+    """False for an LLM whose ``acomplete`` is LlamaIndex's `CustomLLM` default, which
+    just calls the blocking ``complete`` on the event loop."""
+    from llama_index.core.llms.custom import CustomLLM
+
+    if not isinstance(llm, CustomLLM):
+        return True
+    # the class that defines acomplete (LlamaIndex re-wraps inherited methods per
+    # subclass for instrumentation, so identity with CustomLLM.acomplete does not hold)
+    owner = next(k for k in type(llm).__mro__ if "acomplete" in vars(k))
+    return owner is not CustomLLM
+
+
+def _needs_loading(llm: Any) -> bool:
+    """True for an LLM that loads lazily (``loaded`` is False and it has ``warm_up``)."""
+    return getattr(llm, "loaded", True) is False and callable(getattr(llm, "warm_up", None))
+
+
 @dataclass(frozen=True)
 class LLMReply:
     text: str
@@ -111,12 +136,17 @@ def complete(
 ) -> LLMReply:
     """Blocking completion. ``timeout`` bounds the whole call, retries included: each
     attempt runs in a daemon thread and `LLMTimeoutError` is raised when the budget
-    runs out (the thread is abandoned, not killed). Transient errors are retried per
+    runs out (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that
+    can stop generating does). A lazily loaded local model is loaded before the clock
+    starts. Transient errors are retried per
     ``retry``; ``breaker`` is consulted before and told after every attempt."""
 
     def call() -> CompletionResponse:
         return llm.complete(prompt, **_kwargs(temperature))
 
+    if _needs_loading(llm):
+        # loading a local model is not answering: it happens before the clock starts
+        getattr(llm, "warm_up")()  # noqa: B009
     deadline = None if timeout is None else time.monotonic() + timeout
     attempt = 0
     while True:
@@ -181,7 +211,9 @@ def _after_failure(
 def _call_with_timeout(call: Any, timeout: float) -> CompletionResponse:
     box: dict[str, Any] = {}
     done = threading.Event()
+    cancel = threading.Event()
     ctx = contextvars.copy_context()
+    ctx.run(CANCEL_EVENT.set, cancel)
 
     def target() -> None:
         try:
@@ -193,6 +225,7 @@ def _call_with_timeout(call: Any, timeout: float) -> CompletionResponse:
 
     threading.Thread(target=target, name="hyde-plus-llm", daemon=True).start()
     if not done.wait(timeout):
+        cancel.set()
         raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s")
     if "error" in box:
         raise box["error"]
@@ -210,14 +243,26 @@ async def acomplete(
     retry: RetryPolicy = NO_RETRY,
     breaker: CircuitBreaker | None = None,
 ) -> LLMReply:
-    """Native async completion (``llm.acomplete``): the async twin of `complete`; an
-    overrun attempt is cancelled."""
+    """Async completion: the async twin of `complete`; an overrun attempt is cancelled.
+
+    An LLM with native async runs ``llm.acomplete``; one that only implements the
+    blocking ``complete`` (LlamaIndex's `CustomLLM` default ``acomplete``) runs it in a
+    worker thread, so the event loop keeps running and the timeout holds (the thread is
+    abandoned and told through `CANCEL_EVENT`). A lazily loaded local model is loaded
+    (in a thread) before the clock starts."""
+    if _needs_loading(llm):
+        await asyncio.to_thread(getattr(llm, "warm_up"))  # noqa: B009
+    native = has_native_async(llm)
     deadline = None if timeout is None else time.monotonic() + timeout
     attempt = 0
     while True:
         _check_breaker(breaker)
         remaining = _remaining(deadline, timeout)
-        coro = llm.acomplete(prompt, **_kwargs(temperature))
+        cancel = threading.Event()
+        if native:
+            coro = llm.acomplete(prompt, **_kwargs(temperature))
+        else:
+            coro = _in_thread(llm, prompt, _kwargs(temperature), cancel)
         try:
             if remaining is None:
                 response = await coro
@@ -225,6 +270,7 @@ async def acomplete(
                 try:
                     response = await asyncio.wait_for(coro, remaining)
                 except asyncio.TimeoutError as exc:
+                    cancel.set()
                     raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s") from exc
         except Exception as exc:
             pause = _after_failure(exc, attempt, retry, breaker, deadline)
@@ -238,3 +284,18 @@ async def acomplete(
         break
     _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
     return _reply(llm, prompt, response, prices)
+
+
+async def _in_thread(
+    llm: LLM, prompt: str, kwargs: dict[str, Any], cancel: threading.Event
+) -> CompletionResponse:
+    """``llm.complete`` in a worker thread; cancelling the await sets ``cancel``."""
+    ctx = contextvars.copy_context()
+    ctx.run(CANCEL_EVENT.set, cancel)
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, lambda: ctx.run(llm.complete, prompt, **kwargs))
+    try:
+        return await future
+    except asyncio.CancelledError:
+        cancel.set()
+        raise

@@ -14,6 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -69,41 +70,123 @@ class MemoryCache:
             self._data.clear()
 
 
+#: SQLite result codes that mean the file itself is damaged (not busy, not read-only).
+_CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """True only for errors that mean the database file is damaged: "file is not a
+    database" or "database disk image is malformed". Locks, read-only files, missing
+    folders and I/O errors are not corruption."""
+    if not isinstance(exc, sqlite3.DatabaseError) or isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF in _CORRUPT_CODES
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text
+
+
 class SQLiteCache:
     """A persistent cache in one SQLite file; entries older than ``ttl_s`` seconds are
-    misses (and are purged on write). A corrupted file is moved aside (``*.corrupt-*``),
-    logged, and replaced by a fresh one: a cache failure never fails a search."""
+    misses (and are purged on write).
 
-    def __init__(self, path: str | Path, ttl_s: float | None = None) -> None:
+    A damaged file ("file is not a database", "malformed") is moved aside under a
+    unique name (``*.corrupt-<time>-<id>``), logged, and replaced by a fresh one. A
+    cache that is busy (another process holds the write lock), read-only or otherwise
+    unavailable is left alone: a read is a miss and a write is skipped after waiting
+    at most ``busy_timeout_s`` seconds. A cache never fails a search.
+    """
+
+    def __init__(
+        self, path: str | Path, ttl_s: float | None = None, *, busy_timeout_s: float = 0.5
+    ) -> None:
         if ttl_s is not None and not ttl_s > 0:
             raise ValueError("ttl_s must be > 0 seconds or None")
+        if not busy_timeout_s >= 0:
+            raise ValueError("busy_timeout_s must be >= 0 seconds")
         self.path = Path(path).expanduser()
         self.ttl_s = ttl_s
+        self.busy_timeout_s = float(busy_timeout_s)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._warned = False
         with self._lock:
-            self._open()
+            self._try_open()
 
     def _open(self) -> sqlite3.Connection:
+        """The connection, opened (and the table created) on first use. Raises
+        `sqlite3.Error`; a damaged file is quarantined and opened afresh once."""
         if self._conn is not None:
             return self._conn
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(2):
             try:
-                conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+                self._conn = self._connect()
+                return self._conn
+            except sqlite3.DatabaseError as exc:
+                if attempt or not is_corruption(exc):
+                    raise
+                self._quarantine(exc)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=self.busy_timeout_s)
+        try:
+            try:
                 conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError:
+                pass  # busy or read-only: the default journal works too
+            try:
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS results "
                     "(key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
                 )
-                conn.execute("SELECT count(*) FROM results").fetchone()
-                self._conn = conn
-                return conn
-            except sqlite3.DatabaseError as exc:
-                if attempt:
+            except sqlite3.OperationalError:
+                if not self._has_table(conn):  # a read-only cache that has it is fine
                     raise
-                self._quarantine(exc)
-        raise AssertionError("unreachable")  # pragma: no cover
+            conn.execute("SELECT count(*) FROM results").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _has_table(conn: sqlite3.Connection) -> bool:
+        row = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'"
+        ).fetchone()
+        return row is not None
+
+    def _try_open(self) -> sqlite3.Connection | None:
+        try:
+            return self._open()
+        except sqlite3.Error as exc:
+            self._unavailable(exc)
+            return None
+
+    def _unavailable(self, exc: BaseException) -> None:
+        """Log (once per outage) that the cache is skipped for now."""
+        level = logging.DEBUG if self._warned else logging.WARNING
+        self._warned = True
+        logger.log(
+            level, "transform cache %s is unavailable (%s); continuing without it", self.path, exc
+        )
+
+    def _still_corrupt(self) -> bool:
+        """Check with a fresh connection: another process may already have replaced the
+        damaged file with a healthy one, which must not be moved aside."""
+        try:
+            probe = sqlite3.connect(self.path, timeout=self.busy_timeout_s)
+        except sqlite3.Error:
+            return False
+        try:
+            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return False
+        except sqlite3.Error as exc:
+            return is_corruption(exc)
+        finally:
+            probe.close()
 
     def _quarantine(self, exc: Exception) -> None:
         if self._conn is not None:
@@ -112,17 +195,28 @@ class SQLiteCache:
             except sqlite3.Error:
                 pass
             self._conn = None
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        if not self.path.exists() or not self._still_corrupt():
+            return
+        stamp = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         logger.warning(
-            "transform cache %s is unreadable (%s); moved it to %s and started a new one",
+            "transform cache %s is corrupt (%s); moved it to %s and started a new one",
             self.path,
             exc,
             aside.name,
         )
         for suffix in ("", "-wal", "-shm"):
             part = Path(str(self.path) + suffix)
-            if part.exists():
+            try:
                 part.replace(Path(str(aside) + suffix))
+            except FileNotFoundError:
+                pass
+
+    def _handle(self, exc: sqlite3.Error) -> None:
+        if is_corruption(exc):
+            self._quarantine(exc)
+        else:
+            self._unavailable(exc)
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -132,9 +226,10 @@ class SQLiteCache:
                     .execute("SELECT value, created FROM results WHERE key = ?", (key,))
                     .fetchone()
                 )
-            except sqlite3.DatabaseError as exc:
-                self._quarantine(exc)
+            except sqlite3.Error as exc:
+                self._handle(exc)
                 return None
+            self._warned = False
         if row is None:
             return None
         value, created = row
@@ -163,9 +258,9 @@ class SQLiteCache:
                                 (time.time() - self.ttl_s,),
                             )
                     return
-                except sqlite3.DatabaseError as exc:
-                    if attempt:
-                        logger.warning("could not write to transform cache %s: %s", self.path, exc)
+                except sqlite3.Error as exc:
+                    if attempt or not is_corruption(exc):
+                        self._unavailable(exc)
                         return
                     self._quarantine(exc)
 
@@ -173,7 +268,7 @@ class SQLiteCache:
         with self._lock:
             try:
                 return int(self._open().execute("SELECT count(*) FROM results").fetchone()[0])
-            except sqlite3.DatabaseError:
+            except sqlite3.Error:
                 return 0
 
     def close(self) -> None:

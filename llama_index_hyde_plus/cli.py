@@ -16,10 +16,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .local.assets import ModelNotAvailableError
+from .models import MissingExtraError, require_extra
 from .retriever import SearchResult, TransformRetriever
 from .transforms.registry import METHODS, TRANSFORMS, make_transform
 from .usage import Usage
@@ -61,8 +64,28 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors the user can fix, printed as one ``error:`` line instead of a traceback."""
+    import openai
+
+    return (ValueError, ModelNotAvailableError, MissingExtraError, openai.OpenAIError)
+
+
+def _describe_error(exc: Exception) -> str:
+    import openai
+
+    if isinstance(exc, openai.AuthenticationError):
+        return "OpenAI rejected the API key (HTTP 401); check OPENAI_API_KEY, or use local models"
+    if isinstance(exc, openai.OpenAIError):
+        return (
+            f"the OpenAI request failed ({type(exc).__name__}: {exc}); check the network and "
+            "OPENAI_API_KEY, or use local models"
+        )
+    return str(exc)
 
 
 def _progress() -> Progress:
@@ -139,13 +162,16 @@ def index(
     batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 64,
 ) -> None:
     """Embed a folder of documents into FAISS on disk or a hybrid Milvus collection."""
-    from .indexing import read_documents
+    from .indexing import check_index_target, read_documents
 
     try:
-        documents = read_documents(docs)
         if store == "faiss":
             if out is None:
                 raise ValueError("--out is needed for the FAISS store")
+            check_index_target(out, docs)
+        documents = read_documents(docs)
+        if store == "faiss":
+            assert out is not None
             info, _ = _build_index(documents, out, embed, max_length, batch_size)
             console.print(
                 f"[green]Indexed {info.documents} documents[/] into [bold]{info.path}[/] "
@@ -156,9 +182,10 @@ def index(
             raise ValueError("--store must be faiss or milvus")
         if not uri:
             raise ValueError("--uri is needed for the Milvus store (a file path or a URL)")
+        require_extra("milvus", ("pymilvus", "llama_index.vector_stores.milvus"), "--store milvus")
         _build_milvus(documents, uri, collection, token or "", embed, max_length, batch_size)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
 
 
 def _build_milvus(
@@ -336,8 +363,8 @@ def query(
             options = dict(tuned.options) if tuned is not None else {}
         transformer = make_transform(transform, model, **options)
         result = TransformRetriever(retriever, transformer, top_k=top_k).search(question)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
     if as_json:
         payload = {
             "transform": result.transform.to_dict(),
@@ -380,8 +407,8 @@ def transform_cmd(
             options["num_passages"] = num_passages
         transformer = make_transform(method, resolve_llm(llm), **options)
         result = transformer.transform_safe(question)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
 
 
@@ -477,7 +504,11 @@ def eval_cmd(
 ) -> None:
     """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
-    from .evaluation import BeirFormatError, load_beir, run_eval
+    try:
+        require_extra("eval", ("ir_measures", "matplotlib"), "hyde-plus eval")
+    except MissingExtraError as exc:
+        raise _fail(str(exc)) from exc
+    from .evaluation import load_beir, run_eval
     from .evaluation.report import rich_table, verdicts, write_outputs
     from .evaluation.runner import needs_llm, parse_transform_spec
     from .evaluation.tune import load_config
@@ -500,8 +531,8 @@ def eval_cmd(
                 if llm != "none"
                 else None
             )
-    except (BeirFormatError, ValueError) as exc:
-        raise _fail(str(exc)) from exc
+    except _user_errors() as exc:  # BeirFormatError is a ValueError
+        raise _fail(_describe_error(exc)) from exc
     err.print(
         f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
         f"transforms: {', '.join(names)}"
@@ -569,8 +600,9 @@ def _eval_llm(spec: str, temperature: float, max_tokens: int, seed: int, concurr
         )
     from llama_index.llms.openai import OpenAI
 
-    from .models import DEFAULT_OPENAI_LLM
+    from .models import DEFAULT_OPENAI_LLM, _require_openai_key
 
+    _require_openai_key("--llm")
     return OpenAI(model=name or DEFAULT_OPENAI_LLM, temperature=temperature, max_tokens=max_tokens)
 
 
@@ -662,7 +694,11 @@ def tune(
     Each query is generated once (cached); every configuration reuses it, so a sweep
     costs one generation per query and generation setting. Prints the table and the
     chosen configuration: the simplest within --tolerance points of the best."""
-    from .evaluation import BeirFormatError, load_beir
+    try:
+        require_extra("eval", ("ir_measures", "matplotlib"), "hyde-plus tune")
+    except MissingExtraError as exc:
+        raise _fail(str(exc)) from exc
+    from .evaluation import load_beir
     from .evaluation.report import tune_markdown, tune_table
     from .evaluation.runner import needs_llm
     from .evaluation.tune import parse_grid, run_tune, write_config
@@ -688,7 +724,7 @@ def tune(
                 if needs_llm(name)
                 else None
             )
-    except (BeirFormatError, ValueError) as exc:
+    except _user_errors() as exc:  # BeirFormatError is a ValueError
         raise _fail(str(exc)) from exc
     err.print(f"[bold]{ds.name}[/] {split}: {len(ds.queries)} queries; tuning {name}")
     with _progress() as progress:
@@ -860,11 +896,19 @@ def demo(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """HyDE end to end on a small shipped corpus, with local models: no key, no server."""
+    _setup_logging(verbose)
+    try:
+        require_extra("local", ("xllamacpp", "fastembed"), "hyde-plus demo")
+        _demo(question, num_passages, seed, top_k, out)
+    except _user_errors() as exc:
+        raise _fail(_describe_error(exc)) from exc
+
+
+def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | None) -> None:
     from .indexing import read_documents
     from .local import local_llm
     from .transforms.hyde import HyDE
 
-    _setup_logging(verbose)
     wall = time.perf_counter()
     console.rule("[bold]hyde-plus demo")
     console.print(

@@ -2,16 +2,20 @@
 
 An index folder holds LlamaIndex's storage files, the FAISS index, and
 ``hyde_plus.json`` recording how it was embedded, so a query embeds the same way.
-A build writes into a temporary folder beside the target and renames it into place
-at the end: an interrupted build never leaves a half-written index.
+``hyde_plus.json`` also names the data folder inside the index (``data-<id>``): a
+build writes a new data folder and switches the metadata file to it with one atomic
+rename, so an interrupted build never leaves a half-written index and never loses the
+previous one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,34 +43,115 @@ class IndexInfo:
         return self.documents / self.seconds if self.seconds else 0.0
 
 
+def check_index_target(out: Path, docs: Path | None = None) -> Path:
+    """``out`` resolved, if an index may be written there; else a `ValueError` saying why.
+
+    The target must be absent, an empty folder, or a hyde-plus index (it holds
+    ``hyde_plus.json``): anything else could be someone's files, and a build replaces
+    the folder. It may not be the documents folder ``docs`` or a folder above it.
+    """
+    target = out.expanduser().resolve()
+    if target.exists() and not target.is_dir():
+        raise ValueError(
+            f"--out {out} is a file, not a folder; give a new or empty folder for the index"
+        )
+    if docs is not None:
+        source = docs.expanduser().resolve()
+        if target == source or target in source.parents:
+            raise ValueError(
+                f"--out {out} is the documents folder or contains it; "
+                "write the index to a separate folder"
+            )
+    if target.is_dir() and not (target / META_FILE).is_file() and any(target.iterdir()):
+        raise ValueError(
+            f"--out {out} is a folder that is neither empty nor a hyde-plus index "
+            f"(no {META_FILE}); refusing to replace it: choose a new or empty folder"
+        )
+    return target
+
+
+def _decode(path: Path, rel: str) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{rel}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+            "convert the file to UTF-8"
+        ) from exc
+
+
+def _field(row: dict[str, Any], name: str, where: str, *, required: bool) -> str | None:
+    value = row.get(name)
+    if value is None:
+        if required:
+            raise ValueError(f"{where}: '{name}' is missing or null; give every line a text")
+        return None
+    if not isinstance(value, str):
+        raise ValueError(
+            f"{where}: '{name}' must be a string, not {type(value).__name__} ({value!r:.60})"
+        )
+    return value
+
+
+def _doc_id(row: dict[str, Any], where: str) -> str:
+    for key in ("_id", "id"):
+        value = row.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"{where}: '{key}' must be a string or an integer")
+        if str(value).strip():
+            return str(value)
+    return where
+
+
 def read_documents(folder: Path) -> list[Document]:
     """Documents from ``folder``: ``.txt``/``.md`` files (one document each) and
-    ``.jsonl`` files (one per line, ``text`` plus optional ``title`` and ``_id``/``id``)."""
+    ``.jsonl`` files (one per line, ``text`` plus optional ``title`` and ``_id``/``id``).
+
+    A `ValueError` names the file and line of anything it cannot take as it is: a
+    file that is not UTF-8, a line that is not a JSON object, a ``text`` that is null
+    or not a string, and a document id used twice (with both places)."""
     if not folder.is_dir():
         raise ValueError(f"DIR must be a folder: {folder}")
     docs: list[Document] = []
+    seen: dict[str, str] = {}
+
+    def add(doc_id: str, where: str, text: str, meta: dict[str, Any]) -> None:
+        if doc_id in seen:
+            raise ValueError(
+                f"duplicate document id {doc_id!r} in {seen[doc_id]} and {where}; "
+                "give every document a unique _id"
+            )
+        seen[doc_id] = where
+        docs.append(Document(text=text, id_=doc_id, metadata=meta))
+
     for path in sorted(folder.rglob("*")):
         if not path.is_file():
             continue
         rel = str(path.relative_to(folder))
         if path.suffix.lower() in (".txt", ".md"):
-            text = path.read_text(encoding="utf-8", errors="replace").strip()
+            text = _decode(path, rel).strip()
             if text:
-                docs.append(Document(text=text, id_=rel, metadata={"source": rel}))
+                add(rel, rel, text, {"source": rel})
         elif path.suffix.lower() == ".jsonl":
-            for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for lineno, line in enumerate(_decode(path, rel).splitlines(), 1):
                 if not line.strip():
                     continue
+                where = f"{rel}:{lineno}"
                 try:
                     row = json.loads(line)
-                    text = str(row["text"]).strip()
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{rel}:{lineno}: expected JSON with a 'text' field") from exc
-                doc_id = str(row.get("_id") or row.get("id") or f"{rel}:{lineno}")
-                title = str(row.get("title") or "").strip()
+                except ValueError as exc:
+                    raise ValueError(f"{where}: expected JSON with a 'text' field") from exc
+                if not isinstance(row, dict):
+                    raise ValueError(f"{where}: expected a JSON object with a 'text' field")
+                text = (_field(row, "text", where, required=True) or "").strip()
+                title = (_field(row, "title", where, required=False) or "").strip()
                 body = f"{title}\n{text}" if title else text
                 meta = {"source": rel, "title": title} if title else {"source": rel}
-                docs.append(Document(text=body, id_=doc_id, metadata=meta))
+                add(_doc_id(row, where), where, body, meta)
     if not docs:
         raise ValueError(f"no .txt, .md or .jsonl documents found in {folder}")
     return docs
@@ -79,7 +164,13 @@ def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
 
 def nodes_from_documents(documents: Sequence[Document]) -> list[TextNode]:
     """One node per document, keeping its id; metadata (source, title) is kept but not
-    embedded or shown to the LLM (the title is already in the text)."""
+    embedded or shown to the LLM (the title is already in the text). Two documents
+    with one id are a `ValueError`: the second would silently replace the first."""
+    seen: set[str] = set()
+    for d in documents:
+        if d.doc_id in seen:
+            raise ValueError(f"duplicate document id {d.doc_id!r}; give every document its own")
+        seen.add(d.doc_id)
     return [
         TextNode(
             id_=d.doc_id,
@@ -122,6 +213,7 @@ def build_faiss_index(
     import faiss
     from llama_index.vector_stores.faiss import FaissVectorStore
 
+    out = check_index_target(out)
     start = time.perf_counter()
     nodes = nodes_from_documents(documents)
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
@@ -131,49 +223,213 @@ def build_faiss_index(
     index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
     seconds = time.perf_counter() - start
 
-    out = out.expanduser().resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        index.storage_context.persist(persist_dir=str(tmp))
-        info = IndexInfo(out, len(nodes), dim, embed_spec, max_length, seconds)
-        meta = {
-            "format": 1,
-            "documents": info.documents,
-            "dim": dim,
-            "embed": embed_spec,
-            "embed_model": getattr(embed_model, "model_name", type(embed_model).__name__),
-            "max_length": max_length,
-            "build_seconds": round(seconds, 3),
-        }
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    info = IndexInfo(out, len(nodes), dim, embed_spec, max_length, seconds)
+    meta = {
+        "format": 2,
+        "documents": info.documents,
+        "dim": dim,
+        "embed": embed_spec,
+        "embed_model": embedding_model_name(embed_model),
+        "max_length": max_length,
+        "build_seconds": round(seconds, 3),
+    }
+    _write_index(out, index.storage_context, meta)
     return info
 
 
+def embedding_model_name(embed_model: BaseEmbedding) -> str:
+    """The name recorded beside an index (and checked when it is queried)."""
+    return str(getattr(embed_model, "model_name", None) or type(embed_model).__name__)
+
+
+def pause_for_tests(stage: str) -> None:
+    """Test hook: with ``HYDE_PLUS_TEST_PAUSE_BEFORE_SWITCH=FILE`` set, create FILE
+    (holding ``stage``) and wait while it exists, so a test can kill the build at
+    the moment an interruption would hurt most (new data written, not switched in)."""
+    flag = os.environ.get("HYDE_PLUS_TEST_PAUSE_BEFORE_SWITCH")
+    if not flag:
+        return
+    path = Path(flag)
+    path.write_text(stage)
+    while path.exists():
+        time.sleep(0.05)
+
+
+def _write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
+    """Write the storage files into a fresh data folder and switch ``hyde_plus.json`` to
+    it in one atomic rename; the previous index stays whole and usable until then.
+
+    ``out/hyde_plus.json`` names its data folder (``out/data-<id>``). A new target is
+    built in a hidden folder beside it and renamed into place; an existing index gets
+    the new data folder inside it, then its metadata file is replaced atomically, then
+    the old data is removed. Leftovers of interrupted builds are removed on the way.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale_builds(out)
+    data = f"data-{uuid.uuid4().hex[:12]}"
+    meta = {**meta, "data": data}
+    if out.is_dir() and (out / META_FILE).is_file():
+        storage.persist(persist_dir=str(out / data))
+        pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+        pending.write_text(json.dumps(meta, indent=2))
+        pause_for_tests("faiss")
+        os.replace(pending, out / META_FILE)  # the switch
+        _clean_index_folder(out, keep=data)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    try:
+        storage.persist(persist_dir=str(tmp / data))
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        pause_for_tests("faiss")
+        os.rename(tmp, out)  # out is absent or an empty folder: both are replaced atomically
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: What a format-1 index kept at its top level, removed once a new build replaces it.
+_LEGACY_FILES = (
+    "docstore.json",
+    "index_store.json",
+    "graph_store.json",
+    "default__vector_store.json",
+    "image__vector_store.json",
+)
+
+
+def _clean_index_folder(out: Path, keep: str) -> None:
+    for entry in out.iterdir():
+        name = entry.name
+        if name in (keep, META_FILE):
+            continue
+        if entry.is_dir() and name.startswith("data-"):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif name in _LEGACY_FILES or (name.startswith(f".{META_FILE}.") and name.endswith(".tmp")):
+            entry.unlink(missing_ok=True)
+
+
+def _clean_stale_builds(out: Path) -> None:
+    """Remove what interrupted builds of ``out`` left: hidden build folders beside it,
+    and data folders or metadata drafts inside it that its metadata does not name."""
+    if out.parent.is_dir():
+        for entry in out.parent.glob(f".{out.name}.*"):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+    if out.is_dir() and (out / META_FILE).is_file():
+        try:
+            current = str(read_meta(out).get("data") or "")
+        except ValueError:
+            return  # a corrupt metadata file: leave everything for the user to see
+        for entry in out.iterdir():
+            if entry.name.startswith("data-") and entry.name != current and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith(f".{META_FILE}.") and entry.name.endswith(".tmp"):
+                entry.unlink(missing_ok=True)
+
+
 def read_meta(path: Path) -> dict[str, Any]:
+    """The metadata of the index at ``path`` (a `ValueError` naming the file if it is
+    missing or unreadable)."""
     meta_path = path / META_FILE
     if not meta_path.is_file():
         raise ValueError(
             f"{path} is not a hyde-plus index (no {META_FILE}); build one with "
             "`hyde-plus index DIR --out PATH`"
         )
-    return dict(json.loads(meta_path.read_text()))
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"{meta_path} is corrupt ({exc}); rebuild the index with "
+            f"`hyde-plus index DIR --out {path}`"
+        ) from exc
+    if not isinstance(meta, dict):
+        raise ValueError(
+            f"{meta_path} is corrupt (not a JSON object); rebuild the index with "
+            f"`hyde-plus index DIR --out {path}`"
+        )
+    return dict(meta)
+
+
+class EmbeddingMismatchError(ValueError):
+    """The query embedding does not match the one the index was built with."""
+
+
+def _dimension_error(where: str, index_dim: int, query_dim: int) -> EmbeddingMismatchError:
+    return EmbeddingMismatchError(
+        f"{where} holds {index_dim}-d vectors but the query embedding has {query_dim} "
+        "dimensions; query with the embedding model the index was built with, or rebuild it"
+    )
+
+
+def check_embedding_model(where: str, meta: dict[str, Any], embed_model: BaseEmbedding) -> None:
+    """Raise `EmbeddingMismatchError` when ``meta`` records another embedding model."""
+    recorded = meta.get("embed_model")
+    in_use = embedding_model_name(embed_model)
+    if recorded and str(recorded) != in_use:
+        raise EmbeddingMismatchError(
+            f"{where} was embedded with {recorded!r} but the query uses {in_use!r}; "
+            "use the same embedding model (or rebuild the index with this one)"
+        )
+    dim = getattr(embed_model, "dim", None)
+    if isinstance(dim, int) and isinstance(meta.get("dim"), int) and dim != meta["dim"]:
+        raise _dimension_error(where, int(meta["dim"]), dim)
+
+
+def _checked_faiss_store(faiss_index: Any, where: str) -> Any:
+    """A `FaissVectorStore` whose queries check the embedding dimension first (FAISS
+    itself aborts with a bare assertion)."""
+    from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryResult
+    from llama_index.vector_stores.faiss import FaissVectorStore
+
+    class CheckedFaissVectorStore(FaissVectorStore):
+        def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+            got = len(query.query_embedding or [])
+            if got != faiss_index.d:
+                raise _dimension_error(where, int(faiss_index.d), got)
+            return super().query(query, **kwargs)
+
+    return CheckedFaissVectorStore(faiss_index=faiss_index)  # type: ignore[call-arg]
+
+
+def _rebuild_hint(path: Path) -> str:
+    return f"rebuild it with `hyde-plus index DIR --out {path}`"
 
 
 def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex:
-    """Load an index written by `build_faiss_index`."""
-    from llama_index.vector_stores.faiss import FaissVectorStore
+    """Load an index written by `build_faiss_index`.
+
+    A `ValueError` names what is wrong (a missing or truncated file, a corrupt
+    metadata file, another embedding model than the one it was built with)."""
+    import faiss
 
     path = path.expanduser()
-    read_meta(path)
-    store = FaissVectorStore.from_persist_dir(str(path))
-    storage = StorageContext.from_defaults(vector_store=store, persist_dir=str(path))
-    index = load_index_from_storage(storage, embed_model=embed_model)
+    meta = read_meta(path)
+    check_embedding_model(f"the index at {path}", meta, embed_model)
+    data = path / str(meta.get("data") or ".")
+    vectors = data / "default__vector_store.json"
+    for required in ("docstore.json", "index_store.json", vectors.name):
+        if not (data / required).is_file():
+            raise ValueError(f"the index at {path} has no {data / required}; {_rebuild_hint(path)}")
+    try:
+        faiss_index = faiss.read_index(str(vectors))
+    except RuntimeError as exc:
+        raise ValueError(
+            f"the vector store {vectors} is unreadable (truncated or corrupt); "
+            f"{_rebuild_hint(path)}"
+        ) from exc
+    store = _checked_faiss_store(faiss_index, f"the index at {path}")
+    try:
+        storage = StorageContext.from_defaults(vector_store=store, persist_dir=str(data))
+        index = load_index_from_storage(storage, embed_model=embed_model)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"the index files in {data} are unreadable ({exc}); {_rebuild_hint(path)}"
+        ) from exc
     assert isinstance(index, VectorStoreIndex)
+    if faiss_index.ntotal != len(index.index_struct.nodes_dict):
+        raise ValueError(
+            f"the vector store {vectors} holds {faiss_index.ntotal} vectors but the index "
+            f"lists {len(index.index_struct.nodes_dict)} documents; {_rebuild_hint(path)}"
+        )
     return index

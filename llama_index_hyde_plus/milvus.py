@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +24,15 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from .indexing import ProgressFn, embed_nodes, nodes_from_documents
+from .indexing import (
+    EmbeddingMismatchError,
+    ProgressFn,
+    check_embedding_model,
+    embed_nodes,
+    embedding_model_name,
+    nodes_from_documents,
+    pause_for_tests,
+)
 
 Ranker = Literal["rrf", "weighted"]
 DEFAULT_COLLECTION = "hyde_plus"
@@ -85,41 +95,141 @@ def build_milvus_index(
     batch_size: int = 64,
     progress: ProgressFn | None = None,
 ) -> VectorStoreIndex:
-    """Embed ``documents`` and write them to a fresh hybrid collection (replacing one of
-    the same name). Beside a Milvus Lite file, a small JSON records how it was embedded."""
+    """Embed ``documents`` into a new hybrid collection and switch ``collection`` to it.
+
+    ``collection`` is a Milvus alias of the collection that holds the data
+    (``<collection>__<id>``): the new one is filled beside the old, the alias is moved
+    to it in one step, and only then is the old one dropped, so an interrupted build
+    leaves the old collection serving. Beside a Milvus Lite file, a small JSON records
+    how each collection was embedded (the entry of the new one is written before the
+    switch, so it always describes what the alias points at)."""
     nodes = nodes_from_documents(documents)
     if not nodes:
         raise ValueError("no documents to index")
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
     dim = len(nodes[0].embedding or [])
-    store = milvus_store(uri, collection=collection, dim=dim, token=token, overwrite=True)
+    physical = f"{collection}__{uuid.uuid4().hex[:12]}"
+    store = milvus_store(uri, collection=physical, dim=dim, token=token, overwrite=True)
     index = VectorStoreIndex(
         nodes,
         storage_context=StorageContext.from_defaults(vector_store=store),
         embed_model=embed_model,
     )
-    meta = _meta_path(uri, collection)
-    if meta is not None:
-        meta.write_text(
-            json.dumps(
-                {
-                    "documents": len(nodes),
-                    "dim": dim,
-                    "embed": embed_spec,
-                    "max_length": max_length,
-                    "collection": collection,
-                }
-            )
-        )
+    entry = {
+        "documents": len(nodes),
+        "dim": dim,
+        "embed": embed_spec,
+        "embed_model": embedding_model_name(embed_model),
+        "max_length": max_length,
+        "collection": collection,
+        "physical_collection": physical,
+    }
+    client = store.client
+    _update_meta(uri, collection, add={physical: entry})
+    pause_for_tests("milvus")
+    _switch_alias(client, collection, physical)
+    stale = [c for c in client.list_collections() if c.startswith(f"{collection}__")]
+    for name in stale:
+        if name != physical:
+            client.drop_collection(name)
+    _update_meta(uri, collection, keep={physical})
     return index
 
 
-def read_milvus_meta(uri: str, collection: str = DEFAULT_COLLECTION) -> dict[str, Any] | None:
+def _switch_alias(client: Any, alias: str, physical: str) -> None:
+    if _alias_target(client, alias) is not None:
+        client.alter_alias(physical, alias)  # atomic: queries see the old or the new
+        return
+    if alias in client.list_collections():
+        # a collection built before aliases were used carries the name itself: it has
+        # to go before the alias can take its name (once, on the first rebuild)
+        client.drop_collection(alias)
+    client.create_alias(physical, alias)
+
+
+def _alias_target(client: Any, alias: str) -> str | None:
+    """The collection ``alias`` points at (looked up among ``<alias>__*`` collections,
+    since describing a missing alias logs an RPC error)."""
+    for name in client.list_collections():
+        if name.startswith(f"{alias}__"):
+            aliases = client.list_aliases(collection_name=name)
+            if alias in (aliases.get("aliases") or []):
+                return str(name)
+    return None
+
+
+def _resolve(client: Any, collection: str) -> str | None:
+    """The collection that holds the data of ``collection`` (an alias, or a collection
+    built before aliases were used); None when there is none."""
+    target = _alias_target(client, collection)
+    if target is not None:
+        return target
+    return collection if collection in client.list_collections() else None
+
+
+def _read_meta_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"{path} is corrupt ({exc}); rebuild the collection with "
+            "`hyde-plus index DIR --store milvus --uri URI`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is corrupt (not a JSON object); rebuild the collection")
+    return data
+
+
+def _update_meta(
+    uri: str,
+    collection: str,
+    *,
+    add: dict[str, dict[str, Any]] | None = None,
+    keep: set[str] | None = None,
+) -> None:
+    """Add entries to (or keep only ``keep`` in) the metadata file, atomically."""
+    path = _meta_path(uri, collection)
+    if path is None:
+        return
+    entries: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            entries = dict(_read_meta_file(path).get("collections") or {})
+        except ValueError:
+            entries = {}  # a corrupt or legacy file is rewritten from scratch
+    entries.update(add or {})
+    if keep is not None:
+        entries = {k: v for k, v in entries.items() if k in keep}
+    pending = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    pending.write_text(json.dumps({"format": 2, "collections": entries}, indent=2))
+    os.replace(pending, path)
+
+
+def _client(uri: str, token: str) -> Any:
+    from pymilvus import MilvusClient
+
+    local = is_local_uri(uri)
+    return MilvusClient(uri=str(Path(uri).expanduser()) if local else uri, token=token)
+
+
+def read_milvus_meta(
+    uri: str, collection: str = DEFAULT_COLLECTION, *, token: str = ""
+) -> dict[str, Any] | None:
     """How a local collection was embedded (None for a cluster or an unknown file)."""
     meta = _meta_path(uri, collection)
     if meta is None or not meta.is_file():
         return None
-    return dict(json.loads(meta.read_text()))
+    data = _read_meta_file(meta)
+    if "collections" not in data:
+        return data  # written before aliases were used: one collection, no choice
+    entries = data["collections"] or {}
+    if not isinstance(entries, dict) or not entries:
+        return None
+    if not Path(uri).expanduser().exists():
+        return None
+    physical = _resolve(_client(uri, token), collection)
+    entry = entries.get(physical) if physical else None
+    return dict(entry) if isinstance(entry, dict) else None
 
 
 def load_milvus_index(
@@ -130,14 +240,44 @@ def load_milvus_index(
     token: str = "",
     ranker: Ranker = "rrf",
 ) -> VectorStoreIndex:
-    """Open an existing hybrid collection."""
+    """Open an existing hybrid collection (loading it into memory if this process has
+    not), checking that ``embed_model`` is the one it was built with."""
     if is_local_uri(uri) and not Path(uri).expanduser().exists():
         raise ValueError(
             f"no Milvus Lite database at {uri}; build one with "
             "`hyde-plus index DIR --store milvus --uri PATH`"
         )
-    store = milvus_store(uri, collection=collection, token=token, ranker=ranker)
+    client = _client(uri, token)
+    physical = _resolve(client, collection)
+    if physical is None:
+        raise ValueError(
+            f"no collection {collection!r} at {uri}; build it with "
+            f"`hyde-plus index DIR --store milvus --uri {uri} --collection {collection}`"
+        )
+    where = f"Milvus collection {collection!r} at {uri}"
+    meta = read_milvus_meta(uri, collection, token=token) or {}
+    dim = _dense_dim(client, physical)
+    if dim is not None:
+        meta.setdefault("dim", dim)
+    check_embedding_model(where, meta, embed_model)
+    from pymilvus.client.types import LoadState
+
+    if client.get_load_state(physical).get("state") != LoadState.Loaded:
+        client.load_collection(physical)  # a new process finds it released
+    store = milvus_store(uri, collection=physical, dim=dim, token=token, ranker=ranker)
     return VectorStoreIndex.from_vector_store(store, embed_model=embed_model)
+
+
+def _dense_dim(client: Any, physical: str) -> int | None:
+    try:
+        fields = client.describe_collection(physical).get("fields", [])
+    except Exception:
+        return None
+    for f in fields:
+        params = f.get("params") or {}
+        if "dim" in params:
+            return int(params["dim"])
+    return None
 
 
 class MilvusHybridRetriever(BaseRetriever):
@@ -154,11 +294,30 @@ class MilvusHybridRetriever(BaseRetriever):
         super().__init__()
         self._inner = index.as_retriever(vector_store_query_mode="hybrid", similarity_top_k=top_k)
 
+        self._embed_model = index._embed_model
+        self._dim = getattr(index.vector_store, "dim", None)
+        self._where = f"Milvus collection {getattr(index.vector_store, 'collection_name', '')!r}"
+
+    def _checked(self, query_bundle: QueryBundle) -> QueryBundle:
+        """Embed the query here (as the inner retriever would) to check its dimension:
+        Milvus itself answers a wrong one with an opaque RPC error."""
+        if query_bundle.embedding is None and query_bundle.embedding_strs:
+            query_bundle.embedding = self._embed_model.get_agg_embedding_from_queries(
+                query_bundle.embedding_strs
+            )
+        got = len(query_bundle.embedding or [])
+        if self._dim and got and got != self._dim:
+            raise EmbeddingMismatchError(
+                f"{self._where} holds {self._dim}-d vectors but the query embedding has "
+                f"{got} dimensions; query with the embedding model it was built with"
+            )
+        return query_bundle
+
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return self._inner.retrieve(query_bundle)
+        return self._inner.retrieve(self._checked(query_bundle))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return await asyncio.to_thread(self._inner.retrieve, query_bundle)
+        return await asyncio.to_thread(lambda: self._inner.retrieve(self._checked(query_bundle)))
 
 
 def hybrid_retriever(index: VectorStoreIndex, top_k: int = 10) -> MilvusHybridRetriever:

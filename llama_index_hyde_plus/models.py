@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -13,6 +15,32 @@ from llama_index.core.llms import LLM
 
 DEFAULT_OPENAI_LLM = "gpt-4o-mini"
 DEFAULT_OPENAI_EMBED = "text-embedding-3-small"
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency group (``local``, ``eval``, ``milvus``) is not installed."""
+
+
+def require_extra(extra: str, modules: Sequence[str], what: str) -> None:
+    """Raise `MissingExtraError` naming the extra to install if a module is missing."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise MissingExtraError(
+                f"{what} needs the '{extra}' extra ({module} is not installed): "
+                f'pip install "llama-index-hyde-plus[{extra}]"'
+            ) from exc
+
+
+def _require_openai_key(flag: str) -> None:
+    if not os.environ.get("OPENAI_API_KEY", "").strip():
+        raise ValueError(f"{flag} openai needs an API key: set OPENAI_API_KEY, or use {flag} local")
+
+
+#: Retries of an OpenAI embedding request: enough for a rate limit, not 10 rounds of
+#: 4-10 s waits when the network or the endpoint is down.
+OPENAI_EMBED_RETRIES = 2
 
 
 def _split(spec: str) -> tuple[str, str | None]:
@@ -40,8 +68,10 @@ def resolve_llm(spec: str = "auto", *, temperature: float | None = None) -> LLM:
     if kind == "openai":
         from llama_index.llms.openai import OpenAI
 
+        _require_openai_key("--llm")
         kwargs: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
         return OpenAI(model=model or DEFAULT_OPENAI_LLM, **kwargs)
+    require_extra("local", ("xllamacpp",), "the local LLM")
     from .local import local_llm
 
     return local_llm() if temperature is None else local_llm(temperature=temperature)
@@ -53,7 +83,11 @@ def resolve_embedding(spec: str = "auto", *, max_length: int = 256) -> BaseEmbed
     if kind == "openai":
         from llama_index.embeddings.openai import OpenAIEmbedding
 
-        return OpenAIEmbedding(model=model or DEFAULT_OPENAI_EMBED)
+        _require_openai_key("--embed")
+        return OpenAIEmbedding(
+            model=model or DEFAULT_OPENAI_EMBED, max_retries=OPENAI_EMBED_RETRIES, timeout=30.0
+        )
+    require_extra("local", ("fastembed",), "the local embedding model")
     from .local import local_embedding
 
     return local_embedding(max_length=max_length)

@@ -162,3 +162,18 @@ def test_chain_is_usable_in_a_transform_retriever(faiss_index: VectorStoreIndex)
     retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=1), chain)
     ids = [n.node.node_id for n in retriever.search("growth questions").nodes]
     assert ids == ["hiring", "office"]
+
+
+def test_a_doubled_braced_name_is_a_literal_and_json_braces_are_kept() -> None:
+    from llama_index_hyde_plus import HyDE, MultiQuery
+    from llama_index_hyde_plus.testing import ScriptedLLM
+
+    llm = ScriptedLLM(["passage."])
+    prompt = 'Reply as JSON {"passage": "..."}; never write {{name}} or {{query}}.\nQ: {query}'
+    HyDE(llm, prompt=prompt).transform("Why?")
+    assert llm.prompts[-1].endswith(
+        'Reply as JSON {"passage": "..."}; never write {name} or {query}.\nQ: Why?'
+    )
+    MultiQuery(ScriptedLLM(), prompt="{{n}} is a literal; give {n} for {query}")
+    with pytest.raises(ValueError, match=r"double its braces: \{\{name\}\}"):
+        HyDE(llm, prompt="{qeury} {query}")

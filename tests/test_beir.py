@@ -65,3 +65,45 @@ def test_missing_files_and_folders(tmp_path: Path) -> None:
     (root / "corpus.jsonl").unlink()
     with pytest.raises(BeirFormatError, match="missing file"):
         load_beir(root)
+
+
+@pytest.mark.parametrize("score", ["inf", "-inf", "nan", "1e999"])
+def test_a_non_finite_qrels_score_names_file_and_line(tmp_path: Path, score: str) -> None:
+    root = copy_tiny(tmp_path)
+    qrels = root / "qrels" / "test.tsv"
+    lines = qrels.read_text().splitlines()
+    parts = lines[1].split("\t")
+    lines[1] = "\t".join([parts[0], parts[1], score])
+    qrels.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BeirFormatError, match=r"test\.tsv:2: score .* not (finite|a number)"):
+        load_beir(root)
+
+
+def test_a_duplicate_corpus_id_names_both_lines(tmp_path: Path) -> None:
+    root = copy_tiny(tmp_path)
+    corpus = root / "corpus.jsonl"
+    first = corpus.read_text().splitlines()[0]
+    corpus.write_text(corpus.read_text() + first + "\n")
+    with pytest.raises(
+        BeirFormatError, match=r"corpus\.jsonl:7: duplicate _id 'd1' \(first at line 1\)"
+    ):
+        load_beir(root)
+
+
+@pytest.mark.parametrize("text", [None, {"a": 1}, ["x"]])
+def test_a_null_or_structured_text_is_an_error_not_its_repr(tmp_path: Path, text: object) -> None:
+    import json
+
+    root = copy_tiny(tmp_path)
+    corpus = root / "corpus.jsonl"
+    corpus.write_text(corpus.read_text() + json.dumps({"_id": "bad", "text": text}) + "\n")
+    with pytest.raises(BeirFormatError, match=r"corpus\.jsonl:7: 'text' must be a string"):
+        load_beir(root)
+
+
+def test_a_non_utf8_file_names_file_and_line(tmp_path: Path) -> None:
+    root = copy_tiny(tmp_path)
+    queries = root / "queries.jsonl"
+    queries.write_bytes(queries.read_bytes() + b'{"_id": "q9", "text": "caf\xe9"}\n')
+    with pytest.raises(BeirFormatError, match=r"queries\.jsonl:\d+: not UTF-8"):
+        load_beir(root)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,114 @@ def test_eval_with_an_unknown_transform_is_a_clear_error(tmp_path: Path) -> None
         ],
     )
     assert result.exit_code == 2 and "unknown transform" in result.output
+
+
+def _docs(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Employees receive twenty five days of paid time off.")
+    return docs
+
+
+@pytest.mark.parametrize("target", ["notes", "docs", "parent", "file"])
+def test_index_refuses_an_out_folder_it_would_destroy(tmp_path: Path, target: str) -> None:
+    docs = _docs(tmp_path)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("my notes")
+    (tmp_path / "file").write_text("a file")
+    out = {"notes": notes, "docs": docs, "parent": tmp_path, "file": tmp_path / "file"}[target]
+    result = runner.invoke(app, ["index", str(docs), "--out", str(out), "--embed", "local"])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and "--out" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert (notes / "todo.txt").read_text() == "my notes"
+    assert (docs / "a.txt").is_file() and (tmp_path / "file").read_text() == "a file"
+
+
+def test_index_accepts_an_empty_folder_and_replaces_an_index(tmp_path: Path) -> None:
+    docs = _docs(tmp_path)
+    out = tmp_path / "empty"
+    out.mkdir()
+    for _ in range(2):  # empty folder, then the index it now holds
+        result = runner.invoke(app, ["index", str(docs), "--out", str(out), "--embed", "local"])
+        assert result.exit_code == 0, result.output
+        assert (out / "hyde_plus.json").is_file()
+
+
+def _one_error_line(result) -> str:  # type: ignore[no-untyped-def]
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    return str(lines[0])
+
+
+def test_a_missing_model_offline_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYDE_PLUS_OFFLINE", "1")
+    monkeypatch.setenv("HYDE_PLUS_CACHE", str(tmp_path / "empty-cache"))
+    docs = _docs(tmp_path)
+    line = _one_error_line(
+        runner.invoke(app, ["index", str(docs), "--out", str(tmp_path / "o"), "--embed", "local"])
+    )
+    assert "hyde-plus models pull" in line
+    line = _one_error_line(runner.invoke(app, ["transform", "q", "--llm", "local"]))
+    assert "models pull" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["transform", "q", "--llm", "openai"],
+        ["query", "q", "--index", "IDX", "--llm", "openai"],
+        ["index", "DOCS", "--out", "OUT", "--embed", "openai"],
+    ],
+)
+def test_openai_without_a_key_fails_fast_instead_of_falling_back(
+    tmp_path: Path, built_index: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    paths = {"IDX": str(built_index), "DOCS": str(_docs(tmp_path)), "OUT": str(tmp_path / "o")}
+    line = _one_error_line(runner.invoke(app, [paths.get(a, a) for a in args]))
+    assert "OPENAI_API_KEY" in line
+
+
+def test_index_with_openai_unreachable_gives_up_quickly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-bad")
+    monkeypatch.setenv("OPENAI_API_BASE", f"http://127.0.0.1:{port}/v1")
+    start = time.monotonic()
+    result = runner.invoke(
+        app, ["index", str(_docs(tmp_path)), "--out", str(tmp_path / "o"), "--embed", "openai"]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]  # after the progress bar and retry notes
+    assert last.startswith("error:") and "OpenAI request failed" in last
+    assert time.monotonic() - start < 40  # not ten rounds of 4-10 s backoff
+
+
+@pytest.mark.parametrize(
+    ("args", "module", "extra"),
+    [
+        (["eval", "--dataset", "x"], "ir_measures", "eval"),
+        (["demo"], "xllamacpp", "local"),
+        (["transform", "q", "--llm", "local"], "xllamacpp", "local"),
+        (["query", "q", "--index", "IDX", "-t", "none"], "fastembed", "local"),
+    ],
+)
+def test_a_missing_extra_is_named_before_any_work(
+    built_index: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], module: str, extra: str
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # as on an install without the extra
+    args = [str(built_index) if a == "IDX" else a for a in args]
+    line = _one_error_line(runner.invoke(app, args))
+    assert f"'{extra}' extra" in line and f"llama-index-hyde-plus[{extra}]" in line

@@ -1,12 +1,21 @@
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from typing import Any
+
 import pytest
 from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.base.llms.types import CompletionResponse, LLMMetadata
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
 from llama_index.llms.openai import OpenAI
+from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
-from llama_index_hyde_plus._llm import LLMTimeoutError, acomplete, complete
+from llama_index_hyde_plus._llm import LLMTimeoutError, acomplete, complete, has_native_async
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM
 
 from .openai_stub import openai_stub
@@ -96,3 +105,74 @@ async def test_openai_client_against_a_real_http_server_reports_provider_usage(
     assert request["path"].endswith("/chat/completions")
     assert request["body"]["temperature"] == 0.7
     assert "Why?" in request["body"]["messages"][-1]["content"]
+
+
+class BlockingLLM(CustomLLM):
+    """A LlamaIndex CustomLLM with only a blocking `complete` (no native async)."""
+
+    delay: float = 2.0
+    loaded: bool = True
+    _release: Any = PrivateAttr(default_factory=threading.Event)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="blocking")
+
+    def warm_up(self) -> None:
+        time.sleep(self.delay)  # a slow model load
+        self.loaded = True
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self._release.wait(self.delay)  # blocks the calling thread
+        return CompletionResponse(text="Enterprise renewals slipped.")
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def test_a_custom_llm_without_native_async_is_detected() -> None:
+    assert not has_native_async(BlockingLLM())
+    assert has_native_async(ScriptedLLM())
+
+
+async def test_asearch_with_a_blocking_llm_keeps_the_loop_running_and_times_out(
+    faiss_index: VectorStoreIndex,
+) -> None:
+    llm = BlockingLLM(delay=3.0)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    start = time.monotonic()
+    try:
+        result = await TransformRetriever(
+            faiss_index.as_retriever(), HyDE(llm, timeout=0.3)
+        ).asearch("Why did revenue drop?")
+    finally:
+        task.cancel()
+        llm._release.set()
+    elapsed = time.monotonic() - start
+    assert result.transform.fallback and "LLMTimeoutError" in (result.transform.error or "")
+    assert elapsed < 2.0 and ticks >= 5
+    assert result.nodes  # the search went on with the question
+
+
+async def test_a_blocking_llm_answers_on_the_async_path_in_a_thread() -> None:
+    reply = await acomplete(BlockingLLM(delay=0.05), "p", timeout=5)
+    assert reply.text == "Enterprise renewals slipped."
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_loading_a_lazy_model_does_not_count_against_the_timeout(use_async: bool) -> None:
+    llm = BlockingLLM(delay=0.6, loaded=False)  # load 0.6 s, answer 0.6 s, timeout 1 s
+    hyde = HyDE(llm, timeout=1.0)
+    result = await hyde.atransform("q") if use_async else hyde.transform("q")
+    assert not result.fallback, result.error
+    assert llm.loaded

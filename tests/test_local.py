@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +121,34 @@ def test_missing_gguf_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("HYDE_PLUS_EMBED_DIR", str(tmp_path))
     with pytest.raises(ModelNotAvailableError, match=r"model\.onnx"):
         local_embedding()
+
+
+def _long_prompt_llm() -> LocalLLM:
+    llm = local_llm(max_tokens=1500, n_parallel=1, temperature=0.7, seed=1)
+    llm.warm_up()
+    return llm
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_timed_out_local_call_stops_generating(use_async: bool) -> None:
+    """With one slot, a follow-up call only starts once the timed-out one has stopped:
+    it would wait for ~1500 tokens if llama.cpp kept generating."""
+    from llama_index_hyde_plus._llm import LLMTimeoutError, acomplete, complete
+
+    llm = _long_prompt_llm()
+    prompt = "Write a very long, detailed essay about the history of rivers and canals."
+    with pytest.raises(LLMTimeoutError):
+        if use_async:
+            await acomplete(llm, prompt, timeout=0.5)
+        else:
+            complete(llm, prompt, timeout=0.5)
+    start = time.monotonic()
+    reply = await asyncio.to_thread(llm.complete, "Say hi.", max_tokens=2)
+    assert reply.text is not None and time.monotonic() - start < 6
+
+
+def test_local_llm_loads_before_the_timeout_clock() -> None:
+    llm = local_llm(max_tokens=8, n_parallel=1)
+    assert not llm.loaded
+    result = HyDE(llm, timeout=5.0).transform(Q)
+    assert llm.loaded and not result.fallback, result.error

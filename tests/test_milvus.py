@@ -3,15 +3,23 @@ where the user's own words must reach BM25."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.schema import QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import Decompose, HyDE, MultiQuery, StepBack, TransformRetriever
+from llama_index_hyde_plus.indexing import EmbeddingMismatchError
 from llama_index_hyde_plus.milvus import (
     build_milvus_index,
     hybrid_retriever,
@@ -69,10 +77,13 @@ def ids(result) -> list[str]:  # type: ignore[no-untyped-def]
 
 def test_collection_reopens_from_the_file(milvus_index: tuple[str, VectorStoreIndex]) -> None:
     uri, _ = milvus_index
-    assert read_milvus_meta(uri, "docs") == {
+    meta = read_milvus_meta(uri, "docs")
+    assert meta is not None and meta.pop("physical_collection").startswith("docs__")
+    assert meta == {
         "documents": len(MILVUS_DOCS),
         "dim": 256,
         "embed": "det",
+        "embed_model": "deterministic-bow",
         "max_length": 256,
         "collection": "docs",
     }
@@ -97,7 +108,8 @@ async def test_dense_side_gets_the_hyde_mean_and_bm25_side_the_text(
     result = await retriever.asearch(Q) if use_async else retriever.search(Q)
     [query] = spy
     assert query.query_str == f"{Q}\n\n{P1}"
-    expected = np.mean([EMBED.vector(P1), EMBED.vector(Q)], axis=0)
+    expected = np.mean([EMBED.vector(P1), EMBED.vector(Q)], axis=0)  # the paper's mean,
+    expected /= np.linalg.norm(expected)  # sent at unit length
     np.testing.assert_allclose(query.query_embedding, expected, atol=1e-6)
     assert "renewals" in ids(result)[:2]
 
@@ -215,3 +227,104 @@ def test_eval_on_milvus_scores_the_hybrid_store(tmp_path: Path) -> None:
     second = run_eval(load_beir(tiny), ["none"], **kwargs)  # type: ignore[arg-type]
     assert second.index_cached
     assert second.reports[0].scores == first.reports[0].scores
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llama_index_hyde_plus.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+
+
+def _fresh_query_ids(uri: str, collection: str) -> list[str]:
+    """`hyde-plus query` in a new process, as the README's two-command workflow does."""
+    found = _cli(
+        "query", "paid time off", "--uri", uri, "--collection", collection, "-t", "none", "--json"
+    )
+    assert found.returncode == 0, found.stderr
+    return [r["id"] for r in json.loads(found.stdout)["results"]]
+
+
+@pytest.mark.local
+def test_index_in_one_process_query_in_another_and_a_killed_rebuild_keeps_the_old(
+    tmp_path: Path,
+) -> None:
+    old_docs, new_docs = tmp_path / "old", tmp_path / "new"
+    old_docs.mkdir()
+    new_docs.mkdir()
+    (old_docs / "pto.txt").write_text(MILVUS_DOCS["pto"])
+    (old_docs / "lunch.txt").write_text(MILVUS_DOCS["lunch"])
+    (new_docs / "laptops.txt").write_text(MILVUS_DOCS["security"])
+    uri, name = str(tmp_path / "kill.db"), "kb"
+    args = ["--store", "milvus", "--uri", uri, "--collection", name, "--embed", "local"]
+    built = _cli("index", str(old_docs), *args)
+    assert built.returncode == 0, built.stderr
+    assert _fresh_query_ids(uri, name)[0] == "pto.txt"
+
+    flag = tmp_path / "paused"
+    env = {**os.environ, "HYDE_PLUS_TEST_PAUSE_BEFORE_SWITCH": str(flag)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_index_hyde_plus.cli", "index", str(new_docs), *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not flag.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    # the killed process is gone: this one opens the file and finds the old collection
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
+    runner = CliRunner()
+
+    def query_ids() -> list[str]:
+        found = runner.invoke(
+            app,
+            ["query", "paid time off", "--uri", uri, "--collection", name, "-t", "none", "--json"],
+        )
+        assert found.exit_code == 0, found.output
+        return [r["id"] for r in json.loads(found.stdout)["results"]]
+
+    assert sorted(query_ids()) == ["lunch.txt", "pto.txt"]
+    # the next build switches to the new documents and drops the killed build's data
+    rebuilt = runner.invoke(app, ["index", str(new_docs), *args])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert query_ids() == ["laptops.txt"]
+    meta = read_milvus_meta(uri, name)
+    assert meta is not None and meta["documents"] == 1
+    from pymilvus import MilvusClient
+
+    assert len(MilvusClient(uri=uri).list_collections()) == 1
+
+
+def test_rebuild_switches_the_alias_and_keeps_the_metadata_consistent(tmp_path: Path) -> None:
+    uri = str(tmp_path / "re.db")
+    build_milvus_index([Document(text=DOCS["pto"], id_="pto")], EMBED, uri, collection="c")
+    docs = [Document(text=t, id_=i) for i, t in DOCS.items()]
+    build_milvus_index(docs, EMBED, uri, collection="c")
+    meta = read_milvus_meta(uri, "c")
+    assert meta is not None and meta["documents"] == len(DOCS)
+    index = load_milvus_index(uri, EMBED, collection="c")
+    assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
+    stored = json.loads(Path(f"{uri}.c.hyde_plus.json").read_text())["collections"]
+    assert list(stored) == [meta["physical_collection"]]
+
+
+def test_another_embedding_dimension_is_a_clear_error(tmp_path: Path) -> None:
+    uri = str(tmp_path / "dim.db")
+    build_milvus_index([Document(text=DOCS["pto"], id_="pto")], EMBED, uri, collection="d")
+    with pytest.raises(EmbeddingMismatchError, match="256-d"):
+        load_milvus_index(uri, DeterministicEmbedding(dim=128), collection="d")
+    index = load_milvus_index(uri, EMBED, collection="d")
+    wrong = QueryBundle("paid time off", embedding=[0.1] * 128)  # as a transform sends it
+    with pytest.raises(EmbeddingMismatchError, match="256-d vectors"):
+        hybrid_retriever(index, 1).retrieve(wrong)

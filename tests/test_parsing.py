@@ -124,3 +124,34 @@ def test_parse_queries_never_raises_never_exceeds_n_no_duplicates(text: str, n: 
     keys = [" ".join(x.casefold().split()) for x in out]
     assert len(keys) == len(set(keys))
     assert all(x.strip() for x in out)
+
+
+class TestQueryLength:
+    def test_each_query_is_trimmed_at_a_word_break(self) -> None:
+        reply = "1. " + "revenue " * 5000 + "\n2. short query"
+        first, second = parse_queries(reply, 2, max_characters=60)
+        assert len(first) <= 60 and first.endswith("revenue") and second == "short query"
+
+    def test_default_limit_is_500_characters(self) -> None:
+        [query] = parse_queries("word " * 2_000_000, 1)  # a 10 MB reply
+        assert 0 < len(query) <= 500
+
+    def test_rejects_non_positive_limit(self) -> None:
+        with pytest.raises(ValueError, match="max_characters"):
+            parse_queries("q", 1, max_characters=0)
+
+
+@pytest.mark.parametrize("name", ["MultiQuery", "StepBack", "Decompose", "Rewrite"])
+def test_list_transforms_cap_each_generated_query(name: str) -> None:
+    import llama_index_hyde_plus as hp
+    from llama_index_hyde_plus.testing import ScriptedLLM
+
+    cls = getattr(hp, name)
+    huge = "1. " + "why did revenue drop " * 100_000 + "\n2. " + "what changed " * 100_000
+    result = cls(ScriptedLLM([huge])).transform("Why did revenue drop?")
+    assert not result.fallback and result.queries
+    assert all(len(q) <= 500 for q in result.queries)
+    short = cls(ScriptedLLM([huge]), max_characters=40).transform("Why did revenue drop?")
+    assert all(len(q) <= 40 for q in short.queries)
+    with pytest.raises(ValueError, match="max_characters"):
+        cls(ScriptedLLM(), max_characters=0)

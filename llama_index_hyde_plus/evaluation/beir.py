@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +38,33 @@ class BeirDataset:
         return [Document(text=self.document_text(did), id_=did) for did in self.corpus]
 
 
-def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[dict[str, object]]:
+def _text(row: dict[str, object], key: str, path: Path, lineno: int) -> str:
+    """A string field (an integer id is taken as its digits); null, lists and objects
+    are errors rather than their Python repr."""
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise BeirFormatError(
+            f"{path.name}:{lineno}: '{key}' must be a string, not {type(value).__name__}"
+        )
+    return str(value)
+
+
+def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BeirFormatError(
+            f"{path.name}:{lineno}: not UTF-8 text; convert the file to UTF-8"
+        ) from exc
+
+
+def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, object]]]:
     if not path.is_file():
         raise BeirFormatError(f"missing file: {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decode_line(raw, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -54,7 +76,7 @@ def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[dict[str, object]
             missing = [k for k in required if k not in row]
             if missing:
                 raise BeirFormatError(f"{path.name}:{lineno}: missing field(s) {missing}")
-            rows.append(row)
+            rows.append((lineno, row))
     if not rows:
         raise BeirFormatError(f"{path.name} is empty")
     return rows
@@ -80,17 +102,31 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
         raise ValueError("limit must be >= 1")
     corpus_path = root / "corpus.jsonl"
     corpus: dict[str, tuple[str, str]] = {}
-    for row in _read_jsonl(corpus_path, ("_id", "text")):
-        corpus[str(row["_id"])] = (str(row.get("title") or "").strip(), str(row["text"]))
+    first_line: dict[str, int] = {}
+    for lineno, row in _read_jsonl(corpus_path, ("_id", "text")):
+        doc_id = _text(row, "_id", corpus_path, lineno)
+        if doc_id in first_line:
+            raise BeirFormatError(
+                f"{corpus_path.name}:{lineno}: duplicate _id {doc_id!r} "
+                f"(first at line {first_line[doc_id]}); give every document a unique _id"
+            )
+        first_line[doc_id] = lineno
+        title = row.get("title")
+        if title is not None and not isinstance(title, str):
+            raise BeirFormatError(f"{corpus_path.name}:{lineno}: 'title' must be a string")
+        corpus[doc_id] = ((title or "").strip(), _text(row, "text", corpus_path, lineno))
+    queries_path = root / "queries.jsonl"
     all_queries = {
-        str(r["_id"]): str(r["text"]) for r in _read_jsonl(root / "queries.jsonl", ("_id", "text"))
+        _text(r, "_id", queries_path, n): _text(r, "text", queries_path, n)
+        for n, r in _read_jsonl(queries_path, ("_id", "text"))
     }
     qrels_path = root / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
         raise BeirFormatError(f"missing file: {qrels_path}")
     qrels: dict[str, dict[str, int]] = {}
-    with qrels_path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with qrels_path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decode_line(raw, qrels_path, lineno)
             parts = line.rstrip("\n").split("\t")
             if not line.strip():
                 continue
@@ -103,11 +139,17 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
                 )
             qid, did, score = parts
             try:
-                rel = int(float(score))
+                value = float(score)
             except ValueError as exc:
                 raise BeirFormatError(
                     f"{qrels_path.name}:{lineno}: score {score!r} is not a number"
                 ) from exc
+            if not math.isfinite(value):
+                raise BeirFormatError(
+                    f"{qrels_path.name}:{lineno}: score {score!r} is not finite; "
+                    "use an integer relevance grade (0, 1, 2...)"
+                )
+            rel = int(value)
             if qid not in all_queries:
                 raise BeirFormatError(f"{qrels_path.name}:{lineno}: unknown query id {qid!r}")
             if did not in corpus:

@@ -28,13 +28,14 @@ from .assets import (
     pull,
 )
 from .embedding import LocalEmbedding, assemble_model_dir
-from .llm import LocalLLM, LocalLLMError
+from .llm import LocalLLM, LocalLLMCancelledError, LocalLLMError
 
 __all__ = [
     "ASSETS",
     "Asset",
     "LocalEmbedding",
     "LocalLLM",
+    "LocalLLMCancelledError",
     "LocalLLMError",
     "ModelNotAvailableError",
     "cache_dir",

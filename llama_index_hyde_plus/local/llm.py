@@ -4,7 +4,8 @@ The runtime is ``xllamacpp`` (prebuilt CPU wheels, no compiler). Its server obje
 ``n_parallel`` slots and serves calls from several threads at once, releasing the GIL
 while it computes, so the async methods run calls in worker threads without blocking
 the event loop. Replies carry llama.cpp's own ``usage`` block (provider counts), and the
-model's own chat template formats the prompt.
+model's own chat template formats the prompt. Calls are streamed internally so that a
+cancelled or timed-out call stops generating within a token instead of running on.
 """
 
 from __future__ import annotations
@@ -31,11 +32,17 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from pydantic import Field, PrivateAttr
 
+from .._llm import CANCEL_EVENT
+
 _MAX_SEEDS = 100_000
 
 
 class LocalLLMError(RuntimeError):
     """llama.cpp answered with an error (context overflow, bad request...)."""
+
+
+class LocalLLMCancelledError(LocalLLMError):
+    """The call was cancelled (its transform timed out) and generation was stopped."""
 
 
 class LocalLLM(CustomLLM):
@@ -101,8 +108,15 @@ class LocalLLM(CustomLLM):
         params.verbosity = -1
         return xllamacpp.Server(params)
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory (it loads on the first call or `warm_up`)."""
+        return self._server is not None
+
     def warm_up(self) -> None:
-        """Load the model now rather than on the first call."""
+        """Load the model now rather than on the first call. Transforms do this before
+        starting their ``timeout`` clock, so loading never counts against it; call it
+        at start-up to keep the first search fast."""
         self._get_server()
 
     def close(self) -> None:
@@ -110,20 +124,81 @@ class LocalLLM(CustomLLM):
         with self._lock:
             self._server = None
 
-    def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _request(
+        self,
+        messages: Sequence[ChatMessage],
+        kwargs: dict[str, Any],
+        cancel: threading.Event | None = None,
+    ) -> dict[str, Any]:
+        """One chat completion, streamed token by token so that it stops within a token
+        once ``cancel`` (else the caller's `CANCEL_EVENT`, set when a transform's
+        timeout expires) is set; raises `LocalLLMCancelledError` then."""
         request: dict[str, Any] = {
             "messages": [{"role": m.role.value, "content": m.content or ""} for m in messages],
             "max_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
             "temperature": float(kwargs.get("temperature", self.temperature)),
+            "stream": True,
+            "stream_options": {"include_usage": True},
         }
         if self.seed is not None:
             request["seed"] = self._seed_for(request["messages"])
-        response = self._get_server().handle_chat_completions(request)
-        if not isinstance(response, dict) or "error" in response:
-            error = response.get("error") if isinstance(response, dict) else response
+        if cancel is None:
+            cancel = CANCEL_EVENT.get()
+        server = self._get_server()
+        parts: list[str] = []
+        final: dict[str, Any] = {"finish_reason": None, "usage": None, "error": None}
+        head: dict[str, Any] = {}
+
+        def on_chunk(chunk: Any) -> bool:
+            if not isinstance(chunk, dict) or "error" in chunk:
+                final["error"] = chunk.get("error") if isinstance(chunk, dict) else chunk
+                return True
+            if not head:
+                head.update({k: chunk[k] for k in ("id", "model", "created") if k in chunk})
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    parts.append(str(delta["content"]))
+                if choice.get("finish_reason"):
+                    final["finish_reason"] = choice["finish_reason"]
+            if chunk.get("usage"):
+                final["usage"] = chunk["usage"]
+            return cancel is not None and cancel.is_set()  # True stops llama.cpp
+
+        result = server.handle_chat_completions(request, on_chunk)
+        if isinstance(result, dict) and "error" in result:
+            final["error"] = result["error"]
+        if final["error"] is not None:
+            error = final["error"]
             message = error.get("message") if isinstance(error, dict) else str(error)
             raise LocalLLMError(f"llama.cpp error: {message}")
+        if cancel is not None and cancel.is_set() and final["finish_reason"] is None:
+            raise LocalLLMCancelledError("the call was cancelled; llama.cpp stopped generating")
+        response: dict[str, Any] = {
+            **head,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": final["finish_reason"],
+                    "message": {"role": "assistant", "content": "".join(parts)},
+                }
+            ],
+        }
+        if final["usage"] is not None:
+            response["usage"] = final["usage"]
         return response
+
+    async def _arequest(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """`_request` in a worker thread; cancelling the await stops the generation."""
+        cancel = threading.Event()
+        try:
+            return await asyncio.to_thread(self._request, messages, kwargs, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
 
     def _seed_for(self, messages: list[dict[str, str]]) -> int:
         """A seed that depends on the prompt and on how often this prompt was asked
@@ -160,7 +235,7 @@ class LocalLLM(CustomLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        response = await asyncio.to_thread(self._request, messages, kwargs)
+        response = await self._arequest(messages, kwargs)
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=self._text(response)),
             raw=response,
@@ -171,7 +246,7 @@ class LocalLLM(CustomLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
         messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
-        response = await asyncio.to_thread(self._request, messages, kwargs)
+        response = await self._arequest(messages, kwargs)
         return CompletionResponse(text=self._text(response), raw=response)
 
     @llm_completion_callback()

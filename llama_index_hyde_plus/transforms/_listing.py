@@ -15,13 +15,14 @@ from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice, Usage
 from .base import TransformResult
 from .llm_base import DEFAULT_TIMEOUT_S, LLMTransform, UnusableReplyError
-from .parsing import parse_queries
+from .parsing import MAX_QUERY_CHARACTERS, parse_queries, trim_passage
 
 MAX_N = 10
 
 
 class QueryListTransform(LLMTransform):
-    """An LLM transform whose reply parses to at most ``n`` search queries."""
+    """An LLM transform whose reply parses to at most ``n`` search queries, each at most
+    ``max_characters`` long (trimmed at a sentence end, else a word break)."""
 
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "n"})
     parse_excludes_query: ClassVar[bool] = True
@@ -45,9 +46,14 @@ class QueryListTransform(LLMTransform):
         cache: TransformCache | None = None,
         retry: RetryPolicy | None = None,
         breaker: CircuitBreaker | bool = True,
+        max_characters: int = MAX_QUERY_CHARACTERS,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError("n must be an int")
+        if isinstance(max_characters, bool) or not isinstance(max_characters, int):
+            raise TypeError("max_characters must be an int")
+        if max_characters < 1:
+            raise ValueError("max_characters must be >= 1")
         if not 1 <= n <= MAX_N:
             raise ValueError(f"n must be between 1 and {MAX_N}")
         super().__init__(
@@ -63,6 +69,7 @@ class QueryListTransform(LLMTransform):
         )
         self.n = n
         self.include_query = bool(include_query)
+        self.max_characters = max_characters
         if original_weight is None:
             original_weight = self.DEFAULT_ORIGINAL_WEIGHT
         if isinstance(original_weight, bool) or not isinstance(original_weight, (int, float)):
@@ -81,7 +88,9 @@ class QueryListTransform(LLMTransform):
         ]
 
     def _params(self) -> dict[str, Any]:
-        # include_query only decides what is searched; the key records the parsing rule
+        # include_query only decides what is searched; the key records the parsing
+        # rule. max_characters is applied again to cached results (`_restyle`), so
+        # it is not part of the key either.
         return {
             "temperature": self.temperature,
             "n": self.n,
@@ -89,8 +98,12 @@ class QueryListTransform(LLMTransform):
         }
 
     def _restyle(self, result: TransformResult) -> TransformResult:
+        queries = tuple(trim_passage(q, self.max_characters) for q in result.queries)
         return replace(
-            result, include_query=self.include_query, original_weight=self.original_weight
+            result,
+            queries=queries,
+            include_query=self.include_query,
+            original_weight=self.original_weight,
         )
 
     def _format_vars(self) -> dict[str, Any]:
@@ -98,9 +111,10 @@ class QueryListTransform(LLMTransform):
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
         exclude = (query,) if self.parse_excludes_query else ()
-        queries = parse_queries(replies[0], self.n, exclude=exclude)
+        limit = self.max_characters
+        queries = parse_queries(replies[0], self.n, exclude=exclude, max_characters=limit)
         if not queries:
-            if parse_queries(replies[0], 1):
+            if parse_queries(replies[0], 1, max_characters=limit):
                 # the model only repeated the question: nothing new, but not a failure
                 queries = [query]
             else:

@@ -15,6 +15,7 @@ from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
 from .llm_base import DEFAULT_TIMEOUT_S
+from .parsing import MAX_QUERY_CHARACTERS
 from .prompts import DECOMPOSE_PROMPT
 
 
@@ -49,6 +50,7 @@ class Decompose(QueryListTransform):
         cache: TransformCache | None = None,
         retry: RetryPolicy | None = None,
         breaker: CircuitBreaker | bool = True,
+        max_characters: int = MAX_QUERY_CHARACTERS,
     ) -> None:
         super().__init__(
             llm,
@@ -63,4 +65,5 @@ class Decompose(QueryListTransform):
             cache=cache,
             retry=retry,
             breaker=breaker,
+            max_characters=max_characters,
         )

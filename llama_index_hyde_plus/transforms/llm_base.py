@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from abc import abstractmethod
@@ -22,6 +23,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
+from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
 from .. import _llm
@@ -38,18 +40,37 @@ class UnusableReplyError(ValueError):
     """The LLM answered, but nothing usable could be parsed from the reply."""
 
 
+#: ``{{name}}``: a literal ``{name}`` in a prompt, not a placeholder. LlamaIndex prompts
+#: keep braces around anything but a name (JSON, sets) as written, so only a braced name
+#: needs this escape.
+_ESCAPED = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_.]*)\}\}")
+
+
 def _template(prompt: str | BasePromptTemplate, allowed: frozenset[str]) -> BasePromptTemplate:
     template = PromptTemplate(prompt) if isinstance(prompt, str) else prompt
-    names = set(template.template_vars)
+    if isinstance(template, PromptTemplate):
+        names = set(get_template_vars(_ESCAPED.sub("", template.get_template())))
+    else:
+        names = set(template.template_vars)
     if "query" not in names:
         raise ValueError("prompt must contain the {query} placeholder")
     extra = names - allowed
     if extra:
         raise ValueError(
             f"prompt has unknown placeholder(s) {sorted(extra)}; allowed: {sorted(allowed)} "
-            "(write literal braces as {{ and }})"
+            "(to write a literal {name}, double its braces: {{name}}; other braces, as in "
+            "JSON, are kept as written)"
         )
     return template
+
+
+def _render_template(template: BasePromptTemplate, **kwargs: Any) -> str:
+    """Format ``template``, turning each escaped ``{{name}}`` into a literal ``{name}``."""
+    if not isinstance(template, PromptTemplate) or not _ESCAPED.search(template.get_template()):
+        return template.format(**kwargs)
+    protected = _ESCAPED.sub("\x00\\1\x00", template.get_template())
+    text = template.model_copy(update={"template": protected}).format(**kwargs)
+    return re.sub("\x00([A-Za-z_][A-Za-z0-9_.]*)\x00", r"{\1}", text)
 
 
 class LLMTransform(QueryTransformer):
@@ -136,7 +157,7 @@ class LLMTransform(QueryTransformer):
 
     # -- the call ----------------------------------------------------------------
     def _render(self, query: str, context: Sequence[str] | None = None) -> str:
-        return self._prompt.format(query=query, **self._format_vars())
+        return _render_template(self._prompt, query=query, **self._format_vars())
 
     def _call_kwargs(self) -> dict[str, Any]:
         return {

@@ -15,6 +15,7 @@ from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
 from .llm_base import DEFAULT_TIMEOUT_S
+from .parsing import MAX_QUERY_CHARACTERS
 from .prompts import MULTI_QUERY_PROMPT
 
 
@@ -46,6 +47,7 @@ class MultiQuery(QueryListTransform):
         cache: TransformCache | None = None,
         retry: RetryPolicy | None = None,
         breaker: CircuitBreaker | bool = True,
+        max_characters: int = MAX_QUERY_CHARACTERS,
     ) -> None:
         super().__init__(
             llm,
@@ -60,4 +62,5 @@ class MultiQuery(QueryListTransform):
             cache=cache,
             retry=retry,
             breaker=breaker,
+            max_characters=max_characters,
         )

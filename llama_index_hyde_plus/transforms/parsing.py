@@ -127,16 +127,31 @@ def dedupe(items: list[str], *, exclude: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
-def parse_queries(text: str, n: int, *, exclude: tuple[str, ...] = ()) -> list[str]:
+#: Default cap on one generated query (characters): a runaway reply must not become a
+#: megabyte-long search query and cache entry.
+MAX_QUERY_CHARACTERS = 500
+
+
+def parse_queries(
+    text: str,
+    n: int,
+    *,
+    exclude: tuple[str, ...] = (),
+    max_characters: int = MAX_QUERY_CHARACTERS,
+) -> list[str]:
     """Parse an LLM's list of queries into at most ``n`` distinct strings.
 
     Accepts JSON arrays (or an object holding one), numbered and bulleted lists, plain
     lines, quotes and markdown bold, code fences, and ignores preambles and sign-offs
     ("Here are 3 queries:", "I hope this helps"). Items equal to one in ``exclude``
-    (the original query, say) are dropped. Never raises; returns ``[]`` for nothing.
+    (the original query, say) are dropped. Each query is trimmed to ``max_characters``
+    like a HyDE passage (at a sentence end, else a word break). Never raises on odd
+    input; returns ``[]`` for nothing.
     """
     if n < 1:
         raise ValueError("n must be >= 1")
+    if max_characters < 1:
+        raise ValueError("max_characters must be >= 1")
     if not text or not text.strip():
         return []
     items = _json_items(text)
@@ -151,4 +166,5 @@ def parse_queries(text: str, n: int, *, exclude: tuple[str, ...] = ()) -> list[s
             ] or lines
         items = lines
     cleaned = [_clean_item(x) for x in items]
-    return dedupe([x for x in cleaned if x], exclude=exclude)[:n]
+    trimmed = [trim_passage(x, max_characters) for x in cleaned if x]
+    return dedupe([x for x in trimmed if x], exclude=exclude)[:n]

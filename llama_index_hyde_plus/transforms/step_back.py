@@ -14,6 +14,7 @@ from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
 from ._listing import QueryListTransform
 from .llm_base import DEFAULT_TIMEOUT_S
+from .parsing import MAX_QUERY_CHARACTERS
 from .prompts import STEP_BACK_PROMPT
 
 
@@ -40,6 +41,7 @@ class StepBack(QueryListTransform):
         cache: TransformCache | None = None,
         retry: RetryPolicy | None = None,
         breaker: CircuitBreaker | bool = True,
+        max_characters: int = MAX_QUERY_CHARACTERS,
     ) -> None:
         super().__init__(
             llm,
@@ -54,4 +56,5 @@ class StepBack(QueryListTransform):
             cache=cache,
             retry=retry,
             breaker=breaker,
+            max_characters=max_characters,
         )

@@ -1,0 +1,287 @@
+"""The FAISS index on disk: atomic replacement (a killed build leaves the old index
+serving), clear errors for damaged indexes, and the embedding-model check."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from llama_index.core import Document
+from typer.testing import CliRunner
+
+from llama_index_hyde_plus.cli import app
+from llama_index_hyde_plus.indexing import (
+    EmbeddingMismatchError,
+    build_faiss_index,
+    load_faiss_index,
+    read_meta,
+)
+from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+runner = CliRunner()
+EMBED = DeterministicEmbedding(dim=64)
+OLD = {"pto": "Employees receive twenty five days of paid time off.", "lunch": "Friday lunch."}
+NEW = {"laptops": "Laptops use full disk encryption.", "office": "The Lisbon office moved."}
+
+
+def docs(texts: dict[str, str]) -> list[Document]:
+    return [Document(text=t, id_=i) for i, t in texts.items()]
+
+
+def build(out: Path, texts: dict[str, str] = OLD) -> None:
+    build_faiss_index(docs(texts), EMBED, out, embed_spec="det", max_length=256)
+
+
+def top_id(out: Path, question: str) -> str:
+    index = load_faiss_index(out, EMBED)
+    return index.as_retriever(similarity_top_k=1).retrieve(question)[0].node.node_id
+
+
+def start_paused_index(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+    """`hyde-plus index ...` in a fresh process, paused by the test hook just before it
+    switches the new index in."""
+    flag = tmp_path / "paused"
+    env = {**os.environ, "HYDE_PLUS_TEST_PAUSE_BEFORE_SWITCH": str(flag)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_index_hyde_plus.cli", "index", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not flag.exists():
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read().decode() if proc.stderr else "exited")
+        assert time.monotonic() < deadline, "index never reached the switch"
+        time.sleep(0.05)
+    return proc, flag
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def query_ids(argv: list[str]) -> list[str]:
+    result = runner.invoke(app, ["query", "paid time off", "-t", "none", "--json", *argv])
+    assert result.exit_code == 0, result.output
+    return [r["id"] for r in json.loads(result.stdout)["results"]]
+
+
+def test_a_build_killed_before_the_switch_leaves_the_old_index_answering(
+    tmp_path: Path,
+) -> None:
+    old_docs, new_docs = tmp_path / "old", tmp_path / "new"
+    old_docs.mkdir()
+    new_docs.mkdir()
+    (old_docs / "pto.txt").write_text(OLD["pto"])
+    (new_docs / "laptops.txt").write_text(NEW["laptops"])
+    out = tmp_path / "index"
+    built = runner.invoke(app, ["index", str(old_docs), "--out", str(out), "--embed", "local"])
+    assert built.exit_code == 0, built.output
+
+    proc, _ = start_paused_index(tmp_path, [str(new_docs), "--out", str(out), "--embed", "local"])
+    kill(proc)
+
+    assert query_ids(["--index", str(out)]) == ["pto.txt"]
+    assert sorted(p.name for p in out.iterdir())[-1] == "hyde_plus.json"
+    # the next build cleans what the killed one left and switches to the new documents
+    rebuilt = runner.invoke(app, ["index", str(new_docs), "--out", str(out), "--embed", "local"])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert query_ids(["--index", str(out)]) == ["laptops.txt"]
+    entries = sorted(p.name for p in out.iterdir())
+    assert len(entries) == 2 and entries[1] == "hyde_plus.json"
+    assert entries[0] == read_meta(out)["data"]
+
+
+def test_a_first_build_killed_before_the_switch_leaves_nothing_behind(tmp_path: Path) -> None:
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir()
+    (docs_dir / "a.txt").write_text(OLD["pto"])
+    out = tmp_path / "index"
+    proc, _ = start_paused_index(tmp_path, [str(docs_dir), "--out", str(out), "--embed", "local"])
+    kill(proc)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.glob(".index.*")]  # the hidden build folder
+    build(out)
+    assert not list(tmp_path.glob(".index.*")) and top_id(out, "paid time off") == "pto"
+
+
+def test_replacing_an_index_keeps_one_data_folder(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    first = read_meta(out)["data"]
+    (out / "data-stale000000").mkdir()  # left by a killed build
+    build(out, NEW)
+    meta = read_meta(out)
+    assert meta["data"] != first and meta["documents"] == 2
+    assert sorted(p.name for p in out.iterdir()) == sorted([meta["data"], "hyde_plus.json"])
+    assert top_id(out, "disk encryption") == "laptops"
+
+
+def test_a_format_1_index_still_loads_and_is_replaced_cleanly(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    meta = read_meta(out)
+    data = out / meta.pop("data")
+    for f in data.iterdir():  # the old layout: storage files at the top level
+        f.rename(out / f.name)
+    data.rmdir()
+    (out / "hyde_plus.json").write_text(json.dumps({**meta, "format": 1}))
+    assert top_id(out, "paid time off") == "pto"
+    build(out, NEW)
+    assert not (out / "docstore.json").exists() and top_id(out, "Lisbon office") == "office"
+
+
+def test_a_failed_build_leaves_the_old_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index.core import StorageContext
+
+    out = tmp_path / "idx"
+    build(out)
+
+    def boom(self, *a, **k):  # type: ignore[no-untyped-def]
+        raise OSError("disk full")
+
+    monkeypatch.setattr(StorageContext, "persist", boom)
+    with pytest.raises(OSError, match="disk full"):
+        build(out, NEW)
+    monkeypatch.undo()
+    assert top_id(out, "paid time off") == "pto"
+
+
+@pytest.fixture(scope="module")
+def cli_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    docs_dir = tmp_path_factory.mktemp("docs")
+    (docs_dir / "pto.txt").write_text(OLD["pto"])
+    out = tmp_path_factory.mktemp("built") / "index"
+    built = runner.invoke(app, ["index", str(docs_dir), "--out", str(out), "--embed", "local"])
+    assert built.exit_code == 0, built.output
+    return out
+
+
+@pytest.mark.parametrize("damage", ["no-docstore", "truncated-vectors", "corrupt-meta"])
+def test_a_damaged_index_is_one_clear_error(tmp_path: Path, cli_index: Path, damage: str) -> None:
+    out = tmp_path / "idx"
+    shutil.copytree(cli_index, out)
+    data = out / read_meta(out)["data"]
+    if damage == "no-docstore":
+        (data / "docstore.json").unlink()
+        expected = "docstore.json"
+    elif damage == "truncated-vectors":
+        vectors = data / "default__vector_store.json"
+        vectors.write_bytes(vectors.read_bytes()[:100])
+        expected = "default__vector_store.json"
+    else:
+        (out / "hyde_plus.json").write_text('{"documents": 2, "dim"')
+        expected = "hyde_plus.json"
+    result = runner.invoke(app, ["query", "q", "--index", str(out), "-t", "none"])
+    assert result.exit_code == 2 and "error:" in result.output and expected in result.output
+    assert "Traceback" not in result.output and "rebuild" in result.output
+
+
+def test_another_embedding_model_is_a_clear_error(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    with pytest.raises(EmbeddingMismatchError, match="deterministic-bow"):
+        load_faiss_index(out, DeterministicEmbedding(dim=64, model_name="other"))
+    with pytest.raises(EmbeddingMismatchError, match="64-d"):
+        load_faiss_index(out, DeterministicEmbedding(dim=32))
+
+
+def test_a_query_embedding_of_another_dimension_is_a_clear_error(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    meta = read_meta(out)
+    meta.pop("embed_model")  # nothing recorded to compare with: the store still checks
+    meta.pop("dim")
+    (out / "hyde_plus.json").write_text(json.dumps(meta))
+    index = load_faiss_index(out, DeterministicEmbedding(dim=32))
+    with pytest.raises(EmbeddingMismatchError, match=r"64-d vectors .* 32 dimensions"):
+        index.as_retriever().retrieve("paid time off")
+
+
+def _folder(tmp_path: Path, files: dict[str, str | bytes]) -> Path:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, content in files.items():
+        path = folder / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return folder
+
+
+def _line(**row: object) -> str:
+    return json.dumps(row) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {"a.jsonl": _line(_id="x", text="one") + _line(_id="x", text="two")},
+            "a.jsonl:1 and a.jsonl:2",
+        ),
+        (
+            {"a.jsonl": _line(_id="x", text="one"), "b.jsonl": _line(id="x", text="two")},
+            "a.jsonl:1 and b.jsonl:1",
+        ),
+        (
+            {"a.jsonl": _line(_id=7, text="one") + _line(_id="7", text="two")},
+            "a.jsonl:1 and a.jsonl:2",
+        ),
+        ({"n.txt": "a text", "a.jsonl": _line(_id="n.txt", text="two")}, "a.jsonl:1 and n.txt"),
+    ],
+)
+def test_a_duplicate_document_id_is_an_error_naming_both_places(
+    tmp_path: Path, files: dict[str, str | bytes], expected: str
+) -> None:
+    from llama_index_hyde_plus.indexing import read_documents
+
+    with pytest.raises(ValueError, match="duplicate document id") as info:
+        read_documents(_folder(tmp_path, files))
+    assert expected in str(info.value)
+
+
+def test_null_ids_do_not_collide_with_the_string_none(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.indexing import read_documents
+
+    folder = _folder(
+        tmp_path, {"a.jsonl": _line(_id=None, text="one") + _line(_id="None", text="two")}
+    )
+    assert [d.doc_id for d in read_documents(folder)] == ["a.jsonl:1", "None"]
+
+
+@pytest.mark.parametrize("text", [None, {"body": "x"}, ["x"]])
+def test_a_null_or_structured_text_is_an_error_naming_file_and_line(
+    tmp_path: Path, text: object
+) -> None:
+    folder = _folder(tmp_path, {"a.jsonl": _line(text="fine") + _line(_id="b", text=text)})
+    result = runner.invoke(app, ["index", str(folder), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "a.jsonl:2" in result.output and "'text'" in result.output
+    assert "None" not in result.output.replace("NoneType", "") and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "rows.jsonl"])
+def test_a_non_utf8_file_is_an_error_naming_file_and_line(tmp_path: Path, name: str) -> None:
+    good = '{"text": "fine"}\n' if name.endswith("jsonl") else "fine\n"
+    folder = _folder(tmp_path, {name: good.encode() + b'{"text": "caf\xe9"}\n'})
+    result = runner.invoke(app, ["index", str(folder), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and f"{name}:2: not UTF-8" in result.output
+
+
+def test_the_cli_refuses_duplicate_ids_before_embedding(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, {"a.jsonl": _line(_id="x", text="one") + _line(_id="x", text="two")})
+    result = runner.invoke(app, ["index", str(folder), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "duplicate document id 'x'" in result.output
