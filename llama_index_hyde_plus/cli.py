@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -549,7 +550,7 @@ def eval_cmd(
         "hyde_prompt": hyde_prompt or "default",
         "split": split,
     }
-    command = "hyde-plus eval " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else None
+    command = "hyde-plus eval " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else None
     with _progress() as progress:
 
         def factory(description: str, total: int) -> Any:
@@ -760,7 +761,7 @@ def tune(
             raise _fail(str(exc)) from exc
     Console(width=max(console.width, 120)).print(tune_table(result))
     console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
-    command = "hyde-plus tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else None
+    command = "hyde-plus tune " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else None
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(tune_markdown(result, command))
