@@ -52,15 +52,24 @@ def main() -> None:
         [Document(text=t) for t in DOCS],
         storage_context=StorageContext.from_defaults(vector_store=store),
     )
-    base = index.as_retriever(similarity_top_k=1)
+    # the shipped HyDE reranks the question's own candidates: fetch a few, keep the best
+    base = index.as_retriever(similarity_top_k=4)
     question = "Why did revenue drop?"
 
     print("Without HyDE:", base.retrieve(question)[0].node.get_content())
 
-    retriever = TransformRetriever(base, HyDE(llm, max_characters=500))  # type: ignore[arg-type]
-    result = retriever.search(question)
+    # the paper's HyDE: search with the passage alone
+    paper = HyDE(llm, max_characters=500, include_query=False)  # type: ignore[arg-type]
+    result = TransformRetriever(base, paper, top_k=1).search(question)
     print("With HyDE:   ", result.nodes[0].node.get_content())
     print("\nHypothetical passage:", result.transform.hypothetical[0])
+
+    # the shipped default is guarded: it only reorders the question's own candidates,
+    # and not at all when the passage disagrees with the question (the gate)
+    guarded = TransformRetriever(base, HyDE(llm), top_k=1).search(question)  # type: ignore[arg-type]
+    print("Guarded HyDE:", guarded.nodes[0].node.get_content())
+    if guarded.transform.skipped:
+        print("  (" + guarded.transform.skipped + ")")
     usage = result.transform.usage
     print(f"LLM tokens: {usage.input_tokens} in / {usage.output_tokens} out ({usage.usage_source})")
 

@@ -122,6 +122,11 @@ class HyDERAGResult:
         }
 
 
+RERANK_CANDIDATES = 50
+"""How many of the question's hits a reranking HyDE (the default) reorders before the
+top ``top_k`` are kept, when `HyDERAG` builds the retriever from an index."""
+
+
 class HyDERAG:
     """HyDE retrieval plus a grounded answer, with separate models per stage.
 
@@ -149,11 +154,7 @@ class HyDERAG:
     ) -> None:
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError("top_k must be an int >= 1")
-        if isinstance(index_or_retriever, BaseIndex):
-            base = index_or_retriever.as_retriever(similarity_top_k=top_k)
-        elif isinstance(index_or_retriever, BaseRetriever):
-            base = index_or_retriever
-        else:
+        if not isinstance(index_or_retriever, (BaseIndex, BaseRetriever)):
             raise TypeError("index_or_retriever must be a LlamaIndex index or retriever")
         template = answer_prompt or ANSWER_PROMPT
         self.answer_prompt = PromptTemplate(template) if isinstance(template, str) else template
@@ -170,6 +171,14 @@ class HyDERAG:
             callback_manager=callback_manager,
             **hyde_options,
         )
+        if isinstance(index_or_retriever, BaseIndex):
+            # a reranking HyDE reorders the question's own candidates: fetch enough
+            depth = top_k
+            if self.hyde.guards.strategy == "rerank":
+                depth = max(top_k, RERANK_CANDIDATES)
+            base = index_or_retriever.as_retriever(similarity_top_k=depth)
+        else:
+            base = index_or_retriever
         self.retriever = TransformRetriever(base, self.hyde, top_k=top_k)
         self.top_k = top_k
 

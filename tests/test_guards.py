@@ -93,12 +93,28 @@ def test_the_weight_changes_what_is_found(faiss_index: VectorStoreIndex) -> None
     assert ids(question_only.nodes) == ["lunch"]
 
 
-def test_plain_hyde_uses_the_shipped_default_weight(
+def test_plain_hyde_is_the_shipped_guarded_default() -> None:
+    hyde = HyDE(ScriptedLLM([P1]))
+    assert hyde.guards == Guards(
+        strategy=HyDE.DEFAULT_STRATEGY, blend=HyDE.DEFAULT_BLEND, gate=HyDE.DEFAULT_GATE
+    )
+    assert (HyDE.DEFAULT_STRATEGY, HyDE.DEFAULT_BLEND, HyDE.DEFAULT_GATE) == ("rerank", 0.3, 0.7)
+    assert hyde.query_weight == HyDE.DEFAULT_QUERY_WEIGHT and hyde.include_query
+
+
+@pytest.mark.parametrize(
+    "options", [{"include_query": True}, {"include_query": False}, {"query_weight": 0.5}]
+)
+def test_choosing_the_vector_yourself_turns_the_shipped_guards_off(options: dict) -> None:
+    assert HyDE(ScriptedLLM([P1]), **options).guards == Guards()
+
+
+def test_replace_with_the_default_weight_sends_the_weighted_vector(
     faiss_index: VectorStoreIndex,
     embed_model: DeterministicEmbedding,
     spy_queries: list[VectorStoreQuery],
 ) -> None:
-    hyde = HyDE(ScriptedLLM([P1]))
+    hyde = HyDE(ScriptedLLM([P1]), strategy="replace", gate=None)
     assert hyde.query_weight == HyDE.DEFAULT_QUERY_WEIGHT and hyde.include_query
     TransformRetriever(faiss_index.as_retriever(), hyde).search(Q)
     want = weighted_vector(
@@ -120,7 +136,8 @@ def test_an_explicit_embed_model_is_used_for_a_retriever_without_one() -> None:
 def test_a_keyword_retriever_receives_the_keyword_text_with_the_question_repeated() -> None:
     base = StaticRetriever(DOCS, default=["pto"])
     base.search_type = "keyword"  # type: ignore[attr-defined]
-    retriever = TransformRetriever(base, HyDE(ScriptedLLM([P1]), keyword_weight=0.5))
+    hyde = HyDE(ScriptedLLM([P1]), keyword_weight=0.5, strategy="replace", gate=None)
+    retriever = TransformRetriever(base, hyde)
     assert retriever.search_type == "keyword"
     result = retriever.search(Q)
     [bundle] = base.bundles
@@ -129,9 +146,10 @@ def test_a_keyword_retriever_receives_the_keyword_text_with_the_question_repeate
     assert bundle.embedding is None
 
 
-def test_plain_hyde_repeats_the_question_for_keyword_search() -> None:
+def test_replacing_hyde_repeats_the_question_for_keyword_search() -> None:
     base = StaticRetriever(DOCS, default=["pto"])
-    TransformRetriever(base, HyDE(ScriptedLLM([P1])), search_type="keyword").search(Q)
+    hyde = HyDE(ScriptedLLM([P1]), strategy="replace", gate=None)
+    TransformRetriever(base, hyde, search_type="keyword").search(Q)
     text = base.queries[0]
     assert text == keyword_query(Q, [P1], HyDE.DEFAULT_QUERY_WEIGHT)
     assert text.count(Q) > 1
@@ -203,7 +221,7 @@ async def test_rerank_returns_exactly_the_questions_candidates(
     assert "renewals" not in plain  # the passage's best match is outside the candidates
     spy_queries.clear()
     llm = ScriptedLLM([P1], forbid_sync=use_async)
-    retriever = TransformRetriever(base, HyDE(llm, strategy="rerank", blend=1.0))
+    retriever = TransformRetriever(base, HyDE(llm, strategy="rerank", blend=1.0, gate=None))
     result = await retriever.asearch(Q) if use_async else retriever.search(Q)
     assert set(ids(result.nodes)) == set(plain)  # Recall@3 is plain search's
     assert len(spy_queries) == 1  # only the question was searched
@@ -218,7 +236,8 @@ async def test_rerank_reorders_by_similarity_to_the_generated_text(
     plain = ids(base.retrieve(Q))
     assert plain[0] == "lunch" and plain[-1] == "renewals"
     retriever = TransformRetriever(
-        base, HyDE(ScriptedLLM([P1], forbid_sync=use_async), strategy="rerank", blend=1.0)
+        base,
+        HyDE(ScriptedLLM([P1], forbid_sync=use_async), strategy="rerank", blend=1.0, gate=None),
     )
     result = await retriever.asearch(Q) if use_async else retriever.search(Q)
     got = ids(result.nodes)
@@ -233,7 +252,8 @@ async def test_rerank_with_blend_zero_keeps_the_questions_order(
     base = faiss_index.as_retriever(similarity_top_k=len(DOCS))
     plain = ids(base.retrieve(Q))
     retriever = TransformRetriever(
-        base, HyDE(ScriptedLLM([P1], forbid_sync=use_async), strategy="rerank", blend=0.0)
+        base,
+        HyDE(ScriptedLLM([P1], forbid_sync=use_async), strategy="rerank", blend=0.0, gate=None),
     )
     result = await retriever.asearch(Q) if use_async else retriever.search(Q)
     assert ids(result.nodes) == plain
@@ -243,7 +263,7 @@ def test_rerank_on_a_static_retriever_with_an_explicit_embed_model() -> None:
     base = StaticRetriever(DOCS, results={Q: ["lunch", "pricing", "renewals"]})
     retriever = TransformRetriever(
         base,
-        HyDE(ScriptedLLM([P1]), strategy="rerank", blend=0.8),
+        HyDE(ScriptedLLM([P1]), strategy="rerank", blend=0.8, gate=None),
         embed_model=DeterministicEmbedding(),
     )
     result = retriever.search(Q)
@@ -260,7 +280,7 @@ def test_rerank_after_a_failed_generation_keeps_the_questions_hits(
 ) -> None:
     base = faiss_index.as_retriever(similarity_top_k=3)
     plain = ids(base.retrieve(Q))
-    hyde = HyDE(ScriptedLLM([RuntimeError("down")]), strategy="rerank", retry=None)
+    hyde = HyDE(ScriptedLLM([RuntimeError("down")]), strategy="rerank", retry=None, gate=None)
     result = TransformRetriever(base, hyde).search(Q)
     assert result.transform.fallback and ids(result.nodes) == plain
 

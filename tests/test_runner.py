@@ -58,29 +58,51 @@ def test_bad_transform_specs_are_value_errors(spec: str) -> None:
 
 def test_eval_scores_transforms_and_resumes_from_cache(tmp_path: Path) -> None:
     ds = load_beir(TINY)
+    PAPER = "hyde:include_query=false"  # the paper's HyDE: the passage alone decides
     embed = DeterministicEmbedding(dim=256)
     llm = answering_llm()
     kwargs = dict(
         embed_model=embed, embed_label="det-256", cache_root=tmp_path, top_k=5, concurrency=2
     )
-    first = run_eval(ds, ["none", "hyde", "hyde+q"], llm=llm, **kwargs)  # type: ignore[arg-type]
+    first = run_eval(ds, ["none", PAPER, "hyde+q"], llm=llm, **kwargs)  # type: ignore[arg-type]
     reports = {r.label: r for r in first.reports}
     assert not first.index_cached
-    assert reports["hyde"].scores["nDCG@10"] > reports["none"].scores["nDCG@10"]
-    assert reports["hyde"].usage.calls == 3 and reports["hyde"].usage.cost > 0
-    assert reports["hyde"].p_value_vs_none is not None
+    assert reports[PAPER].scores["nDCG@10"] > reports["none"].scores["nDCG@10"]
+    assert reports[PAPER].usage.calls == 3 and reports[PAPER].usage.cost > 0
+    assert reports[PAPER].p_value_vs_none is not None
     assert reports["none"].p_value_vs_none is None and reports["none"].usage.calls == 0
-    assert reports["hyde"].latency_n == 3 and reports["hyde"].fallbacks == 0
+    assert reports[PAPER].latency_n == 3 and reports[PAPER].fallbacks == 0
     assert reports["hyde+q"].cached == 3  # same passages: include_query is not in the key
     calls_after_first = len(llm.prompts)
     assert calls_after_first == 3
 
-    second = run_eval(ds, ["none", "hyde"], llm=llm, **kwargs)  # type: ignore[arg-type]
+    second = run_eval(ds, ["none", PAPER], llm=llm, **kwargs)  # type: ignore[arg-type]
     assert second.index_cached and len(llm.prompts) == calls_after_first
     again = {r.label: r for r in second.reports}
-    assert again["hyde"].cached == 3
-    assert again["hyde"].scores == reports["hyde"].scores
-    assert again["hyde"].usage.calls == 3  # the generation usage is still reported
+    assert again[PAPER].cached == 3
+    assert again[PAPER].scores == reports[PAPER].scores
+    assert again[PAPER].usage.calls == 3  # the generation usage is still reported
+
+
+def test_eval_reports_wins_ties_losses_a_verdict_and_the_rocchio_baseline(tmp_path: Path) -> None:
+    ds = load_beir(TINY)
+    result = run_eval(
+        ds,
+        ["none", "hyde:include_query=false", "rocchio"],
+        llm=answering_llm(),
+        embed_model=DeterministicEmbedding(dim=256),
+        embed_label="det-256",
+        cache_root=tmp_path,
+        top_k=5,
+    )
+    none, paper, rocchio = result.reports
+    assert none.delta_vs_none is None and none.verdict == "baseline"
+    assert paper.wins + paper.ties + paper.losses == len(ds.queries)
+    assert paper.delta_vs_none == pytest.approx(paper.scores["nDCG@10"] - none.scores["nDCG@10"])
+    assert paper.verdict.startswith(("helps", "hurts", "no clear difference"))
+    assert rocchio.usage.calls == 0 and rocchio.fallbacks == 0  # no LLM at all
+    data = result.to_dict()["results"][1]
+    assert {"wins", "ties", "losses", "verdict", "delta_ndcg@10_vs_none"} <= set(data)
 
 
 def test_eval_counts_fallbacks(tmp_path: Path) -> None:

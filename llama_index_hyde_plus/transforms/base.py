@@ -64,7 +64,7 @@ class Guards:
 
     context_k: int = 0
     strategy: Strategy = "replace"
-    blend: float = 0.25
+    blend: float = 0.3
     gate: float | None = None
     feedback_k: int = 0
     feedback_alpha: float = 1.0
@@ -439,6 +439,18 @@ class QueryTransformer(BaseQueryTransform):
         )
         return replace(result, latency_s=time.perf_counter() - start)
 
+    def chain_stage(self) -> QueryTransformer:
+        """This transform as a stage of a chain (`then`): itself, unless its guards act
+        on one question's own search, which a chain cannot do (a `ValueError`)."""
+        g = self.guards
+        if g.needs_question_hits or g.gate is not None:
+            raise ValueError(
+                "then() cannot compose a transform with a rerank strategy, grounding, "
+                "feedback or a gate (they act on one question's own search); use "
+                f"{type(self).__name__} on its own, or without those options"
+            )
+        return self
+
     def then(self, other: QueryTransformer) -> ChainTransform:
         """Feed each search query of this transform to ``other`` (e.g.
         ``Decompose(n=3).then(HyDE())`` runs HyDE for every sub-question)."""
@@ -469,14 +481,7 @@ class ChainTransform(QueryTransformer):
     def __init__(self, first: QueryTransformer, second: QueryTransformer) -> None:
         if not isinstance(first, QueryTransformer) or not isinstance(second, QueryTransformer):
             raise TypeError("then() composes QueryTransformer instances")
-        for stage in (first, second):
-            g = stage.guards
-            if g.needs_question_hits or g.gate is not None:
-                raise ValueError(
-                    "then() cannot compose a transform with a rerank strategy, grounding, "
-                    "feedback or a gate (they act on one question's own search); use "
-                    f"{type(stage).__name__} on its own, or without those options"
-                )
+        first, second = first.chain_stage(), second.chain_stage()
         super().__init__()
         self.first = first
         self.second = second

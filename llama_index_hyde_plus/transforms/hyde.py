@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -23,6 +24,16 @@ from .prompts import GROUNDING_PREFIX, HYDE_PROMPT
 _ECHO = re.compile(
     r"^\s*(?:passage|hypothetical (?:document|passage)|document|answer)\s*:\s*", re.IGNORECASE
 )
+
+
+class _Unset:
+    """The type of `UNSET`: an option left to the shipped default."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
 
 
 class HyDE(LLMTransform):
@@ -64,9 +75,15 @@ class HyDE(LLMTransform):
     method: ClassVar[str] = "hyde"
     prompt_key: ClassVar[str] = "hyde_prompt"
     default_prompt: ClassVar[str] = HYDE_PROMPT
-    DEFAULT_QUERY_WEIGHT: ClassVar[float] = 0.7
-    """The question's share of the search vector when nothing is said (tuned)."""
-    DEFAULT_STRATEGY: ClassVar[Strategy] = "replace"
+    DEFAULT_STRATEGY: ClassVar[Strategy] = "rerank"
+    """The shipped defaults, chosen by ``hyde-plus tune`` on SciFact train (300 claims)
+    with the local models (BENCHMARKS.md): rerank the question's own candidates with a
+    blend of 0.3, skipping queries whose passage has a cosine below 0.7 to the question."""
+    DEFAULT_BLEND: ClassVar[float] = 0.3
+    DEFAULT_GATE: ClassVar[float | None] = 0.7
+    DEFAULT_QUERY_WEIGHT: ClassVar[float] = 0.8
+    """The question's share of the vector when a search replaces the question's (a
+    chain, ``run()``, or ``strategy="replace"``) and no weight is given."""
     TUNE_QUERY_WEIGHTS: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7, 0.8, 0.9)
     TUNE_BLENDS: ClassVar[tuple[float, ...]] = (0.1, 0.2, 0.3, 0.5)
     TUNE_GATES: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7)
@@ -82,8 +99,8 @@ class HyDE(LLMTransform):
         keyword_weight: float | None = None,
         num_passages: int = 1,
         strategy: Strategy | None = None,
-        blend: float = 0.25,
-        gate: float | None = None,
+        blend: float | None = None,
+        gate: float | _Unset | None = UNSET,
         grounded: int = 0,
         context_characters: int = 400,
         temperature: float | None = None,
@@ -108,6 +125,7 @@ class HyDE(LLMTransform):
             raise ValueError(f"grounded must be between 0 and 20, not {grounded}")
         if strategy is not None and strategy not in ("replace", "rerank"):
             raise ValueError(f"strategy must be 'replace' or 'rerank', not {strategy!r}")
+        self._explicit_guards = strategy == "rerank"
         if isinstance(context_characters, bool) or not isinstance(context_characters, int):
             raise TypeError("context_characters must be an int")
         if context_characters < 1:
@@ -125,6 +143,7 @@ class HyDE(LLMTransform):
         )
         self.max_characters = max_characters
         self.num_passages = num_passages
+        shipped = include_query is None and query_weight is None
         self.query_weight, self.include_query = _resolve_weight(
             query_weight, include_query, self.DEFAULT_QUERY_WEIGHT
         )
@@ -133,10 +152,17 @@ class HyDE(LLMTransform):
         else:
             self.keyword_weight = self.query_weight
         self.context_characters = context_characters
+        if strategy is None:
+            strategy = self.DEFAULT_STRATEGY if shipped else "replace"
+        if isinstance(gate, _Unset):
+            gate = self.DEFAULT_GATE if shipped else None
+        else:
+            self._explicit_guards = self._explicit_guards or gate is not None
+        self._explicit_guards = self._explicit_guards or grounded > 0
         self.guards = Guards(
             context_k=grounded,
-            strategy=self.DEFAULT_STRATEGY if strategy is None else strategy,
-            blend=blend,
+            strategy=strategy,
+            blend=self.DEFAULT_BLEND if blend is None else blend,
             gate=gate,
         )
 
@@ -158,6 +184,20 @@ class HyDE(LLMTransform):
                 for b in cls.TUNE_BLENDS:
                     grid.append({**base, "strategy": "rerank", "blend": b})
         return [{"include_query": False}, {"include_query": True}, *grid]
+
+    def chain_stage(self) -> HyDE:
+        """This transform as the second stage of ``a.then(self)``: a chain searches
+        every sub-question with its own vector, so the guards that act on one
+        question's own search (rerank, gate, grounding) cannot apply. Defaults are
+        dropped (the query weight stays); options you asked for are a `ValueError`."""
+        if self._explicit_guards:
+            raise ValueError(
+                "then() cannot compose HyDE with strategy='rerank', grounded or a gate "
+                "(they act on one question's own search); use it on its own"
+            )
+        stage = copy.copy(self)
+        stage.guards = Guards()
+        return stage
 
     @property
     def grounded(self) -> int:
