@@ -142,7 +142,8 @@ def test_models_list_shows_every_model() -> None:
 def test_demo_runs_end_to_end() -> None:
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
-    assert "Plain search" in result.output and "HyDE search" in result.output
+    assert "Plain search" in result.output and "HyDE as in the paper" in result.output
+    assert "HyDE as shipped" in result.output
     assert "The Q3 business review" in result.output
 
 
