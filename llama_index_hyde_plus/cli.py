@@ -512,16 +512,21 @@ def eval_cmd(
         raise _fail(str(exc)) from exc
     from .evaluation import load_beir, run_eval
     from .evaluation.report import rich_table, verdicts, write_outputs
-    from .evaluation.runner import needs_llm, parse_transform_spec
+    from .evaluation.runner import TransformSpec, needs_llm, parse_transform_spec
     from .evaluation.tune import load_config
     from .local.assets import cache_dir
     from .models import concrete_embedding_spec, resolve_embedding
 
     _setup_logging(verbose)
-    names = [t.strip() for t in transforms.split(",") if t.strip()]
+    names: list[Any] = [t.strip() for t in transforms.split(",") if t.strip()]
     try:
-        names += [load_config(path).label for path in config_files or []]
-        if not any(needs_llm(parse_transform_spec(n).name) for n in names):
+        for path in config_files or []:
+            tuned = load_config(path)
+            names.append(
+                TransformSpec(f"{path.stem}: {tuned.label}", tuned.transform, tuned.options)
+            )
+        specs = [n if isinstance(n, TransformSpec) else parse_transform_spec(n) for n in names]
+        if not any(needs_llm(spec.name) for spec in specs):
             llm = "none"
         ds = load_beir(dataset, split, limit=limit)
         embed_spec = concrete_embedding_spec(embed)
@@ -537,7 +542,7 @@ def eval_cmd(
         raise _fail(_describe_error(exc)) from exc
     err.print(
         f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
-        f"transforms: {', '.join(names)}"
+        f"transforms: {', '.join(s.label for s in specs)}"
     )
     config = {
         "store": store,
@@ -563,7 +568,7 @@ def eval_cmd(
         try:
             result = run_eval(
                 ds,
-                names,
+                specs,
                 llm=fresh_llm if model is not None else None,
                 embed_model=embed_model,
                 embed_label=embed_label,
@@ -703,7 +708,13 @@ def tune(
     from .evaluation import load_beir
     from .evaluation.report import tune_markdown, tune_table
     from .evaluation.runner import needs_llm
-    from .evaluation.tune import parse_grid, run_tune, write_config
+    from .evaluation.tune import (
+        check_grid,
+        check_writable,
+        parse_grid,
+        run_tune,
+        write_config,
+    )
     from .local.assets import cache_dir
     from .models import concrete_embedding_spec, resolve_embedding
 
@@ -712,10 +723,13 @@ def tune(
     _check_choice("--transform", name, TRANSFORMS[1:])
     if split.strip().lower() == "test":
         err.print("[bold yellow]warning:[/] tuning on the test split; report on another split")
-    if out.is_dir():
-        raise _fail(f"--out must be a file path, not a folder: {out}")
+    if not 0 <= tolerance < 100:
+        raise _fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
     try:
-        configs = parse_grid(grid) if grid is not None else None
+        check_writable(out, "--out")
+        if report is not None:
+            check_writable(report, "--report")
+        configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         ds = load_beir(dataset, split, limit=limit)
         embed_spec = concrete_embedding_spec(embed)
         embed_label = f"{embed_spec}@{max_length}"
@@ -762,6 +776,11 @@ def tune(
             raise _fail(str(exc)) from exc
     Console(width=max(console.width, 120)).print(tune_table(result))
     console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
+    if (result.winner.delta_vs_none or 0.0) < 0:
+        err.print(
+            "[bold yellow]warning:[/] the chosen configuration scores below `none` on this "
+            "split; searching without this transform is the safer choice here"
+        )
     command = "hyde-plus tune " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else None
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -841,8 +860,14 @@ def serve(
     try:
         retriever = _load_retriever(index_path, MAX_K) if index_path else None
         tuned = [load_config(path) for path in config_files or []]
-        if any(t.transform not in METHODS for t in tuned):
-            raise ValueError(f"serve --config takes configs of {', '.join(METHODS)}")
+        for path, t in zip(config_files or [], tuned):
+            if t.transform not in METHODS:
+                raise ValueError(
+                    f"{path}: serve --config takes configs of {', '.join(METHODS)}, "
+                    f"not {t.transform}"
+                )
+        if len({t.transform for t in tuned}) < len(tuned):
+            raise ValueError("serve --config takes at most one config per method")
         model = resolve_llm(llm)
         service = TransformService(
             model, retriever, timeout=timeout, options={t.transform: t.options for t in tuned}

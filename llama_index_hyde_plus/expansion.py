@@ -79,6 +79,11 @@ def weighted_vector(query: Vector, passages: Sequence[Vector], query_weight: flo
     if not passages or w >= 1.0:
         return [float(x) for x in q]
     p = unit_rows_mean(passages)
+    if p.shape != q.shape:
+        raise ValueError(
+            f"the question's vector has {q.shape[0]} dimensions and the passages' "
+            f"{p.shape[0]}: embed both with the index's model"
+        )
     return [float(x) for x in unit(w * q + (1.0 - w) * p)]
 
 

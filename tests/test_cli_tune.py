@@ -72,7 +72,7 @@ def test_tune_rocchio_sweeps_writes_a_config_and_eval_and_query_accept_it(
     )
     assert evaluated.exit_code == 0, evaluated.output
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
-    [tuned] = [r for r in results["results"] if r["transform"].startswith("rocchio:")]
+    [tuned] = [r for r in results["results"] if "rocchio:" in r["transform"]]
     assert tuned["nDCG@10"] == pytest.approx(config["tuned_on"]["ndcg@10"], abs=1e-4)
     assert {"wins", "ties", "losses", "verdict"} <= set(tuned)
     assert tuned["wins"] + tuned["ties"] + tuned["losses"] == 3
@@ -112,3 +112,52 @@ def test_tune_hyde_end_to_end_with_the_local_models(tmp_path: Path) -> None:
     # a rerun generates nothing new: every passage comes from the transform cache
     rerun, _ = _tune(tmp_path, "--transform", "hyde", "--llm", "local")
     assert rerun.exit_code == 0, rerun.output  # type: ignore[attr-defined]
+
+
+def test_tune_checks_tolerance_paths_and_grid_before_any_work(tmp_path: Path) -> None:
+    base = ["tune", "--dataset", str(TINY), "--split", "test", "-t", "rocchio", "--embed", "local"]
+    out = ["--out", str(tmp_path / "c.json")]
+    result = runner.invoke(app, [*base, *out, "--tolerance", "100"])
+    assert result.exit_code == 2 and "0 and 100 nDCG@10 points" in result.output
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = runner.invoke(app, [*base, *out, "--report", str(afile / "r.md")])
+    assert result.exit_code == 2 and "--report" in result.output
+    result = runner.invoke(app, [*base, *out, "--grid", "k=3;bogus=1"])
+    assert result.exit_code == 2 and "bogus" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "c.json").exists()
+
+
+def test_eval_config_options_pass_through_as_written(tmp_path: Path) -> None:
+    config = tmp_path / "prompt.json"
+    config.write_text(
+        json.dumps(
+            {
+                "hyde_plus_config": 1,
+                "transform": "rocchio",
+                "options": {"k": 2, "beta": 0.2},
+            }
+        )
+    )
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--dataset",
+            str(TINY),
+            "--transforms",
+            "none",
+            "--config",
+            str(config),
+            "--embed",
+            "local",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "eval"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert rows[1]["transform"] == "prompt: rocchio:k=2,beta=0.2"
+    assert rows[1]["options"] == {"k": 2, "beta": 0.2}

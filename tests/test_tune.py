@@ -299,3 +299,55 @@ def test_parse_grid_rejects_what_it_cannot_read(text: str) -> None:
 
     with pytest.raises(ValueError, match="grid"):
         parse_grid(text)
+
+
+def _config(tmp_path: Path, transform: str, options: object, version: object = 1) -> Path:
+    path = tmp_path / "c.json"
+    path.write_text(
+        json.dumps({"hyde_plus_config": version, "transform": transform, "options": options})
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("transform", "options", "match"),
+    [
+        ("hyde", {"bogus": 1}, "bogus"),
+        ("hyde", {"query_weight": "abc"}, "query_weight"),
+        ("hyde", {"grounded": True}, "grounded"),
+        ("hyde", {"cache": "x"}, "cache"),
+        ("hyde", {"llm": "x"}, "llm"),
+        ("rocchio", {"bogus": 1}, "bogus"),
+        ("rocchio", {"alpha": "1"}, "alpha"),
+        ("multi-query", {"original_weight": "x"}, "original_weight"),
+        ("rewrite", {"include_query": False, "original_weight": 5}, "include_query"),
+    ],
+)
+def test_a_config_that_cannot_build_its_transform_is_a_value_error_naming_the_file(
+    tmp_path: Path, transform: str, options: dict, match: str
+) -> None:
+    path = _config(tmp_path, transform, options)
+    with pytest.raises(ValueError, match=match) as info:
+        load_config(path)
+    assert "c.json" in str(info.value)
+
+
+def test_config_format_must_be_the_integer_one_and_json_not_too_deep(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a hyde-plus config"):
+        load_config(_config(tmp_path, "hyde", {}, version=True))
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"hyde_plus_config": 1, "options": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ValueError, match="not a JSON config"):
+        load_config(deep)
+    with pytest.raises(ValueError, match="folder"):
+        load_config(tmp_path)
+
+
+def test_a_grid_is_checked_whole_before_any_work() -> None:
+    from llama_index_hyde_plus.evaluation.tune import MAX_GRID, check_grid
+
+    with pytest.raises(ValueError, match="rocchio:k=3,bogus=1"):
+        check_grid("rocchio", [{"k": 3}, {"k": 3, "bogus": 1}])
+    with pytest.raises(ValueError, match="at most"):
+        check_grid("rocchio", [{"k": 3}] * (MAX_GRID + 1))
+    assert check_grid("rocchio", [{"k": 3}]) == [{"k": 3}]

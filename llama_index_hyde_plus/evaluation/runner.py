@@ -464,7 +464,7 @@ def _fresh_llm(llm: LLM | Callable[[], LLM] | None) -> LLM | None:
 
 def run_eval(
     ds: BeirDataset,
-    transforms: Sequence[str],
+    transforms: Sequence[str | TransformSpec],
     *,
     llm: LLM | Callable[[], LLM] | None,
     embed_model: BaseEmbedding,
@@ -485,7 +485,7 @@ def run_eval(
     ``llm`` is an LLM, or a zero-argument factory called once per transform (the CLI
     passes one so that each transform samples from a fresh, seeded local model).
     """
-    specs = [parse_transform_spec(t) for t in transforms]
+    specs = [t if isinstance(t, TransformSpec) else parse_transform_spec(t) for t in transforms]
     if not specs:
         raise ValueError("transforms must name at least one transform")
     if llm is None and any(needs_llm(s.name) for s in specs):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
-from ..transforms.registry import TRANSFORMS, transform_class
+from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
 from .runner import (
     EvalSession,
@@ -30,6 +32,9 @@ from .runner import (
 )
 
 CONFIG_FORMAT = 1
+MAX_GRID = 500
+"""The most configurations one sweep may hold."""
+MAX_CONFIG_BYTES = 1 << 20
 DEFAULT_TOLERANCE = 0.002
 """nDCG@10 (0-1 scale) within which a simpler configuration is preferred to the best."""
 
@@ -58,6 +63,22 @@ def parse_grid(text: str) -> list[dict[str, Any]]:
         raise ValueError("--grid is empty; write key=value[,value...]; key=...")
     keys = [k for k, _ in axes]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in axes))]
+
+
+def check_grid(name: str, grid: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``grid`` if every configuration builds the transform ``name``; else a `ValueError`
+    naming the first that does not. At most `MAX_GRID` configurations."""
+    configs = [dict(c) for c in grid]
+    if not configs:
+        raise ValueError("the grid must hold at least one configuration")
+    if len(configs) > MAX_GRID:
+        raise ValueError(f"the grid has {len(configs)} configurations; at most {MAX_GRID}")
+    for options in configs:
+        try:
+            check_options(name, options)
+        except ValueError as exc:
+            raise ValueError(f"grid configuration {label_for(name, options)!r}: {exc}") from exc
+    return configs
 
 
 def complexity(options: dict[str, Any]) -> int:
@@ -141,9 +162,7 @@ def run_tune(
         raise ValueError(f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}")
     if not 0 <= tolerance < 1:
         raise ValueError("tolerance must be between 0 and 1 (nDCG@10 is 0-1)")
-    configs = list(grid) if grid is not None else transform_class(name).tune_grid()
-    if not configs:
-        raise ValueError("grid must hold at least one configuration")
+    configs = check_grid(name, grid if grid is not None else transform_class(name).tune_grid())
     if needs_llm(name) and llm is None:
         raise ValueError(f"{name} needs an llm")
     session = EvalSession(
@@ -218,13 +237,31 @@ def config_payload(result: TuneResult) -> dict[str, Any]:
 
 def write_config(result: TuneResult, path: Path) -> Path:
     """Write the winner as JSON to ``path`` (atomically: a temporary file renamed)."""
-    path = path.expanduser()
+    path = check_writable(path, "--out")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(config_payload(result), indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def check_writable(path: Path, what: str) -> Path:
+    """``path`` (expanded) if a file can be written there: not a folder, and its parent
+    is a writable folder (created if missing). Else a `ValueError` naming ``what``."""
+    path = Path(path).expanduser()
     if path.is_dir():
-        raise ValueError(f"--out must be a file path, not a folder: {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(config_payload(result), indent=2) + "\n")
-    tmp.replace(path)
+        raise ValueError(f"{what} must be a file path, not a folder: {path}")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{what}: cannot create the folder {parent} ({exc.strerror})") from exc
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(f"{what}: cannot write in {parent}")
     return path
 
 
@@ -244,13 +281,18 @@ def load_config(path: Path | str) -> TransformConfig:
     """Read a config file written by `write_config`; a clear `ValueError` naming the
     file when it is missing, not JSON, or not a hyde-plus config."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"--config must be a file, not a folder: {p}")
     if not p.is_file():
         raise ValueError(f"config file not found: {p}")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{p} is over 1 MiB: not a hyde-plus config")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{p} is not a JSON config file ({exc})") from exc
-    if not isinstance(data, dict) or data.get("hyde_plus_config") != CONFIG_FORMAT:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{p} is not a JSON config file ({type(exc).__name__})") from exc
+    version = data.get("hyde_plus_config") if isinstance(data, dict) else None
+    if type(version) is not int or version != CONFIG_FORMAT:
         raise ValueError(f"{p} is not a hyde-plus config (write one with `hyde-plus tune`)")
     name, options = data.get("transform"), data.get("options", {})
     if not isinstance(name, str) or name not in TRANSFORMS:
@@ -260,4 +302,8 @@ def load_config(path: Path | str) -> TransformConfig:
     for key, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{p}: option {key!r} must be finite")
+    try:
+        check_options(name, options)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{p}: {exc}") from exc
     return TransformConfig(name, dict(options))

@@ -67,8 +67,12 @@ class QueryListTransform(LLMTransform):
             retry=retry,
             breaker=breaker,
         )
+        if not isinstance(include_query, bool):
+            raise TypeError("include_query must be True or False")
+        if not include_query and original_weight is not None:
+            raise ValueError("original_weight weighs the question's list: it needs include_query")
         self.n = n
-        self.include_query = bool(include_query)
+        self.include_query = include_query
         self.max_characters = max_characters
         if original_weight is None:
             original_weight = self.DEFAULT_ORIGINAL_WEIGHT

@@ -25,7 +25,7 @@ class Rocchio(QueryTransformer):
     include_query = True
     DEFAULT_K: ClassVar[int] = 5
     DEFAULT_ALPHA: ClassVar[float] = 1.0
-    DEFAULT_BETA: ClassVar[float] = 0.3
+    DEFAULT_BETA: ClassVar[float] = 0.1
 
     def __init__(
         self, *, k: int | None = None, alpha: float | None = None, beta: float | None = None

@@ -265,6 +265,8 @@ def _resolve_weight(
     """``(query_weight, include_query)`` from what the caller said: an explicit weight
     wins (and must agree with ``include_query``); ``include_query`` alone means the
     paper's plain mean (True) or passages only (False); neither means ``default``."""
+    if include_query is not None and not isinstance(include_query, bool):
+        raise TypeError("include_query must be True, False or None")
     if query_weight is not None:
         w = check_weight(query_weight, "query_weight")
         assert w is not None

@@ -54,6 +54,28 @@ def transform_class(name: str) -> type[QueryTransformer]:
     return _CLASSES[key]
 
 
+RUNTIME_OPTIONS = frozenset({"llm", "cache", "callback_manager", "prices", "retry", "breaker"})
+"""Options that are objects of the running program, never read from a config file."""
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """A `ValueError` naming the problem when ``options`` cannot build the transform
+    ``name`` (an unknown option, a value of the wrong type or range); nothing when they
+    can. Used on config files and tune grids before any work is done."""
+    for key in options:
+        if key in RUNTIME_OPTIONS:
+            raise ValueError(f"option {key!r} of {name} cannot come from a config or grid")
+    try:
+        make_transform(name, None, **dict(options))
+    except TypeError as exc:
+        text = (
+            str(exc)
+            .replace("__init__()", "")
+            .replace("got an unexpected keyword argument", "has no option")
+        )
+        raise ValueError(f"{name}: {text.strip()}") from exc
+
+
 def make_transform(name: str, llm: LLM | None = None, **options: Any) -> QueryTransformer:
     """Build the transform called ``name`` ("none" or one of `METHODS`).
 
@@ -64,7 +86,8 @@ def make_transform(name: str, llm: LLM | None = None, **options: Any) -> QueryTr
     if key == "none":
         return Identity()
     if key == "rocchio":
-        return Rocchio(**{k: v for k, v in options.items() if k in ("k", "alpha", "beta")})
+        options.pop("n", None)
+        return Rocchio(**options)
     if key in ("hyde",):
         options.pop("n", None)
         return HyDE(llm, **options)
