@@ -990,7 +990,7 @@ def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | N
     )
     console.print(
         _results_table(
-            f"HyDE as shipped (rerank the question's top {DEMO_CANDIDATES}, gate 0.7)",
+            "HyDE as shipped (question weight 0.8, gate 0.7)",
             guarded,
             DEMO_TARGET,
         )
@@ -1011,9 +1011,9 @@ def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | N
         console.print(
             f"\n{verdict}The Q3 business review (the real answer): plain search {ranks[0]}, "
             f"the paper's HyDE {ranks[1]}, the shipped (guarded) HyDE {ranks[2]}.[/]\n"
-            "[dim]The guarded default only reorders what plain search found and skips "
-            "passages that disagree with the question: it rarely loses, and rarely wins "
-            "big with a 135M model (BENCHMARKS.md). Measure yours with `hyde-plus eval`.[/]"
+            "[dim]The guarded default keeps the question dominant and skips passages that "
+            "disagree with it: it rarely loses, and rarely wins big with a 135M model "
+            "(BENCHMARKS.md). Measure yours with `hyde-plus eval`.[/]"
         )
     console.print(f"[dim]Demo wall time {time.perf_counter() - wall:.1f}s.[/]")
 

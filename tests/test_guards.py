@@ -98,7 +98,11 @@ def test_plain_hyde_is_the_shipped_guarded_default() -> None:
     assert hyde.guards == Guards(
         strategy=HyDE.DEFAULT_STRATEGY, blend=HyDE.DEFAULT_BLEND, gate=HyDE.DEFAULT_GATE
     )
-    assert (HyDE.DEFAULT_STRATEGY, HyDE.DEFAULT_BLEND, HyDE.DEFAULT_GATE) == ("rerank", 0.3, 0.7)
+    assert (HyDE.DEFAULT_STRATEGY, HyDE.DEFAULT_QUERY_WEIGHT, HyDE.DEFAULT_GATE) == (
+        "replace",
+        0.8,
+        0.7,
+    )
     assert hyde.query_weight == HyDE.DEFAULT_QUERY_WEIGHT and hyde.include_query
 
 

@@ -48,8 +48,7 @@ class HyDE(LLMTransform):
       ``unit(w * e(question) + (1 - w) * mean(e(passage)))``. 0 searches with the
       passages alone; the paper's plain mean of N passages and the question is
       ``1 / (N + 1)``, which ``include_query=True`` (without ``query_weight``) selects;
-      ``include_query=False`` means 0. Left unset, the shipped default applies
-      (`DEFAULT_QUERY_WEIGHT`, chosen on SciFact train; see BENCHMARKS.md).
+      ``include_query=False`` means 0.
     - ``keyword_weight`` (0..1): the question's share of the text a keyword or hybrid
       store matches; the question is repeated (Query2doc / MuGI) so BM25 is not swamped
       by the passage. Defaults to ``query_weight`` when that is set. Setting
@@ -60,12 +59,15 @@ class HyDE(LLMTransform):
       Recall at the candidate depth is then exactly plain search's.
     - ``gate``: when the passages' mean embedding has a cosine similarity to the
       question below ``gate``, the expansion is skipped for that query
-      (``result.skipped`` says why; it is not a failure).
+      (``result.skipped`` says why; it is not a failure). ``None`` turns it off.
     - ``grounded=k``: the question's top ``k`` hits (each cut to
       ``context_characters``) are put in the prompt, so the model writes from the
       corpus instead of from memory. One extra search; cached like any generation.
 
-    The guards that need embeddings or the question's hits (weights, rerank, gate,
+    With neither ``include_query`` nor ``query_weight``, the shipped defaults apply
+    (`DEFAULT_QUERY_WEIGHT` 0.8 and `DEFAULT_GATE` 0.7, chosen by ``hyde-plus tune``
+    on SciFact train; BENCHMARKS.md); choosing the vector yourself turns the default
+    gate off. The guards that need embeddings or the question's hits (weights, rerank, gate,
     grounding) are carried out by `TransformRetriever`; `run()` (LlamaIndex's
     ``TransformQueryEngine``) approximates the weight by repeating the question.
     ``temperature``/``timeout``/``prices``/``callback_manager``/``cache``/``retry``/
@@ -75,15 +77,16 @@ class HyDE(LLMTransform):
     method: ClassVar[str] = "hyde"
     prompt_key: ClassVar[str] = "hyde_prompt"
     default_prompt: ClassVar[str] = HYDE_PROMPT
-    DEFAULT_STRATEGY: ClassVar[Strategy] = "rerank"
+    DEFAULT_STRATEGY: ClassVar[Strategy] = "replace"
     """The shipped defaults, chosen by ``hyde-plus tune`` on SciFact train (300 claims)
-    with the local models (BENCHMARKS.md): rerank the question's own candidates with a
-    blend of 0.3, skipping queries whose passage has a cosine below 0.7 to the question."""
-    DEFAULT_BLEND: ClassVar[float] = 0.3
-    DEFAULT_GATE: ClassVar[float | None] = 0.7
+    with the local models on both stores (BENCHMARKS.md): the configuration whose worse
+    result across FAISS dense and Milvus hybrid was best. Search with the question at
+    weight 0.8 (the passage at 0.2, on the keyword side too), skipping queries whose
+    passage has a cosine below 0.7 to the question."""
     DEFAULT_QUERY_WEIGHT: ClassVar[float] = 0.8
-    """The question's share of the vector when a search replaces the question's (a
-    chain, ``run()``, or ``strategy="replace"``) and no weight is given."""
+    DEFAULT_GATE: ClassVar[float | None] = 0.7
+    DEFAULT_BLEND: ClassVar[float] = 0.3
+    """The rerank blend when ``strategy="rerank"`` is asked for without one."""
     TUNE_QUERY_WEIGHTS: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7, 0.8, 0.9)
     TUNE_BLENDS: ClassVar[tuple[float, ...]] = (0.1, 0.2, 0.3, 0.5)
     TUNE_GATES: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7)
