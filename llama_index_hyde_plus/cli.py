@@ -512,13 +512,18 @@ def eval_cmd(
         raise _fail(str(exc)) from exc
     from .evaluation import load_beir, run_eval
     from .evaluation.report import rich_table, verdicts, write_outputs
-    from .evaluation.runner import TransformSpec, needs_llm, parse_transform_spec
+    from .evaluation.runner import (
+        TransformSpec,
+        needs_llm,
+        parse_transform_spec,
+        split_transforms,
+    )
     from .evaluation.tune import load_config
     from .local.assets import cache_dir
     from .models import concrete_embedding_spec, resolve_embedding
 
     _setup_logging(verbose)
-    names: list[Any] = [t.strip() for t in transforms.split(",") if t.strip()]
+    names: list[Any] = split_transforms(transforms)
     try:
         for path in config_files or []:
             tuned = load_config(path)

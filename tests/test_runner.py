@@ -130,3 +130,18 @@ def test_eval_needs_an_llm_for_llm_transforms(tmp_path: Path) -> None:
             embed_label="det",
             cache_root=tmp_path,
         )
+
+
+def test_split_transforms_keeps_several_options_of_one_transform_together() -> None:
+    from llama_index_hyde_plus.evaluation.runner import split_transforms
+
+    assert split_transforms("none, hyde:query_weight=0.8,gate=0.7,rocchio,hyde+q") == [
+        "none",
+        "hyde:query_weight=0.8,gate=0.7",
+        "rocchio",
+        "hyde+q",
+    ]
+    assert split_transforms("hyde:k=1,multi-query:original_weight=2,n=4") == [
+        "hyde:k=1",
+        "multi-query:original_weight=2,n=4",
+    ]

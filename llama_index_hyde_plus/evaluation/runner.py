@@ -56,6 +56,21 @@ def _value(text: str) -> Any:
     return text
 
 
+def split_transforms(text: str) -> list[str]:
+    """``"none,hyde:query_weight=0.8,gate=0.7,rocchio"`` -> ``["none",
+    "hyde:query_weight=0.8,gate=0.7", "rocchio"]``: a comma starts a new transform
+    unless what follows is another ``key=value`` of the previous one."""
+    out: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if out and ":" in out[-1] and "=" in piece and ":" not in piece:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
 def parse_transform_spec(spec: str) -> TransformSpec:
     """Parse ``none``, ``hyde``, ``hyde-n4`` (num_passages / n), ``hyde+q``
     (include_query), ``hyde-n4+q``, or ``NAME:key=value,...``."""
