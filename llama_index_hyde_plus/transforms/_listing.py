@@ -88,7 +88,10 @@ class QueryListTransform(LLMTransform):
         and without the question at all, for the record."""
         return [
             {"include_query": False},
-            *({"include_query": True, "original_weight": w} for w in (1.0, 2.0, 3.0, 5.0, 10.0)),
+            *(
+                {"include_query": True, "original_weight": w}
+                for w in (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+            ),
         ]
 
     def _params(self) -> dict[str, Any]:

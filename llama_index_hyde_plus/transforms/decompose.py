@@ -32,6 +32,8 @@ class Decompose(QueryListTransform):
     method: ClassVar[str] = "decompose"
     prompt_key: ClassVar[str] = "decompose_prompt"
     default_prompt: ClassVar[str] = DECOMPOSE_PROMPT
+    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 100.0
+    """Tuned on SciFact train with the local models (BENCHMARKS.md)."""
     default_fusion: ClassVar[FusionMode] = FusionMode.INTERLEAVE
     parse_excludes_query: ClassVar[bool] = False
 

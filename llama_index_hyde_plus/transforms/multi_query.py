@@ -30,6 +30,8 @@ class MultiQuery(QueryListTransform):
     method: ClassVar[str] = "multi-query"
     prompt_key: ClassVar[str] = "multi_query_prompt"
     default_prompt: ClassVar[str] = MULTI_QUERY_PROMPT
+    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 100.0
+    """Tuned on SciFact train with the local models (BENCHMARKS.md)."""
     default_fusion: ClassVar[FusionMode] = FusionMode.RRF
 
     def __init__(

@@ -25,6 +25,8 @@ class Rewrite(QueryListTransform):
     method: ClassVar[str] = "rewrite"
     prompt_key: ClassVar[str] = "rewrite_prompt"
     default_prompt: ClassVar[str] = REWRITE_PROMPT
+    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 50.0
+    """Tuned on SciFact train with the local models (BENCHMARKS.md)."""
     parse_excludes_query: ClassVar[bool] = False
 
     def __init__(

@@ -26,6 +26,8 @@ class StepBack(QueryListTransform):
     method: ClassVar[str] = "step-back"
     prompt_key: ClassVar[str] = "step_back_prompt"
     default_prompt: ClassVar[str] = STEP_BACK_PROMPT
+    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 50.0
+    """Tuned on SciFact train with the local models (BENCHMARKS.md)."""
 
     def __init__(
         self,
