@@ -604,11 +604,16 @@ def _eval_llm(spec: str, temperature: float, max_tokens: int, seed: int, concurr
     if kind == "local":
         from .local import local_llm
 
+        threads = os.environ.get("HYDE_PLUS_LLM_THREADS", "").strip()
+        if threads and not (threads.isdigit() and int(threads) >= 1):
+            raise ValueError(f"HYDE_PLUS_LLM_THREADS must be a whole number >= 1, not {threads!r}")
         return local_llm(
             seed=seed,
             temperature=temperature,
             max_tokens=max_tokens,
             n_parallel=max(1, min(concurrency, 8)),
+            # on a busy machine one llama.cpp thread can be several times faster than two
+            threads=int(threads) if threads else None,
         )
     from llama_index.llms.openai import OpenAI
 
