@@ -60,7 +60,14 @@ def test_hyde_on_faiss_with_the_real_models_finds_the_answer(
     assert info.documents == 28 and info.dim == 384
     base = load_faiss_index(tmp_path / "idx", real_embedding).as_retriever(similarity_top_k=5)
     plain = base.retrieve(Q)
-    hyde = HyDE(real_llm, prompt=DEMO_PROMPT, num_passages=4, max_characters=600, timeout=300)
+    hyde = HyDE(  # the paper's mean of the passages and the question, as the demo shows it
+        real_llm,
+        prompt=DEMO_PROMPT,
+        num_passages=4,
+        max_characters=600,
+        timeout=300,
+        include_query=True,
+    )
     result = asyncio.run(TransformRetriever(base, hyde).asearch(Q))
     t = result.transform
     assert not t.fallback, t.error

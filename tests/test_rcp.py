@@ -755,7 +755,7 @@ def wide_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
         for i in range(40)
     ]
-    build_faiss_index(docs, local_embedding(), out, embed_spec="local", max_length=64)
+    build_faiss_index(docs, local_embedding(), out, embed_spec="local", max_length=256)
     return out
 
 
