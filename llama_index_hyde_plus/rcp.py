@@ -76,6 +76,10 @@ def _query(params: dict[str, Any]) -> str:
         raise _invalid("'query' MUST NOT be empty", "query")
     if len(query) > MAX_QUERY_CHARS:
         raise _invalid(f"'query' MUST be at most {MAX_QUERY_CHARS} characters", "query")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _invalid("'query' MUST be valid Unicode text (no lone surrogates)", "query") from None
     return query
 
 

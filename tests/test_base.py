@@ -177,3 +177,10 @@ def test_a_doubled_braced_name_is_a_literal_and_json_braces_are_kept() -> None:
     MultiQuery(ScriptedLLM(), prompt="{{n}} is a literal; give {n} for {query}")
     with pytest.raises(ValueError, match=r"double its braces: \{\{name\}\}"):
         HyDE(llm, prompt="{qeury} {query}")
+
+
+def test_a_query_with_a_lone_surrogate_is_a_clear_value_error() -> None:
+    from llama_index_hyde_plus.transforms.base import validate_query
+
+    with pytest.raises(ValueError, match="surrogate"):
+        validate_query("a \udcff revenue")

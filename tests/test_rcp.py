@@ -282,6 +282,8 @@ def test_stdio_every_method_and_error_with_the_official_client(disk_index: Path)
             == -32602
         )
         assert code_of(lambda: client.call("nope", {})) == rcp.Errc.UNKNOWN_METHOD
+        lone = {"query": "a \ud800 b", "method": "hyde"}  # not encodable text
+        assert code_of(lambda: client.call("query/transform", lone)) == -32602
         assert client.ping(nonce="abc") == {"nonce": "abc"}
     finally:
         client.shutdown()

@@ -286,6 +286,13 @@ def validate_query(query: Any) -> str:
         raise TypeError(f"query must be a str, not {type(query).__name__}")
     if not query.strip():
         raise ValueError("query must be a non-empty string")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            "query must be valid Unicode text: it holds a lone surrogate (bytes that were "
+            "not UTF-8)"
+        ) from None
     return query
 
 
