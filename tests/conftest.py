@@ -4,6 +4,7 @@ import faiss
 import pytest
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.schema import TextNode
+from llama_index.core.vector_stores.types import VectorStoreQuery
 from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus.testing import DeterministicEmbedding
@@ -50,3 +51,17 @@ def real_llm():  # type: ignore[no-untyped-def]
     from llama_index_hyde_plus.local import local_llm
 
     return local_llm(seed=0, temperature=0.7, max_tokens=100, n_parallel=4)
+
+
+@pytest.fixture
+def spy_queries(monkeypatch: pytest.MonkeyPatch) -> list[VectorStoreQuery]:
+    """Every query the FAISS store receives (the vector a search really sent)."""
+    seen: list[VectorStoreQuery] = []
+    original = FaissVectorStore.query
+
+    def query(self: FaissVectorStore, query: VectorStoreQuery, **kwargs: object):  # type: ignore[no-untyped-def]
+        seen.append(query)
+        return original(self, query, **kwargs)
+
+    monkeypatch.setattr(FaissVectorStore, "query", query)
+    return seen

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from llama_index.core import VectorStoreIndex
 from llama_index.core.vector_stores.types import VectorStoreQuery
-from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus import TransformRetriever
 from llama_index_hyde_plus.expansion import rocchio_vector
@@ -19,19 +18,6 @@ from llama_index_hyde_plus.transforms.registry import make_transform
 from .conftest import DOCS
 
 Q = "Why did revenue drop?"
-
-
-@pytest.fixture
-def spy_queries(monkeypatch: pytest.MonkeyPatch) -> list[VectorStoreQuery]:
-    seen: list[VectorStoreQuery] = []
-    original = FaissVectorStore.query
-
-    def query(self: FaissVectorStore, query: VectorStoreQuery, **kwargs: object):  # type: ignore[no-untyped-def]
-        seen.append(query)
-        return original(self, query, **kwargs)
-
-    monkeypatch.setattr(FaissVectorStore, "query", query)
-    return seen
 
 
 # -- validation -----------------------------------------------------------------------

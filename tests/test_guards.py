@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from llama_index.core import VectorStoreIndex
 from llama_index.core.vector_stores.types import VectorStoreQuery
-from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus import (
     Decompose,
@@ -36,19 +35,6 @@ P1 = "Revenue dropped because enterprise renewals slipped last quarter."
 P2 = "Large accounts delayed signing their renewals, so revenue fell."
 UNRELATED = "Penguins waddle across Antarctic ice floes at dawn."
 # with DeterministicEmbedding: cosine(Q, P1) = 0.25, cosine(Q, UNRELATED) = 0.0
-
-
-@pytest.fixture
-def spy_queries(monkeypatch: pytest.MonkeyPatch) -> list[VectorStoreQuery]:
-    seen: list[VectorStoreQuery] = []
-    original = FaissVectorStore.query
-
-    def query(self: FaissVectorStore, query: VectorStoreQuery, **kwargs: object):  # type: ignore[no-untyped-def]
-        seen.append(query)
-        return original(self, query, **kwargs)
-
-    monkeypatch.setattr(FaissVectorStore, "query", query)
-    return seen
 
 
 def ids(nodes: list) -> list[str]:

@@ -11,7 +11,6 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQuery
-from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus import (
     Decompose,
@@ -29,19 +28,6 @@ from .conftest import DOCS
 Q = "Why did revenue drop?"
 P1 = "Revenue dropped because enterprise renewals slipped last quarter."
 P2 = "Large accounts delayed signing their renewals, so revenue fell."
-
-
-@pytest.fixture
-def spy_queries(monkeypatch: pytest.MonkeyPatch) -> list[VectorStoreQuery]:
-    seen: list[VectorStoreQuery] = []
-    original = FaissVectorStore.query
-
-    def query(self: FaissVectorStore, query: VectorStoreQuery, **kwargs: object):  # type: ignore[no-untyped-def]
-        seen.append(query)
-        return original(self, query, **kwargs)
-
-    monkeypatch.setattr(FaissVectorStore, "query", query)
-    return seen
 
 
 def mean_vector(embed: DeterministicEmbedding, texts: list[str]) -> np.ndarray:
