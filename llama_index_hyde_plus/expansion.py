@@ -135,13 +135,12 @@ def blend_order(
     """Positions of the candidates, best first, by ``(1 - blend) * s_q + blend * s_h``
     where both score lists are min-max normalised over the candidates. Ties keep the
     question's order, so ``blend=0`` returns the question's ranking unchanged."""
-    b = check_weight(blend, "blend", allow_none=False)
-    assert b is not None
-    if len(question_scores) != len(generated_sims):
-        raise ValueError("question_scores and generated_sims must have the same length")
-    sq, sh = minmax(list(question_scores)), minmax(list(generated_sims))
-    combined = [(1.0 - b) * q + b * h for q, h in zip(sq, sh)]
-    return sorted(range(len(combined)), key=lambda i: (-combined[i], i))
+    return best_first(blend_scores(question_scores, generated_sims, blend))
+
+
+def best_first(scores: Sequence[float]) -> list[int]:
+    """Positions of ``scores``, highest first; ties keep the input order."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
 
 
 def blend_scores(

@@ -549,5 +549,5 @@ def _blend(
         doc_vectors = [v for item, v in zip(hits, doc_vectors) if id(item) in keep]
     sims = [expansion.cosine(v, generated) for v in doc_vectors]
     scores = expansion.blend_scores([float(h.score or 0.0) for h in unique], sims, blend)
-    order = sorted(range(len(unique)), key=lambda i: (-scores[i], i))
+    order = expansion.best_first(scores)
     return [NodeWithScore(node=unique[i].node, score=scores[i]) for i in order]

@@ -144,17 +144,17 @@ class DocVectors:
         """Vectors of ``nodes`` in order (blocking; store reads are quick or remote)."""
         found = self._known(nodes)
         missing = [n for n in nodes if n.node.node_id not in found]
-        if missing:
-            found.update(self._from_store(missing))
-        missing = [n for n in nodes if n.node.node_id not in found]
+        fetched = self._from_store(missing) if missing else {}
+        missing = [n for n in missing if n.node.node_id not in fetched]
         if missing:
             if self.embedder is None:
                 raise ValueError("no embedding model to embed documents the store cannot return")
             texts = [n.node.get_content(metadata_mode="embed") for n in missing]  # type: ignore[arg-type]
             self.source = "embedding"
-            found.update(zip((n.node.node_id for n in missing), self.embedder.texts(texts)))
-        for node_id, vec in found.items():
+            fetched.update(zip((n.node.node_id for n in missing), self.embedder.texts(texts)))
+        for node_id, vec in fetched.items():  # what was already cached stays as it is
             self._cache.set(("d", node_id), vec)
+        found.update(fetched)
         return [found[n.node.node_id] for n in nodes]
 
     async def aget(self, nodes: Sequence[NodeWithScore]) -> list[Vec]:

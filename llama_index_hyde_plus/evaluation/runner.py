@@ -473,7 +473,8 @@ def compare(reports: Sequence[TransformReport]) -> None:
             report.compare_with(baseline)
 
 
-def _fresh_llm(llm: LLM | Callable[[], LLM] | None) -> LLM | None:
+def fresh_llm(llm: LLM | Callable[[], LLM] | None) -> LLM | None:
+    """``llm`` itself, or a new one when it is a zero-argument factory."""
     return llm() if callable(llm) and not isinstance(llm, LLM) else llm
 
 
@@ -524,7 +525,7 @@ def run_eval(
         for spec in specs:
             # a factory gives each transform a fresh LLM, so seeded sampling does not
             # depend on which transforms ran before in this process
-            model = _fresh_llm(llm) if needs_llm(spec.name) else None
+            model = fresh_llm(llm) if needs_llm(spec.name) else None
             warm_up = getattr(model, "warm_up", None)
             if callable(warm_up):
                 warm_up()  # a local model loads outside the timings

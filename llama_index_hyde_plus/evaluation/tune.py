@@ -28,6 +28,7 @@ from .runner import (
     TransformSpec,
     build_transform,
     compare,
+    fresh_llm,
     needs_llm,
 )
 
@@ -176,9 +177,7 @@ def run_tune(
         milvus_uri=milvus_uri,
         progress=progress,
     )
-    model = (
-        (llm() if callable(llm) and not isinstance(llm, LLM) else llm) if needs_llm(name) else None
-    )
+    model = fresh_llm(llm) if needs_llm(name) else None
     warm_up = getattr(model, "warm_up", None)
     if callable(warm_up):
         warm_up()

@@ -128,7 +128,6 @@ class HyDE(LLMTransform):
             raise ValueError(f"grounded must be between 0 and 20, not {grounded}")
         if strategy is not None and strategy not in ("replace", "rerank"):
             raise ValueError(f"strategy must be 'replace' or 'rerank', not {strategy!r}")
-        self._explicit_guards = strategy == "rerank"
         if isinstance(context_characters, bool) or not isinstance(context_characters, int):
             raise TypeError("context_characters must be an int")
         if context_characters < 1:
@@ -155,13 +154,16 @@ class HyDE(LLMTransform):
         else:
             self.keyword_weight = self.query_weight
         self.context_characters = context_characters
+        # guards the caller asked for (a chain must refuse them, not drop them)
+        self._explicit_guards = (
+            strategy == "rerank"
+            or (not isinstance(gate, _Unset) and gate is not None)
+            or grounded > 0
+        )
         if strategy is None:
             strategy = self.DEFAULT_STRATEGY if shipped else "replace"
         if isinstance(gate, _Unset):
             gate = self.DEFAULT_GATE if shipped else None
-        else:
-            self._explicit_guards = self._explicit_guards or gate is not None
-        self._explicit_guards = self._explicit_guards or grounded > 0
         self.guards = Guards(
             context_k=grounded,
             strategy=strategy,
