@@ -92,13 +92,13 @@ def main() -> None:
     scenario(
         "30% HTTP 503, no retry",
         lambda: retriever_for(
-            ScriptedLLM(respond=flaky(0.3), delay=0.1), retry=NO_RETRY, breaker=False
+            ScriptedLLM(respond=flaky(0.3), delay=0.1), retry=NO_RETRY, breaker=None
         ),
     )
     scenario(
         "30% HTTP 503, retries (2, jittered)",
         lambda: retriever_for(
-            ScriptedLLM(respond=flaky(0.3), delay=0.1), retry=retry, breaker=False
+            ScriptedLLM(respond=flaky(0.3), delay=0.1), retry=retry, breaker=None
         ),
     )
     scenario(
@@ -108,7 +108,7 @@ def main() -> None:
     scenario(
         "hanging provider, timeout 1 s, no breaker",
         lambda: retriever_for(
-            ScriptedLLM([HANG] * (3 * n)), timeout=1.0, retry=NO_RETRY, breaker=False
+            ScriptedLLM([HANG] * (3 * n)), timeout=1.0, retry=NO_RETRY, breaker=None
         ),
     )
     scenario(

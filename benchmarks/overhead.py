@@ -46,7 +46,7 @@ def base() -> StaticRetriever:
 
 
 def ours_hyde(delay: float = 0.0) -> Any:
-    return TransformRetriever(base(), HyDE(llm(delay), breaker=False))
+    return TransformRetriever(base(), HyDE(llm(delay), breaker=None))
 
 
 def core_hyde(delay: float = 0.0) -> Any:
@@ -54,7 +54,7 @@ def core_hyde(delay: float = 0.0) -> Any:
 
 
 def ours_multi(delay: float = 0.0) -> Any:
-    return TransformRetriever(base(), MultiQuery(llm(delay), n=N, breaker=False))
+    return TransformRetriever(base(), MultiQuery(llm(delay), n=N, breaker=None))
 
 
 def core_multi(delay: float = 0.0) -> Any:

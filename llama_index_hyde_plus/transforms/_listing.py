@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
-from llama_index.core.prompts import BasePromptTemplate
 
-from ..cache import TransformCache
-from ..reliability import CircuitBreaker, RetryPolicy
-from ..usage import ModelPrice, Usage
-from .base import TransformResult
-from .llm_base import DEFAULT_TIMEOUT_S, LLMTransform, UnusableReplyError
+from ..usage import Usage
+from .base import MAX_N, TransformResult, check_int
+from .llm_base import LLMTransform, UnusableReplyError
+from .options import LLMOptions
 from .parsing import MAX_QUERY_CHARACTERS, parse_queries, trim_passage
 
-MAX_N = 10
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["MAX_N", "QueryListTransform"]
 
 
 class QueryListTransform(LLMTransform):
@@ -31,42 +30,26 @@ class QueryListTransform(LLMTransform):
     DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 1.0
     """Fusion weight of the question's own list when nothing is said (tuned)."""
 
+    DEFAULT_N: ClassVar[int | None] = None
+    """``n`` when none is given; None for a transform that writes exactly one query
+    and takes no ``n`` (StepBack, Rewrite)."""
+
     def __init__(
         self,
         llm: LLM | None = None,
         *,
-        n: int,
-        include_query: bool,
+        n: int | None = None,
+        include_query: bool = True,
         original_weight: float | None = None,
-        prompt: str | BasePromptTemplate | None = None,
-        temperature: float | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        prices: Mapping[str, ModelPrice] | None = None,
-        callback_manager: CallbackManager | None = None,
-        cache: TransformCache | None = None,
-        retry: RetryPolicy | None = None,
-        breaker: CircuitBreaker | bool = True,
         max_characters: int = MAX_QUERY_CHARACTERS,
+        **options: Unpack[LLMOptions],
     ) -> None:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError("n must be an int")
-        if isinstance(max_characters, bool) or not isinstance(max_characters, int):
-            raise TypeError("max_characters must be an int")
-        if max_characters < 1:
-            raise ValueError("max_characters must be >= 1")
-        if not 1 <= n <= MAX_N:
-            raise ValueError(f"n must be between 1 and {MAX_N}")
-        super().__init__(
-            llm,
-            prompt=prompt,
-            temperature=temperature,
-            timeout=timeout,
-            prices=prices,
-            callback_manager=callback_manager,
-            cache=cache,
-            retry=retry,
-            breaker=breaker,
-        )
+        if n is not None and self.DEFAULT_N is None:
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument 'n'")
+        n = (self.DEFAULT_N or 1) if n is None else n
+        check_int(n, "n", 1, MAX_N)
+        check_int(max_characters, "max_characters", 1, None)
+        super().__init__(llm, **options)
         if not isinstance(include_query, bool):
             raise TypeError("include_query must be True or False")
         if not include_query and original_weight is not None:
@@ -81,6 +64,10 @@ class QueryListTransform(LLMTransform):
         if not 0 <= original_weight <= 100:
             raise ValueError("original_weight must be between 0 and 100")
         self.original_weight = float(original_weight)
+
+    @classmethod
+    def count_option(cls) -> str | None:
+        return "n" if cls.DEFAULT_N is not None else None
 
     @classmethod
     def tune_grid(cls) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import time
@@ -280,6 +281,21 @@ def _method_name(obj: QueryTransformer) -> str:
     return obj.method or type(obj).__name__
 
 
+MAX_N = 10
+"""The most queries (``n``) or passages a transform writes per question."""
+
+
+def check_int(value: Any, name: str, low: int, high: int | None) -> int:
+    """``value`` if it is an int (not a bool) in ``[low, high]``; else a `TypeError` or
+    a `ValueError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ValueError(f"{name} must be {bound}, not {value}")
+    return value
+
+
 def validate_query(query: Any) -> str:
     """``query`` if it is a non-empty string, else a `TypeError`/`ValueError`."""
     if not isinstance(query, str):
@@ -377,6 +393,31 @@ class QueryTransformer(BaseQueryTransform):
     returned query (or queries) is what gets searched, as its author wrote it."""
     guards: Guards = NO_GUARDS
     """How a `TransformRetriever` may use this transform's output (see `Guards`)."""
+
+    uses_llm: ClassVar[bool] = False
+    """Whether the transform calls an LLM (the CLI and the runner load one only then)."""
+
+    @classmethod
+    def count_option(cls) -> str | None:
+        """The option that sets how many queries or passages it writes (``"n"``,
+        ``"num_passages"``), so callers can pass one count uniformly; None if none."""
+        return None
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The keyword options of the constructor (the LLM excluded), as a config
+        file, a tune grid, a CLI or the RCP server may set them."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        names = [
+            p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "n"
+        ]
+        if cls.count_option() == "n":
+            names.insert(0, "n")
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            from .options import LLM_OPTION_NAMES
+
+            names.extend(sorted(LLM_OPTION_NAMES))
+        return tuple(names)
 
     @classmethod
     def tune_grid(cls) -> list[dict[str, Any]]:

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
-from llama_index.core.prompts import BasePromptTemplate
 
-from ..cache import TransformCache
 from ..expansion import check_weight
-from ..reliability import CircuitBreaker, RetryPolicy
-from ..usage import ModelPrice, Usage
-from .base import Guards, Strategy, TransformResult
-from .llm_base import DEFAULT_TIMEOUT_S, LLMTransform, UnusableReplyError
+from ..usage import Usage
+from .base import Guards, Strategy, TransformResult, check_int
+from .llm_base import LLMTransform, UnusableReplyError
+from .options import LLMOptions
 from .parsing import dedupe, trim_passage
 from .prompts import GROUNDING_PREFIX, HYDE_PROMPT
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _ECHO = re.compile(
     r"^\s*(?:passage|hypothetical (?:document|passage)|document|answer)\s*:\s*", re.IGNORECASE
@@ -70,8 +70,11 @@ class HyDE(LLMTransform):
     gate off. The guards that need embeddings or the question's hits (weights, rerank, gate,
     grounding) are carried out by `TransformRetriever`; `run()` (LlamaIndex's
     ``TransformQueryEngine``) approximates the weight by repeating the question.
-    ``temperature``/``timeout``/``prices``/``callback_manager``/``cache``/``retry``/
-    ``breaker`` are as for every built-in transform. Prompt key: ``"hyde_prompt"``.
+    ``num_passages`` (1..16) passages are written per question (concurrently on the
+    async path; one after another on the sync path); ``max_characters`` trims each.
+    ``prompt``, ``temperature``, ``timeout``, ``prices``, ``callback_manager``,
+    ``cache``, ``retry`` and ``breaker`` are the `LLMOptions` every built-in transform
+    takes. Prompt key: ``"hyde_prompt"``.
     """
 
     method: ClassVar[str] = "hyde"
@@ -95,7 +98,6 @@ class HyDE(LLMTransform):
         self,
         llm: LLM | None = None,
         *,
-        prompt: str | BasePromptTemplate | None = None,
         max_characters: int = 2000,
         include_query: bool | None = None,
         query_weight: float | None = None,
@@ -106,70 +108,60 @@ class HyDE(LLMTransform):
         gate: float | _Unset | None = UNSET,
         grounded: int = 0,
         context_characters: int = 400,
-        temperature: float | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        prices: Mapping[str, ModelPrice] | None = None,
-        callback_manager: CallbackManager | None = None,
-        cache: TransformCache | None = None,
-        retry: RetryPolicy | None = None,
-        breaker: CircuitBreaker | bool = True,
+        **options: Unpack[LLMOptions],
     ) -> None:
-        if isinstance(max_characters, bool) or not isinstance(max_characters, int):
-            raise TypeError("max_characters must be an int")
-        if max_characters < 1:
-            raise ValueError("max_characters must be >= 1")
-        if isinstance(num_passages, bool) or not isinstance(num_passages, int):
-            raise TypeError("num_passages must be an int")
-        if not 1 <= num_passages <= 16:
-            raise ValueError("num_passages must be between 1 and 16")
-        if isinstance(grounded, bool) or not isinstance(grounded, int):
-            raise TypeError("grounded must be an int (how many of the question's hits)")
-        if not 0 <= grounded <= 20:
-            raise ValueError(f"grounded must be between 0 and 20, not {grounded}")
+        check_int(max_characters, "max_characters", 1, None)
+        check_int(num_passages, "num_passages", 1, 16)
+        check_int(grounded, "grounded", 0, 20)
+        check_int(context_characters, "context_characters", 1, None)
         if strategy is not None and strategy not in ("replace", "rerank"):
             raise ValueError(f"strategy must be 'replace' or 'rerank', not {strategy!r}")
-        if isinstance(context_characters, bool) or not isinstance(context_characters, int):
-            raise TypeError("context_characters must be an int")
-        if context_characters < 1:
-            raise ValueError("context_characters must be >= 1")
-        super().__init__(
-            llm,
-            prompt=prompt,
-            temperature=temperature,
-            timeout=timeout,
-            prices=prices,
-            callback_manager=callback_manager,
-            cache=cache,
-            retry=retry,
-            breaker=breaker,
-        )
+        super().__init__(llm, **options)
         self.max_characters = max_characters
         self.num_passages = num_passages
+        self.context_characters = context_characters
         shipped = include_query is None and query_weight is None
         self.query_weight, self.include_query = _resolve_weight(
             query_weight, include_query, self.DEFAULT_QUERY_WEIGHT
         )
-        if keyword_weight is not None:
-            self.keyword_weight: float | None = check_weight(keyword_weight, "keyword_weight")
-        else:
-            self.keyword_weight = self.query_weight
-        self.context_characters = context_characters
-        # guards the caller asked for (a chain must refuse them, not drop them)
-        self._explicit_guards = (
+        self.keyword_weight = (
+            check_weight(keyword_weight, "keyword_weight")
+            if keyword_weight is not None
+            else self.query_weight
+        )
+        self.guards, self._explicit_guards = self._guards(strategy, blend, gate, grounded, shipped)
+
+    @classmethod
+    def _guards(
+        cls,
+        strategy: Strategy | None,
+        blend: float | None,
+        gate: float | _Unset | None,
+        grounded: int,
+        shipped: bool,
+    ) -> tuple[Guards, bool]:
+        """The guards to carry out, and whether the caller asked for any (a chain must
+        refuse those, not drop them). ``shipped``: the defaults apply."""
+        explicit = (
             strategy == "rerank"
             or (not isinstance(gate, _Unset) and gate is not None)
             or grounded > 0
         )
         if strategy is None:
-            strategy = self.DEFAULT_STRATEGY if shipped else "replace"
+            strategy = cls.DEFAULT_STRATEGY if shipped else "replace"
         if isinstance(gate, _Unset):
-            gate = self.DEFAULT_GATE if shipped else None
-        self.guards = Guards(
+            gate = cls.DEFAULT_GATE if shipped else None
+        guards = Guards(
             context_k=grounded,
             strategy=strategy,
-            blend=self.DEFAULT_BLEND if blend is None else blend,
+            blend=cls.DEFAULT_BLEND if blend is None else blend,
             gate=gate,
         )
+        return guards, explicit
+
+    @classmethod
+    def count_option(cls) -> str | None:
+        return "num_passages"
 
     @classmethod
     def tune_grid(cls) -> list[dict[str, object]]:

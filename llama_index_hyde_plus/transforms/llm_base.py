@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import threading
 import time
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
@@ -28,9 +27,14 @@ from llama_index.core.settings import Settings
 
 from .. import _llm
 from ..cache import MemoryCache, TransformCache, cache_key
-from ..reliability import CircuitBreaker, CircuitOpenError, RetryPolicy
-from ..usage import ModelPrice, Usage, sum_usage
+from ..reliability import CircuitOpenError, RetryPolicy
+from ..singleflight import SingleFlight
+from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
+from .options import LLMOptions, breaker_from, check_option_names
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 DEFAULT_TIMEOUT_S = 10.0
 """Default bound on one transform's LLM work, retries included (seconds)."""
@@ -79,48 +83,37 @@ class LLMTransform(QueryTransformer):
     prompt_key: ClassVar[str]
     default_prompt: ClassVar[str]
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query"})
+    uses_llm: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        llm: LLM | None = None,
-        *,
-        prompt: str | BasePromptTemplate | None = None,
-        temperature: float | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        prices: Mapping[str, ModelPrice] | None = None,
-        callback_manager: CallbackManager | None = None,
-        cache: TransformCache | None = None,
-        retry: RetryPolicy | None = None,
-        breaker: CircuitBreaker | bool = True,
-    ) -> None:
+    DEFAULT_TIMEOUT_S: ClassVar[float | None] = DEFAULT_TIMEOUT_S
+    """``timeout`` when none is given (seconds; retries included)."""
+
+    def __init__(self, llm: LLM | None = None, **options: Unpack[LLMOptions]) -> None:
         super().__init__()
+        check_option_names(type(self).__name__, options)
+        cache = options.get("cache")
         if cache is not None and not isinstance(cache, TransformCache):
             raise TypeError("cache must have get(key) and set(key, value), like MemoryCache")
         if llm is not None and not isinstance(llm, LLM):
             raise TypeError(f"llm must be a LlamaIndex LLM, not {type(llm).__name__}")
+        temperature = options.get("temperature")
         if temperature is not None and not 0 <= temperature <= 2:
             raise ValueError("temperature must be between 0 and 2")
+        timeout = options.get("timeout", self.DEFAULT_TIMEOUT_S)
         if timeout is not None and not timeout > 0:
             raise ValueError("timeout must be > 0 seconds")
+        retry = options.get("retry")
+        prices = options.get("prices")
         self._llm = llm
-        self._prompt = _template(prompt or self.default_prompt, self.prompt_vars)
+        self._prompt = _template(options.get("prompt") or self.default_prompt, self.prompt_vars)
         self.temperature = temperature
         self.timeout = timeout
         self.prices = dict(prices) if prices else None
-        self._callback_manager = callback_manager
+        self._callback_manager = options.get("callback_manager")
         self.cache = cache
         self.retry = retry if retry is not None else RetryPolicy()
-        if breaker is True:
-            self.breaker: CircuitBreaker | None = CircuitBreaker(name=self.method)
-        elif breaker is False:
-            self.breaker = None
-        elif isinstance(breaker, CircuitBreaker):
-            self.breaker = breaker
-        else:
-            raise TypeError("breaker must be a CircuitBreaker, True (a new one) or False")
-        self._flights_lock = threading.Lock()
-        self._sync_flights: dict[str, _Flight] = {}
-        self._async_flights: dict[str, asyncio.Future[TransformResult]] = {}
+        self.breaker = breaker_from(options, self.method)
+        self._flights: SingleFlight[TransformResult] = SingleFlight()
 
     @property
     def llm(self) -> LLM:
@@ -218,92 +211,68 @@ class LLMTransform(QueryTransformer):
     def _cache_io_is_blocking(self) -> bool:
         return not isinstance(self.cache, MemoryCache)
 
+    def _key(self, query: str, context: Sequence[str] | None) -> str | None:
+        """The cache key, or None when there is no cache (or no LLM to key on: the
+        call then falls back on its own)."""
+        if self.cache is None:
+            return None
+        try:
+            return self.cache_key_for(query, context)
+        except Exception:
+            return None
+
     def transform(self, query: str, *, context: Sequence[str] | None = None) -> TransformResult:
         """Rewrite ``query`` with the LLM; ``context`` is the question's top passages
-        for a grounded transform (ignored by the others)."""
+        for a grounded transform (ignored by the others). With a cache, a hit costs no
+        call and identical concurrent calls share one generation."""
         validate_query(query)
         context = self._context(context)
-        if self.cache is None:
+        key = self._key(query, context)
+        if key is None:
             return self._generate(query, context)
         start = time.perf_counter()
-        try:
-            key = self.cache_key_for(query, context)
-        except Exception:
-            return self._generate(query, context)  # no LLM to key on: falls back
         hit = self._lookup(key, start)
         if hit is not None:
             return hit
-        with self._flights_lock:
-            flight = self._sync_flights.get(key)
-            leader = flight is None
-            if flight is None:
-                flight = self._sync_flights[key] = _Flight()
-        if not leader:
-            flight.done.wait()
-            if flight.result is not None and not flight.result.fallback:
-                return _as_cached(flight.result, start)
-            return self._generate(query, context)
-        try:
-            flight.result = self._generate(query, context)
-            self._store(key, flight.result)
-            return flight.result
-        finally:
-            with self._flights_lock:
-                self._sync_flights.pop(key, None)
-            flight.done.set()
+
+        def work() -> TransformResult:
+            result = self._generate(query, context)
+            self._store(key, result)
+            return result
+
+        result, shared = self._flights.run(key, work, _shareable)
+        return _as_cached(result, start) if shared else result
 
     async def atransform(
         self, query: str, *, context: Sequence[str] | None = None
     ) -> TransformResult:
-        """Async twin of `transform`: native ``acomplete``, never a blocking call."""
+        """Async twin of `transform`: native ``acomplete``, never a blocking call (a
+        cache on disk is read and written in a worker thread)."""
         validate_query(query)
         context = self._context(context)
-        if self.cache is None:
+        key = self._key(query, context)
+        if key is None:
             return await self._agenerate(query, context)
         start = time.perf_counter()
-        try:
-            key = self.cache_key_for(query, context)
-        except Exception:
-            return await self._agenerate(query, context)
-        if self._cache_io_is_blocking():
-            hit = await asyncio.to_thread(self._lookup, key, start)
-        else:
-            hit = self._lookup(key, start)
+        blocking = self._cache_io_is_blocking()
+        hit = (
+            await asyncio.to_thread(self._lookup, key, start)
+            if blocking
+            else self._lookup(key, start)
+        )
         if hit is not None:
             return hit
-        loop = asyncio.get_running_loop()
-        existing = self._async_flights.get(key)
-        if existing is not None and existing.get_loop() is loop:
-            try:
-                shared = await asyncio.shield(existing)
-            except asyncio.CancelledError:
-                if existing.cancelled():  # the leader was cancelled, not us: go alone
-                    return await self._agenerate(query, context)
-                raise
-            if not shared.fallback:
-                return _as_cached(shared, start)
-            return await self._agenerate(query, context)
-        future: asyncio.Future[TransformResult] = loop.create_future()
-        self._async_flights[key] = future
-        try:
+
+        async def work() -> TransformResult:
             result = await self._agenerate(query, context)
-            future.set_result(result)
-            if self._cache_io_is_blocking():
+            if blocking:
                 await asyncio.to_thread(self._store, key, result)
             else:
                 self._store(key, result)
             return result
-        except BaseException as exc:
-            if not future.done():
-                if isinstance(exc, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(exc)
-                    future.exception()  # mark retrieved: waiters re-raise it themselves
-            raise
-        finally:
-            if self._async_flights.get(key) is future:
-                del self._async_flights[key]
+
+        result, shared = await self._flights.arun(key, work, _shareable)
+        return _as_cached(result, start) if shared else result
 
     def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
         """The passages this transform shows its model (none unless it is grounded)."""
@@ -391,12 +360,9 @@ class LLMTransform(QueryTransformer):
         return replace(result, latency_s=time.perf_counter() - start)
 
 
-class _Flight:
-    """One in-progress generation that identical concurrent sync calls wait for."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.result: TransformResult | None = None
+def _shareable(result: TransformResult) -> bool:
+    """A generation is shared with identical concurrent calls; an outage is not."""
+    return not result.fallback
 
 
 def _as_cached(result: TransformResult, start: float) -> TransformResult:

@@ -14,13 +14,6 @@ from .multi_query import MultiQuery
 from .rewrite import Rewrite
 from .step_back import StepBack
 
-METHODS: tuple[str, ...] = ("hyde", "multi-query", "step-back", "decompose", "rewrite")
-"""Names of the built-in LLM transforms (the RCP ``transform.methods``)."""
-
-TRANSFORMS: tuple[str, ...] = ("none", *METHODS, "rocchio")
-"""Every transform `make_transform` builds: the baseline, the LLM transforms and the
-LLM-free Rocchio feedback."""
-
 
 class Identity(QueryTransformer):
     """No transform: search with the question as asked (the baseline, "none")."""
@@ -34,24 +27,41 @@ class Identity(QueryTransformer):
         return self.transform(query)
 
 
-_CLASSES: dict[str, type[QueryTransformer]] = {
-    "none": Identity,
-    "hyde": HyDE,
-    "multi-query": MultiQuery,
-    "step-back": StepBack,
-    "decompose": Decompose,
-    "rewrite": Rewrite,
-    "rocchio": Rocchio,
-}
+BUILTINS: tuple[type[QueryTransformer], ...] = (
+    Identity,
+    HyDE,
+    MultiQuery,
+    StepBack,
+    Decompose,
+    Rewrite,
+    Rocchio,
+)
+"""Every transform `make_transform` builds, by its ``method`` name. A new transform is
+a module with its class plus one line here (CONTRIBUTING.md)."""
+
+_CLASSES: dict[str, type[QueryTransformer]] = {cls.method: cls for cls in BUILTINS}
+
+TRANSFORMS: tuple[str, ...] = tuple(_CLASSES)
+"""Every transform name: the baseline ``none``, the LLM transforms and the LLM-free
+Rocchio feedback."""
+
+METHODS: tuple[str, ...] = tuple(cls.method for cls in BUILTINS if cls.uses_llm)
+"""Names of the built-in LLM transforms (the RCP ``transform.methods``)."""
 
 
 def transform_class(name: str) -> type[QueryTransformer]:
-    """The class behind the transform called ``name``."""
+    """The class behind the transform called ``name`` (case, ``_`` for ``-`` and the
+    spellings ``multiquery``/``stepback`` are forgiven)."""
     key = name.strip().lower().replace("_", "-")
     key = {"multiquery": "multi-query", "stepback": "step-back"}.get(key, key)
     if key not in _CLASSES:
         raise ValueError(f"unknown transform {name!r}; choose one of: {', '.join(TRANSFORMS)}")
     return _CLASSES[key]
+
+
+def uses_llm(name: str) -> bool:
+    """Whether the transform called ``name`` calls an LLM."""
+    return transform_class(name).uses_llm
 
 
 RUNTIME_OPTIONS = frozenset({"llm", "cache", "callback_manager", "prices", "retry", "breaker"})
@@ -66,7 +76,7 @@ def check_options(name: str, options: dict[str, Any]) -> None:
         if key in RUNTIME_OPTIONS:
             raise ValueError(f"option {key!r} of {name} cannot come from a config or grid")
     try:
-        make_transform(name, None, **dict(options))
+        transform_class(name)(**_for_class(transform_class(name), None, options))
     except TypeError as exc:
         text = (
             str(exc)
@@ -76,29 +86,25 @@ def check_options(name: str, options: dict[str, Any]) -> None:
         raise ValueError(f"{name}: {text.strip()}") from exc
 
 
+def _for_class(
+    cls: type[QueryTransformer], llm: LLM | None, options: dict[str, Any]
+) -> dict[str, Any]:
+    """The keyword arguments of ``cls``: ``llm`` when it calls one; ``n`` only when
+    it is the class's count option, so callers can pass ``n`` uniformly."""
+    kwargs = dict(options)
+    if cls.count_option() != "n":
+        kwargs.pop("n", None)
+    if cls.uses_llm:
+        kwargs["llm"] = llm
+    return kwargs
+
+
 def make_transform(name: str, llm: LLM | None = None, **options: Any) -> QueryTransformer:
-    """Build the transform called ``name`` ("none" or one of `METHODS`).
+    """Build the transform called ``name`` (one of `TRANSFORMS`).
 
     ``options`` are the transform's own keyword arguments; ``n`` is ignored by
-    transforms that produce a single query, so callers can pass it uniformly.
+    transforms that take no ``n``, so callers can pass it uniformly; ``llm`` is ignored
+    by transforms that call no LLM.
     """
-    key = name.strip().lower().replace("_", "-")
-    if key == "none":
-        return Identity()
-    if key == "rocchio":
-        options.pop("n", None)
-        return Rocchio(**options)
-    if key in ("hyde",):
-        options.pop("n", None)
-        return HyDE(llm, **options)
-    if key in ("multi-query", "multiquery"):
-        return MultiQuery(llm, **options)
-    if key in ("decompose",):
-        return Decompose(llm, **options)
-    if key in ("step-back", "stepback"):
-        options.pop("n", None)
-        return StepBack(llm, **options)
-    if key in ("rewrite",):
-        options.pop("n", None)
-        return Rewrite(llm, **options)
-    raise ValueError(f"unknown transform {name!r}; choose one of: {', '.join(TRANSFORMS)}")
+    cls = transform_class(name)
+    return cls(**_for_class(cls, llm, options))

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from llama_index_hyde_plus.singleflight import SingleFlight
+
+
+def test_concurrent_sync_callers_share_one_piece_of_work() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+    started = threading.Event()
+
+    def work() -> str:
+        calls.append(1)
+        started.set()
+        time.sleep(0.2)
+        return "value"
+
+    out: list[tuple[str, bool]] = []
+    leader = threading.Thread(target=lambda: out.append(flight.run("k", work, lambda v: True)))
+    leader.start()
+    started.wait()
+    waiters = [
+        threading.Thread(target=lambda: out.append(flight.run("k", work, lambda v: True)))
+        for _ in range(3)
+    ]
+    for t in waiters:
+        t.start()
+    for t in [leader, *waiters]:
+        t.join()
+    assert len(calls) == 1
+    assert sorted(shared for _, shared in out) == [False, True, True, True]
+
+
+def test_a_value_not_shareable_makes_each_waiter_work_alone() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+    started = threading.Event()
+
+    def work() -> str:
+        calls.append(1)
+        started.set()
+        time.sleep(0.1)
+        return "outage"
+
+    leader = threading.Thread(target=lambda: flight.run("k", work, lambda v: False))
+    leader.start()
+    started.wait()
+    value, shared = flight.run("k", work, lambda v: False)
+    leader.join()
+    assert (value, shared) == ("outage", False) and len(calls) == 2
+
+
+def test_nothing_is_kept_after_the_work_ends() -> None:
+    flight: SingleFlight[int] = SingleFlight()
+    assert flight.run("k", lambda: 1, lambda v: True) == (1, False)
+    assert flight.run("k", lambda: 2, lambda v: True) == (2, False)
+
+
+async def test_concurrent_async_callers_share_one_await() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+
+    async def work() -> str:
+        calls.append(1)
+        await asyncio.sleep(0.05)
+        return "value"
+
+    out = await asyncio.gather(*(flight.arun("k", work, lambda v: True) for _ in range(4)))
+    assert len(calls) == 1
+    assert sorted(shared for _, shared in out) == [False, True, True, True]
+
+
+async def test_a_cancelled_leader_leaves_waiters_to_work_alone() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+
+    async def work() -> str:
+        calls.append(1)
+        await asyncio.sleep(0.2)
+        return "value"
+
+    leader = asyncio.create_task(flight.arun("k", work, lambda v: True))
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(flight.arun("k", work, lambda v: True))
+    await asyncio.sleep(0.01)
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert await waiter == ("value", False)
+    assert len(calls) == 2
+
+
+async def test_a_leader_error_reaches_waiters() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+
+    async def work() -> str:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("boom")
+
+    results = await asyncio.gather(
+        flight.arun("k", work, lambda v: True),
+        flight.arun("k", work, lambda v: True),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, RuntimeError) for r in results)
