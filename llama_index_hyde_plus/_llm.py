@@ -23,14 +23,19 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
-from .reliability import NO_RETRY, CircuitBreaker, CircuitOpenError, RetryPolicy, is_transient
+from .reliability import (
+    NO_RETRY,
+    CircuitBreaker,
+    CircuitOpenError,
+    LLMTimeoutError,
+    RetryPolicy,
+    is_transient,
+)
+
+__all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete"]
 from .usage import ModelPrice, Usage, usage_for_call
 
 logger = logging.getLogger("llama_index_hyde_plus")
-
-
-class LLMTimeoutError(TimeoutError):
-    """The LLM did not answer within the transform's ``timeout``."""
 
 
 #: Set by `complete` for the thread that runs an attempt: the event is set when the
@@ -123,6 +128,61 @@ def _reply(
     return LLMReply(text=text, usage=usage, model_id=_reported_model(response.raw))
 
 
+class _Attempts:
+    """The retry driver shared by `complete` and `acomplete`: the breaker is consulted
+    before and told after every attempt, transient failures are retried per ``retry``,
+    and ``timeout`` bounds the whole call, retries included."""
+
+    def __init__(
+        self, retry: RetryPolicy, breaker: CircuitBreaker | None, timeout: float | None
+    ) -> None:
+        self.retry, self.breaker, self.timeout = retry, breaker, timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.attempt = 0
+
+    def budget(self) -> float | None:
+        """Seconds the next attempt may take (None: unbounded); raises when the breaker
+        is open or the time is up."""
+        if self.breaker is not None and not self.breaker.allow():
+            raise CircuitOpenError(
+                f"circuit breaker for {self.breaker.name} is open; not calling the LLM"
+            )
+        if self.deadline is None:
+            return None
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise self.timed_out()
+        return remaining
+
+    def timed_out(self) -> LLMTimeoutError:
+        return LLMTimeoutError(f"LLM did not answer within {self.timeout:g}s")
+
+    def succeeded(self) -> None:
+        if self.breaker is not None:
+            self.breaker.record_success()
+
+    def failed(self, exc: Exception) -> float:
+        """Record the failure; the pause before the next attempt, or ``exc`` raised
+        when it is not worth retrying (not transient, retries or time used up)."""
+        if self.breaker is not None:
+            self.breaker.record_failure()
+        if self.attempt >= self.retry.max_retries or not is_transient(exc):
+            raise exc
+        pause = self.retry.delay(self.attempt)
+        if self.deadline is not None and time.monotonic() + pause >= self.deadline:
+            raise exc
+        self.attempt += 1
+        logger.info(
+            "transient LLM error (%s: %s); retry %d of %d in %.2fs",
+            type(exc).__name__,
+            exc,
+            self.attempt,
+            self.retry.max_retries,
+            pause,
+        )
+        return pause
+
+
 def complete(
     llm: LLM,
     prompt: str,
@@ -138,8 +198,8 @@ def complete(
     attempt runs in a daemon thread and `LLMTimeoutError` is raised when the budget
     runs out (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that
     can stop generating does). A lazily loaded local model is loaded before the clock
-    starts. Transient errors are retried per
-    ``retry``; ``breaker`` is consulted before and told after every attempt."""
+    starts. Transient errors are retried per ``retry``; ``breaker`` is consulted before
+    and told after every attempt."""
 
     def call() -> CompletionResponse:
         return llm.complete(prompt, **_kwargs(temperature))
@@ -147,68 +207,21 @@ def complete(
     if _needs_loading(llm):
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
-    deadline = None if timeout is None else time.monotonic() + timeout
-    attempt = 0
+    attempts = _Attempts(retry, breaker, timeout)
     while True:
-        _check_breaker(breaker)
-        remaining = _remaining(deadline, timeout)
+        budget = attempts.budget()
         try:
-            response = call() if remaining is None else _call_with_timeout(call, remaining)
+            response = call() if budget is None else _call_with_timeout(call, budget, attempts)
         except Exception as exc:
-            pause = _after_failure(exc, attempt, retry, breaker, deadline)
-            if pause is None:
-                raise
-            time.sleep(pause)
-            attempt += 1
+            time.sleep(attempts.failed(exc))
             continue
-        if breaker is not None:
-            breaker.record_success()
+        attempts.succeeded()
         break
     _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
     return _reply(llm, prompt, response, prices)
 
 
-def _check_breaker(breaker: CircuitBreaker | None) -> None:
-    if breaker is not None and not breaker.allow():
-        raise CircuitOpenError(f"circuit breaker for {breaker.name} is open; not calling the LLM")
-
-
-def _remaining(deadline: float | None, timeout: float | None) -> float | None:
-    if deadline is None:
-        return None
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s")
-    return remaining
-
-
-def _after_failure(
-    exc: Exception,
-    attempt: int,
-    retry: RetryPolicy,
-    breaker: CircuitBreaker | None,
-    deadline: float | None,
-) -> float | None:
-    """Record the failure; return how long to sleep before retrying, or None to give up."""
-    if breaker is not None:
-        breaker.record_failure()
-    if attempt >= retry.max_retries or not is_transient(exc):
-        return None
-    pause = retry.delay(attempt)
-    if deadline is not None and time.monotonic() + pause >= deadline:
-        return None
-    logger.info(
-        "transient LLM error (%s: %s); retry %d of %d in %.2fs",
-        type(exc).__name__,
-        exc,
-        attempt + 1,
-        retry.max_retries,
-        pause,
-    )
-    return pause
-
-
-def _call_with_timeout(call: Any, timeout: float) -> CompletionResponse:
+def _call_with_timeout(call: Any, timeout: float, attempts: _Attempts) -> CompletionResponse:
     box: dict[str, Any] = {}
     done = threading.Event()
     cancel = threading.Event()
@@ -226,7 +239,7 @@ def _call_with_timeout(call: Any, timeout: float) -> CompletionResponse:
     threading.Thread(target=target, name="hyde-plus-llm", daemon=True).start()
     if not done.wait(timeout):
         cancel.set()
-        raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s")
+        raise attempts.timed_out()
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
@@ -253,37 +266,37 @@ async def acomplete(
     if _needs_loading(llm):
         await asyncio.to_thread(getattr(llm, "warm_up"))  # noqa: B009
     native = has_native_async(llm)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    attempt = 0
+    attempts = _Attempts(retry, breaker, timeout)
     while True:
-        _check_breaker(breaker)
-        remaining = _remaining(deadline, timeout)
+        budget = attempts.budget()
         cancel = threading.Event()
         if native:
             coro = llm.acomplete(prompt, **_kwargs(temperature))
         else:
             coro = _in_thread(llm, prompt, _kwargs(temperature), cancel)
         try:
-            if remaining is None:
-                response = await coro
-            else:
-                try:
-                    response = await asyncio.wait_for(coro, remaining)
-                except asyncio.TimeoutError as exc:
-                    cancel.set()
-                    raise LLMTimeoutError(f"LLM did not answer within {timeout:g}s") from exc
+            response = await _bounded(coro, budget, cancel, attempts)
         except Exception as exc:
-            pause = _after_failure(exc, attempt, retry, breaker, deadline)
-            if pause is None:
-                raise
-            await asyncio.sleep(pause)
-            attempt += 1
+            await asyncio.sleep(attempts.failed(exc))
             continue
-        if breaker is not None:
-            breaker.record_success()
+        attempts.succeeded()
         break
     _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
     return _reply(llm, prompt, response, prices)
+
+
+async def _bounded(
+    coro: Any, budget: float | None, cancel: threading.Event, attempts: _Attempts
+) -> CompletionResponse:
+    """Await one attempt within ``budget`` seconds; on overrun it is cancelled and
+    ``cancel`` set (for an attempt running in a thread)."""
+    if budget is None:
+        return await coro  # type: ignore[no-any-return]
+    try:
+        return await asyncio.wait_for(coro, budget)
+    except asyncio.TimeoutError as exc:
+        cancel.set()
+        raise attempts.timed_out() from exc
 
 
 async def _in_thread(

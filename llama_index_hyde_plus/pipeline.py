@@ -133,7 +133,9 @@ class HyDERAG:
     ``index_or_retriever`` is a LlamaIndex index (searched with ``top_k``) or any
     retriever (its results cut to ``top_k``). ``hyde_llm``/``answer_llm`` default to
     ``Settings.llm``; ``hyde_temperature`` (0.7) and ``answer_temperature`` (0) are
-    passed on each call. Other HyDE options (``num_passages``, ``include_query``,
+    passed on each call. The answer call has ``answer_timeout`` seconds (60; ``None``:
+    unbounded) and retries transient provider errors with HyDE's ``retry`` policy; it
+    has no fallback, so its failure is raised. Other HyDE options (``num_passages``, ``include_query``,
     ``max_characters``, ``prompt``) go to `HyDE`; ``answer_prompt`` needs ``{context}``
     and ``{query}``.
     """
@@ -147,6 +149,7 @@ class HyDERAG:
         top_k: int = 5,
         hyde_temperature: float | None = 0.7,
         answer_temperature: float | None = 0.0,
+        answer_timeout: float | None = 60.0,
         answer_prompt: str | BasePromptTemplate | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         callback_manager: CallbackManager | None = None,
@@ -162,6 +165,9 @@ class HyDERAG:
             raise ValueError("answer_prompt must contain {context} and {query}")
         self._answer_llm = answer_llm
         self.answer_temperature = answer_temperature
+        if answer_timeout is not None and not answer_timeout > 0:
+            raise ValueError("answer_timeout must be > 0 seconds (or None)")
+        self.answer_timeout = answer_timeout
         self.prices = dict(prices) if prices else None
         self._callback_manager = callback_manager
         self.hyde = HyDE(
@@ -196,6 +202,8 @@ class HyDERAG:
     def _call_kwargs(self) -> dict[str, Any]:
         return {
             "temperature": self.answer_temperature,
+            "timeout": self.answer_timeout,
+            "retry": self.hyde.retry,
             "prices": self.prices,
             "host_callback_manager": self._callback_manager or Settings.callback_manager,
         }

@@ -23,6 +23,11 @@ from typing import Literal
 
 logger = logging.getLogger("llama_index_hyde_plus")
 
+
+class LLMTimeoutError(TimeoutError):
+    """The LLM did not answer within the transform's ``timeout`` (never retried)."""
+
+
 BreakerState = Literal["closed", "open", "half-open"]
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _TRANSIENT_NAMES = frozenset(
@@ -57,7 +62,6 @@ def is_transient(exc: BaseException) -> bool:
     """Whether retrying ``exc`` can help: 408/409/425/429/5xx statuses, connection
     resets and refusals, and the SDK error classes that mean the same (OpenAI's
     ``RateLimitError``, ``APIConnectionError``...). Our own timeout is not transient."""
-    from ._llm import LLMTimeoutError
 
     if isinstance(exc, LLMTimeoutError):
         return False

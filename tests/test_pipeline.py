@@ -169,3 +169,28 @@ def test_model_names_use_the_real_openai_client(
         PRICE_TABLE["gpt-4o-mini"].cost(50, 10) + PRICE_TABLE["gpt-4o"].cost(50, 10)
     )
     assert meta["usage_source"] == "provider"
+
+
+def test_answer_call_has_a_timeout_and_retries_transient_errors(
+    faiss_index: VectorStoreIndex,
+) -> None:
+    from llama_index_hyde_plus.reliability import LLMTimeoutError, RetryPolicy
+    from llama_index_hyde_plus.testing import HANG
+
+    class RateLimited(Exception):
+        status_code = 429
+
+    flaky = ScriptedLLM([RateLimited("slow down"), "Renewals slipped."])
+    rag = HyDERAG(
+        faiss_index,
+        hyde_llm=ScriptedLLM([PASSAGE]),
+        answer_llm=flaky,
+        retry=RetryPolicy(max_retries=2, base_delay_s=0.01),
+    )
+    assert rag.query(Q).answer == "Renewals slipped."
+    hung = HyDERAG(
+        faiss_index, hyde_llm=ScriptedLLM([PASSAGE]), answer_llm=ScriptedLLM([HANG]),
+        answer_timeout=0.2,
+    )
+    with pytest.raises(LLMTimeoutError):
+        hung.query(Q)
