@@ -1,6 +1,7 @@
 """Query transformation for LlamaIndex: HyDE, multi-query, step-back, decompose and
 rewrite, with rank fusion, safe fallbacks and honest cost accounting."""
 
+from ._version import __version__
 from .cache import MemoryCache, SQLiteCache
 from .fusion import FusionMode, fuse
 from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
@@ -17,8 +18,6 @@ from .transforms import (
     TransformResult,
 )
 from .usage import ModelPrice, Usage
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Decompose",

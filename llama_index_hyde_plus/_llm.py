@@ -35,7 +35,7 @@ from .reliability import (
 __all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete"]
 from .usage import ModelPrice, Usage, usage_for_call
 
-logger = logging.getLogger("llama_index_hyde_plus")
+logger = logging.getLogger(__name__)
 
 
 #: Set by `complete` for the thread that runs an attempt: the event is set when the

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-logger = logging.getLogger("llama_index_hyde_plus")
+logger = logging.getLogger(__name__)
 
 
 @runtime_checkable

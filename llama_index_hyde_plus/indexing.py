@@ -31,12 +31,20 @@ ProgressFn = Callable[[int], None]
 
 @dataclass(frozen=True)
 class IndexInfo:
-    path: Path
+    """What a build wrote: where (an index folder, or a Milvus URI and collection),
+    how many documents, the vector size, the embedding and how long it took."""
+
+    location: str
     documents: int
     dim: int
     embed: str
     max_length: int
     seconds: float
+
+    @property
+    def path(self) -> Path:
+        """``location`` as a path (a FAISS index folder)."""
+        return Path(self.location)
 
     @property
     def docs_per_second(self) -> float:
@@ -223,7 +231,7 @@ def build_faiss_index(
     index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
     seconds = time.perf_counter() - start
 
-    info = IndexInfo(out, len(nodes), dim, embed_spec, max_length, seconds)
+    info = IndexInfo(str(out), len(nodes), dim, embed_spec, max_length, seconds)
     meta = {
         "format": 2,
         "documents": info.documents,

@@ -1,4 +1,5 @@
-"""Model choices by name, for the CLI: ``auto``, ``local``, ``openai[:MODEL]``.
+"""The one resolver of model names (CLI, pipeline, evaluation, server): ``auto``,
+``local``, ``openai[:MODEL]`` and, for LLMs, ``scripted[:DELAY_MS]``.
 
 ``auto`` means OpenAI when ``OPENAI_API_KEY`` is set, else the local models.
 """
@@ -53,28 +54,78 @@ def _split(spec: str) -> tuple[str, str | None]:
     return kind, model or None
 
 
-def resolve_llm(spec: str = "auto", *, temperature: float | None = None) -> LLM:
-    """The LLM named by ``spec``; ``scripted[:DELAY_MS]`` is the echoing test double
-    (`testing.echo_llm`), for load tests and demos of the plumbing."""
-    if spec.startswith("scripted"):
-        from .testing import echo_llm
+def llm_threads() -> int | None:
+    """``HYDE_PLUS_LLM_THREADS``: llama.cpp threads for the local LLM (None: its own
+    choice). On a busy machine one thread can be several times faster than two."""
+    threads = os.environ.get("HYDE_PLUS_LLM_THREADS", "").strip()
+    if not threads:
+        return None
+    if not (threads.isdigit() and int(threads) >= 1):
+        raise ValueError(f"HYDE_PLUS_LLM_THREADS must be a whole number >= 1, not {threads!r}")
+    return int(threads)
 
-        _, _, delay = spec.partition(":")
-        try:
-            return echo_llm(delay=float(delay or 0) / 1000)
-        except ValueError as exc:
-            raise ValueError(f"scripted delay must be milliseconds, not {delay!r}") from exc
+
+def resolve_llm(
+    spec: str = "auto",
+    *,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+    parallel: int | None = None,
+) -> LLM:
+    """The LLM named by ``spec``: ``auto``, ``local``, ``openai[:MODEL]``, or
+    ``scripted[:DELAY_MS]`` (`echo.EchoLLM`, for load tests and demos of the plumbing).
+
+    ``temperature`` and ``max_tokens`` are the model's defaults; ``seed`` (sampling)
+    and ``parallel`` (requests decoded together, capped at 8) apply to the local LLM,
+    whose llama.cpp threads come from ``HYDE_PLUS_LLM_THREADS``. ``None`` keeps each
+    model's own default."""
+    if spec.strip().lower().startswith("scripted"):
+        return _scripted(spec)
     kind, model = _split(spec)
     if kind == "openai":
         from llama_index.llms.openai import OpenAI
 
         _require_openai_key("--llm")
-        kwargs: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
+        kwargs = _given(temperature=temperature, max_tokens=max_tokens)
         return OpenAI(model=model or DEFAULT_OPENAI_LLM, **kwargs)
     require_extra("local", ("xllamacpp",), "the local LLM")
     from .local import local_llm
 
-    return local_llm() if temperature is None else local_llm(temperature=temperature)
+    n_parallel = None if parallel is None else max(1, min(parallel, 8))
+    return local_llm(
+        **_given(
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            n_parallel=n_parallel,
+            threads=llm_threads(),
+        )
+    )
+
+
+def _given(**kwargs: Any) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def _scripted(spec: str) -> LLM:
+    from .echo import EchoLLM
+
+    _, _, delay = spec.partition(":")
+    try:
+        ms = float(delay or 0)
+    except ValueError:
+        raise ValueError(f"scripted delay must be milliseconds, not {delay!r}") from None
+    if not ms >= 0:
+        raise ValueError(f"scripted delay must be >= 0 milliseconds, not {delay!r}")
+    return EchoLLM(delay=ms / 1000)
+
+
+def describe_llm(model: Any) -> str:
+    """The model id an LLM reports, else its class name: for banners and reports."""
+    from ._llm import model_name
+
+    return model_name(model) or type(model).__name__
 
 
 def resolve_embedding(spec: str = "auto", *, max_length: int = 256) -> BaseEmbedding:

@@ -135,9 +135,9 @@ class HyDERAG:
     ``Settings.llm``; ``hyde_temperature`` (0.7) and ``answer_temperature`` (0) are
     passed on each call. The answer call has ``answer_timeout`` seconds (60; ``None``:
     unbounded) and retries transient provider errors with HyDE's ``retry`` policy; it
-    has no fallback, so its failure is raised. Other HyDE options (``num_passages``, ``include_query``,
-    ``max_characters``, ``prompt``) go to `HyDE`; ``answer_prompt`` needs ``{context}``
-    and ``{query}``.
+    has no fallback, so its failure is raised. Other HyDE options (``num_passages``,
+    ``include_query``, ``max_characters``, ``prompt``...) go to `HyDE`;
+    ``answer_prompt`` needs ``{context}`` and ``{query}``.
     """
 
     def __init__(

@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import IO, Any
 
@@ -36,15 +36,15 @@ import rcp
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.llms import LLM
 
+from ._version import __version__
 from .cache import MemoryCache
 from .retriever import TransformRetriever
-from .transforms.base import QueryTransformer, TransformResult
-from .transforms.registry import METHODS, make_transform
+from .transforms.base import MAX_N, QueryTransformer, TransformResult
+from .transforms.registry import METHODS, make_transform, transform_class
 from .usage import Usage
 
-logger = logging.getLogger("llama_index_hyde_plus")
+logger = logging.getLogger(__name__)
 
-MAX_N = 10
 DEFAULT_N = 3
 MAX_K = 100
 MAX_QUERY_CHARS = 2000
@@ -108,13 +108,16 @@ class TransformService:
         cache_entries: int = 4096,
         timeout: float | None = None,
         options: Mapping[str, Mapping[str, Any]] | None = None,
+        modes: Sequence[str] = ("dense",),
     ) -> None:
         """``options`` maps a method name to its keyword options (as `hyde-plus tune`
-        writes them), applied whenever that method's transform is built."""
+        writes them), applied whenever that method's transform is built; ``modes`` are
+        the search modes ``retrieve`` advertises (the store's: ``dense``, ``hybrid``)."""
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError("timeout must be > 0 seconds (or None for the transforms' default)")
         self.llm = llm
         self.retriever = retriever
+        self.modes = tuple(modes) or ("dense",)
         self.timeout = timeout
         self.options = {name: dict(opts) for name, opts in (options or {}).items()}
         self.cache = MemoryCache(cache_entries)
@@ -124,7 +127,7 @@ class TransformService:
         self._lock = threading.Lock()
 
     def transformer(self, method: str, n: int) -> QueryTransformer:
-        key = (method, n if method in ("multi-query", "decompose") else 0)
+        key = (method, n if transform_class(method).count_option() == "n" else 0)
         with self._lock:
             found = self._transforms.get(key)
             if found is None:
@@ -168,119 +171,117 @@ def build_server(
     service: TransformService,
     *,
     name: str = "hyde-plus",
-    version: str = "0.1.0",
+    version: str = __version__,
     http: bool = False,
 ) -> RcpServer:
     """An `RcpServer` (`HttpRcpServer` with ``http=True``) advertising ``transform``
-    (and ``retrieve`` when the service has a retriever) with our handlers registered."""
+    (and ``retrieve``, with the store's modes, when the service has a retriever) with
+    our handlers registered."""
     server: RcpServer = HttpRcpServer() if http else RcpServer()
     server.set_info(name, version)
     server.advertise(
         rcp.Capability.Transform,
-        {
-            "methods": list(METHODS),
-            "maxN": MAX_N,
-            "maxQueryChars": MAX_QUERY_CHARS,
-        },
+        {"methods": list(METHODS), "maxN": MAX_N, "maxQueryChars": MAX_QUERY_CHARS},
     )
-
-    @server.on(rcp.Method.TRANSFORM)  # type: ignore[untyped-decorator]
-    def query_transform(params: dict[str, Any]) -> dict[str, Any]:
-        extra = sorted(set(params) - TRANSFORM_OPTIONS)
-        if extra:
-            raise _unsupported(f"unsupported option(s) {extra}", extra[0])
-        query = _query(params)
-        method = params.get("method")
-        if not isinstance(method, str):
-            raise _invalid("'method' MUST be a string", "method")
-        if method not in METHODS:
-            raise _unsupported(
-                f"transform method '{method}' is not advertised", "method", list(METHODS)
-            )
-        n = _count(params, "n", DEFAULT_N, MAX_N)
-        start = time.perf_counter()
-        result = service.transform(query, method, n)
-        out: dict[str, Any] = {
-            "queries": list(result.queries),
-            "usage": _usage(result.usage, time.perf_counter() - start, result.cached),
-        }
-        if method == "hyde" and not result.fallback:
-            out["hypothetical"] = "\n\n".join(result.hypothetical)
-        if result.fallback:
-            out["fallback"] = True
-        return out
-
+    server.on(rcp.Method.TRANSFORM)(lambda params: _transform(service, params))
     if service.retriever is not None:
         server.advertise(
             rcp.Capability.Retrieve,
-            {
-                "maxK": MAX_K,
-                "rewrite": list(METHODS),
-                "modes": ["dense"],
-            },
+            {"maxK": MAX_K, "rewrite": list(METHODS), "modes": list(service.modes)},
         )
-
-        @server.on(rcp.Method.RETRIEVE)  # type: ignore[untyped-decorator]
-        def retrieve(params: dict[str, Any]) -> dict[str, Any]:
-            extra = sorted(set(params) - RETRIEVE_OPTIONS)
-            if extra:
-                raise _unsupported(f"unsupported option(s) {extra}", extra[0])
-            query = _query(params)
-            k = _count(params, "k", 10, MAX_K)
-            n = _count(params, "n", DEFAULT_N, MAX_N)
-            rewrite = params.get("rewrite")
-            if isinstance(rewrite, dict):
-                spec = rewrite
-                unknown = sorted(set(spec) - {"method", "n"})
-                if unknown:
-                    raise _unsupported(
-                        f"unsupported rewrite option(s) {unknown}", f"rewrite.{unknown[0]}"
-                    )
-                if "method" not in spec:
-                    raise _invalid(
-                        "'rewrite' as an object needs a 'method' (one of "
-                        f'{", ".join(METHODS)}), e.g. {{"method": "multi-query", "n": 2}}',
-                        "rewrite.method",
-                    )
-                rewrite = spec["method"]
-                if not isinstance(rewrite, str):
-                    raise _invalid("'rewrite.method' MUST be a method name", "rewrite.method")
-                if "n" in spec:
-                    rn = spec["n"]
-                    if isinstance(rn, bool) or not isinstance(rn, int) or rn < 1:
-                        raise _invalid("'rewrite.n' MUST be an integer >= 1", "rewrite.n")
-                    n = min(rn, MAX_N)
-            if rewrite is not None and not isinstance(rewrite, str):
-                raise _invalid("'rewrite' MUST be a method name or {method, n}", "rewrite")
-            if rewrite is not None and rewrite not in METHODS:
-                raise _unsupported(
-                    f"rewrite '{rewrite}' is not advertised", "rewrite", list(METHODS)
-                )
-            start = time.perf_counter()
-            result = service.search(query, rewrite, n, k)
-            t = result.transform
-            hits = [
-                {
-                    "id": item.node.node_id,
-                    "score": float(item.score or 0.0),
-                    "text": item.node.get_content(),
-                }
-                for item in result.nodes
-            ]
-            out: dict[str, Any] = {
-                "hits": hits,
-                "usage": _usage(t.usage, time.perf_counter() - start, t.cached),
-            }
-            if rewrite:
-                out["rewrite"] = {
-                    "method": rewrite,
-                    "queries": list(t.search_queries),
-                    "hypothetical": list(t.hypothetical),
-                    "fallback": t.fallback,
-                }
-            return out
-
+        server.on(rcp.Method.RETRIEVE)(lambda params: _retrieve(service, params))
     return server
+
+
+def _refuse_extra(params: dict[str, Any], allowed: frozenset[str]) -> None:
+    extra = sorted(set(params) - allowed)
+    if extra:
+        raise _unsupported(f"unsupported option(s) {extra}", extra[0])
+
+
+def _transform(service: TransformService, params: dict[str, Any]) -> dict[str, Any]:
+    """``query/transform``: the rewrite, its usage and, for passages, the text."""
+    _refuse_extra(params, TRANSFORM_OPTIONS)
+    query = _query(params)
+    method = params.get("method")
+    if not isinstance(method, str):
+        raise _invalid("'method' MUST be a string", "method")
+    if method not in METHODS:
+        raise _unsupported(
+            f"transform method '{method}' is not advertised", "method", list(METHODS)
+        )
+    n = _count(params, "n", DEFAULT_N, MAX_N)
+    start = time.perf_counter()
+    result = service.transform(query, method, n)
+    out: dict[str, Any] = {
+        "queries": list(result.queries),
+        "usage": _usage(result.usage, time.perf_counter() - start, result.cached),
+    }
+    if result.hypothetical and not result.fallback:
+        out["hypothetical"] = "\n\n".join(result.hypothetical)
+    if result.fallback:
+        out["fallback"] = True
+    return out
+
+
+def _rewrite_spec(params: dict[str, Any], n: int) -> tuple[str | None, int]:
+    """``(method or None, n)`` from ``rewrite``: a method name or ``{method, n}``."""
+    rewrite = params.get("rewrite")
+    if isinstance(rewrite, dict):
+        spec = rewrite
+        unknown = sorted(set(spec) - {"method", "n"})
+        if unknown:
+            raise _unsupported(f"unsupported rewrite option(s) {unknown}", f"rewrite.{unknown[0]}")
+        if "method" not in spec:
+            raise _invalid(
+                "'rewrite' as an object needs a 'method' (one of "
+                f'{", ".join(METHODS)}), e.g. {{"method": "multi-query", "n": 2}}',
+                "rewrite.method",
+            )
+        rewrite = spec["method"]
+        if not isinstance(rewrite, str):
+            raise _invalid("'rewrite.method' MUST be a method name", "rewrite.method")
+        if "n" in spec:
+            rn = spec["n"]
+            if isinstance(rn, bool) or not isinstance(rn, int) or rn < 1:
+                raise _invalid("'rewrite.n' MUST be an integer >= 1", "rewrite.n")
+            n = min(rn, MAX_N)
+    if rewrite is not None and not isinstance(rewrite, str):
+        raise _invalid("'rewrite' MUST be a method name or {method, n}", "rewrite")
+    if rewrite is not None and rewrite not in METHODS:
+        raise _unsupported(f"rewrite '{rewrite}' is not advertised", "rewrite", list(METHODS))
+    return rewrite, n
+
+
+def _retrieve(service: TransformService, params: dict[str, Any]) -> dict[str, Any]:
+    """``retrieve``: the top ``k`` hits, searched with the ``rewrite`` if any."""
+    _refuse_extra(params, RETRIEVE_OPTIONS)
+    query = _query(params)
+    k = _count(params, "k", 10, MAX_K)
+    rewrite, n = _rewrite_spec(params, _count(params, "n", DEFAULT_N, MAX_N))
+    start = time.perf_counter()
+    result = service.search(query, rewrite, n, k)
+    t = result.transform
+    hits = [
+        {
+            "id": item.node.node_id,
+            "score": float(item.score or 0.0),
+            "text": item.node.get_content(),
+        }
+        for item in result.nodes
+    ]
+    out: dict[str, Any] = {
+        "hits": hits,
+        "usage": _usage(t.usage, time.perf_counter() - start, t.cached),
+    }
+    if rewrite:
+        out["rewrite"] = {
+            "method": rewrite,
+            "queries": list(t.search_queries),
+            "hypothetical": list(t.hypothetical),
+            "fallback": t.fallback,
+        }
+    return out
 
 
 def _error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .rcp import MAX_BODY_BYTES, RcpServer, dumps
 
-logger = logging.getLogger("llama_index_hyde_plus")
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_INFLIGHT = 64
 DEFAULT_MAX_CONNECTIONS = 512

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-logger = logging.getLogger("llama_index_hyde_plus")
+logger = logging.getLogger(__name__)
 
 
 class LLMTimeoutError(TimeoutError):

@@ -25,7 +25,7 @@ from .transforms.base import Guards, QueryTransformer, SearchSpec, TransformResu
 from .transforms.hyde import HyDE
 from .vectors import DocVectors, Embedder, embed_model_of
 
-logger = logging.getLogger("llama_index_hyde_plus")
+logger = logging.getLogger(__name__)
 
 SearchType = Literal["auto", "dense", "keyword", "hybrid"]
 _KEYWORD_MODES = {"sparse", "text_search"}

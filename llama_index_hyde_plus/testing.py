@@ -30,6 +30,8 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field, PrivateAttr
 
+from .echo import echo_reply
+
 __all__ = [
     "HANG",
     "DeterministicEmbedding",
@@ -186,18 +188,12 @@ class ScriptedLLM(CustomLLM):
         return gen()
 
 
-def _echo(prompt: str) -> str:
-    match = re.search(r"(?:Question|Query|Claim): (.+)", prompt)
-    subject = match.group(1).strip() if match else prompt.strip().splitlines()[-1]
-    return f"1. {subject} explained\n2. background of {subject}\n3. evidence about {subject}"
-
-
 def echo_llm(delay: float = 0.0, **kwargs: Any) -> ScriptedLLM:
     """A `ScriptedLLM` that answers every prompt with three numbered variations of the
     question it finds in it, after ``delay`` seconds, keeping no history: a stand-in
     for load tests."""
     kwargs.setdefault("record", False)
-    return ScriptedLLM(respond=_echo, delay=delay, **kwargs)
+    return ScriptedLLM(respond=echo_reply, delay=delay, **kwargs)
 
 
 _WORD = re.compile(r"[a-z0-9]+")

@@ -22,8 +22,10 @@ from llama_index.core.llms import LLM
 
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
+from ..stores import STORE_KINDS, FaissStore, Store, store_for
+from ..transforms.hyde import HyDE
 from ..transforms.prompts import HYDE_PAPER_PROMPTS
-from ..transforms.registry import TRANSFORMS, make_transform
+from ..transforms.registry import TRANSFORMS, make_transform, transform_class, uses_llm
 from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
@@ -90,7 +92,8 @@ def parse_transform_spec(spec: str) -> TransformSpec:
     name = match["name"]
     options: dict[str, Any] = {}
     if match["n"]:
-        options["num_passages" if name == "hyde" else "n"] = int(match["n"])
+        count = transform_class(name).count_option() if name in TRANSFORMS else None
+        options[count or "n"] = int(match["n"])
     if match["q"]:
         options["include_query"] = True
     return _checked(TransformSpec(spec, name, options))
@@ -224,79 +227,58 @@ def _corpus_key(ds: BeirDataset, embed_label: str) -> str:
 
 
 def index_cache_dir(ds: BeirDataset, embed_label: str, root: Path) -> Path:
-    """Where the index of ``ds`` under ``embed_label`` lives in the cache."""
-    key = _corpus_key(ds, embed_label)[:20]
-    return root / "indexes" / f"{ds.name}-{key}"
+    """Where the FAISS index of ``ds`` under ``embed_label`` lives in the cache."""
+    return root / "indexes" / corpus_index_name(ds, embed_label)
+
+
+def corpus_index_name(ds: BeirDataset, embed_label: str) -> str:
+    """The name of the index of ``ds`` under ``embed_label`` in any store: the
+    dataset's name and a key of its content and embedding."""
+    return re.sub(r"\W", "_", ds.name) + "-" + _corpus_key(ds, embed_label)[:20]
+
+
+def eval_store(
+    ds: BeirDataset, embed_label: str, root: Path, kind: str = "faiss", uri: str | None = None
+) -> Store:
+    """The store the index of ``ds`` is cached in: a FAISS folder under ``root``, or a
+    collection at the Milvus ``uri``."""
+    if kind == "faiss":
+        return FaissStore(index_cache_dir(ds, embed_label, root))
+    name = re.sub(r"\W", "_", f"{ds.name}_{_corpus_key(ds, embed_label)[:12]}")
+    return store_for(kind, name, root=root, uri=uri)
 
 
 def cached_index(
     ds: BeirDataset,
+    store: Store,
     embed_model: BaseEmbedding,
     embed_label: str,
-    root: Path,
     *,
     max_length: int = 256,
     batch_size: int = 32,
     progress: ProgressFactory | None = None,
 ) -> tuple[VectorStoreIndex, float, bool]:
-    """The FAISS index of ``ds``: loaded from the cache, or built and cached."""
-    from ..indexing import build_faiss_index, load_faiss_index
-
-    path = index_cache_dir(ds, embed_label, root)
-    if (path / "hyde_plus.json").is_file():
-        return load_faiss_index(path, embed_model), 0.0, True
-    docs = ds.documents()
-    advance = progress("Embedding corpus", len(docs)) if progress else None
-    info = build_faiss_index(
-        docs,
-        embed_model,
-        path,
-        embed_spec=embed_label,
-        max_length=max_length,
-        batch_size=batch_size,
-        progress=advance,
-    )
-    return load_faiss_index(path, embed_model), info.seconds, False
-
-
-def cached_milvus_index(
-    ds: BeirDataset,
-    embed_model: BaseEmbedding,
-    embed_label: str,
-    uri: str,
-    *,
-    max_length: int = 256,
-    batch_size: int = 32,
-    progress: ProgressFactory | None = None,
-) -> tuple[VectorStoreIndex, float, bool]:
-    """The hybrid Milvus collection of ``ds`` at ``uri``: reused when its recorded
-    corpus and embedding match, else built."""
-    from ..milvus import build_milvus_index, load_milvus_index, read_milvus_meta
-
-    key = _corpus_key(ds, embed_label)[:12]
-    collection = re.sub(r"\W", "_", f"{ds.name}_{key}")
-    meta = read_milvus_meta(uri, collection)
+    """``(index, build seconds, reused)``: the index of ``ds`` in ``store``, reused
+    when it was built from the same corpus and embedding, else built."""
+    meta = store.meta()
     if meta is not None and meta.get("embed") == embed_label:
-        return load_milvus_index(uri, embed_model, collection=collection), 0.0, True
+        return store.load(embed_model), 0.0, True
     docs = ds.documents()
-    advance = progress("Embedding corpus (Milvus)", len(docs)) if progress else None
-    start = time.perf_counter()
-    index = build_milvus_index(
+    advance = progress(f"Embedding corpus ({store.kind})", len(docs)) if progress else None
+    info = store.build(
         docs,
         embed_model,
-        uri,
-        collection=collection,
         embed_spec=embed_label,
         max_length=max_length,
         batch_size=batch_size,
         progress=advance,
     )
-    return index, time.perf_counter() - start, False
+    return store.load(embed_model), info.seconds, False
 
 
 def needs_llm(name: str) -> bool:
-    """Whether the transform called ``name`` calls an LLM."""
-    return name not in ("none", "rocchio")
+    """Whether the transform called ``name`` calls an LLM (its class says)."""
+    return uses_llm(name)
 
 
 def build_transform(
@@ -305,7 +287,7 @@ def build_transform(
     options = dict(spec.options)
     if not needs_llm(spec.name):
         return make_transform(spec.name, None, **options)
-    if spec.name == "hyde" and hyde_prompt and "prompt" not in options:
+    if issubclass(transform_class(spec.name), HyDE) and hyde_prompt and "prompt" not in options:
         options["prompt"] = HYDE_PAPER_PROMPTS.get(hyde_prompt, hyde_prompt)
     if cache is not None:
         options["cache"] = cache
@@ -392,19 +374,14 @@ class EvalSession:
         self.top_k = top_k
         self.concurrency = concurrency
         self.progress = progress
-        if store == "milvus":
-            if not milvus_uri:
-                raise ValueError("store='milvus' needs milvus_uri (a file path or a cluster URL)")
-            self.index, self.index_seconds, self.index_cached = cached_milvus_index(
-                ds, embed_model, embed_label, milvus_uri, max_length=max_length, progress=progress
-            )
-        elif store == "faiss":
-            self.index, self.index_seconds, self.index_cached = cached_index(
-                ds, embed_model, embed_label, cache_root, max_length=max_length, progress=progress
-            )
-        else:
-            raise ValueError("store must be 'faiss' or 'milvus'")
-        self.store = store
+        if store == "milvus" and not milvus_uri:
+            raise ValueError("store='milvus' needs milvus_uri (a file path or a cluster URL)")
+        if store not in STORE_KINDS:
+            raise ValueError(f"store must be one of {', '.join(STORE_KINDS)}, not {store!r}")
+        self.store = eval_store(ds, embed_label, cache_root, store, milvus_uri)
+        self.index, self.index_seconds, self.index_cached = cached_index(
+            ds, self.store, embed_model, embed_label, max_length=max_length, progress=progress
+        )
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000)
         self.cache = SQLiteCache(cache_root / "eval" / "transforms.sqlite") if use_cache else None
@@ -413,12 +390,7 @@ class EvalSession:
     def base_retriever(self) -> Any:
         """The store's own retriever (one per session: its vectors are reused)."""
         if self._retriever is None:
-            if self.store == "milvus":
-                from ..milvus import hybrid_retriever
-
-                self._retriever = hybrid_retriever(self.index, self.top_k)
-            else:
-                self._retriever = self.index.as_retriever(similarity_top_k=self.top_k)
+            self._retriever = self.store.retriever(self.index, self.top_k)
         return self._retriever
 
     def score(

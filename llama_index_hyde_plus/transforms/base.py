@@ -20,7 +20,7 @@ from ..expansion import check_weight, keyword_query
 from ..fusion import FusionMode
 from ..usage import Usage, sum_usage
 
-logger = logging.getLogger("llama_index_hyde_plus")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

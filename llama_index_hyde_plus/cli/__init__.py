@@ -1,0 +1,45 @@
+"""The ``hyde-plus`` command: index, query, transform, eval, tune, serve, models, demo.
+
+One module per command group; this one builds the app and registers them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from .demo import DEMO_PROMPT, demo, demo_corpus_path
+from .eval import eval_cmd
+from .index import index
+from .models import models_list, models_pull
+from .query import query, transform_cmd
+from .serve import serve
+from .tune import tune
+
+__all__ = ["DEMO_PROMPT", "app", "demo_corpus_path", "main", "models_app"]
+
+app = typer.Typer(
+    name="hyde-plus",
+    help="Query transformation for LlamaIndex: HyDE, multi-query, step-back, decompose, rewrite.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="Fetch and list the local default models.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+app.command()(index)
+app.command()(query)
+app.command("transform")(transform_cmd)
+app.command("eval")(eval_cmd)
+app.command()(tune)
+app.command()(serve)
+app.command()(demo)
+models_app.command("pull")(models_pull)
+models_app.command("list")(models_list)
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()

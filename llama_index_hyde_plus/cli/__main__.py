@@ -1,0 +1,5 @@
+"""``python -m llama_index_hyde_plus.cli``: the same as ``hyde-plus``."""
+
+from . import main
+
+main()

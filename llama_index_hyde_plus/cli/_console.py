@@ -1,0 +1,157 @@
+"""What every command shows a person: consoles, logging, errors, progress, tables."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..local.assets import ModelNotAvailableError
+from ..models import MissingExtraError, describe_llm
+from ..retriever import SearchResult
+from ..usage import Usage
+
+console = Console()
+err = Console(stderr=True)
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=False)],
+        force=True,
+    )
+    if not verbose:
+        # Milvus Lite's in-process gRPC server logs harmless "Method not implemented"
+        # tracebacks (AllocTimestamp) at ERROR; they are noise to a user
+        logging.getLogger("grpc._server").setLevel(logging.CRITICAL)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one ``error:`` line; the caller raises the returned exit (code 2)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors the user can fix, printed as one ``error:`` line instead of a traceback."""
+    import openai
+
+    return (ValueError, ModelNotAvailableError, MissingExtraError, openai.OpenAIError)
+
+
+def describe_error(exc: Exception) -> str:
+    import openai
+
+    if isinstance(exc, openai.AuthenticationError):
+        return "OpenAI rejected the API key (HTTP 401); check OPENAI_API_KEY, or use local models"
+    if isinstance(exc, openai.OpenAIError):
+        return (
+            f"the OpenAI request failed ({type(exc).__name__}: {exc}); check the network and "
+            "OPENAI_API_KEY, or use local models"
+        )
+    return str(exc)
+
+
+@contextlib.contextmanager
+def reported() -> Iterator[None]:
+    """Turn the errors a user can fix into one ``error:`` line and exit code 2."""
+    try:
+        yield
+    except user_errors() as exc:
+        raise fail(describe_error(exc)) from exc
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    )
+
+
+def task(progress: Progress, description: str, total: int, unit: str) -> Callable[[int], None]:
+    """Add a bar to ``progress`` and return ``advance(n)``, which also shows the rate."""
+    task_id = progress.add_task(description, total=total, rate="")
+    start = time.perf_counter()
+
+    def advance(n: int) -> None:
+        done = progress.tasks[task_id].completed + n
+        rate = done / max(time.perf_counter() - start, 1e-9)
+        progress.update(task_id, advance=n, rate=f"{rate:.1f} {unit}")
+
+    return advance
+
+
+def usage_line(usage: Usage) -> str:
+    cost = (
+        "free (local)"
+        if usage.cost_source == "local"
+        else (f"${usage.cost:.6f} ({usage.cost_source})")
+    )
+    return (
+        f"{usage.calls} LLM call(s), {usage.input_tokens} in / {usage.output_tokens} out "
+        f"tokens ({usage.usage_source}), cost {cost}"
+    )
+
+
+def results_table(title: str, result: SearchResult, highlight: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("#", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("id")
+    table.add_column("text", overflow="fold", max_width=70)
+    for rank, item in enumerate(result.nodes, 1):
+        style = "bold green" if highlight and item.node.node_id == highlight else None
+        text = item.node.get_content().replace("\n", " ")
+        score = f"{item.score:.3f}" if item.score is not None else "-"
+        table.add_row(str(rank), score, item.node.node_id, text[:200], style=style)
+    return table
+
+
+def print_transform(result: SearchResult) -> None:
+    """What the transform wrote: passages as panels, queries as bullets."""
+    t = result.transform
+    if t.fallback:
+        console.print(f"[yellow]Transform fell back to the original query:[/] {t.error}")
+    for i, passage in enumerate(t.hypothetical, 1):
+        console.print(Panel(passage, title=f"hypothetical passage {i}", title_align="left"))
+    if not t.hypothetical and t.search_queries != (t.query,):
+        for q in t.search_queries:
+            console.print(f"  • {q}")
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise fail(f"{name} must be one of: {', '.join(choices)} (got {value!r})")
+
+
+def warm_up(model: Any) -> None:
+    """Load a model that loads lazily (the local LLM) and run one tiny call, so that
+    neither counts against the first requests' timeout."""
+    load = getattr(model, "warm_up", None)
+    if not callable(load):
+        return
+    start = time.perf_counter()
+    with err.status(f"Loading {describe_llm(model)}..."):
+        load()
+        try:
+            model.complete("Hello", max_tokens=1)
+        except Exception as exc:  # the model loaded; a failed probe is not fatal
+            err.print(f"[yellow]warning:[/] warm-up call failed ({type(exc).__name__}: {exc})")
+    err.print(f"{describe_llm(model)} loaded in {time.perf_counter() - start:.1f} s")

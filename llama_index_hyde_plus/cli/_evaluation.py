@@ -1,0 +1,83 @@
+"""What ``eval`` and ``tune`` share: the dataset, the models and the progress bars."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from ..models import MissingExtraError, require_extra
+from ._console import err, fail, task
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The models an evaluation uses, as given on the command line."""
+
+    llm: str
+    embed: str
+    max_length: int
+    temperature: float
+    max_tokens: int
+    seed: int
+    concurrency: int
+
+    @property
+    def embed_label(self) -> str:
+        from ..models import concrete_embedding_spec
+
+        return f"{concrete_embedding_spec(self.embed)}@{self.max_length}"
+
+    def make_llm(self) -> Any:
+        """A fresh LLM (a seeded local model samples the same for every transform)."""
+        from ..models import resolve_llm
+
+        return resolve_llm(
+            self.llm,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            parallel=self.concurrency,
+        )
+
+    def load(self, needs_llm: bool) -> tuple[Any, Any]:
+        """``(embedding model, LLM or None)``, with a status line while they load."""
+        from ..models import concrete_embedding_spec, resolve_embedding
+
+        with err.status("Loading models..."):
+            embed_model = resolve_embedding(
+                concrete_embedding_spec(self.embed), max_length=self.max_length
+            )
+            return embed_model, self.make_llm() if needs_llm else None
+
+
+def require_eval_extra(command: str) -> None:
+    try:
+        require_extra("eval", ("ir_measures", "matplotlib"), command)
+    except MissingExtraError as exc:
+        raise fail(str(exc)) from exc
+
+
+def bars(progress: Progress, unit: str, show: bool = True) -> Callable[[str, int], Any]:
+    """A progress factory for the runner: one bar per transform (or none)."""
+
+    def factory(description: str, total: int) -> Any:
+        return task(progress, description, total, unit) if show else (lambda n: None)
+
+    return factory
+
+
+def command_line(name: str) -> str | None:
+    """The command as typed, for the report (None when run from Python)."""
+    return f"hyde-plus {name} " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else None
+
+
+def cache_root(given: Path | None) -> Path:
+    from ..local.assets import cache_dir
+
+    return given or cache_dir()

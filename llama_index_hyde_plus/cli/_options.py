@@ -1,0 +1,46 @@
+"""Command-line options that several commands share, declared once (help included)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..stores import STORE_KINDS
+
+MODEL_HELP = "auto, local or openai[:MODEL]."
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens (INFO).")]
+Llm = Annotated[str, typer.Option(help=MODEL_HELP)]
+Embed = Annotated[str, typer.Option(help=MODEL_HELP)]
+Temperature = Annotated[float | None, typer.Option(help="LLM temperature.")]
+Timeout = Annotated[float, typer.Option(help="Seconds the LLM may take.")]
+Uri = Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL (hybrid search).")]
+Collection = Annotated[str, typer.Option(help="Milvus collection name.")]
+Token = Annotated[str | None, typer.Option(help="Milvus cluster token.", envvar="MILVUS_TOKEN")]
+IndexPath = Annotated[Path | None, typer.Option("--index", "-i", help="FAISS index folder.")]
+StoreKind = Annotated[str, typer.Option(help=f"{' or '.join(STORE_KINDS)} (hybrid BM25 + dense).")]
+MaxLength = Annotated[int, typer.Option(help="Embedding max tokens per text (local model).")]
+Count = Annotated[
+    int, typer.Option("--num-queries", "-n", help="How many queries (multi-query, decompose).")
+]
+NumPassages = Annotated[int, typer.Option(help="HyDE passages to average.")]
+
+# evaluation and tuning
+Dataset = Annotated[
+    Path, typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv).")
+]
+Limit = Annotated[int | None, typer.Option(help="Only the first N judged queries.")]
+HydePrompt = Annotated[
+    str | None,
+    typer.Option(help="HyDE paper prompt by task (scifact, fiqa, trec-covid...) or a template."),
+]
+Concurrency = Annotated[int, typer.Option(help="Queries in flight at once.")]
+EvalTemperature = Annotated[float, typer.Option(help="LLM sampling temperature.")]
+MaxTokens = Annotated[int, typer.Option(help="Max tokens per LLM reply.")]
+Seed = Annotated[int, typer.Option(help="Sampling seed (local LLM).")]
+CacheDir = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", help="Where indexes and transform outputs are cached."),
+]

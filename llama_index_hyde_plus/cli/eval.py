@@ -1,0 +1,147 @@
+"""``hyde-plus eval``: score transforms on a BEIR dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ._console import console, err, fail, progress_bar, reported, setup_logging
+from ._evaluation import ModelChoice, bars, cache_root, command_line, require_eval_extra
+from ._options import (
+    CacheDir,
+    Concurrency,
+    Dataset,
+    Embed,
+    EvalTemperature,
+    HydePrompt,
+    Limit,
+    Llm,
+    MaxLength,
+    MaxTokens,
+    Seed,
+    StoreKind,
+    Uri,
+    Verbose,
+)
+
+
+def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
+    from ..evaluation.runner import TransformSpec, parse_transform_spec, split_transforms
+    from ..evaluation.tune import load_config
+
+    specs = [parse_transform_spec(name) for name in split_transforms(transforms)]
+    for path in config_files or []:
+        tuned = load_config(path)
+        specs.append(TransformSpec(f"{path.stem}: {tuned.label}", tuned.transform, tuned.options))
+    labels = [s.label for s in specs]
+    duplicated = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicated:
+        raise ValueError(f"transform {duplicated[0]!r} is listed twice; each label once")
+    return specs
+
+
+def _config(
+    models: ModelChoice, model: Any, store: str, top_k: int, **extra: Any
+) -> dict[str, Any]:
+    from ..models import describe_llm
+
+    return {
+        "store": store,
+        "llm": "none" if model is None else describe_llm(model),
+        "embed": models.embed_label,
+        "top_k": top_k,
+        "concurrency": models.concurrency,
+        "temperature": models.temperature,
+        "max_tokens": models.max_tokens,
+        "seed": models.seed,
+        **extra,
+    }
+
+
+def eval_cmd(
+    dataset: Dataset,
+    transforms: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: none, hyde, hyde-n4, hyde+q, multi-query, step-back, "
+            "decompose, rewrite, rocchio, or NAME:key=value."
+        ),
+    ] = "none,hyde",
+    split: Annotated[str, typer.Option(help="qrels split.")] = "test",
+    limit: Limit = None,
+    out: Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")] = Path(
+        "eval-results"
+    ),
+    llm: Llm = "auto",
+    embed: Embed = "auto",
+    hyde_prompt: HydePrompt = None,
+    concurrency: Concurrency = 4,
+    top_k: Annotated[int, typer.Option(help="Results kept per query.")] = 100,
+    temperature: EvalTemperature = 0.7,
+    max_tokens: MaxTokens = 160,
+    seed: Seed = 0,
+    max_length: MaxLength = 256,
+    cache: Annotated[
+        bool, typer.Option("--cache/--no-cache", help="Reuse cached transform outputs.")
+    ] = True,
+    cache_dir: CacheDir = None,
+    store: StoreKind = "faiss",
+    uri: Uri = None,
+    config_files: Annotated[
+        list[Path] | None,
+        typer.Option("--config", help="A config written by `hyde-plus tune` (repeatable)."),
+    ] = None,
+    verbose: Verbose = False,
+) -> None:
+    """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, wins/ties/losses and a
+    verdict against `none`, latency, tokens, cost."""
+    from ..evaluation import load_beir, run_eval
+    from ..evaluation.runner import needs_llm
+
+    require_eval_extra("hyde-plus eval")
+    setup_logging(verbose)
+    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    with reported():  # BeirFormatError is a ValueError
+        specs = _specs(transforms, config_files)
+        ds = load_beir(dataset, split, limit=limit)
+        embed_model, model = models.load(any(needs_llm(s.name) for s in specs))
+    err.print(
+        f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
+        f"transforms: {', '.join(s.label for s in specs)}"
+    )
+    config = _config(models, model, store, top_k, hyde_prompt=hyde_prompt or "default", split=split)
+    with progress_bar() as progress:
+        try:
+            result = run_eval(
+                ds,
+                specs,
+                llm=models.make_llm if model is not None else None,
+                embed_model=embed_model,
+                embed_label=models.embed_label,
+                cache_root=cache_root(cache_dir),
+                max_length=max_length,
+                top_k=top_k,
+                concurrency=concurrency,
+                hyde_prompt=hyde_prompt,
+                use_cache=cache,
+                store=store,
+                milvus_uri=uri,
+                progress=bars(progress, "/s"),
+                config=config,
+            )
+        except ValueError as exc:
+            raise fail(str(exc)) from exc
+    _show(result, out)
+
+
+def _show(result: Any, out: Path) -> None:
+    from ..evaluation.report import rich_table, verdicts, write_outputs
+
+    Console(width=max(console.width, 160)).print(rich_table(result))
+    for line in verdicts(result):
+        console.print(f"  {line}")
+    paths = write_outputs(result, out, command_line("eval"))
+    console.print(f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]")

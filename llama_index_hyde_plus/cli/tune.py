@@ -1,0 +1,144 @@
+"""``hyde-plus tune``: sweep a transform's search options and write the winner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ..transforms.registry import TRANSFORMS
+from ._console import check_choice, console, err, fail, progress_bar, reported, setup_logging
+from ._evaluation import ModelChoice, bars, cache_root, command_line, require_eval_extra
+from ._options import (
+    CacheDir,
+    Concurrency,
+    Dataset,
+    Embed,
+    EvalTemperature,
+    HydePrompt,
+    Limit,
+    Llm,
+    MaxLength,
+    MaxTokens,
+    Seed,
+    StoreKind,
+    Uri,
+    Verbose,
+)
+
+
+def _check(name: str, split: str, tolerance: float, out: Path, report: Path | None) -> None:
+    from ..evaluation.tune import check_writable
+
+    check_choice("--transform", name, TRANSFORMS[1:])
+    if split.strip().lower() == "test":
+        err.print("[bold yellow]warning:[/] tuning on the test split; report on another split")
+    if not 0 <= tolerance < 100:
+        raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
+    with reported():
+        check_writable(out, "--out")
+        if report is not None:
+            check_writable(report, "--report")
+
+
+def tune(
+    dataset: Dataset,
+    transform: Annotated[
+        str,
+        typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS[1:])}."),
+    ] = "hyde",
+    split: Annotated[str, typer.Option(help="qrels split to tune on (never test).")] = "train",
+    limit: Limit = 300,
+    out: Annotated[Path, typer.Option(help="Config file to write (JSON), for --config.")] = Path(
+        "hyde-plus-tuned.json"
+    ),
+    report: Annotated[
+        Path | None, typer.Option(help="Also write the whole sweep as a Markdown table.")
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(help="nDCG@10 points within which the simpler configuration wins."),
+    ] = 0.2,
+    grid: Annotated[
+        str | None,
+        typer.Option(
+            help="Your own sweep instead of the transform's: "
+            "'query_weight=0.7,1.0; keyword_weight=0.5,0.9' (the product)."
+        ),
+    ] = None,
+    llm: Llm = "auto",
+    embed: Embed = "auto",
+    hyde_prompt: HydePrompt = None,
+    concurrency: Concurrency = 4,
+    top_k: Annotated[int, typer.Option(help="Results kept per query (rerank depth).")] = 100,
+    temperature: EvalTemperature = 0.7,
+    max_tokens: MaxTokens = 160,
+    seed: Seed = 0,
+    max_length: MaxLength = 256,
+    cache_dir: CacheDir = None,
+    store: StoreKind = "faiss",
+    uri: Uri = None,
+    verbose: Verbose = False,
+) -> None:
+    """Sweep a transform's search options on a training split and write the winner.
+
+    Each query is generated once (cached); every configuration reuses it, so a sweep
+    costs one generation per query and generation setting. Prints the table and the
+    chosen configuration: the simplest within --tolerance points of the best."""
+    from ..evaluation import load_beir
+    from ..evaluation.runner import needs_llm
+    from ..evaluation.tune import check_grid, parse_grid, run_tune, write_config
+
+    require_eval_extra("hyde-plus tune")
+    setup_logging(verbose)
+    name = transform.strip().lower()
+    _check(name, split, tolerance, out, report)
+    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    with reported():  # BeirFormatError is a ValueError
+        configs = check_grid(name, parse_grid(grid)) if grid is not None else None
+        ds = load_beir(dataset, split, limit=limit)
+        embed_model, model = models.load(needs_llm(name))
+    err.print(f"[bold]{ds.name}[/] {split}: {len(ds.queries)} queries; tuning {name}")
+    with progress_bar() as progress:
+        sweep = progress.add_task("configurations", total=None, rate="")
+        try:
+            result = run_tune(
+                ds,
+                name,
+                llm=model,
+                embed_model=embed_model,
+                embed_label=models.embed_label,
+                cache_root=cache_root(cache_dir),
+                split=split,
+                grid=configs,
+                tolerance=tolerance / 100,
+                hyde_prompt=hyde_prompt,
+                top_k=top_k,
+                concurrency=concurrency,
+                store=store,
+                milvus_uri=uri,
+                progress=bars(progress, "q/s", show=verbose),
+                on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
+            )
+            path = write_config(result, out)
+        except ValueError as exc:
+            raise fail(str(exc)) from exc
+    _show(result, path, report)
+
+
+def _show(result: Any, path: Path, report: Path | None) -> None:
+    from ..evaluation.report import tune_markdown, tune_table
+
+    Console(width=max(console.width, 120)).print(tune_table(result))
+    console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
+    if (result.winner.delta_vs_none or 0.0) < 0:
+        err.print(
+            "[bold yellow]warning:[/] the chosen configuration scores below `none` on this "
+            "split; searching without this transform is the safer choice here"
+        )
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(tune_markdown(result, command_line("tune")))
+    console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")

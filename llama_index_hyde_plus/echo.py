@@ -1,0 +1,61 @@
+"""`EchoLLM`: the model behind ``--llm scripted[:DELAY_MS]``, for load tests and demos
+of the plumbing. It answers every prompt with three numbered variations of the
+question it finds in the prompt, after a fixed delay, and keeps nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    CompletionResponse,
+    CompletionResponseGen,
+    LLMMetadata,
+)
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from pydantic import Field
+
+_SUBJECT = re.compile(r"(?:Question|Query|Claim): (.+)")
+
+
+def echo_reply(prompt: str) -> str:
+    """Three numbered variations of the question in ``prompt`` (the text after
+    ``Question:``, ``Query:`` or ``Claim:``, else its last line)."""
+    match = _SUBJECT.search(prompt)
+    subject = match.group(1).strip() if match else prompt.strip().splitlines()[-1]
+    return f"1. {subject} explained\n2. background of {subject}\n3. evidence about {subject}"
+
+
+class EchoLLM(CustomLLM):
+    """`echo_reply` after ``delay`` seconds (``asyncio.sleep`` on the async path)."""
+
+    delay: float = Field(default=0.0, ge=0)
+    is_local: bool = True
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="echo", is_chat_model=False)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        if self.delay:
+            time.sleep(self.delay)
+        return CompletionResponse(text=echo_reply(prompt))
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return CompletionResponse(text=echo_reply(prompt))
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        text = self.complete(prompt, formatted=formatted).text
+        yield CompletionResponse(text=text, delta=text)

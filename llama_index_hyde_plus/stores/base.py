@@ -1,0 +1,128 @@
+"""The `Store` interface and how a store is chosen from command-line options."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+
+if TYPE_CHECKING:
+    from ..indexing import IndexInfo, ProgressFn
+
+STORE_KINDS: tuple[str, ...] = ("faiss", "milvus")
+"""The ``--store`` choices."""
+
+
+class Store(ABC):
+    """A place to build an index in and search it from.
+
+    ``kind`` names the implementation (``--store``); ``modes`` are the search modes it
+    has (the RCP ``retrieve.modes``: ``dense``, ``hybrid``). `build` embeds documents
+    and replaces the index atomically; `meta` is how it was embedded (None if there is
+    no index); `load` opens it as a LlamaIndex ``VectorStoreIndex`` checked against
+    ``embed_model``; `open` does the whole job for a caller: the recorded embedding
+    model, the index and a retriever of ``top_k``.
+    """
+
+    kind: ClassVar[str]
+    modes: ClassVar[tuple[str, ...]]
+    search: ClassVar[str]
+    """The search it runs, in words (``dense``, ``BM25 + dense``)."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the index is, for messages."""
+
+    @abstractmethod
+    def check_target(self, docs: Path | None = None) -> None:
+        """A `ValueError` before any work when a build here would overwrite what is
+        not an index (or the documents themselves)."""
+
+    @abstractmethod
+    def build(
+        self,
+        documents: Sequence[Document],
+        embed_model: BaseEmbedding,
+        *,
+        embed_spec: str,
+        max_length: int,
+        batch_size: int = 64,
+        progress: ProgressFn | None = None,
+    ) -> IndexInfo:
+        """Embed ``documents`` and switch the index to them in one step."""
+
+    @abstractmethod
+    def meta(self) -> dict[str, Any] | None:
+        """How the index was embedded (``embed``, ``max_length``, ``dim``...)."""
+
+    @abstractmethod
+    def load(self, embed_model: BaseEmbedding) -> VectorStoreIndex:
+        """The index, checked against ``embed_model``."""
+
+    @abstractmethod
+    def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:
+        """A retriever of ``index`` in this store's richest mode."""
+
+    def embedding_model(self, embed: str | None = None) -> BaseEmbedding:
+        """``embed`` (a model spec), else the one recorded at indexing, at the recorded
+        ``max_length``."""
+        from ..models import resolve_embedding
+
+        meta = self.meta() or {}
+        spec = embed or meta.get("embed") or "auto"
+        return resolve_embedding(str(spec), max_length=int(meta.get("max_length", 256)))
+
+    def open(self, top_k: int, *, embed: str | None = None) -> BaseRetriever:
+        """A retriever of ``top_k`` over this index, embedding queries as it was built."""
+        return self.retriever(self.load(self.embedding_model(embed)), top_k)
+
+    def describe(self) -> str:
+        return f"{self.kind} ({', '.join(self.modes)}) at {self.location}"
+
+
+def open_store(
+    *,
+    index: Path | None = None,
+    uri: str | None = None,
+    collection: str | None = None,
+    token: str = "",
+) -> Store:
+    """The store a search names: a FAISS ``index`` folder or a Milvus ``uri`` (exactly
+    one; a `ValueError` otherwise)."""
+    from .faiss import FaissStore
+    from .milvus import DEFAULT_COLLECTION, MilvusStore
+
+    if (index is None) == (uri is None):
+        raise ValueError("give exactly one of --index (FAISS) and --uri (Milvus)")
+    if uri is not None:
+        return MilvusStore(uri, collection=collection or DEFAULT_COLLECTION, token=token)
+    assert index is not None
+    return FaissStore(index)
+
+
+def store_for(
+    kind: str,
+    name: str,
+    *,
+    root: Path,
+    uri: str | None = None,
+    token: str = "",
+) -> Store:
+    """A store of ``kind`` for the corpus called ``name``: a FAISS folder under
+    ``root/indexes``, or collection ``name`` at Milvus ``uri`` (needed for milvus)."""
+    from .faiss import FaissStore
+    from .milvus import MilvusStore
+
+    if kind == "faiss":
+        return FaissStore(root / "indexes" / name)
+    if kind == "milvus":
+        if not uri:
+            raise ValueError("--store milvus needs --uri (a Milvus Lite file path or a URL)")
+        return MilvusStore(uri, collection=name, token=token)
+    raise ValueError(f"--store must be one of {', '.join(STORE_KINDS)}, not {kind!r}")

@@ -1,0 +1,100 @@
+"""`MilvusStore`: a hybrid (BM25 full-text + dense) Milvus collection, built by
+`llama_index_hyde_plus.milvus`, in a Milvus Lite file or on a cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+
+from ..milvus import DEFAULT_COLLECTION
+from .base import Store
+
+if TYPE_CHECKING:
+    from ..indexing import IndexInfo, ProgressFn
+
+__all__ = ["DEFAULT_COLLECTION", "MilvusStore"]
+
+
+class MilvusStore(Store):
+    """Collection (an alias) ``collection`` at ``uri``: a Milvus Lite file path or a
+    cluster URL with ``token``. Needs the ``milvus`` extra."""
+
+    kind: ClassVar[str] = "milvus"
+    modes: ClassVar[tuple[str, ...]] = ("hybrid",)
+    search: ClassVar[str] = "BM25 + dense"
+
+    def __init__(self, uri: str, *, collection: str = DEFAULT_COLLECTION, token: str = "") -> None:
+        from ..models import require_extra
+
+        if not uri:
+            raise ValueError("--uri is needed for the Milvus store (a file path or a URL)")
+        require_extra("milvus", ("pymilvus", "llama_index.vector_stores.milvus"), "--store milvus")
+        self.uri, self.collection, self.token = uri, collection, token
+
+    @property
+    def location(self) -> str:
+        return f"collection {self.collection!r} at {self.uri}"
+
+    def check_target(self, docs: Path | None = None) -> None:
+        from ..milvus import is_local_uri
+
+        if docs is not None and is_local_uri(self.uri):
+            target = Path(self.uri).expanduser().resolve()
+            if target == docs.expanduser().resolve() or docs.expanduser().resolve() in (
+                target.parents
+            ):
+                raise ValueError(f"--uri {self.uri} is inside the documents folder {docs}")
+
+    def build(
+        self,
+        documents: Sequence[Document],
+        embed_model: BaseEmbedding,
+        *,
+        embed_spec: str,
+        max_length: int,
+        batch_size: int = 64,
+        progress: ProgressFn | None = None,
+    ) -> IndexInfo:
+        from ..indexing import IndexInfo
+        from ..milvus import build_milvus_index
+
+        start = time.perf_counter()
+        index = build_milvus_index(
+            documents,
+            embed_model,
+            self.uri,
+            collection=self.collection,
+            token=self.token,
+            embed_spec=embed_spec,
+            max_length=max_length,
+            batch_size=batch_size,
+            progress=progress,
+        )
+        count = len(index.index_struct.nodes_dict) or len(documents)
+        meta = self.meta() or {}
+        dim = int(meta.get("dim") or len(embed_model.get_query_embedding("dimension probe")))
+        seconds = time.perf_counter() - start
+        return IndexInfo(self.location, count, dim, embed_spec, max_length, seconds)
+
+    def meta(self) -> dict[str, Any] | None:
+        from ..milvus import read_milvus_meta
+
+        return read_milvus_meta(self.uri, self.collection, token=self.token)
+
+    def load(self, embed_model: BaseEmbedding) -> VectorStoreIndex:
+        from ..milvus import load_milvus_index
+
+        return load_milvus_index(
+            self.uri, embed_model, collection=self.collection, token=self.token
+        )
+
+    def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:
+        from ..milvus import hybrid_retriever
+
+        return hybrid_retriever(index, top_k)
