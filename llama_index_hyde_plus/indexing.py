@@ -25,6 +25,8 @@ from llama_index.core import Document, StorageContext, VectorStoreIndex, load_in
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, TextNode
 
+from ._files import json_lines
+
 META_FILE = "hyde_plus.json"
 ProgressFn = Callable[[int], None]
 
@@ -145,16 +147,8 @@ def read_documents(folder: Path) -> list[Document]:
             if text:
                 add(rel, rel, text, {"source": rel})
         elif path.suffix.lower() == ".jsonl":
-            for lineno, line in enumerate(_decode(path, rel).splitlines(), 1):
-                if not line.strip():
-                    continue
+            for lineno, row in json_lines(_decode(path, rel).splitlines(), rel):
                 where = f"{rel}:{lineno}"
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise ValueError(f"{where}: expected JSON with a 'text' field") from exc
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: expected a JSON object with a 'text' field")
                 text = (_field(row, "text", where, required=True) or "").strip()
                 title = (_field(row, "title", where, required=False) or "").strip()
                 body = f"{title}\n{text}" if title else text

@@ -33,7 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
 import rcp
@@ -99,76 +99,79 @@ def _raw_response(status: int, reason: str, body: bytes) -> bytes:
     return head.encode("ascii") + body
 
 
-def _protocol_class(limits: Limits) -> type[H11Protocol]:
+class _Protocol(H11Protocol):
     """uvicorn's h11 protocol with a request-head deadline, a connection cap and
-    JSON-RPC bodies on its own 400s."""
+    JSON-RPC bodies on its own 400s; `limits` is set per server by `_protocol_class`."""
 
-    class Protocol(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
-        _partial_head = False
+    limits: ClassVar[Limits]
+    _head_timer: asyncio.TimerHandle | None = None
+    _partial_head = False
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > limits.max_connections:
-                logger.warning(
-                    "rcp http: %d connections open, refusing more", len(self.connections) - 1
-                )
-                body = _error_body(
-                    rcp.Errc.BACKEND_UNAVAILABLE,
-                    f"too many open connections (limit {limits.max_connections}); retry later",
-                    {"retryable": True},
-                )
-                transport.write(_raw_response(503, "Service Unavailable", body))
-                transport.close()
-                return
-            self._arm_head_timer()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:
-                self._cancel_head_timer()  # the request head is complete
-            else:
-                self._partial_head = True
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-                self._arm_head_timer()  # waiting for the next request on keep-alive
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_head_timer()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            body = _error_body(rcp.Errc.INVALID_REQUEST, f"invalid HTTP request: {msg}")
-            self.transport.write(_raw_response(400, "Bad Request", body))
-            self.transport.close()
-
-        def _arm_head_timer(self) -> None:
-            self._cancel_head_timer()
-            self._partial_head = False
-            self._head_timer = self.loop.call_later(limits.header_timeout, self._head_timeout)
-
-        def _cancel_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_timeout(self) -> None:
-            self._head_timer = None
-            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-                return
-            if not self._partial_head:  # an idle connection: just close it
-                self.transport.close()
-                return
-            body = _error_body(
-                rcp.Errc.TIMEOUT,
-                f"no complete request head within {limits.header_timeout:g} s",
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            logger.warning(
+                "rcp http: %d connections open, refusing more", len(self.connections) - 1
             )
-            self.transport.write(_raw_response(408, "Request Timeout", body))
-            self.transport.close()
+            body = _error_body(
+                rcp.Errc.BACKEND_UNAVAILABLE,
+                f"too many open connections (limit {self.limits.max_connections}); retry later",
+                {"retryable": True},
+            )
+            transport.write(_raw_response(503, "Service Unavailable", body))
+            transport.close()
+            return
+        self._arm_head_timer()
 
-    return Protocol
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._cancel_head_timer()  # the request head is complete
+        else:
+            self._partial_head = True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()  # waiting for the next request on keep-alive
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        body = _error_body(rcp.Errc.INVALID_REQUEST, f"invalid HTTP request: {msg}")
+        self.transport.write(_raw_response(400, "Bad Request", body))
+        self.transport.close()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._partial_head = False
+        self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if not self._partial_head:  # an idle connection: just close it
+            self.transport.close()
+            return
+        body = _error_body(
+            rcp.Errc.TIMEOUT,
+            f"no complete request head within {self.limits.header_timeout:g} s",
+        )
+        self.transport.write(_raw_response(408, "Request Timeout", body))
+        self.transport.close()
+
+
+def _protocol_class(limits: Limits) -> type[H11Protocol]:
+    """`_Protocol` bound to ``limits``."""
+    return type("Protocol", (_Protocol,), {"limits": limits})
 
 
 class _BodyTooLarge(Exception):
@@ -215,34 +218,9 @@ class _Endpoint:
             headers=extra,
         )
 
-    def _authorized(self, request: Request) -> bool:
-        if self.token is None:
-            return True
-        sent = request.headers.get("authorization", "").encode("utf-8", "replace")
-        return hmac.compare_digest(sent, f"Bearer {self.token}".encode())
-
-    async def _read(self, request: Request) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.limits.max_body_bytes:
-                raise _BodyTooLarge
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _too_large(self) -> Response:
-        limit = self.limits.max_body_bytes
-        return self.error(
-            413,
-            rcp.Errc.PAYLOAD_TOO_LARGE,
-            f"request body must be at most {limit} bytes",
-            {"maxBytes": limit},
-            close=True,
-        )
-
-    async def respond(self, request: Request) -> Response:
-        self.requests += 1
+    def _refusal(self, request: Request) -> Response | None:
+        """The error response for a request refused before its body is read (wrong
+        method, no token, ambiguous framing, too large, server busy); None to go on."""
         if request.method != "POST":
             return self.error(
                 405,
@@ -280,6 +258,39 @@ class _Endpoint:
                 headers={"Retry-After": "1"},
                 close=True,
             )
+        return None
+
+    def _authorized(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        sent = request.headers.get("authorization", "").encode("utf-8", "replace")
+        return hmac.compare_digest(sent, f"Bearer {self.token}".encode())
+
+    async def _read(self, request: Request) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.limits.max_body_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> Response:
+        limit = self.limits.max_body_bytes
+        return self.error(
+            413,
+            rcp.Errc.PAYLOAD_TOO_LARGE,
+            f"request body must be at most {limit} bytes",
+            {"maxBytes": limit},
+            close=True,
+        )
+
+    async def respond(self, request: Request) -> Response:
+        self.requests += 1
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
         self.inflight += 1
         try:
             try:

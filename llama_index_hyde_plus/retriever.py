@@ -182,8 +182,10 @@ class TransformRetriever(BaseRetriever):
         result = self._gate(result, guards)
         errors: list[str] = []
         if hits is not None and guards.strategy == "rerank":
-            if _expanded(result) and self._have_embedder("rerank strategy"):
-                nodes = self._rerank_hits(hits, result, guards, self.doc_vectors.get(hits))
+            if _expanded(result) and self._have_embedder("rerank strategy") and self.embedder:
+                generated = expansion.mean_unit(self.embedder.texts(result.hypothetical))
+                vectors = self.doc_vectors.get(hits)
+                nodes = _blend(hits, vectors, generated, guards.blend)
             else:
                 nodes = _copy(hits)
         elif hits is not None and _feeds_back(result, guards) and self._have_embedder("feedback"):
@@ -192,7 +194,7 @@ class TransformRetriever(BaseRetriever):
         else:
             specs = self._specs(result)
             bundles = [self._bundle(spec, query) for spec in specs]
-            lists, weights, errors = self._run_sync(specs, bundles, query, hits)
+            lists, weights, errors = self._run_sync(_Fanout(specs, bundles, query, hits))
             nodes = self._combine(lists, weights)
         if self.reranker is not None and nodes:
             nodes = self.reranker.postprocess_nodes(nodes, query_bundle=QueryBundle(query))
@@ -212,9 +214,10 @@ class TransformRetriever(BaseRetriever):
         result = await self._agate(result, guards)
         errors: list[str] = []
         if hits is not None and guards.strategy == "rerank":
-            if _expanded(result) and self._have_embedder("rerank strategy"):
+            if _expanded(result) and self._have_embedder("rerank strategy") and self.embedder:
+                generated = expansion.mean_unit(await self.embedder.atexts(result.hypothetical))
                 vectors = await self.doc_vectors.aget(hits)
-                nodes = await self._arerank_hits(hits, result, guards, vectors)
+                nodes = _blend(hits, vectors, generated, guards.blend)
             else:
                 nodes = _copy(hits)
         elif hits is not None and _feeds_back(result, guards) and self._have_embedder("feedback"):
@@ -226,7 +229,7 @@ class TransformRetriever(BaseRetriever):
         else:
             specs = self._specs(result)
             bundles = [await self._abundle(spec, query) for spec in specs]
-            lists, weights, errors = await self._run_async(specs, bundles, query, hits)
+            lists, weights, errors = await self._run_async(_Fanout(specs, bundles, query, hits))
             nodes = self._combine(lists, weights)
         if self.reranker is not None and nodes:
             nodes = await self._arerank(nodes, query)
@@ -275,28 +278,6 @@ class TransformRetriever(BaseRetriever):
             expansion.mean_unit(await self.embedder.atexts(result.hypothetical)),
         )
         return _gate_verdict(result, guards, sim)
-
-    def _rerank_hits(
-        self,
-        hits: list[NodeWithScore],
-        result: TransformResult,
-        guards: Guards,
-        doc_vectors: list[list[float]],
-    ) -> list[NodeWithScore]:
-        assert self.embedder is not None
-        generated = expansion.mean_unit(self.embedder.texts(result.hypothetical))
-        return _blend(hits, doc_vectors, generated, guards.blend)
-
-    async def _arerank_hits(
-        self,
-        hits: list[NodeWithScore],
-        result: TransformResult,
-        guards: Guards,
-        doc_vectors: list[list[float]],
-    ) -> list[NodeWithScore]:
-        assert self.embedder is not None
-        generated = expansion.mean_unit(await self.embedder.atexts(result.hypothetical))
-        return _blend(hits, doc_vectors, generated, guards.blend)
 
     def _feedback_bundle(
         self, query: str, doc_vectors: list[list[float]], guards: Guards
@@ -353,15 +334,9 @@ class TransformRetriever(BaseRetriever):
             return QueryBundle(query_str=spec.text, embedding=vector)
         return QueryBundle(query_str=spec.text, custom_embedding_strs=list(spec.embedding_strs))
 
-    def _run_sync(
-        self,
-        specs: list[SearchSpec],
-        bundles: list[QueryBundle],
-        query: str,
-        hits: list[NodeWithScore] | None,
-    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
-        todo = [i for i, spec in enumerate(specs) if not _reusable(spec, query, hits)]
-        outcomes: list[Any] = [hits] * len(specs)
+    def _run_sync(self, fan: _Fanout) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+        specs, bundles, todo = fan.specs, fan.bundles, fan.todo()
+        outcomes: list[Any] = [fan.hits] * len(specs)
         if len(todo) == 1 and len(specs) == 1:
             try:
                 outcomes[0] = self.retriever.retrieve(bundles[0])
@@ -404,21 +379,17 @@ class TransformRetriever(BaseRetriever):
             return await self._asearch_bundle(bundle)
 
     async def _run_async(
-        self,
-        specs: list[SearchSpec],
-        bundles: list[QueryBundle],
-        query: str,
-        hits: list[NodeWithScore] | None,
+        self, fan: _Fanout
     ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
         gate = asyncio.Semaphore(self.max_concurrency)
-        todo = [i for i, spec in enumerate(specs) if not _reusable(spec, query, hits)]
+        specs, todo = fan.specs, fan.todo()
         found = await asyncio.gather(
-            *(self._retrieve_one(bundles[i], gate) for i in todo), return_exceptions=True
+            *(self._retrieve_one(fan.bundles[i], gate) for i in todo), return_exceptions=True
         )
         for outcome in found:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome
-        outcomes: list[Any] = [hits] * len(specs)
+        outcomes: list[Any] = [fan.hits] * len(specs)
         for i, outcome in zip(todo, found):
             outcomes[i] = outcome
         return self._split(specs, outcomes)
@@ -530,9 +501,23 @@ def _feeds_back(result: TransformResult, guards: Guards) -> bool:
     return guards.feedback_k > 0 and guards.feedback_beta > 0 and not result.fallback
 
 
-def _reusable(spec: SearchSpec, query: str, hits: list[NodeWithScore] | None) -> bool:
-    """Whether ``spec`` is the plain question, already searched."""
-    return hits is not None and not spec.passages and spec.text == query
+@dataclass(frozen=True)
+class _Fanout:
+    """The searches of one query: each spec with its bundle, and the question's own
+    hits when they were fetched first (a plain-question spec reuses them)."""
+
+    specs: list[SearchSpec]
+    bundles: list[QueryBundle]
+    query: str
+    hits: list[NodeWithScore] | None
+
+    def todo(self) -> list[int]:
+        """Indexes of the specs that still need a search."""
+        return [i for i, spec in enumerate(self.specs) if not self._reusable(spec)]
+
+    def _reusable(self, spec: SearchSpec) -> bool:
+        """Whether ``spec`` is the plain question, already searched."""
+        return self.hits is not None and not spec.passages and spec.text == self.query
 
 
 def _blend(

@@ -61,7 +61,23 @@ def _count_tokens(text: str) -> int:
     return len(text.split())
 
 
-class ScriptedLLM(CustomLLM):
+class _CountsCalls:
+    """``sync_calls`` / ``async_calls``: how often the blocking and the async methods
+    ran (a test of an async path asserts ``sync_calls == 0``)."""
+
+    _sync_calls: int
+    _async_calls: int
+
+    @property
+    def sync_calls(self) -> int:
+        return self._sync_calls
+
+    @property
+    def async_calls(self) -> int:
+        return self._async_calls
+
+
+class ScriptedLLM(_CountsCalls, CustomLLM):
     """An LLM that answers from a script, for tests.
 
     ``replies`` is a queue consumed one per call: a ``str`` is the reply, an exception
@@ -114,14 +130,6 @@ class ScriptedLLM(CustomLLM):
     def call_kwargs(self) -> list[dict[str, Any]]:
         """The keyword arguments of every call (``temperature``...), in order."""
         return list(self._kwargs)
-
-    @property
-    def sync_calls(self) -> int:
-        return self._sync_calls
-
-    @property
-    def async_calls(self) -> int:
-        return self._async_calls
 
     def add_replies(self, *replies: Reply) -> None:
         with self._lock:
@@ -251,7 +259,7 @@ def _stem(word: str) -> str:
     return word
 
 
-class DeterministicEmbedding(BaseEmbedding):
+class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
     """Hashed bag-of-words embedding: texts that share (stemmed, non-stop) words are
     close, unrelated texts are near-orthogonal. Same text, same vector, on any machine.
     ``dim`` sets the size (default 256). Counts calls in ``sync_calls``/``async_calls``.
@@ -265,14 +273,6 @@ class DeterministicEmbedding(BaseEmbedding):
     @classmethod
     def class_name(cls) -> str:
         return "DeterministicEmbedding"
-
-    @property
-    def sync_calls(self) -> int:
-        return self._sync_calls
-
-    @property
-    def async_calls(self) -> int:
-        return self._async_calls
 
     def vector(self, text: str) -> list[float]:
         """The embedding of ``text`` (unit length, or zeros for a text with no words)."""

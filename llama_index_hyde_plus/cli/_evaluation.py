@@ -56,6 +56,30 @@ class ModelChoice:
             return embed_model, self.make_llm() if needs_llm else None
 
 
+@dataclass(frozen=True)
+class SearchChoice:
+    """Where and how an evaluation searches, as given on the command line."""
+
+    store: str
+    uri: str | None
+    cache_dir: Path | None
+    top_k: int
+    hyde_prompt: str | None
+
+    def runner_kwargs(self, models: ModelChoice, embed_model: Any) -> dict[str, Any]:
+        """The keyword arguments `run_eval` and `run_tune` share."""
+        return {
+            "embed_model": embed_model,
+            "embed_label": models.embed_label,
+            "cache_root": cache_root(self.cache_dir),
+            "top_k": self.top_k,
+            "concurrency": models.concurrency,
+            "hyde_prompt": self.hyde_prompt,
+            "store": self.store,
+            "milvus_uri": self.uri,
+        }
+
+
 def require_eval_extra(command: str) -> None:
     try:
         require_extra("eval", ("ir_measures", "matplotlib"), command)

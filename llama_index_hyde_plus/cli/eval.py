@@ -8,23 +8,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from ._console import console, err, fail, progress_bar, reported, setup_logging
-from ._evaluation import ModelChoice, bars, cache_root, command_line, require_eval_extra
-from ._options import (
-    CacheDir,
-    Concurrency,
-    Dataset,
-    Embed,
-    EvalTemperature,
-    HydePrompt,
-    Limit,
-    Llm,
-    MaxLength,
-    MaxTokens,
-    Seed,
-    StoreKind,
-    Uri,
-    Verbose,
+from . import _options as opt
+from ._console import console, err, progress_bar, reported, setup_logging
+from ._evaluation import (
+    ModelChoice,
+    SearchChoice,
+    bars,
+    command_line,
+    require_eval_extra,
 )
 
 
@@ -62,7 +53,7 @@ def _config(
 
 
 def eval_cmd(
-    dataset: Dataset,
+    dataset: opt.Dataset,
     transforms: Annotated[
         str,
         typer.Option(
@@ -71,30 +62,30 @@ def eval_cmd(
         ),
     ] = "none,hyde",
     split: Annotated[str, typer.Option(help="qrels split.")] = "test",
-    limit: Limit = None,
+    limit: opt.Limit = None,
     out: Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")] = Path(
         "eval-results"
     ),
-    llm: Llm = "auto",
-    embed: Embed = "auto",
-    hyde_prompt: HydePrompt = None,
-    concurrency: Concurrency = 4,
+    llm: opt.Llm = "auto",
+    embed: opt.Embed = "auto",
+    hyde_prompt: opt.HydePrompt = None,
+    concurrency: opt.Concurrency = 4,
     top_k: Annotated[int, typer.Option(help="Results kept per query.")] = 100,
-    temperature: EvalTemperature = 0.7,
-    max_tokens: MaxTokens = 160,
-    seed: Seed = 0,
-    max_length: MaxLength = 256,
+    temperature: opt.EvalTemperature = 0.7,
+    max_tokens: opt.MaxTokens = 160,
+    seed: opt.Seed = 0,
+    max_length: opt.MaxLength = 256,
     cache: Annotated[
         bool, typer.Option("--cache/--no-cache", help="Reuse cached transform outputs.")
     ] = True,
-    cache_dir: CacheDir = None,
-    store: StoreKind = "faiss",
-    uri: Uri = None,
+    cache_dir: opt.CacheDir = None,
+    store: opt.StoreKind = "faiss",
+    uri: opt.Uri = None,
     config_files: Annotated[
         list[Path] | None,
         typer.Option("--config", help="A config written by `hyde-plus tune` (repeatable)."),
     ] = None,
-    verbose: Verbose = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
@@ -104,6 +95,7 @@ def eval_cmd(
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    where = SearchChoice(store, uri, cache_dir, top_k, hyde_prompt)
     with reported():  # BeirFormatError is a ValueError
         specs = _specs(transforms, config_files)
         ds = load_beir(dataset, split, limit=limit)
@@ -113,27 +105,17 @@ def eval_cmd(
         f"transforms: {', '.join(s.label for s in specs)}"
     )
     config = _config(models, model, store, top_k, hyde_prompt=hyde_prompt or "default", split=split)
-    with progress_bar() as progress:
-        try:
-            result = run_eval(
-                ds,
-                specs,
-                llm=models.make_llm if model is not None else None,
-                embed_model=embed_model,
-                embed_label=models.embed_label,
-                cache_root=cache_root(cache_dir),
-                max_length=max_length,
-                top_k=top_k,
-                concurrency=concurrency,
-                hyde_prompt=hyde_prompt,
-                use_cache=cache,
-                store=store,
-                milvus_uri=uri,
-                progress=bars(progress, "/s"),
-                config=config,
-            )
-        except ValueError as exc:
-            raise fail(str(exc)) from exc
+    with progress_bar() as progress, reported():
+        result = run_eval(
+            ds,
+            specs,
+            llm=models.make_llm if model is not None else None,
+            max_length=max_length,
+            use_cache=cache,
+            progress=bars(progress, "/s"),
+            config=config,
+            **where.runner_kwargs(models, embed_model),
+        )
     _show(result, out)
 
 

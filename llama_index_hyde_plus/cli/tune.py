@@ -9,23 +9,14 @@ import typer
 from rich.console import Console
 
 from ..transforms.registry import TRANSFORMS
+from . import _options as opt
 from ._console import check_choice, console, err, fail, progress_bar, reported, setup_logging
-from ._evaluation import ModelChoice, bars, cache_root, command_line, require_eval_extra
-from ._options import (
-    CacheDir,
-    Concurrency,
-    Dataset,
-    Embed,
-    EvalTemperature,
-    HydePrompt,
-    Limit,
-    Llm,
-    MaxLength,
-    MaxTokens,
-    Seed,
-    StoreKind,
-    Uri,
-    Verbose,
+from ._evaluation import (
+    ModelChoice,
+    SearchChoice,
+    bars,
+    command_line,
+    require_eval_extra,
 )
 
 
@@ -44,13 +35,13 @@ def _check(name: str, split: str, tolerance: float, out: Path, report: Path | No
 
 
 def tune(
-    dataset: Dataset,
+    dataset: opt.Dataset,
     transform: Annotated[
         str,
         typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS[1:])}."),
     ] = "hyde",
     split: Annotated[str, typer.Option(help="qrels split to tune on (never test).")] = "train",
-    limit: Limit = 300,
+    limit: opt.Limit = 300,
     out: Annotated[Path, typer.Option(help="Config file to write (JSON), for --config.")] = Path(
         "hyde-plus-tuned.json"
     ),
@@ -68,19 +59,19 @@ def tune(
             "'query_weight=0.7,1.0; keyword_weight=0.5,0.9' (the product)."
         ),
     ] = None,
-    llm: Llm = "auto",
-    embed: Embed = "auto",
-    hyde_prompt: HydePrompt = None,
-    concurrency: Concurrency = 4,
+    llm: opt.Llm = "auto",
+    embed: opt.Embed = "auto",
+    hyde_prompt: opt.HydePrompt = None,
+    concurrency: opt.Concurrency = 4,
     top_k: Annotated[int, typer.Option(help="Results kept per query (rerank depth).")] = 100,
-    temperature: EvalTemperature = 0.7,
-    max_tokens: MaxTokens = 160,
-    seed: Seed = 0,
-    max_length: MaxLength = 256,
-    cache_dir: CacheDir = None,
-    store: StoreKind = "faiss",
-    uri: Uri = None,
-    verbose: Verbose = False,
+    temperature: opt.EvalTemperature = 0.7,
+    max_tokens: opt.MaxTokens = 160,
+    seed: opt.Seed = 0,
+    max_length: opt.MaxLength = 256,
+    cache_dir: opt.CacheDir = None,
+    store: opt.StoreKind = "faiss",
+    uri: opt.Uri = None,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Sweep a transform's search options on a training split and write the winner.
 
@@ -96,35 +87,26 @@ def tune(
     name = transform.strip().lower()
     _check(name, split, tolerance, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    where = SearchChoice(store, uri, cache_dir, top_k, hyde_prompt)
     with reported():  # BeirFormatError is a ValueError
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         ds = load_beir(dataset, split, limit=limit)
         embed_model, model = models.load(needs_llm(name))
     err.print(f"[bold]{ds.name}[/] {split}: {len(ds.queries)} queries; tuning {name}")
-    with progress_bar() as progress:
+    with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
-        try:
-            result = run_tune(
-                ds,
-                name,
-                llm=model,
-                embed_model=embed_model,
-                embed_label=models.embed_label,
-                cache_root=cache_root(cache_dir),
-                split=split,
-                grid=configs,
-                tolerance=tolerance / 100,
-                hyde_prompt=hyde_prompt,
-                top_k=top_k,
-                concurrency=concurrency,
-                store=store,
-                milvus_uri=uri,
-                progress=bars(progress, "q/s", show=verbose),
-                on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
-            )
-            path = write_config(result, out)
-        except ValueError as exc:
-            raise fail(str(exc)) from exc
+        result = run_tune(
+            ds,
+            name,
+            llm=model,
+            split=split,
+            grid=configs,
+            tolerance=tolerance / 100,
+            progress=bars(progress, "q/s", show=verbose),
+            on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
+            **where.runner_kwargs(models, embed_model),
+        )
+        path = write_config(result, out)
     _show(result, path, report)
 
 

@@ -6,13 +6,14 @@ half-loaded: a dataset either loads whole or raises `BeirFormatError`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from llama_index.core import Document
+
+from .._files import json_lines, sha256_file
 
 
 class BeirFormatError(ValueError):
@@ -63,16 +64,8 @@ def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[s
         raise BeirFormatError(f"missing file: {path}")
     rows = []
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = _decode_line(raw, path, lineno)
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise BeirFormatError(f"{path.name}:{lineno}: not valid JSON ({exc})") from exc
-            if not isinstance(row, dict):
-                raise BeirFormatError(f"{path.name}:{lineno}: expected a JSON object")
+        lines = (_decode_line(raw, path, lineno) for lineno, raw in enumerate(f, 1))
+        for lineno, row in json_lines(lines, path.name, BeirFormatError):
             missing = [k for k in required if k not in row]
             if missing:
                 raise BeirFormatError(f"{path.name}:{lineno}: missing field(s) {missing}")
@@ -82,25 +75,9 @@ def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[s
     return rows
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = None) -> BeirDataset:
-    """Load the BEIR dataset in ``folder``; keep the judged queries of ``split``.
-
-    ``limit`` keeps the first N judged queries (in ``queries.jsonl`` order).
-    """
-    root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise BeirFormatError(f"dataset folder not found: {root}")
-    if limit is not None and limit < 1:
-        raise ValueError("limit must be >= 1")
-    corpus_path = root / "corpus.jsonl"
+def read_corpus(corpus_path: Path) -> dict[str, tuple[str, str]]:
+    """``{_id: (title, text)}`` from a BEIR ``corpus.jsonl``; a `BeirFormatError`
+    names the line of a duplicate id or a field of the wrong type."""
     corpus: dict[str, tuple[str, str]] = {}
     first_line: dict[str, int] = {}
     for lineno, row in _read_jsonl(corpus_path, ("_id", "text")):
@@ -115,12 +92,26 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
         if title is not None and not isinstance(title, str):
             raise BeirFormatError(f"{corpus_path.name}:{lineno}: 'title' must be a string")
         corpus[doc_id] = ((title or "").strip(), _text(row, "text", corpus_path, lineno))
-    queries_path = root / "queries.jsonl"
-    all_queries = {
-        _text(r, "_id", queries_path, n): _text(r, "text", queries_path, n)
-        for n, r in _read_jsonl(queries_path, ("_id", "text"))
-    }
-    qrels_path = root / "qrels" / f"{split}.tsv"
+    return corpus
+
+
+def _grade(score: str, where: str) -> int:
+    try:
+        value = float(score)
+    except ValueError as exc:
+        raise BeirFormatError(f"{where}: score {score!r} is not a number") from exc
+    if not math.isfinite(value):
+        raise BeirFormatError(
+            f"{where}: score {score!r} is not finite; use an integer relevance grade (0, 1, 2...)"
+        )
+    return int(value)
+
+
+def read_qrels(
+    qrels_path: Path, queries: Mapping[str, str], corpus: Mapping[str, object]
+) -> dict[str, dict[str, int]]:
+    """``{query id: {corpus id: grade}}`` from a BEIR qrels TSV (an optional header,
+    then query-id, corpus-id, score); every id must be in ``queries`` / ``corpus``."""
     if not qrels_path.is_file():
         raise BeirFormatError(f"missing file: {qrels_path}")
     qrels: dict[str, dict[str, int]] = {}
@@ -128,37 +119,44 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
         for lineno, raw in enumerate(f, 1):
             line = _decode_line(raw, qrels_path, lineno)
             parts = line.rstrip("\n").split("\t")
-            if not line.strip():
+            if not line.strip() or (lineno == 1 and parts[0] in ("query-id", "query_id", "qid")):
                 continue
-            if lineno == 1 and parts[0] in ("query-id", "query_id", "qid"):
-                continue
+            where = f"{qrels_path.name}:{lineno}"
             if len(parts) != 3:
                 raise BeirFormatError(
-                    f"{qrels_path.name}:{lineno}: expected 3 tab-separated columns "
-                    "(query-id, corpus-id, score)"
+                    f"{where}: expected 3 tab-separated columns (query-id, corpus-id, score)"
                 )
             qid, did, score = parts
-            try:
-                value = float(score)
-            except ValueError as exc:
-                raise BeirFormatError(
-                    f"{qrels_path.name}:{lineno}: score {score!r} is not a number"
-                ) from exc
-            if not math.isfinite(value):
-                raise BeirFormatError(
-                    f"{qrels_path.name}:{lineno}: score {score!r} is not finite; "
-                    "use an integer relevance grade (0, 1, 2...)"
-                )
-            rel = int(value)
-            if qid not in all_queries:
-                raise BeirFormatError(f"{qrels_path.name}:{lineno}: unknown query id {qid!r}")
+            if qid not in queries:
+                raise BeirFormatError(f"{where}: unknown query id {qid!r}")
             if did not in corpus:
-                raise BeirFormatError(f"{qrels_path.name}:{lineno}: unknown corpus id {did!r}")
-            qrels.setdefault(qid, {})[did] = rel
+                raise BeirFormatError(f"{where}: unknown corpus id {did!r}")
+            qrels.setdefault(qid, {})[did] = _grade(score, where)
     if not qrels:
         raise BeirFormatError(f"{qrels_path.name} has no judgments")
+    return qrels
+
+
+def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = None) -> BeirDataset:
+    """Load the BEIR dataset in ``folder``; keep the judged queries of ``split``.
+
+    ``limit`` keeps the first N judged queries (in ``queries.jsonl`` order).
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise BeirFormatError(f"dataset folder not found: {root}")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be >= 1")
+    corpus_path = root / "corpus.jsonl"
+    corpus = read_corpus(corpus_path)
+    queries_path = root / "queries.jsonl"
+    all_queries = {
+        _text(r, "_id", queries_path, n): _text(r, "text", queries_path, n)
+        for n, r in _read_jsonl(queries_path, ("_id", "text"))
+    }
+    qrels = read_qrels(root / "qrels" / f"{split}.tsv", all_queries, corpus)
     queries = {qid: text for qid, text in all_queries.items() if qid in qrels}
     if limit is not None:
         queries = dict(list(queries.items())[:limit])
         qrels = {qid: qrels[qid] for qid in queries}
-    return BeirDataset(root.name, corpus, queries, qrels, _sha256(corpus_path))
+    return BeirDataset(root.name, corpus, queries, qrels, sha256_file(corpus_path))

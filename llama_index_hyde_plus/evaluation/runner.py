@@ -450,6 +450,22 @@ def fresh_llm(llm: LLM | Callable[[], LLM] | None) -> LLM | None:
     return llm() if callable(llm) and not isinstance(llm, LLM) else llm
 
 
+def _score(
+    session: EvalSession,
+    spec: TransformSpec,
+    llm: LLM | Callable[[], LLM] | None,
+    hyde_prompt: str | None,
+) -> TransformReport:
+    """One transform's report; a factory gives each transform a fresh LLM, so seeded
+    sampling does not depend on which transforms ran before in this process."""
+    model = fresh_llm(llm) if needs_llm(spec.name) else None
+    warm_up = getattr(model, "warm_up", None)
+    if callable(warm_up):
+        warm_up()  # a local model loads outside the timings
+    transformer = build_transform(spec, model, session.cache, hyde_prompt)
+    return session.score(spec.label, transformer, options=spec.options)
+
+
 def run_eval(
     ds: BeirDataset,
     transforms: Sequence[str | TransformSpec],
@@ -492,17 +508,8 @@ def run_eval(
         milvus_uri=milvus_uri,
         progress=progress,
     )
-    reports: list[TransformReport] = []
     try:
-        for spec in specs:
-            # a factory gives each transform a fresh LLM, so seeded sampling does not
-            # depend on which transforms ran before in this process
-            model = fresh_llm(llm) if needs_llm(spec.name) else None
-            warm_up = getattr(model, "warm_up", None)
-            if callable(warm_up):
-                warm_up()  # a local model loads outside the timings
-            transformer = build_transform(spec, model, session.cache, hyde_prompt)
-            reports.append(session.score(spec.label, transformer, options=spec.options))
+        reports = [_score(session, spec, llm, hyde_prompt) for spec in specs]
     finally:
         session.close()
     compare(reports)

@@ -177,23 +177,8 @@ def run_tune(
         milvus_uri=milvus_uri,
         progress=progress,
     )
-    model = fresh_llm(llm) if needs_llm(name) else None
-    warm_up = getattr(model, "warm_up", None)
-    if callable(warm_up):
-        warm_up()
     try:
-        baseline = session.score(
-            "none", build_transform(TransformSpec("none", "none"), None, None, None)
-        )
-        reports: list[TransformReport] = []
-        for options in configs:
-            spec = TransformSpec(label_for(name, options), name, dict(options))
-            transformer = build_transform(spec, model, session.cache, hyde_prompt)
-            report = session.score(spec.label, transformer, options=dict(options))
-            reports.append(report)
-            compare([baseline, report])
-            if on_report is not None:
-                on_report(report)
+        baseline, reports = _sweep(session, name, configs, llm, hyde_prompt, on_report)
     finally:
         session.close()
     best = max(reports, key=lambda r: r.scores["nDCG@10"])
@@ -209,6 +194,34 @@ def run_tune(
         tolerance=tolerance,
         extra={"store": store, "hyde_prompt": hyde_prompt, "top_k": top_k},
     )
+
+
+def _sweep(
+    session: EvalSession,
+    name: str,
+    configs: Sequence[dict[str, Any]],
+    llm: LLM | Callable[[], LLM] | None,
+    hyde_prompt: str | None,
+    on_report: Callable[[TransformReport], None] | None,
+) -> tuple[TransformReport, list[TransformReport]]:
+    """``none``'s report, then each configuration's, compared with it."""
+    model = fresh_llm(llm) if needs_llm(name) else None
+    warm_up = getattr(model, "warm_up", None)
+    if callable(warm_up):
+        warm_up()
+    baseline = session.score(
+        "none", build_transform(TransformSpec("none", "none"), None, None, None)
+    )
+    reports: list[TransformReport] = []
+    for options in configs:
+        spec = TransformSpec(label_for(name, options), name, dict(options))
+        transformer = build_transform(spec, model, session.cache, hyde_prompt)
+        report = session.score(spec.label, transformer, options=dict(options))
+        reports.append(report)
+        compare([baseline, report])
+        if on_report is not None:
+            on_report(report)
+    return baseline, reports
 
 
 def config_payload(result: TuneResult) -> dict[str, Any]:

