@@ -52,39 +52,45 @@ def _config(
     }
 
 
+Transforms = Annotated[
+    str,
+    typer.Option(
+        help="Comma-separated: none, hyde, hyde-n4, hyde+q, multi-query, step-back, "
+        "decompose, rewrite, rocchio, or NAME:key=value."
+    ),
+]
+Split = Annotated[str, typer.Option(help="qrels split.")]
+ResultsOut = Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")]
+Keep = Annotated[int, typer.Option(help="Results kept per query.")]
+UseCache = Annotated[
+    bool, typer.Option("--cache/--no-cache", help="Reuse cached transform outputs.")
+]
+Configs = Annotated[
+    list[Path] | None,
+    typer.Option("--config", help="A config written by `hyde-plus tune` (repeatable)."),
+]
+
+
 def eval_cmd(
     dataset: opt.Dataset,
-    transforms: Annotated[
-        str,
-        typer.Option(
-            help="Comma-separated: none, hyde, hyde-n4, hyde+q, multi-query, step-back, "
-            "decompose, rewrite, rocchio, or NAME:key=value."
-        ),
-    ] = "none,hyde",
-    split: Annotated[str, typer.Option(help="qrels split.")] = "test",
+    transforms: Transforms = "none,hyde",
+    split: Split = "test",
     limit: opt.Limit = None,
-    out: Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")] = Path(
-        "eval-results"
-    ),
+    out: ResultsOut = Path("eval-results"),
     llm: opt.Llm = "auto",
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
-    top_k: Annotated[int, typer.Option(help="Results kept per query.")] = 100,
+    top_k: Keep = 100,
     temperature: opt.EvalTemperature = 0.7,
     max_tokens: opt.MaxTokens = 160,
     seed: opt.Seed = 0,
     max_length: opt.MaxLength = 256,
-    cache: Annotated[
-        bool, typer.Option("--cache/--no-cache", help="Reuse cached transform outputs.")
-    ] = True,
+    cache: UseCache = True,
     cache_dir: opt.CacheDir = None,
     store: opt.StoreKind = "faiss",
     uri: opt.Uri = None,
-    config_files: Annotated[
-        list[Path] | None,
-        typer.Option("--config", help="A config written by `hyde-plus tune` (repeatable)."),
-    ] = None,
+    config_files: Configs = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, wins/ties/losses and a

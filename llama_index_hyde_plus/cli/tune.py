@@ -34,36 +34,41 @@ def _check(name: str, split: str, tolerance: float, out: Path, report: Path | No
             check_writable(report, "--report")
 
 
+TuneTransform = Annotated[
+    str, typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS[1:])}.")
+]
+TuneSplit = Annotated[str, typer.Option(help="qrels split to tune on (never test).")]
+ConfigOut = Annotated[Path, typer.Option(help="Config file to write (JSON), for --config.")]
+SweepReport = Annotated[
+    Path | None, typer.Option(help="Also write the whole sweep as a Markdown table.")
+]
+Tolerance = Annotated[
+    float, typer.Option(help="nDCG@10 points within which the simpler configuration wins.")
+]
+Grid = Annotated[
+    str | None,
+    typer.Option(
+        help="Your own sweep instead of the transform's: "
+        "'query_weight=0.7,1.0; keyword_weight=0.5,0.9' (the product)."
+    ),
+]
+Depth = Annotated[int, typer.Option(help="Results kept per query (rerank depth).")]
+
+
 def tune(
     dataset: opt.Dataset,
-    transform: Annotated[
-        str,
-        typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS[1:])}."),
-    ] = "hyde",
-    split: Annotated[str, typer.Option(help="qrels split to tune on (never test).")] = "train",
+    transform: TuneTransform = "hyde",
+    split: TuneSplit = "train",
     limit: opt.Limit = 300,
-    out: Annotated[Path, typer.Option(help="Config file to write (JSON), for --config.")] = Path(
-        "hyde-plus-tuned.json"
-    ),
-    report: Annotated[
-        Path | None, typer.Option(help="Also write the whole sweep as a Markdown table.")
-    ] = None,
-    tolerance: Annotated[
-        float,
-        typer.Option(help="nDCG@10 points within which the simpler configuration wins."),
-    ] = 0.2,
-    grid: Annotated[
-        str | None,
-        typer.Option(
-            help="Your own sweep instead of the transform's: "
-            "'query_weight=0.7,1.0; keyword_weight=0.5,0.9' (the product)."
-        ),
-    ] = None,
+    out: ConfigOut = Path("hyde-plus-tuned.json"),
+    report: SweepReport = None,
+    tolerance: Tolerance = 0.2,
+    grid: Grid = None,
     llm: opt.Llm = "auto",
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
-    top_k: Annotated[int, typer.Option(help="Results kept per query (rerank depth).")] = 100,
+    top_k: Depth = 100,
     temperature: opt.EvalTemperature = 0.7,
     max_tokens: opt.MaxTokens = 160,
     seed: opt.Seed = 0,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -30,6 +30,9 @@ from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
 from .metrics import MEASURES, evaluate, paired_t_test, percentile
+
+if TYPE_CHECKING:
+    from typing_extensions import Required, Unpack
 
 #: ``start(description, total)`` returns ``advance(n)``; the CLI draws progress bars.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -347,6 +350,23 @@ async def _run_one(
     return run, records
 
 
+class SessionOptions(TypedDict, total=False):
+    """The options of an `EvalSession`, which `run_eval` and `run_tune` pass on:
+    ``embed_model``, ``embed_label`` (recorded with the index) and ``cache_root`` are
+    required; the others default as in `EvalSession`."""
+
+    embed_model: Required[BaseEmbedding]
+    embed_label: Required[str]
+    cache_root: Required[Path]
+    max_length: int
+    top_k: int
+    concurrency: int
+    use_cache: bool
+    store: str
+    milvus_uri: str | None
+    progress: ProgressFactory | None
+
+
 class EvalSession:
     """One dataset, its index (built once, cached on disk), one embedder shared by
     every run (so a sweep embeds each question and passage once) and the SQLite cache
@@ -471,23 +491,16 @@ def run_eval(
     transforms: Sequence[str | TransformSpec],
     *,
     llm: LLM | Callable[[], LLM] | None,
-    embed_model: BaseEmbedding,
-    embed_label: str,
-    cache_root: Path,
-    max_length: int = 256,
-    top_k: int = 100,
-    concurrency: int = 4,
     hyde_prompt: str | None = None,
-    use_cache: bool = True,
-    store: str = "faiss",
-    milvus_uri: str | None = None,
-    progress: ProgressFactory | None = None,
     config: dict[str, Any] | None = None,
+    **options: Unpack[SessionOptions],
 ) -> EvalResult:
     """Evaluate each transform in ``transforms`` on ``ds`` (see module docstring).
 
     ``llm`` is an LLM, or a zero-argument factory called once per transform (the CLI
     passes one so that each transform samples from a fresh, seeded local model).
+    ``hyde_prompt`` is a HyDE paper prompt by task or a template; ``config`` is recorded
+    in the report; ``options`` are the `EvalSession` options (`SessionOptions`).
     """
     specs = [t if isinstance(t, TransformSpec) else parse_transform_spec(t) for t in transforms]
     if not specs:
@@ -495,19 +508,7 @@ def run_eval(
     if llm is None and any(needs_llm(s.name) for s in specs):
         raise ValueError("an llm is needed for transforms other than none and rocchio")
     wall = time.perf_counter()
-    session = EvalSession(
-        ds,
-        embed_model=embed_model,
-        embed_label=embed_label,
-        cache_root=cache_root,
-        max_length=max_length,
-        top_k=top_k,
-        concurrency=concurrency,
-        use_cache=use_cache,
-        store=store,
-        milvus_uri=milvus_uri,
-        progress=progress,
-    )
+    session = EvalSession(ds, **options)
     try:
         reports = [_score(session, spec, llm, hyde_prompt) for spec in specs]
     finally:

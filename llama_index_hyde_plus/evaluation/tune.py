@@ -14,16 +14,15 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
 from .runner import (
     EvalSession,
-    ProgressFactory,
+    SessionOptions,
     TransformReport,
     TransformSpec,
     build_transform,
@@ -31,6 +30,9 @@ from .runner import (
     fresh_llm,
     needs_llm,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 CONFIG_FORMAT = 1
 MAX_GRID = 500
@@ -141,23 +143,17 @@ def run_tune(
     transform: str,
     *,
     llm: LLM | Callable[[], LLM] | None,
-    embed_model: BaseEmbedding,
-    embed_label: str,
-    cache_root: Path,
     split: str = "train",
     grid: Sequence[dict[str, Any]] | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     hyde_prompt: str | None = None,
-    top_k: int = 100,
-    concurrency: int = 4,
-    store: str = "faiss",
-    milvus_uri: str | None = None,
-    progress: ProgressFactory | None = None,
     on_report: Callable[[TransformReport], None] | None = None,
+    **options: Unpack[SessionOptions],
 ) -> TuneResult:
     """Score ``none`` and every configuration of ``transform`` in ``grid`` (default:
     the class's own `tune_grid`) on ``ds``; generations are cached, so the sweep
-    calls the LLM once per query and generation setting."""
+    calls the LLM once per query and generation setting. ``options`` are the
+    `EvalSession` options (`SessionOptions`: models, cache, store, depth...)."""
     name = transform.strip().lower()
     if name not in TRANSFORMS or name == "none":
         raise ValueError(f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}")
@@ -166,17 +162,7 @@ def run_tune(
     configs = check_grid(name, grid if grid is not None else transform_class(name).tune_grid())
     if needs_llm(name) and llm is None:
         raise ValueError(f"{name} needs an llm")
-    session = EvalSession(
-        ds,
-        embed_model=embed_model,
-        embed_label=embed_label,
-        cache_root=cache_root,
-        top_k=top_k,
-        concurrency=concurrency,
-        store=store,
-        milvus_uri=milvus_uri,
-        progress=progress,
-    )
+    session = EvalSession(ds, **options)
     try:
         baseline, reports = _sweep(session, name, configs, llm, hyde_prompt, on_report)
     finally:
@@ -192,7 +178,11 @@ def run_tune(
         best=best,
         winner=pick_winner(reports, tolerance),
         tolerance=tolerance,
-        extra={"store": store, "hyde_prompt": hyde_prompt, "top_k": top_k},
+        extra={
+            "store": options.get("store", "faiss"),
+            "hyde_prompt": hyde_prompt,
+            "top_k": options.get("top_k", 100),
+        },
     )
 
 
