@@ -77,6 +77,23 @@ def test_tune_rocchio_sweeps_writes_a_config_and_eval_and_query_accept_it(
     assert {"wins", "ties", "losses", "verdict"} <= set(tuned)
     assert tuned["wins"] + tuned["ties"] + tuned["losses"] == 3
 
+    twice = runner.invoke(
+        app,
+        ["eval", "--dataset", str(TINY), "--transforms", "none", "--embed", "local"]
+        + ["--config", str(out), "--config", str(out), "--out", str(tmp_path / "e2")],
+    )
+    assert twice.exit_code == 2 and "listed twice" in twice.output
+    index = tmp_path / "cache" / "indexes"
+    [folder] = [p for p in index.iterdir() if p.is_dir()]
+    clash = runner.invoke(
+        app, ["query", "q", "--index", str(folder), "-t", "hyde", "--config", str(out)]
+    )
+    assert clash.exit_code == 2 and "is a rocchio config; drop -t hyde" in clash.output
+    agree = runner.invoke(
+        app, ["query", "renewals", "--index", str(folder), "-t", "rocchio", "--config", str(out)]
+    )
+    assert agree.exit_code == 0, agree.output
+
 
 def test_config_errors_are_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"

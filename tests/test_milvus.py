@@ -328,3 +328,35 @@ def test_another_embedding_dimension_is_a_clear_error(tmp_path: Path) -> None:
     wrong = QueryBundle("paid time off", embedding=[0.1] * 128)  # as a transform sends it
     with pytest.raises(EmbeddingMismatchError, match="256-d vectors"):
         hybrid_retriever(index, 1).retrieve(wrong)
+
+
+@pytest.mark.local
+def test_serve_uri_serves_a_milvus_store_with_its_hybrid_mode(tmp_path: Path) -> None:
+    import rcp
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "corpus.jsonl").write_text(
+        "\n".join(json.dumps({"_id": i, "text": t}) for i, t in MILVUS_DOCS.items())
+    )
+    uri = str(tmp_path / "served.db")
+    cli = [sys.executable, "-m", "llama_index_hyde_plus.cli"]
+    built = subprocess.run(
+        [*cli, "index", str(docs), "--store", "milvus", "--uri", uri, "--embed", "local"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    client = rcp.connect_stdio([*cli, "serve", "--stdio", "--uri", uri, "--llm", "scripted"])
+    try:
+        assert client.capabilities["retrieve"]["modes"] == ["hybrid"]
+        hits = client.retrieve("How long is the ZX9000 covered?", k=2)
+        assert [h["id"] for h in hits][0] == "zx-router" and len(hits) == 2
+        raw = client.call(
+            "retrieve", {"query": "How long is the ZX9000 covered?", "k": 2, "rewrite": "rewrite"}
+        )
+        assert raw["rewrite"]["queries"] and not raw["rewrite"]["fallback"]
+        assert {h["id"] for h in raw["hits"]} <= set(MILVUS_DOCS)
+    finally:
+        client.shutdown()

@@ -189,7 +189,9 @@ def test_answer_call_has_a_timeout_and_retries_transient_errors(
     )
     assert rag.query(Q).answer == "Renewals slipped."
     hung = HyDERAG(
-        faiss_index, hyde_llm=ScriptedLLM([PASSAGE]), answer_llm=ScriptedLLM([HANG]),
+        faiss_index,
+        hyde_llm=ScriptedLLM([PASSAGE]),
+        answer_llm=ScriptedLLM([HANG]),
         answer_timeout=0.2,
     )
     with pytest.raises(LLMTimeoutError):

@@ -96,12 +96,13 @@ class Store(ABC):
 
     def embedding_model(self, embed: str | None = None) -> BaseEmbedding:
         """``embed`` (a model spec), else the one recorded at indexing, at the recorded
-        ``max_length``."""
+        ``max_length`` (an evaluation records ``spec@max_length``)."""
         from ..models import resolve_embedding
 
         meta = self.meta() or {}
-        spec = embed or meta.get("embed") or "auto"
-        return resolve_embedding(str(spec), max_length=int(meta.get("max_length", 256)))
+        recorded, _, length = str(meta.get("embed") or "auto").partition("@")
+        max_length = int(meta.get("max_length") or (length if length.isdigit() else 256))
+        return resolve_embedding(embed or recorded, max_length=max_length)
 
     def open(self, top_k: int, *, embed: str | None = None) -> BaseRetriever:
         """A retriever of ``top_k`` over this index, embedding queries as it was built."""

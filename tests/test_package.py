@@ -1,0 +1,65 @@
+"""The package's layering: no import cycle at module load, and production code never
+imports the test doubles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "llama_index_hyde_plus"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules of the package that ``path`` imports when it is loaded (imports inside
+    functions and under TYPE_CHECKING run later or never, so they cannot cycle)."""
+    tree = ast.parse(path.read_text())
+    here = _module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith(PACKAGE.name))
+    return found
+
+
+def test_no_production_module_imports_the_test_doubles() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "testing.py":
+            continue
+        text = path.read_text()
+        assert "testing import" not in text and "import testing" not in text, path
+
+
+def test_no_import_cycle_when_modules_load() -> None:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {
+        name: {m for m in _top_level_imports(path) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    # a package's __init__ importing its own children is not a cycle of concern
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                raise AssertionError(" -> ".join([*trail, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*trail, node])
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [])

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from llama_index.core import Document
+
+from llama_index_hyde_plus.stores import FaissStore, MilvusStore, open_store, store_for
+from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+from .conftest import DOCS
+
+EMBED = DeterministicEmbedding(dim=64)
+DOCUMENTS = [Document(text=text, id_=doc_id) for doc_id, text in DOCS.items()]
+
+
+def test_a_faiss_store_builds_records_and_searches(tmp_path: Path) -> None:
+    store = FaissStore(tmp_path / "index")
+    assert store.meta() is None and store.modes == ("dense",)
+    seen: list[int] = []
+    info = store.build(
+        DOCUMENTS, EMBED, embed_spec="deterministic", max_length=128, progress=seen.append
+    )
+    assert (info.documents, info.dim, info.location) == (len(DOCS), 64, str(store.path))
+    assert sum(seen) == len(DOCS)
+    meta = store.meta()
+    assert meta is not None and meta["embed"] == "deterministic" and meta["max_length"] == 128
+    retriever = store.retriever(store.load(EMBED), 2)
+    hits = retriever.retrieve("Why did revenue drop?")
+    assert len(hits) == 2 and hits[0].node.node_id in DOCS
+
+
+def test_a_faiss_store_refuses_to_build_over_the_documents(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("a document")
+    with pytest.raises(ValueError):
+        FaissStore(docs).check_target(docs)
+
+
+def test_opening_a_missing_faiss_index_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="hyde_plus.json|no index"):
+        FaissStore(tmp_path / "nothing").open(3)
+
+
+def test_open_store_takes_exactly_one_of_index_and_uri(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        open_store()
+    with pytest.raises(ValueError, match="exactly one"):
+        open_store(index=tmp_path, uri=str(tmp_path / "m.db"))
+    assert isinstance(open_store(index=tmp_path), FaissStore)
+    milvus = open_store(uri=str(tmp_path / "m.db"), collection="docs")
+    assert isinstance(milvus, MilvusStore) and milvus.collection == "docs"
+
+
+def test_store_for_names_a_corpus_in_each_kind(tmp_path: Path) -> None:
+    faiss = store_for("faiss", "scifact-1", root=tmp_path)
+    assert isinstance(faiss, FaissStore) and faiss.path == tmp_path / "indexes" / "scifact-1"
+    milvus = store_for("milvus", "scifact_1", root=tmp_path, uri=str(tmp_path / "m.db"))
+    assert isinstance(milvus, MilvusStore) and milvus.modes == ("hybrid",)
+    with pytest.raises(ValueError, match="needs --uri"):
+        store_for("milvus", "x", root=tmp_path)
+    with pytest.raises(ValueError, match="--store must be one of faiss, milvus"):
+        store_for("qdrant", "x", root=tmp_path)
+
+
+def test_a_milvus_store_builds_a_hybrid_collection_and_reports_it(tmp_path: Path) -> None:
+    store = MilvusStore(str(tmp_path / "m.db"), collection="docs")
+    info = store.build(DOCUMENTS, EMBED, embed_spec="deterministic", max_length=128)
+    assert info.documents == len(DOCS) and info.dim == 64
+    assert "collection 'docs'" in info.location
+    meta = store.meta()
+    assert meta is not None and meta["embed"] == "deterministic"
+    hits = store.retriever(store.load(EMBED), 2).retrieve("paid time off")
+    assert len(hits) == 2 and hits[0].node.node_id == "pto"
+
+
+def test_a_store_reads_an_evaluation_label_as_spec_and_length(tmp_path: Path) -> None:
+    store = FaissStore(tmp_path / "index")
+    store.build(DOCUMENTS, EMBED, embed_spec="deterministic@64", max_length=0)
+    with pytest.raises(ValueError, match="unknown model choice 'deterministic'"):
+        store.embedding_model()  # the "@64" suffix is not part of the model name
