@@ -23,7 +23,7 @@ from typing import Any
 
 from llama_index.core import Document, StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.schema import BaseNode, TextNode
+from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 
 from ._files import json_lines
 
@@ -192,11 +192,16 @@ def embed_nodes(
     batch_size: int = 64,
     progress: ProgressFn | None = None,
 ) -> None:
-    """Set ``node.embedding`` on every node, in batches, reporting progress."""
-    for batch in _batches(nodes, batch_size):
-        texts = [n.get_content(metadata_mode="embed") for n in batch]
-        for node, vector in zip(batch, embed_model.get_text_embedding_batch(texts)):
-            node.embedding = vector
+    """Set ``node.embedding`` on every node, in batches, reporting progress.
+
+    The nodes are embedded shortest text first, so texts of similar length share a
+    batch and little of each batch is padding; ``nodes`` itself keeps its order."""
+    texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
+    order = sorted(range(len(nodes)), key=lambda i: len(texts[i]))
+    for batch in _batches(order, batch_size):
+        vectors = embed_model.get_text_embedding_batch([texts[i] for i in batch])
+        for i, vector in zip(batch, vectors, strict=True):
+            nodes[i].embedding = vector
         if progress is not None:
             progress(len(batch))
 

@@ -71,7 +71,7 @@ def local_embedding(
 
     ``max_length`` caps tokens per text (256 is the model's limit; 128 is ~2x faster
     and enough for short passages). Other keyword arguments go to `LocalEmbedding`
-    (``threads``, ``batch_size``).
+    (``threads``, ``batch_size``, ``max_batch_chars``, ``sort_by_length``).
     """
     own = os.environ.get("HYDE_PLUS_EMBED_DIR")
     if own:
