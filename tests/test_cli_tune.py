@@ -79,8 +79,10 @@ def test_tune_rocchio_sweeps_writes_a_config_and_eval_and_query_accept_it(
 
     twice = runner.invoke(
         app,
-        ["eval", "--dataset", str(TINY), "--transforms", "none", "--embed", "local"]
-        + ["--config", str(out), "--config", str(out), "--out", str(tmp_path / "e2")],
+        [
+            *("eval", "--dataset", str(TINY), "--transforms", "none", "--embed", "local"),
+            *("--config", str(out), "--config", str(out), "--out", str(tmp_path / "e2")),
+        ],
     )
     assert twice.exit_code == 2 and "listed twice" in twice.output
     index = tmp_path / "cache" / "indexes"

@@ -352,7 +352,7 @@ def test_serve_uri_serves_a_milvus_store_with_its_hybrid_mode(tmp_path: Path) ->
     try:
         assert client.capabilities["retrieve"]["modes"] == ["hybrid"]
         hits = client.retrieve("How long is the ZX9000 covered?", k=2)
-        assert [h["id"] for h in hits][0] == "zx-router" and len(hits) == 2
+        assert hits[0]["id"] == "zx-router" and len(hits) == 2
         raw = client.call(
             "retrieve", {"query": "How long is the ZX9000 covered?", "k": 2, "rewrite": "rewrite"}
         )

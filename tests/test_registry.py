@@ -48,7 +48,7 @@ def test_classes_describe_their_count_and_options() -> None:
 
 
 def test_check_options_names_an_unknown_option_and_refuses_runtime_objects() -> None:
-    with pytest.raises(ValueError, match="hyde: .*has no option 'weight'"):
+    with pytest.raises(ValueError, match=r"hyde: .*has no option 'weight'"):
         check_options("hyde", {"weight": 0.5})
     with pytest.raises(ValueError, match="'cache' of hyde cannot come from a config"):
         check_options("hyde", {"cache": None})
