@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from llama_index.core import Document
+from llama_index.core.base.llms.types import ChatMessage
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
 from llama_index_hyde_plus.cli import DEMO_PROMPT, demo_corpus_path
@@ -159,3 +161,55 @@ def test_local_llm_loads_before_the_timeout_clock() -> None:
     assert not llm.loaded
     result = HyDE(llm, timeout=5.0).transform(Q)
     assert llm.loaded and not result.fallback, result.error
+
+
+def test_local_llm_streams_tokens_as_they_come(real_llm: LocalLLM) -> None:
+    chunks = list(real_llm.stream_complete("Name three rivers.", max_tokens=32))
+    assert len([c for c in chunks if c.delta]) > 1
+    assert "".join(c.delta or "" for c in chunks) == chunks[-1].text
+    assert chunks[-1].text == chunks[-2].text and chunks[-1].raw["usage"]["completion_tokens"] > 1
+    chat = list(real_llm.stream_chat([ChatMessage(role="user", content="Name a colour.")]))
+    assert len(chat) > 2
+    assert "".join(c.delta or "" for c in chat) == chat[-1].message.content
+
+
+async def test_local_llm_streams_asynchronously(real_llm: LocalLLM) -> None:
+    chunks = [c async for c in await real_llm.astream_complete("Name three rivers.", max_tokens=32)]
+    assert len([c for c in chunks if c.delta]) > 1
+    assert "".join(c.delta or "" for c in chunks) == chunks[-1].text
+    messages = [ChatMessage(role="user", content="Name a colour.")]
+    chat = [c async for c in await real_llm.astream_chat(messages, max_tokens=16)]
+    assert "".join(c.delta or "" for c in chat) == chat[-1].message.content
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_stopped_or_cancelled_stream_stops_generating(use_async: bool) -> None:
+    """Leaving a stream early frees the only slot at once, and a stream whose call timed
+    out (`CANCEL_EVENT` set) raises `LocalLLMCancelledError`."""
+    from llama_index_hyde_plus._llm import CANCEL_EVENT
+    from llama_index_hyde_plus.local import LocalLLMCancelledError
+
+    llm = _long_prompt_llm()
+    prompt = "Write a very long, detailed essay about the history of rivers and canals."
+    if use_async:
+        stream = await llm.astream_complete(prompt)
+        async for _ in stream:
+            break
+        await stream.aclose()  # type: ignore[attr-defined]
+    else:
+        for _ in llm.stream_complete(prompt):
+            break
+    start = time.monotonic()
+    reply = await asyncio.to_thread(llm.complete, "Say hi.", max_tokens=2)
+    assert reply.text is not None and time.monotonic() - start < 6
+
+    cancel = threading.Event()
+    token = CANCEL_EVENT.set(cancel)
+    try:
+        stream_ = llm.stream_complete(prompt)
+    finally:
+        CANCEL_EVENT.reset(token)
+    with pytest.raises(LocalLLMCancelledError):
+        for i, _ in enumerate(stream_):
+            if i == 3:
+                cancel.set()

@@ -5,25 +5,31 @@ The runtime is ``xllamacpp`` (prebuilt CPU wheels, no compiler). Its server obje
 while it computes, so the async methods run calls in worker threads without blocking
 the event loop. Replies carry llama.cpp's own ``usage`` block (provider counts), and the
 model's own chat template formats the prompt. Calls are streamed internally so that a
-cancelled or timed-out call stops generating within a token instead of running on.
+cancelled or timed-out call stops generating within a token instead of running on, and
+the ``stream_*`` methods hand each token on as llama.cpp produces it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
+    ChatResponseAsyncGen,
     ChatResponseGen,
     CompletionResponse,
+    CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
@@ -33,6 +39,7 @@ from llama_index.core.llms.custom import CustomLLM
 from pydantic import Field, PrivateAttr
 
 from .._llm import CANCEL_EVENT
+from .._streaming import Done, Producer, astream_in_thread, stream_in_thread
 
 _MAX_SEEDS = 100_000
 
@@ -45,10 +52,77 @@ class LocalLLMCancelledError(LocalLLMError):
     """The call was cancelled (its transform timed out) and generation was stopped."""
 
 
+_Cancel = threading.Event | Sequence[threading.Event] | None
+"""What stops a call: an event, several (any one set stops it), or none."""
+
+
+def _events(cancel: _Cancel) -> tuple[threading.Event, ...]:
+    if cancel is None:
+        return ()
+    if isinstance(cancel, threading.Event):
+        return (cancel,)
+    return tuple(cancel)
+
+
+class _Collector:
+    """Gathers a streamed llama.cpp reply chunk by chunk; `on_chunk` returns True (which
+    stops llama.cpp) once one of the ``cancel`` events is set."""
+
+    def __init__(
+        self, cancel: tuple[threading.Event, ...], on_delta: Callable[[str], None] | None
+    ) -> None:
+        self.cancel = cancel
+        self.on_delta = on_delta
+        self.parts: list[str] = []
+        self.head: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.error: Any = None
+
+    def cancelled(self) -> bool:
+        return any(event.is_set() for event in self.cancel)
+
+    def on_chunk(self, chunk: Any) -> bool:
+        if not isinstance(chunk, dict) or "error" in chunk:
+            self.error = chunk.get("error") if isinstance(chunk, dict) else chunk
+            return True
+        if not self.head:
+            self.head = {k: chunk[k] for k in ("id", "model", "created") if k in chunk}
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                self.parts.append(str(content))
+                if self.on_delta is not None:
+                    self.on_delta(str(content))
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        return self.cancelled()  # True stops llama.cpp
+
+    def response(self) -> dict[str, Any]:
+        """The whole reply as a chat completion; raises on an error or a cancellation."""
+        if self.error is not None:
+            error = self.error
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            raise LocalLLMError(f"llama.cpp error: {message}")
+        if self.cancelled() and self.finish_reason is None:
+            raise LocalLLMCancelledError("the call was cancelled; llama.cpp stopped generating")
+        message = {"role": "assistant", "content": "".join(self.parts)}
+        choice = {"index": 0, "finish_reason": self.finish_reason, "message": message}
+        response: dict[str, Any] = {**self.head, "object": "chat.completion", "choices": [choice]}
+        if self.usage is not None:
+            response["usage"] = self.usage
+        return response
+
+
 class LocalLLM(CustomLLM):
     """A GGUF chat model on the CPU, through llama.cpp (``xllamacpp``).
 
-    ``n_ctx`` is the context per parallel slot; ``n_parallel`` calls run at once;
+    ``n_ctx`` is the context per parallel slot; ``n_parallel`` calls run at once, their
+    tokens decoded together in one llama.cpp batch per step (continuous batching; 4 slots
+    cover HyDE's and multi-query's usual fan-out, and each slot's KV cache costs
+    ``n_ctx`` x 23 KB for SmolLM2-135M, about 47 MB at 2048);
     ``max_tokens`` caps each reply; ``temperature`` is the default sampling temperature
     (a ``temperature=`` keyword on a call overrides it); ``seed`` makes a run
     repeatable (the seed of a call depends on the prompt and on how many times it was asked, not on
@@ -59,7 +133,7 @@ class LocalLLM(CustomLLM):
     model_path: str = Field(description="Path of the GGUF file.")
     model_name: str = Field(default="local-gguf")
     n_ctx: int = Field(default=2048, gt=0)
-    n_parallel: int = Field(default=2, gt=0)
+    n_parallel: int = Field(default=4, gt=0)
     max_tokens: int = Field(default=256, gt=0)
     temperature: float = Field(default=0.7, ge=0, le=2)
     seed: int | None = Field(default=None)
@@ -69,6 +143,7 @@ class LocalLLM(CustomLLM):
     _server: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _seen: Any = PrivateAttr(default_factory=OrderedDict)
+    _pool: Any = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -119,20 +194,21 @@ class LocalLLM(CustomLLM):
         at start-up to keep the first search fast."""
         self._get_server()
 
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.n_parallel, "hyde-plus-llm")
+        pool: ThreadPoolExecutor = self._pool
+        return pool
+
     def close(self) -> None:
         """Free the model (it loads again on the next call)."""
         with self._lock:
             self._server = None
 
-    def _request(
-        self,
-        messages: Sequence[ChatMessage],
-        kwargs: dict[str, Any],
-        cancel: threading.Event | None = None,
-    ) -> dict[str, Any]:
-        """One chat completion, streamed token by token so that it stops within a token
-        once ``cancel`` (else the caller's `CANCEL_EVENT`, set when a transform's
-        timeout expires) is set; raises `LocalLLMCancelledError` then."""
+    def _payload(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI-style streamed chat request for llama.cpp."""
         request: dict[str, Any] = {
             "messages": [{"role": m.role.value, "content": m.content or ""} for m in messages],
             "max_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
@@ -142,60 +218,41 @@ class LocalLLM(CustomLLM):
         }
         if self.seed is not None:
             request["seed"] = self._seed_for(request["messages"])
+        return request
+
+    def _request(
+        self,
+        messages: Sequence[ChatMessage],
+        kwargs: dict[str, Any],
+        cancel: _Cancel = None,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """One chat completion, streamed token by token (each piece of text goes to
+        ``on_delta`` as llama.cpp produces it) so that it stops within a token once
+        ``cancel`` (else the caller's `CANCEL_EVENT`, set when a transform's timeout
+        expires) is set; raises `LocalLLMCancelledError` then."""
+        request = self._payload(messages, kwargs)
         if cancel is None:
             cancel = CANCEL_EVENT.get()
-        server = self._get_server()
-        parts: list[str] = []
-        final: dict[str, Any] = {"finish_reason": None, "usage": None, "error": None}
-        head: dict[str, Any] = {}
-
-        def on_chunk(chunk: Any) -> bool:
-            if not isinstance(chunk, dict) or "error" in chunk:
-                final["error"] = chunk.get("error") if isinstance(chunk, dict) else chunk
-                return True
-            if not head:
-                head.update({k: chunk[k] for k in ("id", "model", "created") if k in chunk})
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    parts.append(str(delta["content"]))
-                if choice.get("finish_reason"):
-                    final["finish_reason"] = choice["finish_reason"]
-            if chunk.get("usage"):
-                final["usage"] = chunk["usage"]
-            return cancel is not None and cancel.is_set()  # True stops llama.cpp
-
-        result = server.handle_chat_completions(request, on_chunk)
+        events = _events(cancel)
+        collector = _Collector(events, on_delta)
+        result = self._get_server().handle_chat_completions(request, collector.on_chunk)
         if isinstance(result, dict) and "error" in result:
-            final["error"] = result["error"]
-        if final["error"] is not None:
-            error = final["error"]
-            message = error.get("message") if isinstance(error, dict) else str(error)
-            raise LocalLLMError(f"llama.cpp error: {message}")
-        if cancel is not None and cancel.is_set() and final["finish_reason"] is None:
-            raise LocalLLMCancelledError("the call was cancelled; llama.cpp stopped generating")
-        response: dict[str, Any] = {
-            **head,
-            "object": "chat.completion",
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": final["finish_reason"],
-                    "message": {"role": "assistant", "content": "".join(parts)},
-                }
-            ],
-        }
-        if final["usage"] is not None:
-            response["usage"] = final["usage"]
-        return response
+            collector.error = result["error"]
+        return collector.response()
 
     async def _arequest(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> dict[str, Any]:
-        """`_request` in a worker thread; cancelling the await stops the generation."""
+        """`_request` in a worker thread; cancelling the await stops the generation (or
+        drops the call before it starts). The threads are this LLM's own, one per slot,
+        so every slot can be busy however small the loop's default executor is."""
         cancel = threading.Event()
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        call = functools.partial(ctx.run, self._request, messages, kwargs, cancel)
         try:
-            return await asyncio.to_thread(self._request, messages, kwargs, cancel)
+            return await loop.run_in_executor(self._executor(), call)
         except asyncio.CancelledError:
             cancel.set()
             raise
@@ -249,24 +306,96 @@ class LocalLLM(CustomLLM):
         response = await self._arequest(messages, kwargs)
         return CompletionResponse(text=self._text(response), raw=response)
 
+    def _stream(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> tuple[Producer[dict[str, Any]], threading.Event]:
+        """A producer for `_streaming` and the event that stops it: set when the consumer
+        stops early; the caller's `CANCEL_EVENT` (a timed-out call) stops it too."""
+        stop = threading.Event()
+        caller = CANCEL_EVENT.get()
+        cancel = (stop,) if caller is None else (stop, caller)
+
+        def produce(emit: Callable[[str], None]) -> dict[str, Any]:
+            return self._request(messages, kwargs, cancel, emit)
+
+        return produce, stop
+
     @llm_completion_callback()
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
-        response = self.complete(prompt, formatted=formatted, **kwargs)
+        """Yields each piece of text as llama.cpp produces it (``delta``, with the
+        cumulative ``text``); a last chunk with an empty ``delta`` carries the whole
+        reply as ``raw`` (with llama.cpp's ``usage``)."""
+        produce, stop = self._stream([ChatMessage(role=MessageRole.USER, content=prompt)], kwargs)
 
         def gen() -> CompletionResponseGen:
-            yield CompletionResponse(text=response.text, delta=response.text, raw=response.raw)
+            text = ""
+            for item in stream_in_thread(produce, stop):
+                chunk = _completion_chunk(text, item)
+                text = chunk.text
+                yield chunk
 
         return gen()
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        response = self.chat(messages, **kwargs)
+        """`stream_complete` for chat messages."""
+        produce, stop = self._stream(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            yield ChatResponse(
-                message=response.message, delta=response.message.content, raw=response.raw
-            )
+            text = ""
+            for item in stream_in_thread(produce, stop):
+                chunk = _chat_chunk(text, item)
+                text = chunk.message.content or ""
+                yield chunk
 
         return gen()
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        """`stream_complete` without blocking the event loop; cancelling stops it."""
+        produce, stop = self._stream([ChatMessage(role=MessageRole.USER, content=prompt)], kwargs)
+
+        async def gen() -> CompletionResponseAsyncGen:
+            text = ""
+            async for item in astream_in_thread(produce, stop):
+                chunk = _completion_chunk(text, item)
+                text = chunk.text
+                yield chunk
+
+        return gen()
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        """`stream_chat` without blocking the event loop; cancelling stops it."""
+        produce, stop = self._stream(messages, kwargs)
+
+        async def gen() -> ChatResponseAsyncGen:
+            text = ""
+            async for item in astream_in_thread(produce, stop):
+                chunk = _chat_chunk(text, item)
+                text = chunk.message.content or ""
+                yield chunk
+
+        return gen()
+
+
+def _chat_chunk(text: str, item: str | Done[dict[str, Any]]) -> ChatResponse:
+    """The chat chunk after ``text``: one more piece, or the end (empty delta, raw reply)."""
+    if isinstance(item, Done):
+        message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
+        return ChatResponse(message=message, delta="", raw=item.value)
+    message = ChatMessage(role=MessageRole.ASSISTANT, content=text + item)
+    return ChatResponse(message=message, delta=item)
+
+
+def _completion_chunk(text: str, item: str | Done[dict[str, Any]]) -> CompletionResponse:
+    """The completion chunk after ``text``: one more piece, or the end (empty delta, raw)."""
+    if isinstance(item, Done):
+        return CompletionResponse(text=text, delta="", raw=item.value)
+    return CompletionResponse(text=text + item, delta=item)
