@@ -108,8 +108,11 @@ def _report_to_host(handlers: list[Any], prompt: str, response: CompletionRespon
         event.on_end(payload={EventPayload.PROMPT: prompt, EventPayload.COMPLETION: response})
 
 
-def _kwargs(temperature: float | None) -> dict[str, Any]:
-    return {} if temperature is None else {"temperature": temperature}
+def _kwargs(temperature: float | None, max_tokens: int | None = None) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
+    if max_tokens is not None:
+        kwargs["max_tokens"] = max_tokens
+    return kwargs
 
 
 def _reply(
@@ -188,13 +191,14 @@ def complete(
     prompt: str,
     *,
     temperature: float | None = None,
+    max_tokens: int | None = None,
     timeout: float | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
     host_callback_manager: CallbackManager | None = None,
     retry: RetryPolicy = NO_RETRY,
     breaker: CircuitBreaker | None = None,
 ) -> LLMReply:
-    """Blocking completion. ``timeout`` bounds the whole call, retries included: each
+    """Blocking completion; ``max_tokens`` (when given) caps this reply. ``timeout`` bounds the whole call, retries included: each
     attempt runs in a daemon thread and `LLMTimeoutError` is raised when the budget
     runs out (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that
     can stop generating does). A lazily loaded local model is loaded before the clock
@@ -202,7 +206,7 @@ def complete(
     and told after every attempt."""
 
     def call() -> CompletionResponse:
-        return llm.complete(prompt, **_kwargs(temperature))
+        return llm.complete(prompt, **_kwargs(temperature, max_tokens))
 
     if _needs_loading(llm):
         # loading a local model is not answering: it happens before the clock starts
@@ -250,6 +254,7 @@ async def acomplete(
     prompt: str,
     *,
     temperature: float | None = None,
+    max_tokens: int | None = None,
     timeout: float | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
     host_callback_manager: CallbackManager | None = None,
@@ -271,9 +276,9 @@ async def acomplete(
         budget = attempts.budget()
         cancel = threading.Event()
         if native:
-            coro = llm.acomplete(prompt, **_kwargs(temperature))
+            coro = llm.acomplete(prompt, **_kwargs(temperature, max_tokens))
         else:
-            coro = _in_thread(llm, prompt, _kwargs(temperature), cancel)
+            coro = _in_thread(llm, prompt, _kwargs(temperature, max_tokens), cancel)
         try:
             response = await _bounded(coro, budget, cancel, attempts)
         except Exception as exc:

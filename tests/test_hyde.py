@@ -90,7 +90,7 @@ def test_without_include_query_keyword_text_is_only_the_passage() -> None:
 def test_no_temperature_kwarg_unless_set() -> None:
     llm = ScriptedLLM([PASSAGE])
     HyDE(llm).transform(Q)
-    assert llm.call_kwargs == [{}]
+    assert "temperature" not in llm.call_kwargs[0]
 
 
 def test_uses_settings_llm_when_none_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,3 +181,20 @@ def test_empty_query_is_value_error(query: str) -> None:
 def test_non_llm_is_type_error() -> None:
     with pytest.raises(TypeError, match="llm"):
         HyDE("gpt-4o")  # type: ignore[arg-type]
+
+
+def test_max_tokens_is_no_larger_than_what_max_characters_keeps() -> None:
+    llm = ScriptedLLM(["A passage."])
+    hyde = HyDE(llm, max_characters=400)
+    hyde.transform("Why did revenue drop?")
+    assert hyde.max_tokens == 100
+    assert llm.call_kwargs[0]["max_tokens"] == 100
+
+
+def test_a_model_with_a_lower_cap_of_its_own_keeps_it() -> None:
+    class Capped(ScriptedLLM):
+        max_tokens: int = 50
+
+    llm = Capped(["A passage."])
+    HyDE(llm, max_characters=2000).transform("Why did revenue drop?")
+    assert "max_tokens" not in llm.call_kwargs[0]

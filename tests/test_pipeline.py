@@ -81,7 +81,7 @@ def test_stages_use_their_own_models_temperatures_and_the_original_question(
     hyde, answer = models()
     # the paper's HyDE (passages only), so the passage alone decides the contexts
     HyDERAG(faiss_index, hyde_llm=hyde, answer_llm=answer, include_query=False).query(Q)
-    assert hyde.call_kwargs == [{"temperature": 0.7}]
+    assert hyde.call_kwargs == [{"temperature": 0.7, "max_tokens": 500}]
     assert answer.call_kwargs == [{"temperature": 0.0}]
     [answer_prompt] = answer.prompts
     assert f"Question: {Q}" in answer_prompt

@@ -90,6 +90,9 @@ class HyDE(LLMTransform):
     DEFAULT_GATE: ClassVar[float | None] = 0.7
     DEFAULT_BLEND: ClassVar[float] = 0.3
     """The rerank blend when ``strategy="rerank"`` is asked for without one."""
+    CHARACTERS_PER_TOKEN: ClassVar[int] = 4
+    """English text averages about 4 characters per token: a passage of
+    ``max_characters`` needs at most ``max_characters / 4`` tokens (`max_tokens`)."""
     TUNE_QUERY_WEIGHTS: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7, 0.8, 0.9)
     TUNE_BLENDS: ClassVar[tuple[float, ...]] = (0.1, 0.2, 0.3, 0.5)
     TUNE_GATES: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7)
@@ -214,6 +217,19 @@ class HyDE(LLMTransform):
 
     def _num_calls(self) -> int:
         return self.num_passages
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens a passage may take: what ``max_characters`` can keep, so nothing is
+        generated only to be trimmed away."""
+        return max(1, -(-self.max_characters // self.CHARACTERS_PER_TOKEN))
+
+    def _call_kwargs(self) -> dict[str, object]:
+        kwargs = super()._call_kwargs()
+        own = getattr(self.llm, "max_tokens", None)
+        if not (isinstance(own, int) and 0 < own <= self.max_tokens):
+            kwargs["max_tokens"] = self.max_tokens  # lower than the model's own cap
+        return kwargs
 
     def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
         if not self.grounded or not context:
