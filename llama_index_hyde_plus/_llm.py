@@ -198,12 +198,14 @@ def complete(
     retry: RetryPolicy = NO_RETRY,
     breaker: CircuitBreaker | None = None,
 ) -> LLMReply:
-    """Blocking completion; ``max_tokens`` (when given) caps this reply. ``timeout`` bounds the whole call, retries included: each
-    attempt runs in a daemon thread and `LLMTimeoutError` is raised when the budget
-    runs out (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that
-    can stop generating does). A lazily loaded local model is loaded before the clock
-    starts. Transient errors are retried per ``retry``; ``breaker`` is consulted before
-    and told after every attempt."""
+    """Blocking completion; ``max_tokens`` (when given) caps this reply.
+
+    ``timeout`` bounds the whole call, retries included: each attempt runs in a daemon
+    thread and `LLMTimeoutError` is raised when the budget runs out (the thread is
+    abandoned, and told through `CANCEL_EVENT` so an LLM that can stop generating
+    does). A lazily loaded local model is loaded before the clock starts. Transient
+    errors are retried per ``retry``; ``breaker`` is consulted before and told after
+    every attempt."""
 
     def call() -> CompletionResponse:
         return llm.complete(prompt, **_kwargs(temperature, max_tokens))

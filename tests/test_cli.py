@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -50,6 +51,21 @@ def test_every_command_has_help(args: list[str]) -> None:
     assert result.exit_code == 0 and "Usage" in result.output
 
 
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    import typer.main
+
+    group: Any = typer.main.get_command(app)
+    commands = list(group.commands.items())
+    commands += [(f"models {n}", c) for n, c in group.commands["models"].commands.items()]
+    assert len(commands) >= 10
+    for name, command in commands:
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert param.help, f"{name} {param.opts} has no help"
+            help_text = runner.invoke(app, [*name.split(), "--help"]).output
+            assert "<bool>" not in help_text, name
+
+
 def test_index_writes_metadata(built_index: Path) -> None:
     meta = json.loads((built_index / "hyde_plus.json").read_text())
     assert meta["documents"] == 4 and meta["dim"] == 384 and meta["embed"] == "local"
@@ -64,6 +80,11 @@ def test_query_without_transform_prints_json_results(built_index: Path) -> None:
     payload = json.loads(result.stdout)
     assert payload["results"][0]["id"] == "pto.md"
     assert payload["transform"]["method"] == "none" and len(payload["results"]) == 2
+    table = runner.invoke(
+        app, ["query", "paid holidays", "--index", str(built_index), "-t", "none"]
+    )
+    assert table.exit_code == 0 and "search took" in table.output
+    assert "LLM call" not in table.output and "cost" not in table.output  # no LLM, no cost
 
 
 @pytest.mark.local
@@ -105,6 +126,17 @@ def test_transform_prints_json() -> None:
     payload = json.loads(result.stdout)
     assert payload["method"] == "multi-query" and payload["usage"]["cost_source"] == "local"
     assert 1 <= len(payload["queries"]) <= 2 or payload["fallback"]
+    custom = runner.invoke(
+        app,
+        [
+            *("transform", "Why did revenue drop?", "-m", "step-back", "--llm", "scripted"),
+            *("--no-include-query", "--prompt", "Ask a broader question.\nQuestion: {query}"),
+        ],
+    )
+    assert custom.exit_code == 0, custom.output
+    stepped = json.loads(custom.stdout)
+    assert stepped["include_query"] is False
+    assert stepped["queries"][0].startswith("Why did revenue drop?")  # the echo of the prompt
 
 
 def test_unknown_transform_is_a_clear_error(built_index: Path) -> None:

@@ -25,8 +25,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: flags without type tags, one line per option
 )
-models_app = typer.Typer(help="Fetch and list the local default models.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="Fetch and list the local default models.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(models_app, name="models")
 
 app.command()(index)

