@@ -16,12 +16,12 @@ from ..stores import FaissStore
 from ..transforms.registry import make_transform
 from ._console import (
     console,
-    err,
     print_transform,
     reported,
     results_table,
     setup_logging,
     usage_line,
+    working,
 )
 from ._options import Verbose
 from .index import build_store
@@ -91,7 +91,7 @@ def _searches(
     from ..transforms.hyde import HyDE
 
     base, deep = store.open(top_k, embed="local"), store.open(DEMO_CANDIDATES, embed="local")
-    with err.status("Loading the local LLM..."):
+    with working("Loading the local LLM"):
         llm = local_llm(
             seed=seed, temperature=0.7, max_tokens=100, n_parallel=max(1, min(num_passages, 4))
         )
@@ -104,7 +104,7 @@ def _searches(
         "cache": MemoryCache(),  # both HyDE searches below use the same passages
     }
     paper = HyDE(llm, include_query=True, **options)
-    with err.status(f"Writing {num_passages} hypothetical passage(s)..."):
+    with working(f"Writing {num_passages} hypothetical passage(s)"):
         result = asyncio.run(TransformRetriever(base, paper).asearch(question))
     guarded = TransformRetriever(deep, HyDE(llm, **options), top_k=top_k).search(question)
     return plain, result, guarded
