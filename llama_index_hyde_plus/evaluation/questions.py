@@ -1,0 +1,338 @@
+"""Questions written from a user's own chunks, for `eval --docs` and `tune --docs`.
+
+Without labels, a fair test of "does this transform find what I need" is: sample chunks,
+have the LLM write one question each chunk answers, and check whether that chunk comes
+back. `sample_chunks` picks the chunks (seeded), `clean_question` takes the question out
+of a reply, `check_question` rejects what would make the test unfair or meaningless (no
+question, too short or long, or a question that copies a long span of its chunk: plain
+keyword and embedding search would find it by its words, which favours no transform),
+`generate_questions` runs it, and `write_question_set` saves a BEIR folder
+(``corpus.jsonl``, ``queries.jsonl``, ``qrels/test.tsv``, plus ``rejected.jsonl`` and
+``manifest.json``) that can be reviewed, edited and reused with ``--dataset``.
+
+What such a set can tell: the questions come from the text, so plain search is favoured;
+a transform that wins here is likely to win on real questions, one that loses may not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.llms import LLM
+from llama_index.core.schema import TextNode
+
+from .. import _llm
+
+QUESTION_PROMPT = (
+    "Read the passage and write one question that a user of this document collection "
+    "might ask and that the passage answers. Use your own words: do not copy a phrase "
+    "from the passage. Reply with the question only.\n\nPassage:\n{passage}\n\nQuestion:"
+)
+"""The default prompt; ``{passage}`` is the chunk's text."""
+
+MIN_WORDS = 3
+MAX_CHARACTERS = 300
+COPY_WORDS = 6
+"""A question sharing a run of this many consecutive words with its chunk is a copy."""
+COPY_SHARE = 0.6
+"""...or a run of at least 4 words that is this share of the question's words."""
+SET_FORMAT = 1
+CAVEAT = (
+    "These questions were written by an LLM from the chunks themselves, so they tend to "
+    "use the chunk's own words and plain search is favoured: a transform that wins here "
+    "is likely to win on real questions; one that loses may still help on real ones."
+)
+
+_WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
+_PREFIX = re.compile(r"^\s*(?:[-*•]|\d+[.)]|q(?:uestion)?\s*\d*\s*[:.)-])\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class GeneratedQuestion:
+    """A kept question and the chunk it was written from (the one relevant item)."""
+
+    qid: str
+    question: str
+    chunk_id: str
+
+
+@dataclass(frozen=True)
+class RejectedQuestion:
+    chunk_id: str
+    reply: str
+    reason: str
+
+
+@dataclass
+class QuestionSet:
+    """What `generate_questions` produced from ``sampled`` chunks."""
+
+    questions: list[GeneratedQuestion]
+    rejected: list[RejectedQuestion]
+    sampled: int
+    seed: int
+    tokens: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """ "87 of 100 kept; rejected: 9 copy a span of the chunk, 4 no question"."""
+        rejected = ", ".join(f"{n} {reason}" for reason, n in sorted(self.reasons.items()))
+        kept = f"{len(self.questions)} of {self.sampled} questions kept"
+        return f"{kept}; rejected: {rejected}" if rejected else kept
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words (letters and digits; an apostrophe inside a word is kept)."""
+    return [w.lower().replace("’", "'") for w in _WORD.findall(text)]
+
+
+def sample_chunks(chunks: Sequence[TextNode], n: int, seed: int) -> list[TextNode]:
+    """``n`` chunks (all when there are fewer), the same for the same ``seed`` and the
+    same chunks in any order; chunks without text are never picked."""
+    if n < 1:
+        raise ValueError(f"questions must be >= 1, not {n}")
+    usable = sorted((c for c in chunks if c.get_content().strip()), key=lambda c: c.node_id)
+    if not usable:
+        raise ValueError("there are no chunks with text to write questions from")
+    return random.Random(seed).sample(usable, min(n, len(usable)))
+
+
+def clean_question(reply: str) -> str | None:
+    """The question in ``reply``: its first line that ends with ``?`` (else its first
+    non-empty line), without numbering, a "Question:" label or quotes."""
+    lines = [_PREFIX.sub("", line).strip().strip("\"'“”").strip() for line in reply.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return None
+    asked = [line for line in lines if line.endswith("?")]
+    return (asked or lines)[0]
+
+
+def longest_shared_run(question: str, passage: str) -> int:
+    """The length, in words, of the longest run of consecutive question words that
+    also appears, in order, in ``passage``."""
+    q, p = words(question), words(passage)
+    best = 0
+    previous = [0] * (len(p) + 1)
+    for qw in q:
+        current = [0] * (len(p) + 1)
+        for j, pw in enumerate(p, 1):
+            if qw == pw:
+                current[j] = previous[j - 1] + 1
+                best = max(best, current[j])
+        previous = current
+    return best
+
+
+def check_question(question: str | None, passage: str) -> str | None:
+    """Why ``question`` is not a fair test of ``passage`` (None when it is)."""
+    if not question:
+        return "no question in the reply"
+    count = len(words(question))
+    if count < MIN_WORDS:
+        return "too short"
+    if len(question) > MAX_CHARACTERS:
+        return "too long"
+    run = longest_shared_run(question, passage)
+    if run >= COPY_WORDS or (run >= 4 and run >= COPY_SHARE * count):
+        return "copies a span of its chunk"
+    return None
+
+
+def _prompt(template: str, passage: str) -> str:
+    if "{passage}" not in template:
+        raise ValueError("the question prompt must contain {passage}")
+    return template.replace("{passage}", passage)
+
+
+async def generate_questions(
+    chunks: Sequence[TextNode],
+    llm: LLM,
+    *,
+    n: int = 100,
+    seed: int = 0,
+    concurrency: int = 4,
+    prompt: str = QUESTION_PROMPT,
+    timeout: float | None = 120.0,
+    progress: Callable[[int], None] | None = None,
+) -> QuestionSet:
+    """Sample ``n`` chunks and write one question for each, ``concurrency`` at a time
+    (native async calls); a failed call is a rejection ("the LLM call failed"), never
+    a crash. Question ids are ``g<index>`` in sample order."""
+    picked = sample_chunks(chunks, n, seed)
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(chunk: TextNode) -> tuple[str, int]:
+        async with gate:
+            try:
+                reply = await _llm.acomplete(
+                    llm, _prompt(prompt, chunk.get_content()), timeout=timeout
+                )
+            except Exception as exc:
+                return f"\x00{type(exc).__name__}: {exc}", 0
+            finally:
+                if progress is not None:
+                    progress(1)
+            return reply.text, reply.usage.total_tokens
+
+    replies = await asyncio.gather(*(one(c) for c in picked))
+    return _keep(picked, replies, seed)
+
+
+def _keep(picked: list[TextNode], replies: list[tuple[str, int]], seed: int) -> QuestionSet:
+    questions: list[GeneratedQuestion] = []
+    rejected: list[RejectedQuestion] = []
+    seen: set[str] = set()
+    for chunk, (reply, _) in zip(picked, replies):
+        if reply.startswith("\x00"):
+            rejected.append(RejectedQuestion(chunk.node_id, reply[1:], "the LLM call failed"))
+            continue
+        question = clean_question(reply)
+        reason = check_question(question, chunk.get_content())
+        if reason is None and question is not None and question.lower() in seen:
+            reason = "the same question as another chunk's"
+        if reason is not None or question is None:
+            rejected.append(RejectedQuestion(chunk.node_id, reply, reason or "no question"))
+            continue
+        seen.add(question.lower())
+        questions.append(GeneratedQuestion(f"g{len(questions) + 1}", question, chunk.node_id))
+    reasons = dict(Counter(r.reason for r in rejected))
+    tokens = sum(t for _, t in replies)
+    return QuestionSet(questions, rejected, len(picked), seed, tokens, reasons)
+
+
+Judgment = tuple[str, str, int]
+"""(query id, chunk id, grade)."""
+
+
+def write_question_set(
+    qset: QuestionSet, chunks: Sequence[TextNode], folder: Path, manifest: dict[str, Any]
+) -> Path:
+    """Save ``qset`` as a BEIR folder at ``folder``: every chunk in ``corpus.jsonl``
+    (``_id``, ``title`` = its source file, ``text``), the kept questions in
+    ``queries.jsonl``, ``qrels/test.tsv`` (question, its chunk, 1), the rejections in
+    ``rejected.jsonl`` and how it was made in ``manifest.json``."""
+    if not qset.questions:
+        raise ValueError(
+            f"no usable question was written ({qset.summary()}); try another --llm or seed"
+        )
+    record = {
+        **manifest,
+        "seed": qset.seed,
+        "sampled": qset.sampled,
+        "kept": len(qset.questions),
+        "rejected": qset.reasons,
+        "generation_tokens": qset.tokens,
+        "caveat": CAVEAT,
+    }
+    rejected = [{"chunk": r.chunk_id, "reply": r.reply, "reason": r.reason} for r in qset.rejected]
+    queries = [(q.qid, q.question) for q in qset.questions]
+    judgments = [(q.qid, q.chunk_id, 1) for q in qset.questions]
+    return write_beir_folder(folder, chunks, queries, judgments, record, rejected)
+
+
+def read_labels(
+    path: Path, chunks: Sequence[TextNode]
+) -> tuple[list[tuple[str, str]], list[Judgment]]:
+    """A user's labels: a TSV of ``query text, chunk id or source file, grade`` (an
+    optional header). A file stands for every chunk cut from it. Returns the queries
+    (``l<n>`` ids, first-seen order) and the judgments; a `ValueError` names the line
+    of anything it cannot use."""
+    by_file: dict[str, list[str]] = {}
+    for c in chunks:
+        by_file.setdefault(str(c.metadata.get("file_path", "")), []).append(c.node_id)
+    ids = {c.node_id for c in chunks}
+    queries: dict[str, str] = {}
+    judgments: list[Judgment] = []
+    for lineno, line in enumerate(path.expanduser().read_text(encoding="utf-8").splitlines(), 1):
+        parts = line.split("\t")
+        if not line.strip() or (lineno == 1 and parts[-1].strip().lower() in ("grade", "score")):
+            continue
+        if len(parts) != 3:
+            raise ValueError(f"{path.name}:{lineno}: expected query<TAB>chunk id or file<TAB>grade")
+        text, target, grade = (p.strip() for p in parts)
+        if not grade.lstrip("-").isdigit():
+            raise ValueError(f"{path.name}:{lineno}: grade {grade!r} is not a whole number")
+        targets = [target] if target in ids else by_file.get(target, [])
+        if not text or not targets:
+            raise ValueError(f"{path.name}:{lineno}: {target!r} is no chunk id or indexed file")
+        qid = queries.setdefault(text, f"l{len(queries) + 1}")
+        judgments.extend((qid, t, int(grade)) for t in targets)
+    if not judgments:
+        raise ValueError(f"{path.name} has no labels")
+    return [(qid, text) for text, qid in queries.items()], judgments
+
+
+def write_beir_folder(
+    folder: Path,
+    chunks: Sequence[TextNode],
+    queries: Sequence[tuple[str, str]],
+    judgments: Sequence[Judgment],
+    manifest: dict[str, Any],
+    rejected: Sequence[dict[str, Any]] = (),
+) -> Path:
+    """Write a BEIR folder of ``chunks`` with ``queries`` and ``judgments`` at
+    ``folder``: written beside and renamed into place, so an interrupted run never
+    leaves half a set; an existing folder that is not a set is refused."""
+    folder = folder.expanduser()
+    is_set = (folder / "manifest.json").is_file()
+    if folder.exists() and not is_set and (folder.is_file() or any(folder.iterdir())):
+        raise ValueError(f"{folder} exists and is not a question set; choose another folder")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        _write_files(tmp, chunks, queries, judgments, rejected)
+        record = {"format": SET_FORMAT, **manifest}
+        (tmp / "manifest.json").write_text(json.dumps(record, indent=2) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def _jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def _write_files(
+    folder: Path,
+    chunks: Sequence[TextNode],
+    queries: Sequence[tuple[str, str]],
+    judgments: Sequence[Judgment],
+    rejected: Sequence[dict[str, Any]],
+) -> None:
+    corpus = [
+        {"_id": c.node_id, "title": str(c.metadata.get("file_path", "")), "text": c.get_content()}
+        for c in chunks
+    ]
+    _jsonl(folder / "corpus.jsonl", corpus)
+    _jsonl(folder / "queries.jsonl", [{"_id": qid, "text": text} for qid, text in queries])
+    (folder / "qrels").mkdir()
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
+    _jsonl(folder / "rejected.jsonl", rejected)
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest of the question set at ``folder`` (None when there is none or it
+    is unreadable: the set is then written anew)."""
+    path = folder.expanduser() / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == SET_FORMAT else None

@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from llama_index.core.schema import TextNode
+
+from llama_index_hyde_plus.evaluation.beir import load_beir
+from llama_index_hyde_plus.evaluation.questions import (
+    QuestionSet,
+    check_question,
+    clean_question,
+    generate_questions,
+    longest_shared_run,
+    read_labels,
+    read_manifest,
+    sample_chunks,
+    write_question_set,
+)
+from llama_index_hyde_plus.testing import ScriptedLLM
+
+PASSAGE = (
+    "The Kestrel backup window closes at 03:40 UTC on Sundays, after the weekly "
+    "snapshot of the billing database has been copied to the Frankfurt region."
+)
+
+
+def chunks(n: int = 10) -> list[TextNode]:
+    return [
+        TextNode(
+            text=f"Chunk {i} says that team {i} owns service number {i * 7}.",
+            id_=f"doc{i % 3}.md#{i}",
+            metadata={"file_path": f"doc{i % 3}.md"},
+        )
+        for i in range(n)
+    ]
+
+
+def test_sampling_is_seeded_and_ignores_order_and_empty_chunks() -> None:
+    nodes = [*chunks(), TextNode(text="   ", id_="blank")]
+    first = [c.node_id for c in sample_chunks(nodes, 4, seed=1)]
+    again = [c.node_id for c in sample_chunks(list(reversed(nodes)), 4, seed=1)]
+    assert first == again and "blank" not in first and len(set(first)) == 4
+    assert [c.node_id for c in sample_chunks(nodes, 4, seed=2)] != first
+    assert len(sample_chunks(nodes, 100, seed=0)) == 10  # all there are
+    with pytest.raises(ValueError, match="questions must be >= 1"):
+        sample_chunks(nodes, 0, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("reply", "question"),
+    [
+        ("When does the backup window close?", "When does the backup window close?"),
+        ('Question: "Who owns billing?"\nIt is the finance team.', "Who owns billing?"),
+        (
+            "Sure! Here is a question:\n1. Where are snapshots copied?",
+            "Where are snapshots copied?",
+        ),
+        ("Backup timing on Sundays", "Backup timing on Sundays"),
+        ("  \n ", None),
+    ],
+)
+def test_clean_question_takes_the_question_out_of_the_reply(
+    reply: str, question: str | None
+) -> None:
+    assert clean_question(reply) == question
+
+
+def test_a_question_copying_a_long_span_of_its_chunk_is_rejected() -> None:
+    copied = "When does the Kestrel backup window close at 03:40 UTC on Sundays?"
+    assert longest_shared_run(copied, PASSAGE) >= 6
+    assert check_question(copied, PASSAGE) == "copies a span of its chunk"
+    own_words = "At what time does the weekly Kestrel backup stop?"
+    assert check_question(own_words, PASSAGE) is None  # shares names, not a span
+    assert check_question("Kestrel backup window closes?", PASSAGE) == "copies a span of its chunk"
+    assert check_question("Why?", PASSAGE) == "too short"
+    assert check_question(None, PASSAGE) == "no question in the reply"
+    assert check_question("Why " + "really " * 80 + "?", PASSAGE) == "too long"
+
+
+async def test_generation_keeps_fair_questions_and_says_why_others_were_rejected() -> None:
+    def respond(prompt: str) -> str:
+        if "team 3 " in prompt:
+            return "Chunk 3 says that team 3 owns service number 21."  # a copy
+        if "team 5 " in prompt:
+            raise RuntimeError("provider down")
+        if "team 7 " in prompt:
+            return ""
+        return "Which group is responsible for this service?"  # the same for every chunk
+
+    llm = ScriptedLLM(respond=respond, forbid_sync=True)
+    seen: list[int] = []
+    qset = await generate_questions(chunks(), llm, n=10, seed=0, progress=seen.append)
+    assert sum(seen) == 10 and qset.sampled == 10
+    assert len(qset.questions) == 1  # the others are duplicates of it
+    reasons = qset.reasons
+    assert reasons["copies a span of its chunk"] == 1
+    assert reasons["the LLM call failed"] == 1
+    assert reasons["no question in the reply"] == 1
+    assert reasons["the same question as another chunk's"] == 6
+    assert "1 of 10 questions kept; rejected:" in qset.summary()
+
+
+async def test_a_saved_set_is_a_beir_folder_that_eval_can_load(tmp_path: Path) -> None:
+    nodes = chunks()
+    llm = ScriptedLLM(
+        respond=lambda p: f"Which team runs the service in {p.split('Chunk ')[1][:2]}?"
+    )
+    qset = await generate_questions(nodes, llm, n=5, seed=3)
+    folder = write_question_set(qset, nodes, tmp_path / "set", {"docs": "x", "llm": "scripted"})
+    ds = load_beir(folder, "test")
+    assert len(ds.corpus) == 10 and len(ds.queries) == len(qset.questions) == 5
+    for q in qset.questions:
+        assert ds.qrels[q.qid] == {q.chunk_id: 1}
+    manifest = read_manifest(folder)
+    assert manifest is not None and manifest["seed"] == 3 and manifest["kept"] == 5
+    assert "plain search is favoured" in manifest["caveat"]
+    assert (folder / "rejected.jsonl").read_text() == ""
+    again = write_question_set(qset, nodes, folder, {"docs": "y"})  # replaces a set
+    assert read_manifest(again)["docs"] == "y"  # type: ignore[index]
+
+
+def test_a_set_is_never_written_over_a_folder_that_is_not_one(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    qset = QuestionSet([], [], 1, 0)
+    with pytest.raises(ValueError, match="no usable question"):
+        write_question_set(qset, chunks(), mine, {})
+    from llama_index_hyde_plus.evaluation.questions import GeneratedQuestion
+
+    qset.questions.append(GeneratedQuestion("g1", "Who owns service 7?", "doc1.md#1"))
+    with pytest.raises(ValueError, match="is not a question set"):
+        write_question_set(qset, chunks(), mine, {})
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # no temp folder left
+
+
+def test_labels_name_chunks_or_whole_files(tmp_path: Path) -> None:
+    labels = tmp_path / "labels.tsv"
+    labels.write_text(
+        "query\ttarget\tgrade\nWho owns service 7?\tdoc1.md#1\t2\nWhat does doc 0 say?\tdoc0.md\t1\n"
+    )
+    queries, judgments = read_labels(labels, chunks())
+    assert queries == [("l1", "Who owns service 7?"), ("l2", "What does doc 0 say?")]
+    assert ("l1", "doc1.md#1", 2) in judgments
+    assert {d for q, d, g in judgments if q == "l2"} == {
+        "doc0.md#0",
+        "doc0.md#3",
+        "doc0.md#6",
+        "doc0.md#9",
+    }
+    labels.write_text("Who?\tnowhere.md\t1\n")
+    with pytest.raises(ValueError, match=r"labels\.tsv:1: 'nowhere\.md' is no chunk id"):
+        read_labels(labels, chunks())
+    labels.write_text("Who?\tdoc0.md\thigh\n")
+    with pytest.raises(ValueError, match="grade 'high' is not a whole number"):
+        read_labels(labels, chunks())
+    json.dumps(judgments)  # plain data
