@@ -33,6 +33,7 @@ from .reliability import (
 )
 
 __all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete"]
+from ._workers import DaemonWorkers
 from .usage import ModelPrice, Usage, usage_for_call
 
 logger = logging.getLogger(__name__)
@@ -227,22 +228,20 @@ def complete(
     return _reply(llm, prompt, response, prices)
 
 
+#: The threads sync calls with a timeout run on (reused; see `_workers`).
+WORKERS = DaemonWorkers()
+
+
 def _call_with_timeout(call: Any, timeout: float, attempts: _Attempts) -> CompletionResponse:
-    box: dict[str, Any] = {}
-    done = threading.Event()
+    """``call()`` on a worker thread; `LLMTimeoutError` after ``timeout`` seconds (the
+    attempt is told through `CANCEL_EVENT`, which is set in the worker's context)."""
     cancel = threading.Event()
-    ctx = contextvars.copy_context()
-    ctx.run(CANCEL_EVENT.set, cancel)
 
-    def target() -> None:
-        try:
-            box["value"] = ctx.run(call)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            done.set()
+    def attempt() -> Any:
+        CANCEL_EVENT.set(cancel)
+        return call()
 
-    threading.Thread(target=target, name="hyde-plus-llm", daemon=True).start()
+    box, done = WORKERS.submit(attempt)
     if not done.wait(timeout):
         cancel.set()
         raise attempts.timed_out()

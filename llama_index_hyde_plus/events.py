@@ -15,6 +15,19 @@ from llama_index.core.instrumentation.events import BaseEvent
 dispatcher = get_dispatcher(__name__)
 
 
+def listening() -> bool:
+    """Whether any event handler other than LlamaIndex's null handler would see our
+    events (the events are not built at all otherwise)."""
+    from llama_index_instrumentation.event_handlers.null import NullEventHandler
+
+    current: Any = dispatcher
+    while current is not None:
+        if any(not isinstance(h, NullEventHandler) for h in current.event_handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
+
+
 class QueryTransformStartEvent(BaseEvent):
     """A transform is about to rewrite ``query``."""
 

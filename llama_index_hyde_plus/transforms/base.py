@@ -15,7 +15,7 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import QueryBundle
 
-from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher
+from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
 from ..expansion import check_weight, keyword_query
 from ..fusion import FusionMode
 from ..usage import Usage, sum_usage
@@ -313,10 +313,14 @@ def validate_query(query: Any) -> str:
 
 
 def _emit_start(transformer: QueryTransformer, query: str) -> None:
+    if not listening():
+        return
     dispatcher.event(QueryTransformStartEvent(query=query, method=_method_name(transformer)))
 
 
 def _emit_end(result: TransformResult) -> None:
+    if not listening():
+        return
     dispatcher.event(
         QueryTransformEndEvent(
             query=result.query,
