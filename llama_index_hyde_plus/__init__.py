@@ -5,6 +5,7 @@ from ._version import __version__
 from .cache import MemoryCache, SQLiteCache
 from .fusion import FusionMode, fuse
 from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
+from .provenance import transform_of
 from .retriever import SearchResult, TransformRetriever
 from .transforms import (
     Decompose,
@@ -42,4 +43,5 @@ __all__ = [
     "aquery_for_evaluation",
     "fuse",
     "query_for_evaluation",
+    "transform_of",
 ]

@@ -24,6 +24,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
 from . import _llm
+from .retriever import RERANK_CANDIDATES as RERANK_CANDIDATES  # moved; kept importable
 from .retriever import SearchResult, TransformRetriever
 from .transforms.hyde import HyDE
 from .usage import ModelPrice, Usage
@@ -122,11 +123,6 @@ class HyDERAGResult:
         }
 
 
-RERANK_CANDIDATES = 50
-"""How many of the question's hits a reranking HyDE (the default) reorders before the
-top ``top_k`` are kept, when `HyDERAG` builds the retriever from an index."""
-
-
 class HyDERAG:
     """HyDE retrieval plus a grounded answer, with separate models per stage.
 
@@ -178,14 +174,12 @@ class HyDERAG:
             **hyde_options,
         )
         if isinstance(index_or_retriever, BaseIndex):
-            # a reranking HyDE reorders the question's own candidates: fetch enough
-            depth = top_k
-            if self.hyde.guards.strategy == "rerank":
-                depth = max(top_k, RERANK_CANDIDATES)
-            base = index_or_retriever.as_retriever(similarity_top_k=depth)
+            # fetches deeper when HyDE's guards need candidates (a rerank strategy)
+            self.retriever = TransformRetriever.from_index(
+                index_or_retriever, self.hyde, similarity_top_k=top_k
+            )
         else:
-            base = index_or_retriever
-        self.retriever = TransformRetriever(base, self.hyde, top_k=top_k)
+            self.retriever = TransformRetriever(index_or_retriever, self.hyde, top_k=top_k)
         self.top_k = top_k
 
     @property

@@ -7,7 +7,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -15,13 +15,22 @@ from typing import Any, Literal
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
+from llama_index.core.indices.base import BaseIndex
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from . import expansion
 from .fusion import FusionMode, fuse, unique_nodes
-from .transforms.base import Guards, QueryTransformer, SearchSpec, TransformResult, validate_query
+from .provenance import summary, tag_nodes
+from .transforms.base import (
+    Guards,
+    QueryTransformer,
+    SearchSpec,
+    TransformResult,
+    check_int,
+    validate_query,
+)
 from .transforms.hyde import HyDE
 from .vectors import DocVectors, Embedder, embed_model_of
 
@@ -30,6 +39,35 @@ logger = logging.getLogger(__name__)
 SearchType = Literal["auto", "dense", "keyword", "hybrid"]
 _KEYWORD_MODES = {"sparse", "text_search"}
 _HYBRID_MODES = {"hybrid", "semantic_hybrid"}
+
+RERANK_CANDIDATES = 50
+"""How many of the question's hits a reranking transform (``strategy="rerank"``)
+reorders before the top ``similarity_top_k`` are kept, when the retriever is built from
+an index (`TransformRetriever.from_index`, `HyDERAG`)."""
+
+
+def candidate_depth(guards: Guards, top_k: int) -> int:
+    """How many hits the wrapped retriever must fetch for ``guards`` to do their work
+    before the results are cut to ``top_k``: a reranking strategy reorders the
+    question's own candidates (`RERANK_CANDIDATES` of them); grounding and feedback read
+    the question's top ``context_k`` / ``feedback_k`` hits."""
+    if guards.strategy == "rerank":
+        return max(top_k, RERANK_CANDIDATES)
+    return max(top_k, guards.context_k, guards.feedback_k)
+
+
+def own_top_k(retriever: BaseRetriever) -> int | None:
+    """The wrapped retriever's own ``similarity_top_k`` (a positive int), else None."""
+    value = getattr(retriever, "similarity_top_k", None)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return None
+
+
+def _index_embed_model(index: BaseIndex[Any]) -> BaseEmbedding | None:
+    """The embedding model a (vector store) index was built and is searched with."""
+    model = getattr(index, "_embed_model", None)
+    return model if isinstance(model, BaseEmbedding) else None
 
 
 @dataclass(frozen=True)
@@ -93,6 +131,16 @@ class TransformRetriever(BaseRetriever):
     deduplicated by node id, optionally reranked against the ORIGINAL question, and cut
     to ``top_k``. A failing sub-search is logged and the others still count.
 
+    ``top_k=None`` (the default) means the wrapped retriever's own top k: its
+    ``similarity_top_k`` when it has one (a fan-out over a ``similarity_top_k=3``
+    retriever returns at most 3 nodes, like the retriever alone), else no cut. An int
+    is an explicit cut, read as is (it cannot return more than the fused lists hold).
+
+    ``retrieve`` / ``aretrieve`` (what query engines call) return copies of the nodes
+    whose metadata carries a summary of the transform under ``"hyde_plus"``, hidden
+    from the answer prompt and embeddings; `transform_of` reads it back from a
+    response. `search` returns the full `SearchResult` and leaves the nodes as found.
+
     ``search_type`` says how the wrapped retriever matches ("auto" guesses): dense
     retrievers get the averaged embedding of the HyDE passages (and query), keyword and
     hybrid ones get the passage text as ``query_str``.
@@ -153,15 +201,57 @@ class TransformRetriever(BaseRetriever):
         if isinstance(transformer, HyDE) and not transformer.include_query:
             self._warn_include_query()
 
+    @classmethod
+    def from_index(
+        cls,
+        index: BaseIndex[Any],
+        transformer: QueryTransformer,
+        *,
+        similarity_top_k: int = 5,
+        retriever_kwargs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TransformRetriever:
+        """A `TransformRetriever` over ``index.as_retriever(...)`` returning at most
+        ``similarity_top_k`` nodes.
+
+        The base retriever fetches deeper when the transform's guards need more
+        candidates (`candidate_depth`: 50 for ``strategy="rerank"``) and the results
+        are cut to ``similarity_top_k`` (``top_k`` in ``kwargs`` overrides the cut).
+        The index's embedding model is passed as ``embed_model`` unless ``kwargs``
+        names one, so weighted HyDE vectors, the gate, rerank and Rocchio work.
+        ``retriever_kwargs`` go to ``as_retriever`` (filters, a query mode...); other
+        ``kwargs`` to the constructor.
+        """
+        if not isinstance(index, BaseIndex):
+            raise TypeError(f"index must be a LlamaIndex index, not {type(index).__name__}")
+        if not isinstance(transformer, QueryTransformer):
+            raise TypeError(
+                f"transformer must be a QueryTransformer, not {type(transformer).__name__}"
+            )
+        check_int(similarity_top_k, "similarity_top_k", 1, None)
+        depth = candidate_depth(transformer.guards, similarity_top_k)
+        base = index.as_retriever(similarity_top_k=depth, **dict(retriever_kwargs or {}))
+        kwargs.setdefault("top_k", similarity_top_k)
+        if kwargs.get("embed_model") is None:
+            kwargs["embed_model"] = _index_embed_model(index)
+        return cls(base, transformer, **kwargs)
+
+    @property
+    def cut(self) -> int | None:
+        """How many nodes a search returns at most: ``top_k`` when set, else the
+        wrapped retriever's own ``similarity_top_k`` (read at each search, since it can
+        be changed); None means no cut."""
+        return self.top_k if self.top_k is not None else own_top_k(self.retriever)
+
     # -- LlamaIndex plumbing -------------------------------------------------------
     def _get_prompt_modules(self) -> PromptMixinType:
         return {"transformer": self.transformer}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return self.search(query_bundle.query_str).nodes
+        return _carrying_transform(self.search(query_bundle.query_str))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return (await self.asearch(query_bundle.query_str)).nodes
+        return _carrying_transform(await self.asearch(query_bundle.query_str))
 
     # -- public --------------------------------------------------------------------
     def search(self, query: str) -> SearchResult:
@@ -445,8 +535,9 @@ class TransformRetriever(BaseRetriever):
         start: float,
         errors: list[str],
     ) -> SearchResult:
-        if self.top_k is not None:
-            nodes = nodes[: self.top_k]
+        cut = self.cut
+        if cut is not None:
+            nodes = nodes[:cut]
         return SearchResult(
             nodes=nodes,
             transform=result,
@@ -468,6 +559,12 @@ class TransformRetriever(BaseRetriever):
             "Use HyDE(include_query=True) for keyword and hybrid search.",
             self.search_type,
         )
+
+
+def _carrying_transform(result: SearchResult) -> list[NodeWithScore]:
+    """``result``'s nodes as copies whose metadata carries the transform's summary."""
+    info = summary(result.transform, result.failed_searches, result.latency_s)
+    return tag_nodes(result.nodes, info)
 
 
 def _context(guards: Guards, hits: list[NodeWithScore] | None) -> list[str] | None:

@@ -159,7 +159,8 @@ def test_chain_is_usable_in_a_transform_retriever(faiss_index: VectorStoreIndex)
             include_query=False,
         )
     )
-    retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=1), chain)
+    # one hit per sub-search; top_k=2 keeps both (None would cut to the retriever's 1)
+    retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=1), chain, top_k=2)
     ids = [n.node.node_id for n in retriever.search("growth questions").nodes]
     assert ids == ["hiring", "office"]
 

@@ -40,3 +40,13 @@ def test_include_query_adds_the_whole_question() -> None:
 def test_json_reply_is_understood() -> None:
     result = Decompose(ScriptedLLM(['["a part", "b part"]'])).transform("q")
     assert result.queries == ("a part", "b part")
+
+
+def test_an_echo_of_the_prompt_is_not_a_sub_question() -> None:
+    reply = (
+        "1. Break the question into simpler sub-questions that together answer it\n"
+        "2. What was revenue in Q3?\n"
+        "3. Which accounts delayed renewal?"
+    )
+    result = Decompose(ScriptedLLM([reply]), n=3).transform("Explain Q3 revenue and renewals")
+    assert result.queries == ("What was revenue in Q3?", "Which accounts delayed renewal?")

@@ -46,3 +46,28 @@ def test_unparseable_reply_falls_back() -> None:
 def test_n_out_of_range_is_value_error(n: int) -> None:
     with pytest.raises(ValueError, match="n must be"):
         MultiQuery(ScriptedLLM(), n=n)
+
+
+def test_lines_echoing_the_prompt_are_not_taken_for_queries() -> None:
+    reply = (
+        "1. Reply with one query per line, numbered 2 to 4\n"
+        "2. Sure! Here are three queries\n"
+        "3. revenue decline causes\n"
+        "4. Write 3 different search queries that ask for the same information\n"
+        "5. why sales fell"
+    )
+    result = MultiQuery(ScriptedLLM([reply]), n=3).transform("Why did revenue drop?")
+    assert result.queries == ("revenue decline causes", "why sales fell")
+
+
+def test_a_swapped_prompt_is_what_echoes_are_compared_with() -> None:
+    prompt = "Paraphrase for a librarian, in formal catalogue register: {query}"
+    reply = "1. formal catalogue register librarian paraphrase\n2. revenue decline causes"
+    result = MultiQuery(ScriptedLLM([reply]), n=2, prompt=prompt).transform("Why did revenue drop?")
+    assert result.queries == ("revenue decline causes",)
+
+
+def test_a_reply_of_only_echoes_falls_back() -> None:
+    reply = "Sure!\nReply with one query per line, numbered 1 to 3"
+    result = MultiQuery(ScriptedLLM([reply]), n=3).transform("Why did revenue drop?")
+    assert result.fallback and result.search_queries == ("Why did revenue drop?",)

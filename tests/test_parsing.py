@@ -4,7 +4,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llama_index_hyde_plus.transforms.parsing import dedupe, parse_queries, trim_passage
+from llama_index_hyde_plus.transforms.parsing import (
+    dedupe,
+    is_echo,
+    parse_queries,
+    parse_single,
+    trim_passage,
+)
+from llama_index_hyde_plus.transforms.prompts import (
+    DECOMPOSE_PROMPT,
+    MULTI_QUERY_PROMPT,
+    STEP_BACK_PROMPT,
+)
 
 
 class TestTrimPassage:
@@ -155,3 +166,120 @@ def test_list_transforms_cap_each_generated_query(name: str) -> None:
     assert all(len(q) <= 40 for q in short.queries)
     with pytest.raises(ValueError, match="max_characters"):
         cls(ScriptedLLM(), max_characters=0)
+
+
+MULTI_INSTRUCTION = MULTI_QUERY_PROMPT.format(n=3, query="")
+
+
+class TestEchoes:
+    @pytest.mark.parametrize(
+        "line",
+        [
+            "Reply with one query per line, numbered 2 to 4",
+            "Here are 3 queries",
+            "Here are three alternative search queries for you",
+            "Sure!",
+            "Sure! Here they are",
+            "Okay, let me think",
+            "Each worded differently (synonyms, other phrasings, more specific terms).",
+        ],
+    )
+    def test_instruction_echoes_and_chatter_are_not_queries(self, line: str) -> None:
+        reply = f"1. {line}\n2. revenue decline causes\n3. why sales fell"
+        got = parse_queries(
+            reply, 5, instruction=MULTI_INSTRUCTION, question="Why did revenue drop?"
+        )
+        assert got == ["revenue decline causes", "why sales fell"]
+
+    def test_known_phrasings_are_caught_without_the_prompt(self) -> None:
+        reply = "Reply with one query per line\n- revenue decline causes\n- numbered 1 to 3"
+        assert parse_queries(reply, 5) == ["revenue decline causes"]
+
+    @pytest.mark.parametrize(
+        ("question", "query"),
+        [
+            ("How do search engines rank documents?", "different search queries for documents"),
+            (
+                "Where can I get detailed information?",
+                "find documents with more specific information",
+            ),
+            ("How do I fix a slow SQL query?", "write a SQL query to find duplicate rows"),
+            ("What does OK mean?", "OK Google not responding"),
+            ("How do I answer emails faster?", "reply with templates to common emails"),
+            ("Why did revenue drop?", "here is why revenue dropped"),
+        ],
+    )
+    def test_legitimate_queries_that_share_the_prompts_words_are_kept(
+        self, question: str, query: str
+    ) -> None:
+        reply = f"1. {query}\n2. another angle"
+        got = parse_queries(reply, 5, instruction=MULTI_INSTRUCTION, question=question)
+        assert got == [query, "another angle"]
+
+    def test_an_echo_needs_three_words(self) -> None:
+        assert not is_echo("specific terms", MULTI_INSTRUCTION)
+        assert is_echo("specific terms, other phrasings", MULTI_INSTRUCTION)
+
+    def test_decompose_prompt_echo_is_dropped(self) -> None:
+        instruction = DECOMPOSE_PROMPT.format(n=3, query="")
+        reply = (
+            "1. Break it into simpler sub-questions that can each be answered\n"
+            "2. What was revenue in Q3?"
+        )
+        got = parse_queries(reply, 3, instruction=instruction, question="Explain Q3 revenue")
+        assert got == ["What was revenue in Q3?"]
+
+    def test_a_reply_of_only_echoes_parses_to_nothing(self) -> None:
+        reply = "Sure!\nHere are 3 queries\nReply with one query per line, numbered 1 to 3"
+        assert parse_queries(reply, 3, instruction=MULTI_INSTRUCTION, question="q") == []
+
+
+LONG = (
+    "Revenue depends on many factors such as pricing, the number of customers, how often "
+    "they renew, the state of the economy, competition from other vendors and the quality "
+    "of the product, and a drop in any of them can reduce it. Other factors matter too."
+)
+
+
+class TestParseSingle:
+    def test_first_question_line_wins_over_a_paragraph_before_it(self) -> None:
+        reply = f"{LONG}\nWhat drives software revenue?\nAnother line?"
+        assert parse_single(reply) == ["What drives software revenue?"]
+
+    def test_first_short_line_wins(self) -> None:
+        reply = "paid time off policy for employees\nIs this what you wanted?"
+        assert parse_single(reply) == ["paid time off policy for employees"]
+
+    def test_one_long_paragraph_yields_its_first_sentence(self) -> None:
+        first = LONG.split(". ")[0] + "."
+        assert len(LONG.split()) > 30 and parse_single(LONG) == [first]
+
+    def test_a_long_paragraph_with_a_question_yields_the_question(self) -> None:
+        reply = LONG + " So what factors determine software revenue? That is the question."
+        assert parse_single(reply) == ["So what factors determine software revenue?"]
+
+    def test_the_chosen_sentence_is_still_trimmed(self) -> None:
+        [query] = parse_single("word " * 200, max_characters=40)
+        assert 0 < len(query) <= 40
+
+    def test_labels_quotes_echoes_and_excluded_items_are_skipped(self) -> None:
+        instruction = STEP_BACK_PROMPT.format(query="")
+        reply = (
+            "Sure!\nReply with the step-back question only.\nWhy did revenue drop?\n"
+            'Step-back question: "What drives revenue?"'
+        )
+        got = parse_single(
+            reply,
+            exclude=("Why did revenue drop?",),
+            instruction=instruction,
+            question="Why did revenue drop?",
+        )
+        assert got == ["What drives revenue?"]
+
+    def test_nothing_usable_is_an_empty_list(self) -> None:
+        assert parse_single("") == [] and parse_single("Sure!\n```\n```") == []
+
+    @given(st.text())
+    def test_never_raises_and_returns_at_most_one(self, text: str) -> None:
+        out = parse_single(text)
+        assert len(out) <= 1 and all(x.strip() for x in out)

@@ -334,3 +334,107 @@ def test_search_latency_is_measured() -> None:
     start = time.perf_counter()
     result = TransformRetriever(base, HyDE(ScriptedLLM(["p."]))).search("q")
     assert 0.05 <= result.latency_s <= time.perf_counter() - start
+
+
+class TopKAware(StaticRetriever):
+    """A static retriever that declares a ``similarity_top_k`` but returns whatever its
+    script says (more than that, here), as a careless custom retriever might."""
+
+    similarity_top_k = 2
+
+
+SPREAD = ["1. paid time off days\n2. laptop disk encryption\n3. Lisbon office building"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_default_top_k_is_the_wrapped_retrievers_own_for_a_fan_out(
+    faiss_index: VectorStoreIndex, use_async: bool
+) -> None:
+    base = faiss_index.as_retriever(similarity_top_k=3)
+    llm = ScriptedLLM(SPREAD, forbid_sync=use_async)
+    retriever = TransformRetriever(base, MultiQuery(llm, n=3))
+    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert len(result.transform.search_queries) == 4 and len(result.nodes) == 3
+    wider = TransformRetriever(base, MultiQuery(ScriptedLLM(SPREAD), n=3), top_k=10)
+    assert len(wider.search(Q).nodes) > 3  # an explicit top_k is the cut, not the retriever's
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_default_top_k_cuts_a_single_search_to_the_retrievers_own(use_async: bool) -> None:
+    base = TopKAware(DOCS, default=["pto", "hiring", "office", "lunch"])
+    retriever = TransformRetriever(base, HyDE(ScriptedLLM([P1], forbid_sync=use_async)))
+    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert [n.node.node_id for n in result.nodes] == ["pto", "hiring"]
+
+
+def test_default_top_k_follows_a_changed_similarity_top_k(faiss_index: VectorStoreIndex) -> None:
+    base = faiss_index.as_retriever(similarity_top_k=3)
+    retriever = TransformRetriever(base, MultiQuery(ScriptedLLM(SPREAD * 2), n=3))
+    assert len(retriever.search(Q).nodes) == 3
+    base.similarity_top_k = 2
+    assert retriever.cut == 2 and len(retriever.search(Q).nodes) == 2
+
+
+def test_retriever_without_similarity_top_k_is_not_cut() -> None:
+    base = StaticRetriever(DOCS, results={"q": ["pto", "hiring"], "a": ["office", "lunch"]})
+    retriever = TransformRetriever(base, StepBack(ScriptedLLM(["a"])))
+    assert retriever.cut is None
+    assert {n.node.node_id for n in retriever.search("q").nodes} == {
+        "pto",
+        "hiring",
+        "office",
+        "lunch",
+    }
+
+
+def test_from_index_searches_the_index_with_its_embedding_model(
+    faiss_index: VectorStoreIndex, embed_model: DeterministicEmbedding
+) -> None:
+    retriever = TransformRetriever.from_index(
+        faiss_index, MultiQuery(ScriptedLLM(SPREAD), n=3), similarity_top_k=3
+    )
+    assert isinstance(retriever, TransformRetriever)
+    assert retriever.embedder is not None and retriever.embedder.model is embed_model
+    assert retriever.top_k == 3 and len(retriever.search(Q).nodes) == 3
+
+
+def test_from_index_fetches_rerank_candidates_and_cuts_to_similarity_top_k(
+    faiss_index: VectorStoreIndex, spy_queries: list[VectorStoreQuery]
+) -> None:
+    hyde = HyDE(ScriptedLLM([P1]), strategy="rerank")
+    retriever = TransformRetriever.from_index(faiss_index, hyde, similarity_top_k=2)
+    result = retriever.search(Q)
+    assert [q.similarity_top_k for q in spy_queries] == [50]
+    assert len(result.nodes) == 2 and not result.transform.fallback
+
+
+def test_from_index_plain_transform_fetches_only_similarity_top_k(
+    faiss_index: VectorStoreIndex, spy_queries: list[VectorStoreQuery]
+) -> None:
+    retriever = TransformRetriever.from_index(
+        faiss_index, HyDE(ScriptedLLM([P1]), include_query=True), similarity_top_k=2
+    )
+    retriever.search(Q)
+    assert [q.similarity_top_k for q in spy_queries] == [2]
+
+
+def test_from_index_passes_options_on(faiss_index: VectorStoreIndex) -> None:
+    retriever = TransformRetriever.from_index(
+        faiss_index,
+        StepBack(ScriptedLLM(["a"])),
+        similarity_top_k=3,
+        top_k=1,
+        fusion="max",
+        retriever_kwargs={"vector_store_query_mode": "hybrid"},
+    )
+    assert retriever.top_k == 1 and retriever.fusion is FusionMode.MAX
+    assert retriever.search_type == "hybrid"
+
+
+def test_from_index_rejects_bad_arguments(faiss_index: VectorStoreIndex) -> None:
+    with pytest.raises(TypeError, match="index"):
+        TransformRetriever.from_index(StaticRetriever(DOCS), HyDE(ScriptedLLM()))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="transformer"):
+        TransformRetriever.from_index(faiss_index, object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="similarity_top_k"):
+        TransformRetriever.from_index(faiss_index, HyDE(ScriptedLLM()), similarity_top_k=0)

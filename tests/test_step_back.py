@@ -20,3 +20,30 @@ def test_repeating_the_question_is_not_a_failure() -> None:
 def test_error_falls_back() -> None:
     result = StepBack(ScriptedLLM([TimeoutError("slow")])).transform("q")
     assert result.fallback and "TimeoutError" in (result.error or "")
+
+
+LONG = (
+    "Revenue in a software business depends on many things, including pricing, the "
+    "number of customers and how often they renew their contracts, as well as the wider "
+    "economy and competition from other vendors in the same market. Renewals matter most."
+)
+
+
+def test_a_long_paragraph_reply_yields_its_first_sentence() -> None:
+    result = StepBack(ScriptedLLM([LONG])).transform("Why did revenue drop in Q3?")
+    assert result.queries == (LONG.split(". ")[0] + ".",)
+
+
+def test_the_question_line_after_a_paragraph_is_taken() -> None:
+    reply = f"Sure! {LONG}\nWhat drives software revenue?\nI hope this helps."
+    result = StepBack(ScriptedLLM([reply])).transform("Why did revenue drop in Q3?")
+    assert result.queries == ("What drives software revenue?",)
+
+
+async def test_an_echo_of_the_instruction_is_skipped_async() -> None:
+    llm = ScriptedLLM(
+        ["Reply with the step-back question only.\nWhat drives software revenue?"],
+        forbid_sync=True,
+    )
+    result = await StepBack(llm).atransform("Why did revenue drop in Q3?")
+    assert result.queries == ("What drives software revenue?",) and llm.sync_calls == 0

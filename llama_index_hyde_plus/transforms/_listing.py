@@ -11,7 +11,7 @@ from ..usage import Usage
 from .base import MAX_N, TransformResult, check_int
 from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
-from .parsing import MAX_QUERY_CHARACTERS, parse_queries, trim_passage
+from .parsing import MAX_QUERY_CHARACTERS, parse_queries, parse_single, trim_passage
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -103,12 +103,25 @@ class QueryListTransform(LLMTransform):
     def _format_vars(self) -> dict[str, Any]:
         return {"n": self.n} if "n" in self._prompt.template_vars else {}
 
+    def _parse(self, reply: str, query: str, exclude: tuple[str, ...]) -> list[str]:
+        """The queries of ``reply``: a list for ``n``-query transforms, the first
+        question-like line for single-query ones (`parse_single`). Lines that echo this
+        transform's prompt (rendered without the question) are dropped."""
+        options: dict[str, Any] = {
+            "exclude": exclude,
+            "max_characters": self.max_characters,
+            "instruction": self._render(""),
+            "question": query,
+        }
+        if self.DEFAULT_N is None:
+            return parse_single(reply, **options)
+        return parse_queries(reply, self.n, **options)
+
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
         exclude = (query,) if self.parse_excludes_query else ()
-        limit = self.max_characters
-        queries = parse_queries(replies[0], self.n, exclude=exclude, max_characters=limit)
+        queries = self._parse(replies[0], query, exclude)
         if not queries:
-            if parse_queries(replies[0], 1, max_characters=limit):
+            if self._parse(replies[0], query, ()):
                 # the model only repeated the question: nothing new, but not a failure
                 queries = [query]
             else:

@@ -1,6 +1,9 @@
-"""Pure helpers that turn an LLM's reply into search text: trimming and list parsing.
+"""Pure helpers that turn an LLM's reply into search text: trimming, list parsing and
+picking the one query of a single-query reply.
 
 Nothing here calls a model or raises on odd input; the worst reply parses to ``[]``.
+Lines that echo the prompt's instructions ("Reply with one query per line...", "Here
+are 3 queries", "Sure!") are never taken for queries.
 """
 
 from __future__ import annotations
@@ -33,6 +36,32 @@ _PREAMBLE = re.compile(
     re.IGNORECASE,
 )
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
+# Instruction echoes and chatter, recognised without the prompt (kept narrow: a real
+# query may start with "write" or "list", so only phrasings no search query uses).
+_ECHO = re.compile(
+    r"\b(?:one|each|a)\s+(?:search\s+)?(?:query|question|sub-?question)\s+per\s+line\b"
+    r"|\bnumbered\s+(?:from\s+)?\d+\s*(?:to|through|-|–)\s*\d+\b"
+    r"|^(?:reply|respond|answer)\s+with\b.*\b(?:quer(?:y|ies)|questions?|lines?|only)\b"
+    r"|^(?:here|below)\s+(?:are|is)\b.*\b(?:quer(?:y|ies)|(?:sub-?)?questions?|paraphrases?"
+    r"|rewrites?|variants?|versions?)\b"
+    r"|^(?:sure|certainly|of\s+course|okay|ok)\s*(?:[!,.:]|$)"
+    r"|^(?:sure\s+thing|i\s+hope|let\s+me\s+know|i\s+can\s+help)\b",
+    re.IGNORECASE,
+)
+_WORD = re.compile(r"[^\W\d_]+")
+_STOPWORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "a an and are as at be by each for from how in is it its of on or per than that the "
+        "their them then these this those to was what when where which who why with",
+    )
+)
+ECHO_SHARE = 0.8
+"""An item at least this share of whose words come from the prompt's instructions (and
+none from the question) is an echo of the prompt, not a query."""
+_SENTENCE_BREAK = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"'”’)\]]))\s+")
+SHORT_WORDS = 30
+"""A single-query reply's line of at most this many words counts as the query."""
 
 
 def trim_passage(text: str, max_characters: int) -> str:
@@ -132,26 +161,29 @@ def dedupe(items: list[str], *, exclude: tuple[str, ...] = ()) -> list[str]:
 MAX_QUERY_CHARACTERS = 500
 
 
-def parse_queries(
-    text: str,
-    n: int,
-    *,
-    exclude: tuple[str, ...] = (),
-    max_characters: int = MAX_QUERY_CHARACTERS,
-) -> list[str]:
-    """Parse an LLM's list of queries into at most ``n`` distinct strings.
+def _words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.casefold()) if w not in _STOPWORDS}
 
-    Accepts JSON arrays (or an object holding one), numbered and bulleted lists, plain
-    lines, quotes and markdown bold, code fences, and ignores preambles and sign-offs
-    ("Here are 3 queries:", "I hope this helps"). Items equal to one in ``exclude``
-    (the original query, say) are dropped. Each query is trimmed to ``max_characters``
-    like a HyDE passage (at a sentence end, else a word break). Never raises on odd
-    input; returns ``[]`` for nothing.
-    """
-    if n < 1:
-        raise ValueError("n must be >= 1")
-    if max_characters < 1:
-        raise ValueError("max_characters must be >= 1")
+
+def is_echo(item: str, instruction: str = "", question: str = "") -> bool:
+    """Whether ``item`` (one cleaned line of a reply) echoes the prompt instead of
+    being a query: a known instruction or chatter phrasing, or, given the prompt's
+    ``instruction`` text (rendered without the question), at least three words of
+    which `ECHO_SHARE` are the instruction's own and none is one of the ``question``'s
+    (a query that shares a word with the question is kept)."""
+    if _ECHO.search(item):
+        return True
+    if not instruction:
+        return False
+    words = _words(item)
+    own = _words(instruction) - _words(question)
+    if len(words) < 3 or words & _words(question):
+        return False
+    return len(words & own) >= ECHO_SHARE * len(words)
+
+
+def _candidates(text: str, instruction: str, question: str) -> list[str]:
+    """The reply's items in order, cleaned, without fences, preambles and echoes."""
     if not text or not text.strip():
         return []
     items = _json_items(text)
@@ -166,5 +198,78 @@ def parse_queries(
             ] or lines
         items = lines
     cleaned = [_clean_item(x) for x in items]
-    trimmed = [trim_passage(x, max_characters) for x in cleaned if x]
+    return [x for x in cleaned if x and not is_echo(x, instruction, question)]
+
+
+def _check_limits(n: int, max_characters: int) -> None:
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    if max_characters < 1:
+        raise ValueError("max_characters must be >= 1")
+
+
+def parse_queries(
+    text: str,
+    n: int,
+    *,
+    exclude: tuple[str, ...] = (),
+    max_characters: int = MAX_QUERY_CHARACTERS,
+    instruction: str = "",
+    question: str = "",
+) -> list[str]:
+    """Parse an LLM's list of queries into at most ``n`` distinct strings.
+
+    Accepts JSON arrays (or an object holding one), numbered and bulleted lists, plain
+    lines, quotes and markdown bold, code fences, and ignores preambles and sign-offs
+    ("Here are 3 queries:", "I hope this helps") and lines that echo the prompt (see
+    `is_echo`; pass the prompt's ``instruction`` text and the ``question`` to catch
+    echoes of any prompt). Items equal to one in ``exclude`` (the original query, say)
+    are dropped. Each query is trimmed to ``max_characters`` like a HyDE passage (at a
+    sentence end, else a word break). Never raises on odd input; returns ``[]`` for
+    nothing.
+    """
+    _check_limits(n, max_characters)
+    items = _candidates(text, instruction, question)
+    trimmed = [trim_passage(x, max_characters) for x in items]
     return dedupe([x for x in trimmed if x], exclude=exclude)[:n]
+
+
+def _question_like(item: str) -> bool:
+    return item.rstrip(_CLOSERS).endswith("?") or len(item.split()) <= SHORT_WORDS
+
+
+def _key_sentence(item: str) -> str:
+    """The first question sentence of a long line, else its first sentence."""
+    sentences = [x for x in _SENTENCE_BREAK.split(item.strip()) if x]
+    for sentence in sentences:
+        if sentence.rstrip(_CLOSERS).endswith("?"):
+            return sentence
+    return sentences[0] if sentences else ""
+
+
+def parse_single(
+    text: str,
+    *,
+    exclude: tuple[str, ...] = (),
+    max_characters: int = MAX_QUERY_CHARACTERS,
+    instruction: str = "",
+    question: str = "",
+) -> list[str]:
+    """The one query of a single-query reply (step-back, rewrite), as a list of at
+    most one string.
+
+    Items are read as `parse_queries` reads them (labels, quotes and echoes removed,
+    ``exclude`` dropped); the first that is question-like (ends in "?") or short (at
+    most `SHORT_WORDS` words) is the query. When every item is a long paragraph, the
+    first one's first question sentence is, else its first sentence. Trimmed to
+    ``max_characters``.
+    """
+    _check_limits(1, max_characters)
+    items = dedupe(_candidates(text, instruction, question), exclude=exclude)
+    if not items:
+        return []
+    chosen = next((x for x in items if _question_like(x)), items[0])
+    if len(chosen.split()) > SHORT_WORDS:
+        chosen = _key_sentence(chosen)
+    query = trim_passage(chosen, max_characters)
+    return [query] if query else []
