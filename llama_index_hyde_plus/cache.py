@@ -38,23 +38,26 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 
 class MemoryCache:
-    """An in-process LRU of at most ``max_entries`` results (thread- and async-safe)."""
+    """An in-process LRU of at most ``max_entries`` results (thread- and async-safe).
+
+    Built-in transforms store their (immutable) `TransformResult` objects here rather
+    than their dict form, so a hit costs no decoding; `get` returns what `set` got."""
 
     def __init__(self, max_entries: int = 1024) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError("max_entries must be an int >= 1")
         self.max_entries = max_entries
-        self._data: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._data: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> Any:
         with self._lock:
             value = self._data.get(key)
             if value is not None:
                 self._data.move_to_end(key)
             return value
 
-    def set(self, key: str, value: dict[str, Any]) -> None:
+    def set(self, key: str, value: Any) -> None:
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -218,7 +221,7 @@ class SQLiteCache:
         else:
             self._unavailable(exc)
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> Any:
         with self._lock:
             try:
                 row = (

@@ -55,7 +55,7 @@ def _tagged(node: BaseNode, info: Mapping[str, Any]) -> BaseNode:
 
     return node.model_copy(
         update={
-            "metadata": {**node.metadata, METADATA_KEY: copy.deepcopy(dict(info))},
+            "metadata": {**node.metadata, METADATA_KEY: info},
             "excluded_llm_metadata_keys": hidden(list(node.excluded_llm_metadata_keys)),
             "excluded_embed_metadata_keys": hidden(list(node.excluded_embed_metadata_keys)),
         }
@@ -63,8 +63,10 @@ def _tagged(node: BaseNode, info: Mapping[str, Any]) -> BaseNode:
 
 
 def tag_nodes(nodes: Iterable[NodeWithScore], info: Mapping[str, Any]) -> list[NodeWithScore]:
-    """New wrappers around tagged copies of ``nodes`` (same order and scores)."""
-    return [NodeWithScore(node=_tagged(item.node, info), score=item.score) for item in nodes]
+    """New wrappers around tagged copies of ``nodes`` (same order and scores). The
+    copies share one read-only ``info`` (`transform_of` hands out copies)."""
+    shared = copy.deepcopy(dict(info))
+    return [NodeWithScore(node=_tagged(item.node, shared), score=item.score) for item in nodes]
 
 
 def _from_metadata(metadata: Any) -> dict[str, Any] | None:

@@ -91,13 +91,14 @@ class QueryListTransform(LLMTransform):
             "include_query": self.parse_excludes_query,
         }
 
-    def _restyle(self, result: TransformResult) -> TransformResult:
+    def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         queries = tuple(trim_passage(q, self.max_characters) for q in result.queries)
         return replace(
             result,
             queries=queries,
             include_query=self.include_query,
             original_weight=self.original_weight,
+            **changes,
         )
 
     def _format_vars(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import copy
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.llms import LLM
 
@@ -244,12 +244,13 @@ class HyDE(LLMTransform):
         block = "\n".join(f"[{i}] {text}" for i, text in enumerate(context, 1))
         return GROUNDING_PREFIX.format(context=block) + prompt
 
-    def _restyle(self, result: TransformResult) -> TransformResult:
+    def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         return replace(
             result,
             include_query=self.include_query,
             query_weight=self.query_weight,
             keyword_weight=self.keyword_weight,
+            **changes,
         )
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:

@@ -188,8 +188,15 @@ class LLMTransform(QueryTransformer):
             data = self.cache.get(key)
             if data is None:
                 return None
-            result = self._restyle(TransformResult.from_dict(data))
-            return _as_cached(result, start)
+            # an in-process cache holds the (immutable) result itself: no decoding
+            stored = data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
+            return self._restyle(
+                stored,
+                usage=Usage(cached=True),
+                cached=True,
+                generation_usage=stored.generation_usage or stored.usage,
+                latency_s=time.perf_counter() - start,
+            )
         except Exception as exc:
             logger.warning("transform cache read failed (%s); calling the LLM", exc)
             return None
@@ -199,14 +206,15 @@ class LLMTransform(QueryTransformer):
         if result.fallback:
             return  # never cache an outage
         try:
-            self.cache.set(key, result.to_dict())
+            value: Any = result if isinstance(self.cache, MemoryCache) else result.to_dict()
+            self.cache.set(key, value)
         except Exception as exc:
             logger.warning("transform cache write failed (%s)", exc)
 
-    def _restyle(self, result: TransformResult) -> TransformResult:
+    def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         """A cached result with this instance's search options (they do not change
-        what the LLM wrote, so they are not in the cache key)."""
-        return replace(result, include_query=self.include_query)
+        what the LLM wrote, so they are not in the cache key), and ``changes``."""
+        return replace(result, include_query=self.include_query, **changes)
 
     def _cache_io_is_blocking(self) -> bool:
         return not isinstance(self.cache, MemoryCache)
