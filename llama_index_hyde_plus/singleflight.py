@@ -55,7 +55,7 @@ class SingleFlight(Generic[T]):
         self, key: str, work: Callable[[], Awaitable[T]], share: Callable[[T], bool]
     ) -> tuple[T, bool]:
         """Async twin of `run`, for callers on one event loop. A waiter cancelled
-        itself is cancelled; a waiter whose leader was cancelled works alone."""
+        itself is cancelled; a waiter whose leader was cancelled or failed works alone."""
         loop = asyncio.get_running_loop()
         existing = self._async.get(key)
         if existing is not None and existing.get_loop() is loop:
@@ -65,6 +65,8 @@ class SingleFlight(Generic[T]):
                 if existing.cancelled():  # the leader was cancelled, not us
                     return await work(), False
                 raise
+            except Exception:  # the leader failed: try alone, as the sync path does
+                return await work(), False
             if share(value):
                 return value, True
             return await work(), False

@@ -236,6 +236,31 @@ def test_eval_with_an_unknown_transform_is_a_clear_error(tmp_path: Path) -> None
     assert result.exit_code == 2 and "unknown transform" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--transforms", "none,hyde:qury_weight=0.3"], "hyde has no option 'qury_weight'"),
+        (["--transforms", "none,rocchio:kk=3"], "rocchio has no option 'kk'"),
+        (["--transforms", "none,multi-query:n=0"], "n must be between 1 and 10"),
+        (["--transforms", "hyde,HyDE"], "listed twice"),
+        (["--uri", "x.db", "--store", "faiss"], "--uri is for the Milvus store"),
+        (["--store", "milvus"], "--store milvus needs --uri"),
+        (["--store", "chroma"], "--store must be one of faiss, milvus"),
+    ],
+)
+def test_eval_checks_transforms_and_store_flags_before_any_work(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    cache = tmp_path / "cache"
+    result = runner.invoke(
+        app, ["eval", "--dataset", str(tiny), "--embed", "local", "--cache-dir", str(cache), *args]
+    )
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+    assert not cache.exists()  # nothing was indexed or scored
+
+
 def _docs(tmp_path: Path) -> Path:
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -48,8 +48,14 @@ def test_classes_describe_their_count_and_options() -> None:
 
 
 def test_check_options_names_an_unknown_option_and_refuses_runtime_objects() -> None:
-    with pytest.raises(ValueError, match=r"hyde: .*has no option 'weight'"):
+    with pytest.raises(ValueError, match=r"hyde has no option 'weight'; its options: max_char"):
         check_options("hyde", {"weight": 0.5})
+    with pytest.raises(ValueError, match="step-back has no option 'n'"):
+        check_options("step-back", {"n": 2})  # a grid of n would sweep identical configs
+    with pytest.raises(ValueError, match="none has no option 'n'; its options: none"):
+        check_options("none", {"n": 4})
+    with pytest.raises(ValueError, match="rocchio has no option 'temperature'; its options: k,"):
+        check_options("rocchio", {"temperature": 0.3})
     with pytest.raises(ValueError, match="'cache' of hyde cannot come from a config"):
         check_options("hyde", {"cache": None})
     check_options("multi-query", {"n": 4, "original_weight": 3.0})

@@ -95,16 +95,21 @@ async def test_a_cancelled_leader_leaves_waiters_to_work_alone() -> None:
     assert len(calls) == 2
 
 
-async def test_a_leader_error_reaches_waiters() -> None:
+async def test_waiters_of_a_failed_leader_work_alone_as_on_the_sync_path() -> None:
     flight: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
 
     async def work() -> str:
+        calls.append(1)
         await asyncio.sleep(0.05)
-        raise RuntimeError("boom")
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return "value"
 
     results = await asyncio.gather(
         flight.arun("k", work, lambda v: True),
         flight.arun("k", work, lambda v: True),
         return_exceptions=True,
     )
-    assert all(isinstance(r, RuntimeError) for r in results)
+    assert isinstance(results[0], RuntimeError) and results[1] == ("value", False)
+    assert len(calls) == 2

@@ -58,13 +58,29 @@ class ModelChoice:
 
 @dataclass(frozen=True)
 class SearchChoice:
-    """Where and how an evaluation searches, as given on the command line."""
+    """Where and how an evaluation searches, as given on the command line. A ``--uri``
+    means Milvus unless ``--store`` says otherwise (then it is an error)."""
 
-    store: str
+    store: str | None
     uri: str | None
+    token: str | None
     cache_dir: Path | None
     top_k: int
     hyde_prompt: str | None
+
+    @property
+    def kind(self) -> str:
+        """The store kind; a `ValueError` naming the flags when they disagree."""
+        from ..stores import STORE_KINDS
+
+        kind = self.store or ("milvus" if self.uri else "faiss")
+        if kind not in STORE_KINDS:
+            raise ValueError(f"--store must be one of {', '.join(STORE_KINDS)}, not {kind!r}")
+        if kind == "milvus" and not self.uri:
+            raise ValueError("--store milvus needs --uri (a Milvus Lite file or a cluster URL)")
+        if kind == "faiss" and self.uri:
+            raise ValueError("--uri is for the Milvus store; drop --store faiss or --uri")
+        return kind
 
     def runner_kwargs(self, models: ModelChoice, embed_model: Any) -> dict[str, Any]:
         """The keyword arguments `run_eval` and `run_tune` share."""
@@ -75,8 +91,9 @@ class SearchChoice:
             "top_k": self.top_k,
             "concurrency": models.concurrency,
             "hyde_prompt": self.hyde_prompt,
-            "store": self.store,
+            "store": self.kind,
             "milvus_uri": self.uri,
+            "milvus_token": self.token or "",
         }
 
 

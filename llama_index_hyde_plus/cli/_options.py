@@ -20,7 +20,12 @@ Uri = Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL (
 Collection = Annotated[str, typer.Option(help="Milvus collection name.")]
 Token = Annotated[str | None, typer.Option(help="Milvus cluster token.", envvar="MILVUS_TOKEN")]
 IndexPath = Annotated[Path | None, typer.Option("--index", "-i", help="FAISS index folder.")]
-StoreKind = Annotated[str, typer.Option(help=f"{' or '.join(STORE_KINDS)} (hybrid BM25 + dense).")]
+StoreKind = Annotated[
+    str | None,
+    typer.Option(
+        help=f"{' or '.join(STORE_KINDS)} (Milvus: hybrid BM25 + dense; the default with --uri)."
+    ),
+]
 MaxLength = Annotated[int, typer.Option(help="Embedding max tokens per text (local model).")]
 Count = Annotated[
     int, typer.Option("--num-queries", "-n", help="How many queries (multi-query, decompose).")

@@ -27,10 +27,12 @@ def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
     for path in config_files or []:
         tuned = load_config(path)
         specs.append(TransformSpec(f"{path.stem}: {tuned.label}", tuned.transform, tuned.options))
-    labels = [s.label for s in specs]
-    duplicated = sorted({label for label in labels if labels.count(label) > 1})
-    if duplicated:
-        raise ValueError(f"transform {duplicated[0]!r} is listed twice; each label once")
+    seen: dict[str, str] = {}
+    for s in specs:
+        key = f"{s.name}:{sorted(s.options.items())}"
+        if key in seen or s.label in seen.values():
+            raise ValueError(f"transform {s.label!r} is listed twice; list each once")
+        seen[key] = s.label
     return specs
 
 
@@ -88,8 +90,9 @@ def eval_cmd(
     max_length: opt.MaxLength = 256,
     cache: UseCache = True,
     cache_dir: opt.CacheDir = None,
-    store: opt.StoreKind = "faiss",
+    store: opt.StoreKind = None,
     uri: opt.Uri = None,
+    token: opt.Token = None,
     config_files: Configs = None,
     verbose: opt.Verbose = False,
 ) -> None:
@@ -101,8 +104,9 @@ def eval_cmd(
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, cache_dir, top_k, hyde_prompt)
+    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
     with reported():  # BeirFormatError is a ValueError
+        kind = where.kind  # flags are checked before anything loads
         specs = _specs(transforms, config_files)
         ds = load_beir(dataset, split, limit=limit)
         embed_model, model = models.load(any(needs_llm(s.name) for s in specs))
@@ -110,7 +114,7 @@ def eval_cmd(
         f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
         f"transforms: {', '.join(s.label for s in specs)}"
     )
-    config = _config(models, model, store, top_k, hyde_prompt=hyde_prompt or "default", split=split)
+    config = _config(models, model, kind, top_k, hyde_prompt=hyde_prompt or "default", split=split)
     with progress_bar() as progress, reported():
         result = run_eval(
             ds,

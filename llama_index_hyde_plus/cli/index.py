@@ -41,7 +41,14 @@ def build_store(
         )
 
 
-def _target(store: str, out: Path | None, uri: str | None, collection: str, token: str) -> Store:
+def _target(
+    store: str | None, out: Path | None, uri: str | None, collection: str, token: str
+) -> Store:
+    store = store or ("milvus" if uri and out is None else "faiss")
+    if store == "faiss" and uri is not None:
+        raise ValueError("--uri is for the Milvus store (--store milvus); for FAISS give --out")
+    if store == "milvus" and out is not None:
+        raise ValueError("--out is for the FAISS store; Milvus takes --uri")
     if store == "faiss":
         if out is None:
             raise ValueError("--out is needed for the FAISS store")
@@ -58,7 +65,7 @@ def index(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Folder to write a FAISS index to.")
     ] = None,
-    store: StoreKind = "faiss",
+    store: StoreKind = None,
     uri: Uri = None,
     collection: Collection = "hyde_plus",
     token: Token = None,

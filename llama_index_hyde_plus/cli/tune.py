@@ -74,8 +74,9 @@ def tune(
     seed: opt.Seed = 0,
     max_length: opt.MaxLength = 256,
     cache_dir: opt.CacheDir = None,
-    store: opt.StoreKind = "faiss",
+    store: opt.StoreKind = None,
     uri: opt.Uri = None,
+    token: opt.Token = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Sweep a transform's search options on a training split and write the winner.
@@ -92,8 +93,9 @@ def tune(
     name = transform.strip().lower()
     _check(name, split, tolerance, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, cache_dir, top_k, hyde_prompt)
+    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
     with reported():  # BeirFormatError is a ValueError
+        where.kind  # noqa: B018 - flags are checked before anything loads
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         ds = load_beir(dataset, split, limit=limit)
         embed_model, model = models.load(needs_llm(name))

@@ -12,7 +12,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -25,7 +25,13 @@ from ..retriever import TransformRetriever
 from ..stores import STORE_KINDS, FaissStore, Store, store_for
 from ..transforms.hyde import HyDE
 from ..transforms.prompts import HYDE_PAPER_PROMPTS
-from ..transforms.registry import TRANSFORMS, make_transform, transform_class, uses_llm
+from ..transforms.registry import (
+    TRANSFORMS,
+    check_options,
+    make_transform,
+    transform_class,
+    uses_llm,
+)
 from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
@@ -103,11 +109,19 @@ def parse_transform_spec(spec: str) -> TransformSpec:
 
 
 def _checked(spec: TransformSpec) -> TransformSpec:
-    if spec.name not in TRANSFORMS:
+    """``spec`` with its name made canonical, once its options are known to build the
+    transform (a `ValueError` naming the spec before any work is done)."""
+    try:
+        name = transform_class(spec.name).method
+    except ValueError:
         raise ValueError(
             f"unknown transform {spec.name!r} in {spec.label!r}; use one of {', '.join(TRANSFORMS)}"
-        )
-    return spec
+        ) from None
+    try:
+        check_options(name, dict(spec.options))
+    except ValueError as exc:
+        raise ValueError(f"{spec.label}: {exc}") from None
+    return replace(spec, name=name)
 
 
 @dataclass
@@ -241,14 +255,19 @@ def corpus_index_name(ds: BeirDataset, embed_label: str) -> str:
 
 
 def eval_store(
-    ds: BeirDataset, embed_label: str, root: Path, kind: str = "faiss", uri: str | None = None
+    ds: BeirDataset,
+    embed_label: str,
+    root: Path,
+    kind: str = "faiss",
+    uri: str | None = None,
+    token: str = "",
 ) -> Store:
     """The store the index of ``ds`` is cached in: a FAISS folder under ``root``, or a
     collection at the Milvus ``uri``."""
     if kind == "faiss":
         return FaissStore(index_cache_dir(ds, embed_label, root))
     name = re.sub(r"\W", "_", f"{ds.name}_{_corpus_key(ds, embed_label)[:12]}")
-    return store_for(kind, name, root=root, uri=uri)
+    return store_for(kind, name, root=root, uri=uri, token=token)
 
 
 def cached_index(
@@ -364,6 +383,7 @@ class SessionOptions(TypedDict, total=False):
     use_cache: bool
     store: str
     milvus_uri: str | None
+    milvus_token: str
     progress: ProgressFactory | None
 
 
@@ -386,6 +406,7 @@ class EvalSession:
         use_cache: bool = True,
         store: str = "faiss",
         milvus_uri: str | None = None,
+        milvus_token: str = "",
         progress: ProgressFactory | None = None,
     ) -> None:
         if concurrency < 1:
@@ -395,10 +416,10 @@ class EvalSession:
         self.concurrency = concurrency
         self.progress = progress
         if store == "milvus" and not milvus_uri:
-            raise ValueError("store='milvus' needs milvus_uri (a file path or a cluster URL)")
+            raise ValueError("--store milvus needs --uri (a Milvus Lite file or a cluster URL)")
         if store not in STORE_KINDS:
             raise ValueError(f"store must be one of {', '.join(STORE_KINDS)}, not {store!r}")
-        self.store = eval_store(ds, embed_label, cache_root, store, milvus_uri)
+        self.store = eval_store(ds, embed_label, cache_root, store, milvus_uri, milvus_token)
         self.index, self.index_seconds, self.index_cached = cached_index(
             ds, self.store, embed_model, embed_label, max_length=max_length, progress=progress
         )

@@ -411,13 +411,16 @@ class QueryTransformer(BaseQueryTransform):
     def option_names(cls) -> tuple[str, ...]:
         """The keyword options of the constructor (the LLM excluded), as a config
         file, a tune grid, a CLI or the RCP server may set them."""
+        owner = next(c for c in cls.__mro__ if "__init__" in vars(c))
+        if owner in QueryTransformer.__mro__:
+            return ()  # no constructor of its own: no options
         params = inspect.signature(cls.__init__).parameters.values()
         names = [
             p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "n"
         ]
         if cls.count_option() == "n":
             names.insert(0, "n")
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        if cls.uses_llm and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             from .options import LLM_OPTION_NAMES
 
             names.extend(sorted(LLM_OPTION_NAMES))

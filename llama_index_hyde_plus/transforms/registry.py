@@ -72,14 +72,20 @@ def check_options(name: str, options: dict[str, Any]) -> None:
     """A `ValueError` naming the problem when ``options`` cannot build the transform
     ``name`` (an unknown option, a value of the wrong type or range); nothing when they
     can. Used on config files and tune grids before any work is done."""
+    cls = transform_class(name)
     for key in options:
         if key in RUNTIME_OPTIONS:
             raise ValueError(f"option {key!r} of {name} cannot come from a config or grid")
+        if key not in cls.option_names():
+            known = ", ".join(cls.option_names()) or "none"
+            raise ValueError(f"{name} has no option {key!r}; its options: {known}")
     try:
-        transform_class(name)(**_for_class(transform_class(name), None, options))
+        cls(**_for_class(cls, None, options))
     except TypeError as exc:
         text = (
             str(exc)
+            .replace(f"{cls.__name__}.__init__()", "")
+            .replace(f"{cls.__name__}()", "")
             .replace("__init__()", "")
             .replace("got an unexpected keyword argument", "has no option")
         )
