@@ -25,14 +25,15 @@ def echo_reply(prompt: str) -> str:
     """Three numbered variations of the question in ``prompt`` (the text after
     ``Question:``, ``Query:`` or ``Claim:``, else its last line)."""
     match = _SUBJECT.search(prompt)
-    subject = match.group(1).strip() if match else prompt.strip().splitlines()[-1]
+    lines = prompt.strip().splitlines()
+    subject = match.group(1).strip() if match else (lines[-1] if lines else "the question")
     return f"1. {subject} explained\n2. background of {subject}\n3. evidence about {subject}"
 
 
 class EchoLLM(CustomLLM):
     """`echo_reply` after ``delay`` seconds (``asyncio.sleep`` on the async path)."""
 
-    delay: float = Field(default=0.0, ge=0)
+    delay: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
     is_local: bool = True
 
     @property

@@ -51,6 +51,11 @@ def _split(spec: str) -> tuple[str, str | None]:
         kind = "openai" if os.environ.get("OPENAI_API_KEY") else "local"
     if kind not in ("local", "openai"):
         raise ValueError(f"unknown model choice {spec!r}: use auto, local or openai[:MODEL]")
+    if kind == "local" and model:
+        raise ValueError(
+            f"{spec!r}: 'local' takes no model name (set HYDE_PLUS_LLM_GGUF or "
+            "HYDE_PLUS_EMBED_DIR to use your own local model files)"
+        )
     return kind, model or None
 
 
@@ -80,8 +85,11 @@ def resolve_llm(
     and ``parallel`` (requests decoded together, capped at 8) apply to the local LLM,
     whose llama.cpp threads come from ``HYDE_PLUS_LLM_THREADS``. ``None`` keeps each
     model's own default."""
-    if spec.strip().lower().startswith("scripted"):
+    head = spec.strip().lower()
+    if head == "scripted" or head.startswith("scripted:"):
         return _scripted(spec)
+    if parallel is not None and parallel < 1:
+        raise ValueError(f"parallel must be >= 1, not {parallel}")
     kind, model = _split(spec)
     if kind == "openai":
         from llama_index.llms.openai import OpenAI
@@ -116,8 +124,8 @@ def _scripted(spec: str) -> LLM:
         ms = float(delay or 0)
     except ValueError:
         raise ValueError(f"scripted delay must be milliseconds, not {delay!r}") from None
-    if not ms >= 0:
-        raise ValueError(f"scripted delay must be >= 0 milliseconds, not {delay!r}")
+    if not 0 <= ms <= 3_600_000:
+        raise ValueError(f"scripted delay must be 0 to 3600000 milliseconds, not {delay!r}")
     return EchoLLM(delay=ms / 1000)
 
 

@@ -161,8 +161,12 @@ class HyDERAG:
             raise ValueError("answer_prompt must contain {context} and {query}")
         self._answer_llm = answer_llm
         self.answer_temperature = answer_temperature
-        if answer_timeout is not None and not answer_timeout > 0:
-            raise ValueError("answer_timeout must be > 0 seconds (or None)")
+        if answer_timeout is not None and not (
+            isinstance(answer_timeout, (int, float))
+            and not isinstance(answer_timeout, bool)
+            and 0 < answer_timeout < 1e6
+        ):
+            raise ValueError("answer_timeout must be a number of seconds > 0 (or None)")
         self.answer_timeout = answer_timeout
         self.prices = dict(prices) if prices else None
         self._callback_manager = callback_manager

@@ -96,12 +96,12 @@ class LLMTransform(QueryTransformer):
             raise TypeError("cache must have get(key) and set(key, value), like MemoryCache")
         if llm is not None and not isinstance(llm, LLM):
             raise TypeError(f"llm must be a LlamaIndex LLM, not {type(llm).__name__}")
-        temperature = options.get("temperature")
+        temperature = _number(options.get("temperature"), "temperature")
         if temperature is not None and not 0 <= temperature <= 2:
             raise ValueError("temperature must be between 0 and 2")
-        timeout = options.get("timeout", self.DEFAULT_TIMEOUT_S)
-        if timeout is not None and not timeout > 0:
-            raise ValueError("timeout must be > 0 seconds")
+        timeout = _number(options.get("timeout", self.DEFAULT_TIMEOUT_S), "timeout")
+        if timeout is not None and not 0 < timeout < 1e6:
+            raise ValueError("timeout must be > 0 seconds (and finite)")
         retry = options.get("retry")
         prices = options.get("prices")
         self._llm = llm
@@ -365,6 +365,13 @@ class LLMTransform(QueryTransformer):
         )
         result = TransformResult.fallback_for(query, self.method, error, usage=usage or Usage())
         return replace(result, latency_s=time.perf_counter() - start)
+
+
+def _number(value: Any, name: str) -> float | None:
+    """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"{name} must be a number, not {type(value).__name__}")
 
 
 def _shareable(result: TransformResult) -> bool:
