@@ -104,6 +104,9 @@ def split_documents(
         parts: Sequence[BaseNode] = [doc]
         if str(doc.metadata.get("source", "")).lower().endswith(MARKDOWN_SUFFIXES):
             parts = markdown.get_nodes_from_documents([doc])
+            for part in parts:  # its header_path too
+                part.excluded_embed_metadata_keys = list(part.metadata)
+                part.excluded_llm_metadata_keys = list(part.metadata)
         chunks = splitter(parts)  # splits sections as it splits documents
         nodes.extend(_chunk_nodes(doc, [(c.get_content(), dict(c.metadata)) for c in chunks]))
     return nodes
