@@ -129,8 +129,16 @@ class _Guarded(BaseReader):
                 )
             )
         except Exception as exc:  # a damaged or encrypted file: skip it, say why
+            exc = _cause(exc)
             self.contents.skipped.append(Skipped(rel, f"unreadable ({type(exc).__name__}: {exc})"))
         return []
+
+
+def _cause(exc: Exception) -> Exception:
+    """The error under tenacity's ``RetryError`` (`PDFReader` retries its reads)."""
+    last = getattr(exc, "last_attempt", None)
+    inner = last.exception() if last is not None else None
+    return inner if isinstance(inner, Exception) else exc
 
 
 def _extractors(folder: Path, suffixes: set[str]) -> dict[str, BaseReader]:
