@@ -328,3 +328,14 @@ def test_the_default_storage_context_cannot_read_a_cli_index(cli_index: Path) ->
     data = cli_index / read_meta(cli_index)["data"]
     with pytest.raises(UnicodeDecodeError):
         StorageContext.from_defaults(persist_dir=str(data))
+
+
+def test_a_chunk_id_that_is_another_documents_id_is_an_error() -> None:
+    from llama_index_hyde_plus.chunking import Chunking
+    from llama_index_hyde_plus.indexing import nodes_from_documents
+
+    long = Document(text="A sentence about ferries. " * 40, id_="guide")
+    clash = Document(text="A short one.", id_="guide#2")
+    with pytest.raises(ValueError, match="chunk id 'guide#2' is also another document's id"):
+        nodes_from_documents([long, clash], Chunking(30, 3))
+    assert len(nodes_from_documents([long, clash])) == 2  # unchunked: no clash
