@@ -4,6 +4,7 @@ rewrite, with rank fusion, safe fallbacks and honest cost accounting."""
 from ._version import __version__
 from .cache import MemoryCache, SQLiteCache
 from .fusion import FusionMode, fuse
+from .indexing import load_index
 from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
 from .provenance import transform_of
 from .retriever import SearchResult, TransformRetriever
@@ -42,6 +43,7 @@ __all__ = [
     "__version__",
     "aquery_for_evaluation",
     "fuse",
+    "load_index",
     "query_for_evaluation",
     "transform_of",
 ]

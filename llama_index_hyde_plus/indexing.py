@@ -25,16 +25,20 @@ from llama_index.core import Document, StorageContext, VectorStoreIndex, load_in
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 
-from ._files import json_lines
+from .chunking import Chunking, Tokenizer, split_documents, tokenizer_for
+from .readers import read_documents as read_documents  # where callers have found it
 
 META_FILE = "hyde_plus.json"
 ProgressFn = Callable[[int], None]
+TotalFn = Callable[[int], None]
+"""Told the number of texts to embed (chunks or documents) before any progress."""
 
 
 @dataclass(frozen=True)
 class IndexInfo:
     """What a build wrote: where (an index folder, or a Milvus URI and collection),
-    how many documents, the vector size, the embedding and how long it took."""
+    how many documents (and ``chunks``, the nodes they were split into: as many as the
+    documents without chunking), the vector size, the embedding and how long it took."""
 
     location: str
     documents: int
@@ -42,6 +46,11 @@ class IndexInfo:
     embed: str
     max_length: int
     seconds: float
+    chunks: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.chunks:
+            object.__setattr__(self, "chunks", self.documents)
 
     @property
     def path(self) -> Path:
@@ -80,99 +89,35 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
     return target
 
 
-def _decode(path: Path, rel: str) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ValueError(
-            f"{rel}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
-            "convert the file to UTF-8"
-        ) from exc
-
-
-def _field(row: dict[str, Any], name: str, where: str, *, required: bool) -> str | None:
-    value = row.get(name)
-    if value is None:
-        if required:
-            raise ValueError(f"{where}: '{name}' is missing or null; give every line a text")
-        return None
-    if not isinstance(value, str):
-        raise ValueError(
-            f"{where}: '{name}' must be a string, not {type(value).__name__} ({value!r:.60})"
-        )
-    return value
-
-
-def _doc_id(row: dict[str, Any], where: str) -> str:
-    for key in ("_id", "id"):
-        value = row.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise ValueError(f"{where}: '{key}' must be a string or an integer")
-        if str(value).strip():
-            return str(value)
-    return where
-
-
-def read_documents(folder: Path) -> list[Document]:
-    """Documents from ``folder``: ``.txt``/``.md`` files (one document each) and
-    ``.jsonl`` files (one per line, ``text`` plus optional ``title`` and ``_id``/``id``).
-
-    A `ValueError` names the file and line of anything it cannot take as it is: a
-    file that is not UTF-8, a line that is not a JSON object, a ``text`` that is null
-    or not a string, and a document id used twice (with both places)."""
-    if not folder.is_dir():
-        raise ValueError(f"DIR must be a folder: {folder}")
-    docs: list[Document] = []
-    seen: dict[str, str] = {}
-
-    def add(doc_id: str, where: str, text: str, meta: dict[str, Any]) -> None:
-        if doc_id in seen:
-            raise ValueError(
-                f"duplicate document id {doc_id!r} in {seen[doc_id]} and {where}; "
-                "give every document a unique _id"
-            )
-        seen[doc_id] = where
-        docs.append(Document(text=text, id_=doc_id, metadata=meta))
-
-    for path in sorted(folder.rglob("*")):
-        if not path.is_file():
-            continue
-        rel = str(path.relative_to(folder))
-        if path.suffix.lower() in (".txt", ".md"):
-            text = _decode(path, rel).strip()
-            if text:
-                add(rel, rel, text, {"source": rel})
-        elif path.suffix.lower() == ".jsonl":
-            for lineno, row in json_lines(_decode(path, rel).splitlines(), rel):
-                where = f"{rel}:{lineno}"
-                text = (_field(row, "text", where, required=True) or "").strip()
-                title = (_field(row, "title", where, required=False) or "").strip()
-                body = f"{title}\n{text}" if title else text
-                meta = {"source": rel, "title": title} if title else {"source": rel}
-                add(_doc_id(row, where), where, body, meta)
-    if not docs:
-        raise ValueError(f"no .txt, .md or .jsonl documents found in {folder}")
-    return docs
-
-
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
 
-def nodes_from_documents(documents: Sequence[Document]) -> list[TextNode]:
-    """One node per document, keeping its id; metadata (source, title) is kept but not
-    embedded or shown to the LLM (the title is already in the text). Two documents
-    with one id are a `ValueError`: the second would silently replace the first."""
+def nodes_from_documents(
+    documents: Sequence[Document],
+    chunking: Chunking | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> list[TextNode]:
+    """The nodes to embed: one per document keeping its id without ``chunking`` (as
+    BEIR scoring by document id needs), else the chunks of `split_documents` (counted
+    with ``tokenizer``). Metadata (source, title...) is kept but not embedded or shown
+    to the LLM (the title is already in the text). Two documents with one id, or a
+    chunk id that is also a document's, are a `ValueError`: one would replace the other."""
     seen: set[str] = set()
     for d in documents:
         if d.doc_id in seen:
             raise ValueError(f"duplicate document id {d.doc_id!r}; give every document its own")
         seen.add(d.doc_id)
+    if chunking is not None:
+        nodes = split_documents(documents, chunking, tokenizer)
+        ids = [n.node_id for n in nodes]
+        if len(set(ids)) != len(ids):
+            clash = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(
+                f"chunk id {clash!r} is also another document's id; rename that document"
+            )
+        return nodes
     return [
         TextNode(
             id_=d.doc_id,
@@ -183,6 +128,22 @@ def nodes_from_documents(documents: Sequence[Document]) -> list[TextNode]:
         )
         for d in documents
     ]
+
+
+def prepare_nodes(
+    documents: Sequence[Document],
+    embed_model: BaseEmbedding,
+    chunking: Chunking | None,
+    max_length: int,
+) -> tuple[list[TextNode], dict[str, Any] | None]:
+    """``(nodes, chunking settings to record)`` for a build: chunks counted in the
+    tokens of ``embed_model`` when ``chunking`` is given (checked against
+    ``max_length`` first), else one node per document and None."""
+    if chunking is None:
+        return nodes_from_documents(documents), None
+    chunking.check(max_length)
+    name, tokenizer = tokenizer_for(embed_model)
+    return nodes_from_documents(documents, chunking, tokenizer), chunking.as_meta(name)
 
 
 def embed_nodes(
@@ -215,14 +176,19 @@ def build_faiss_index(
     max_length: int,
     batch_size: int = 64,
     progress: ProgressFn | None = None,
+    chunking: Chunking | None = None,
+    total: TotalFn | None = None,
 ) -> IndexInfo:
-    """Embed ``documents`` (one node each) into a FAISS inner-product index at ``out``."""
+    """Embed ``documents`` (one node each, or chunks with ``chunking``) into a FAISS
+    inner-product index at ``out``."""
     import faiss
     from llama_index.vector_stores.faiss import FaissVectorStore
 
     out = check_index_target(out)
     start = time.perf_counter()
-    nodes = nodes_from_documents(documents)
+    nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
+    if total is not None:
+        total(len(nodes))
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
     dim = len(nodes[0].embedding or [])
     store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(dim))
@@ -230,10 +196,12 @@ def build_faiss_index(
     index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
     seconds = time.perf_counter() - start
 
-    info = IndexInfo(str(out), len(nodes), dim, embed_spec, max_length, seconds)
+    info = IndexInfo(str(out), len(documents), dim, embed_spec, max_length, seconds, len(nodes))
     meta = {
         "format": 2,
         "documents": info.documents,
+        "chunks": info.chunks,
+        "chunking": chunk_meta,
         "dim": dim,
         "embed": embed_spec,
         "embed_model": embedding_model_name(embed_model),
@@ -440,3 +408,13 @@ def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex
             f"lists {len(index.index_struct.nodes_dict)} documents; {_rebuild_hint(path)}"
         )
     return index
+
+
+def load_index(path: Path | str, embed: str | None = None) -> VectorStoreIndex:
+    """The FAISS index folder ``path`` (as `hyde-plus index` writes it) as a LlamaIndex
+    ``VectorStoreIndex``, with the embedding model recorded at indexing (or ``embed``,
+    a model spec such as ``openai:text-embedding-3-small``), so queries embed alike."""
+    from .stores import FaissStore
+
+    store = FaissStore(path)
+    return store.load(store.embedding_model(embed))

@@ -24,14 +24,16 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from .chunking import Chunking
 from .indexing import (
     EmbeddingMismatchError,
     ProgressFn,
+    TotalFn,
     check_embedding_model,
     embed_nodes,
     embedding_model_name,
-    nodes_from_documents,
     pause_for_tests,
+    prepare_nodes,
 )
 
 Ranker = Literal["rrf", "weighted"]
@@ -94,6 +96,8 @@ def build_milvus_index(
     max_length: int = 256,
     batch_size: int = 64,
     progress: ProgressFn | None = None,
+    chunking: Chunking | None = None,
+    total: TotalFn | None = None,
 ) -> VectorStoreIndex:
     """Embed ``documents`` into a new hybrid collection and switch ``collection`` to it.
 
@@ -102,10 +106,13 @@ def build_milvus_index(
     to it in one step, and only then is the old one dropped, so an interrupted build
     leaves the old collection serving. Beside a Milvus Lite file, a small JSON records
     how each collection was embedded (the entry of the new one is written before the
-    switch, so it always describes what the alias points at)."""
-    nodes = nodes_from_documents(documents)
+    switch, so it always describes what the alias points at). ``chunking``, ``total``:
+    as in `build_faiss_index`."""
+    nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
     if not nodes:
         raise ValueError("no documents to index")
+    if total is not None:
+        total(len(nodes))
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
     dim = len(nodes[0].embedding or [])
     physical = f"{collection}__{uuid.uuid4().hex[:12]}"
@@ -116,7 +123,9 @@ def build_milvus_index(
         embed_model=embed_model,
     )
     entry = {
-        "documents": len(nodes),
+        "documents": len(documents),
+        "chunks": len(nodes),
+        "chunking": chunk_meta,
         "dim": dim,
         "embed": embed_spec,
         "embed_model": embedding_model_name(embed_model),

@@ -370,3 +370,77 @@ def test_a_missing_extra_is_named_before_any_work(
     args = [str(built_index) if a == "IDX" else a for a in args]
     line = _one_error_line(runner.invoke(app, args))
     assert f"'{extra}' extra" in line and f"llama-index-hyde-plus[{extra}]" in line
+
+
+@pytest.fixture(scope="module")
+def chunked_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """An index of a long Markdown guide (many chunks) and a short note, and the
+    output of `index`."""
+    docs = tmp_path_factory.mktemp("long-docs")
+    sections = [
+        f"## Part {i}\n\nThe ferry timetable for pier {i} changes in spring and autumn."
+        for i in range(12)
+    ]
+    (docs / "guide.md").write_text("# Ferry guide\n\n" + "\n\n".join(sections))
+    (docs / "note.txt").write_text("The canteen serves soup on Mondays.")
+    (docs / "photo.jpg").write_bytes(b"\xff\xd8")
+    out = tmp_path_factory.mktemp("chunked") / "index"
+    result = runner.invoke(
+        app, ["index", str(docs), "--out", str(out), "--embed", "local", "--chunk-size", "40"]
+    )
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_index_reports_documents_chunks_and_skipped_files(chunked_index: tuple[Path, str]) -> None:
+    out, output = chunked_index
+    meta = json.loads((out / "hyde_plus.json").read_text())
+    assert meta["documents"] == 2 and meta["chunks"] > 2
+    assert f"Indexed 2 documents as {meta['chunks']} chunks" in output
+    assert meta["chunking"]["chunk_size"] == 40 and meta["chunking"]["chunk_overlap"] == 20
+    assert "photo.jpg: unsupported file type (.jpg)" in output
+
+
+def test_query_shows_the_file_and_chunk_of_each_result(chunked_index: tuple[Path, str]) -> None:
+    out, _ = chunked_index
+    result = runner.invoke(
+        app, ["query", "ferry timetable for pier 7", "--index", str(out), "-t", "none", "-k", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "source" in result.output and "guide.md #" in result.output
+
+
+def test_group_by_file_folds_the_chunks_of_a_file_into_its_best(
+    chunked_index: tuple[Path, str],
+) -> None:
+    out, _ = chunked_index
+    argv = ["query", "ferry timetable for pier 7", "--index", str(out), "-t", "none", "--json"]
+    plain = json.loads(runner.invoke(app, [*argv, "-k", "3"]).stdout)["results"]
+    grouped = runner.invoke(app, [*argv, "-k", "4", "--group-by-file"])  # 16 of 14 chunks
+    assert grouped.exit_code == 0, grouped.output
+    rows = json.loads(grouped.stdout)["results"]
+    assert [r["metadata"]["source"] for r in plain] == ["guide.md"] * 3
+    assert [r["metadata"]["source"] for r in rows] == ["guide.md", "note.txt"]
+    assert rows[0]["id"] == plain[0]["id"] and rows[0]["score"] == plain[0]["score"]
+    assert rows[0]["chunks_found"] > 1 and rows[1]["chunks_found"] == 1
+
+
+def test_json_results_carry_the_chunk_metadata(chunked_index: tuple[Path, str]) -> None:
+    out, _ = chunked_index
+    result = runner.invoke(app, ["query", "soup", "--index", str(out), "-t", "none", "--json"])
+    top = json.loads(result.stdout)["results"][0]
+    assert top["id"] == "note.txt" and top["source"] == "note.txt"
+    assert top["metadata"]["chunk"] == 1 and top["metadata"]["start_char"] == 0
+
+
+def test_a_chunk_larger_than_the_model_window_is_refused_before_work(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("text")
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app, ["index", str(tmp_path / "docs"), "--out", str(out), "--chunk-size", "300"]
+    )
+    assert (
+        result.exit_code == 2 and "--chunk-size 300 is more than --max-length 256" in result.output
+    )
+    assert not out.exists()

@@ -285,3 +285,57 @@ def test_the_cli_refuses_duplicate_ids_before_embedding(tmp_path: Path) -> None:
     folder = _folder(tmp_path, {"a.jsonl": _line(_id="x", text="one") + _line(_id="x", text="two")})
     result = runner.invoke(app, ["index", str(folder), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "duplicate document id 'x'" in result.output
+
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def _readme_block(marker: str) -> str:
+    """The first ```python block after ``marker`` in the README."""
+    text = README.read_text()
+    rest = text[text.index(marker) :]
+    start = rest.index("```python\n") + len("```python\n")
+    return rest[start : rest.index("```", start)]
+
+
+def test_load_index_opens_a_cli_index_with_its_recorded_model(cli_index: Path) -> None:
+    from llama_index_hyde_plus import load_index
+
+    index = load_index(str(cli_index))
+    assert index._embed_model.model_name == read_meta(cli_index)["embed_model"]  # type: ignore[attr-defined]
+    hits = index.as_retriever(similarity_top_k=1).retrieve("How many days of paid time off?")
+    assert hits[0].node.node_id == "pto.txt" and "paid time off" in hits[0].node.get_content()
+
+
+def test_plain_llama_index_opens_a_cli_index_as_the_readme_says(
+    tmp_path: Path, cli_index: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(cli_index, tmp_path / "my-index")
+    monkeypatch.chdir(tmp_path)
+    code = _readme_block("<!-- plain-llamaindex -->")
+    assert "FaissVectorStore.from_persist_dir" in code and "load_index_from_storage" in code
+    scope: dict[str, object] = {}
+    exec(compile(code, str(README), "exec"), scope)
+    nodes = scope["nodes"]
+    assert isinstance(nodes, list) and nodes[0].node.node_id == "pto.txt"
+
+
+def test_the_default_storage_context_cannot_read_a_cli_index(cli_index: Path) -> None:
+    """Why the README passes the FAISS store: LlamaIndex's default reads the binary
+    vector file as JSON."""
+    from llama_index.core import StorageContext
+
+    data = cli_index / read_meta(cli_index)["data"]
+    with pytest.raises(UnicodeDecodeError):
+        StorageContext.from_defaults(persist_dir=str(data))
+
+
+def test_a_chunk_id_that_is_another_documents_id_is_an_error() -> None:
+    from llama_index_hyde_plus.chunking import Chunking
+    from llama_index_hyde_plus.indexing import nodes_from_documents
+
+    long = Document(text="A sentence about ferries. " * 40, id_="guide")
+    clash = Document(text="A short one.", id_="guide#2")
+    with pytest.raises(ValueError, match="chunk id 'guide#2' is also another document's id"):
+        nodes_from_documents([long, clash], Chunking(30, 3))
+    assert len(nodes_from_documents([long, clash])) == 2  # unchunked: no clash

@@ -81,6 +81,8 @@ def test_collection_reopens_from_the_file(milvus_index: tuple[str, VectorStoreIn
     assert meta is not None and meta.pop("physical_collection").startswith("docs__")
     assert meta == {
         "documents": len(MILVUS_DOCS),
+        "chunks": len(MILVUS_DOCS),
+        "chunking": None,
         "dim": 256,
         "embed": "det",
         "embed_model": "deterministic-bow",
@@ -187,6 +189,10 @@ def test_cli_indexes_and_queries_milvus_lite(tmp_path: Path) -> None:
     )
     assert built.exit_code == 0, built.output
     assert "BM25 + dense" in built.output
+    n = len(MILVUS_DOCS)
+    assert f"Indexed {n} documents as {n} chunks" in built.output
+    meta = read_milvus_meta(uri) or {}
+    assert meta["chunks"] == n and meta["chunking"]["chunk_size"] == 200
     found = runner.invoke(
         app,
         [
@@ -202,7 +208,8 @@ def test_cli_indexes_and_queries_milvus_lite(tmp_path: Path) -> None:
         ],
     )
     assert found.exit_code == 0, found.output
-    assert json.loads(found.stdout)["results"][0]["id"] == "zx-router"
+    top = json.loads(found.stdout)["results"][0]
+    assert top["id"] == "zx-router" and top["metadata"]["source"] == "corpus.jsonl"
     both = runner.invoke(app, ["query", "q", "--uri", uri, "--index", str(tmp_path)])
     assert both.exit_code == 2 and "exactly one" in both.output
 

@@ -80,3 +80,28 @@ def test_a_store_reads_an_evaluation_label_as_spec_and_length(tmp_path: Path) ->
     store.build(DOCUMENTS, EMBED, embed_spec="deterministic@64", max_length=0)
     with pytest.raises(ValueError, match="unknown model choice 'deterministic'"):
         store.embedding_model()  # the "@64" suffix is not part of the model name
+
+
+LONG = Document(text=" ".join(f"Sentence {i} of the long report." for i in range(200)), id_="long")
+
+
+def test_a_store_build_keeps_one_node_per_document_unless_asked_to_chunk(tmp_path: Path) -> None:
+    """Evaluation (BEIR) scores by document id, so its builds are not chunked."""
+    from llama_index_hyde_plus.chunking import Chunking
+
+    whole = FaissStore(tmp_path / "whole")
+    info = whole.build([LONG, *DOCUMENTS], EMBED, embed_spec="det", max_length=256)
+    assert info.chunks == info.documents == len(DOCUMENTS) + 1
+    assert whole.meta()["chunking"] is None  # type: ignore[index]
+    ids = set(whole.load(EMBED).index_struct.nodes_dict.values())
+    assert "long" in ids
+
+    chunked = FaissStore(tmp_path / "chunked")
+    info = chunked.build(
+        [LONG, *DOCUMENTS], EMBED, embed_spec="det", max_length=256, chunking=Chunking(100, 10)
+    )
+    meta = chunked.meta() or {}
+    assert info.documents == len(DOCUMENTS) + 1 and info.chunks > info.documents
+    assert meta["chunks"] == info.chunks and meta["chunking"]["chunk_size"] == 100
+    ids = set(chunked.load(EMBED).index_struct.nodes_dict.values())
+    assert "long" not in ids and {"long#1", "long#2", "pto"} <= ids

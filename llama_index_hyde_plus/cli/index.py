@@ -8,8 +8,11 @@ from typing import Annotated
 
 import typer
 from llama_index.core import Document
+from rich.markup import escape
 
+from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, Chunking
 from ..indexing import IndexInfo
+from ..readers import Skipped
 from ..stores import FaissStore, MilvusStore, Store
 from ._console import console, err, progress_bar, reported, task
 from ._options import Collection, Embed, StoreKind, Token, Uri
@@ -22,15 +25,21 @@ def build_store(
     embed: str,
     max_length: int,
     batch_size: int,
+    chunking: Chunking | None = None,
 ) -> IndexInfo:
-    """Load the embedding model named ``embed`` and build ``store`` with a progress bar."""
+    """Load the embedding model named ``embed`` and build ``store`` with a progress bar
+    (of chunks once the documents are split, with ``chunking``)."""
     from ..models import concrete_embedding_spec, resolve_embedding
 
+    if chunking is not None:
+        chunking.check(max_length)  # before the model loads
     spec = concrete_embedding_spec(embed)
     with err.status("Loading the embedding model..."):
         embed_model = resolve_embedding(spec, max_length=max_length)
+    what = "chunks" if chunking is not None else "docs"
     with progress_bar() as progress:
-        advance = task(progress, "Embedding documents", len(documents), "docs/s")
+        advance = task(progress, f"Embedding {what}", len(documents), f"{what}/s")
+        task_id = progress.task_ids[-1]
         return store.build(
             documents,
             embed_model,
@@ -38,7 +47,24 @@ def build_store(
             max_length=max_length,
             batch_size=batch_size,
             progress=advance,
+            chunking=chunking,
+            total=lambda n: progress.update(task_id, total=n),
         )
+
+
+#: Skipped files listed one per line; the rest are counted.
+SKIPPED_SHOWN = 20
+
+
+def print_skipped(skipped: Sequence[Skipped]) -> None:
+    """What was not indexed and why, on stderr (never silently)."""
+    if not skipped:
+        return
+    err.print(f"[yellow]Skipped {len(skipped)} file(s):[/]")
+    for item in skipped[:SKIPPED_SHOWN]:
+        err.print(f"  {escape(item.path)}: {escape(item.reason)}", soft_wrap=True)
+    if len(skipped) > SKIPPED_SHOWN:
+        err.print(f"  ... and {len(skipped) - SKIPPED_SHOWN} more")
 
 
 def _target(
@@ -61,7 +87,12 @@ def _target(
 
 
 def index(
-    docs: Annotated[Path, typer.Argument(help="Folder of .txt, .md or .jsonl documents.")],
+    docs: Annotated[
+        Path,
+        typer.Argument(
+            help="Folder of documents: .txt .md .rst .jsonl, with [docs] .pdf .docx .html .csv."
+        ),
+    ],
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Folder to write a FAISS index to.")
     ] = None,
@@ -72,20 +103,36 @@ def index(
     embed: Embed = "auto",
     max_length: Annotated[int, typer.Option(help="Max tokens per text (local model).")] = 256,
     batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 64,
+    chunk_size: Annotated[
+        int, typer.Option(help="Most tokens per chunk (at most --max-length).")
+    ] = DEFAULT_CHUNK_SIZE,
+    chunk_overlap: Annotated[
+        int, typer.Option(help="Tokens shared by consecutive chunks.")
+    ] = DEFAULT_CHUNK_OVERLAP,
 ) -> None:
-    """Embed a folder of documents into FAISS on disk or a hybrid Milvus collection."""
-    from ..indexing import read_documents
+    """Split a folder of documents into chunks and embed them into FAISS on disk or a
+    hybrid Milvus collection."""
+    from ..readers import read_folder
 
+    chunking = Chunking(chunk_size, chunk_overlap)
     with reported():
+        chunking.check(max_length)
         target = _target(store, out, uri, collection, token or "")
         target.check_target(docs)
-        documents = read_documents(docs)
+        contents = read_folder(docs)
+        print_skipped(contents.skipped)
         info = build_store(
-            target, documents, embed=embed, max_length=max_length, batch_size=batch_size
+            target,
+            contents.documents,
+            embed=embed,
+            max_length=max_length,
+            batch_size=batch_size,
+            chunking=chunking,
         )
+    rate = info.chunks / info.seconds if info.seconds else 0.0
     console.print(
-        f"[green]Indexed {info.documents} documents[/] into [bold]{info.location}[/] "
-        f"({target.search}, {info.dim}-d, {info.seconds:.1f}s, "
-        f"{info.docs_per_second:.1f} docs/s)",
+        f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into "
+        f"[bold]{info.location}[/] ({target.search}, {info.dim}-d, {info.seconds:.1f}s, "
+        f"{rate:.1f} chunks/s)",
         soft_wrap=True,
     )

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from llama_index.core.schema import NodeWithScore
+from rich.table import Table
 
 from ..retriever import SearchResult, TransformRetriever
 from ..stores import open_store
@@ -17,7 +20,6 @@ from ._console import (
     console,
     print_transform,
     reported,
-    results_table,
     setup_logging,
     usage_line,
     working,
@@ -104,16 +106,76 @@ def _search(
         return transform, searcher.search(question)
 
 
-def _print_json(result: SearchResult) -> None:
+def source_of(item: NodeWithScore) -> str:
+    """Where a result comes from: its file, and which chunk of it when there are several
+    (``guide.md #3/12``); its id when no file is recorded."""
+    meta = item.node.metadata
+    source = str(meta.get("source") or item.node.node_id)
+    chunks = meta.get("chunks")
+    if isinstance(chunks, int) and chunks > 1:
+        source += f" #{meta.get('chunk')}/{chunks}"
+    return source
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the results: a chunk, or with ``--group-by-file`` a file's best chunk
+    and how many of its chunks were found (``hits``)."""
+
+    item: NodeWithScore
+    hits: int = 1
+
+
+def result_rows(nodes: list[NodeWithScore], group_by_file: bool, top_k: int) -> list[Row]:
+    """The first ``top_k`` results, one per chunk or (``group_by_file``) per file: the
+    rows keep the rank order, so a file's row is its best-scoring chunk."""
+    if not group_by_file:
+        return [Row(x) for x in nodes[:top_k]]
+    rows: dict[str, Row] = {}
+    for x in nodes:
+        key = str(x.node.metadata.get("source") or x.node.node_id)
+        found = rows.get(key)
+        rows[key] = Row(found.item, found.hits + 1) if found else Row(x)
+    return list(rows.values())[:top_k]
+
+
+def _results_table(title: str, rows: list[Row], group_by_file: bool) -> Table:
+    table = Table(title=title, title_justify="left", expand=False)
+    for name in ("#", "score"):
+        table.add_column(name, justify="right")
+    table.add_column("id")
+    table.add_column("source")
+    if group_by_file:
+        table.add_column("chunks found", justify="right")
+    table.add_column("text", overflow="fold", max_width=70)
+    for rank, row in enumerate(rows, 1):
+        item = row.item
+        score = f"{item.score:.3f}" if item.score is not None else "-"
+        text = item.node.get_content().replace("\n", " ")[:200]
+        cells = [str(rank), score, item.node.node_id, source_of(item)]
+        table.add_row(*cells, *([str(row.hits)] if group_by_file else []), text)
+    return table
+
+
+def _print_json(result: SearchResult, rows: list[Row], group_by_file: bool) -> None:
+    results = []
+    for row in rows:
+        x = row.item
+        entry: dict[str, Any] = {"id": x.node.node_id, "score": x.score}
+        entry |= {"text": x.node.get_content()}
+        entry |= {"source": source_of(x), "metadata": x.node.metadata}
+        results.append(entry | ({"chunks_found": row.hits} if group_by_file else {}))
     payload = {
         "transform": result.transform.to_dict(),
-        "results": [
-            {"id": x.node.node_id, "score": x.score, "text": x.node.get_content()}
-            for x in result.nodes
-        ],
+        "results": results,
         "latency_s": result.latency_s,
     }
-    console.print_json(json.dumps(payload))
+    console.print_json(json.dumps(payload, default=str))
+
+
+#: With ``--group-by-file``, the search fetches this many times ``--top-k`` chunks, so
+#: that ``--top-k`` distinct files are usually among them.
+GROUP_POOL = 4
 
 
 def query(
@@ -138,6 +200,10 @@ def query(
     prompt: Prompt = None,
     timeout: Timeout = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    group_by_file: Annotated[
+        bool,
+        typer.Option(help="One row per file: its best chunk and how many of its chunks matched."),
+    ] = False,
     config_file: Annotated[
         Path | None,
         typer.Option("--config", help="Transform and options from `hyde-plus tune`."),
@@ -159,16 +225,33 @@ def query(
     }
     with reported():
         store = open_store(index=index_path, uri=uri, collection=collection, token=token or "")
+        depth = top_k * GROUP_POOL if group_by_file else top_k
         with working("Loading the index and the embedding model"):
-            retriever = store.open(top_k, embed=embed)
+            retriever = store.open(depth, embed=embed)
         transform, result = _search(
-            question, transform, options, config_file, llm, retriever, top_k
+            question, transform, options, config_file, llm, retriever, depth
         )
+    _show(question, transform, result, top_k, group_by_file=group_by_file, as_json=as_json)
+
+
+def _show(
+    question: str,
+    transform: str,
+    result: SearchResult,
+    top_k: int,
+    *,
+    group_by_file: bool,
+    as_json: bool,
+) -> None:
+    """The results of `query`: JSON, or the transform's output and a table."""
+    rows = result_rows(result.nodes, group_by_file, top_k)
     if as_json:
-        _print_json(result)
+        _print_json(result, rows, group_by_file)
         return
     print_transform(result)
-    console.print(results_table(f"Top {top_k} for {question!r} ({transform})", result))
+    what = " files" if group_by_file else ""
+    title = f"Top {top_k}{what} for {question!r} ({transform})"
+    console.print(_results_table(title, rows, group_by_file))
     cost = f"{usage_line(result.transform.usage)}; " if result.transform.usage.calls else ""
     console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
 

@@ -13,19 +13,23 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
 if TYPE_CHECKING:
-    from ..indexing import IndexInfo, ProgressFn
+    from ..chunking import Chunking
+    from ..indexing import IndexInfo, ProgressFn, TotalFn
 
 STORE_KINDS: tuple[str, ...] = ("faiss", "milvus")
 
 
 @dataclass(frozen=True)
 class BuildSettings:
-    """How a build embeds: what to record of the model, and batching."""
+    """How a build embeds: what to record of the model, batching, progress, and how
+    documents are split (``chunking``; None: one node per document)."""
 
     embed_spec: str
     max_length: int
     batch_size: int = 64
     progress: ProgressFn | None = None
+    chunking: Chunking | None = None
+    total: TotalFn | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         """The settings as keyword arguments of `build_faiss_index` and friends."""
@@ -70,10 +74,15 @@ class Store(ABC):
         max_length: int,
         batch_size: int = 64,
         progress: ProgressFn | None = None,
+        chunking: Chunking | None = None,
+        total: TotalFn | None = None,
     ) -> IndexInfo:
         """Embed ``documents`` (recording ``embed_spec`` and ``max_length``, so queries
-        embed alike) and switch the index to them in one step."""
-        settings = BuildSettings(embed_spec, max_length, batch_size, progress)
+        embed alike) and switch the index to them in one step. With ``chunking`` each
+        document is split into chunks (`hyde-plus index`); without, each is one node
+        keeping its id (evaluation scores by document id). ``total`` is told the number
+        of texts to embed before ``progress`` counts them."""
+        settings = BuildSettings(embed_spec, max_length, batch_size, progress, chunking, total)
         return self._build(documents, embed_model, settings)
 
     @abstractmethod

@@ -66,12 +66,18 @@ class MilvusStore(Store):
             token=self.token,
             **settings.as_kwargs(),
         )
-        count = len(index.index_struct.nodes_dict) or len(documents)
         meta = self.meta() or {}
+        chunks = int(meta.get("chunks") or len(index.index_struct.nodes_dict) or len(documents))
         dim = int(meta.get("dim") or len(embed_model.get_query_embedding("dimension probe")))
         seconds = time.perf_counter() - start
         return IndexInfo(
-            self.location, count, dim, settings.embed_spec, settings.max_length, seconds
+            self.location,
+            len(documents),
+            dim,
+            settings.embed_spec,
+            settings.max_length,
+            seconds,
+            chunks,
         )
 
     def meta(self) -> dict[str, Any] | None:
