@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,42 @@ from .indexing import (
 
 Ranker = Literal["rrf", "weighted"]
 DEFAULT_COLLECTION = "hyde_plus"
+
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
+
+
+def check_collection_name(collection: str) -> str:
+    """``collection`` if Milvus accepts it as a collection or alias name (letters,
+    digits and ``_``, not starting with a digit); else a `ValueError` naming it."""
+    if not isinstance(collection, str) or not _NAME.match(collection):
+        raise ValueError(
+            f"--collection {collection!r} is not a Milvus name: use letters, digits and _, "
+            "starting with a letter or _"
+        )
+    return collection
+
+
+def check_uri(uri: str) -> str:
+    """``uri`` if it can name a Milvus: an ``http(s)://``/``tcp://``/``unix:`` URL, or a
+    Milvus Lite database ending in ``.db``; else a `ValueError`."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ValueError("--uri is needed for the Milvus store (a .db file path or a URL)")
+    if not is_local_uri(uri) or uri.startswith("unix:"):
+        return uri
+    path = Path(uri).expanduser()
+    if path.suffix != ".db":
+        raise ValueError(
+            f"--uri {uri}: a Milvus Lite file must end in .db (or give an http(s):// URL)"
+        )
+    return uri
+
+
+def _is_build_of(name: str, collection: str) -> bool:
+    """Whether ``name`` is one of the physical collections hyde-plus builds behind the
+    alias ``collection`` (``<collection>__`` and 12 hex digits), not merely a name
+    that starts the same way."""
+    return re.fullmatch(re.escape(collection) + r"__[0-9a-f]{12}", name) is not None
 
 
 def is_local_uri(uri: str) -> bool:
@@ -107,7 +144,10 @@ def build_milvus_index(
     leaves the old collection serving. Beside a Milvus Lite file, a small JSON records
     how each collection was embedded (the entry of the new one is written before the
     switch, so it always describes what the alias points at). ``chunking``, ``total``:
-    as in `build_faiss_index`."""
+    as in `build_faiss_index`. A collection called ``collection`` that hyde-plus did
+    not build is never dropped: the build is refused before any embedding."""
+    check_collection_name(collection)
+    _check_name_is_ours(_client(check_uri(uri), token), uri, collection)
     nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
     if not nodes:
         raise ValueError("no documents to index")
@@ -137,7 +177,7 @@ def build_milvus_index(
     _update_meta(uri, collection, add={physical: entry})
     pause_for_tests("milvus")
     _switch_alias(client, collection, physical)
-    stale = [c for c in client.list_collections() if c.startswith(f"{collection}__")]
+    stale = [c for c in client.list_collections() if _is_build_of(c, collection)]
     for name in stale:
         if name != physical:
             client.drop_collection(name)
@@ -156,11 +196,26 @@ def _switch_alias(client: Any, alias: str, physical: str) -> None:
     client.create_alias(physical, alias)
 
 
+def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
+    """A `ValueError` when a collection called ``collection`` exists that is neither an
+    alias of ours nor a collection hyde-plus built before it used aliases (recorded in
+    the metadata file beside a Milvus Lite file): it is someone's data."""
+    if collection not in client.list_collections() or _alias_target(client, collection):
+        return
+    meta = _meta_path(uri, collection)
+    legacy = meta is not None and meta.is_file() and "collections" not in _read_meta_file(meta)
+    if not legacy:
+        raise ValueError(
+            f"{uri} already has a collection {collection!r} that hyde-plus did not build; "
+            "it is left alone: choose another --collection"
+        )
+
+
 def _alias_target(client: Any, alias: str) -> str | None:
     """The collection ``alias`` points at (looked up among ``<alias>__*`` collections,
     since describing a missing alias logs an RPC error)."""
     for name in client.list_collections():
-        if name.startswith(f"{alias}__"):
+        if _is_build_of(name, alias):
             aliases = client.list_aliases(collection_name=name)
             if alias in (aliases.get("aliases") or []):
                 return str(name)
@@ -215,10 +270,16 @@ def _update_meta(
 
 
 def _client(uri: str, token: str) -> Any:
+    """A client of ``uri``; a `ValueError` naming the URI when it cannot be opened (an
+    unreachable server, a file that is not a Milvus Lite database)."""
     from pymilvus import MilvusClient
 
     local = is_local_uri(uri)
-    return MilvusClient(uri=str(Path(uri).expanduser()) if local else uri, token=token)
+    try:
+        return MilvusClient(uri=str(Path(uri).expanduser()) if local else uri, token=token)
+    except Exception as exc:
+        what = "is not a Milvus Lite database or is in use" if local else "does not answer"
+        raise ValueError(f"cannot open Milvus at {uri}: it {what} ({type(exc).__name__})") from exc
 
 
 def read_milvus_meta(

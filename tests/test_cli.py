@@ -444,3 +444,55 @@ def test_a_chunk_larger_than_the_model_window_is_refused_before_work(tmp_path: P
         result.exit_code == 2 and "--chunk-size 300 is more than --max-length 256" in result.output
     )
     assert not out.exists()
+
+
+@pytest.mark.local
+def test_eval_docs_writes_questions_scores_and_reuses_them(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.cli.demo import demo_corpus_path
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "corpus.jsonl").write_text(demo_corpus_path().read_text())
+    args = [
+        *("eval", "--docs", str(docs), "--questions", "6", "--transforms", "none,rocchio"),
+        *("--questions-dir", str(tmp_path / "questions"), "--llm", "local", "--embed", "local"),
+        *("--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")),
+    ]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "questions kept" in first.output and "plain search is favoured" in first.output
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    kept = results["queries"]
+    assert 1 <= kept <= 6 and [r["transform"] for r in results["results"]] == ["none", "rocchio"]
+    assert "generated questions kept" in results["config"]["questions"]
+    queries = (tmp_path / "questions" / "queries.jsonl").read_text().splitlines()
+    assert len(queries) == kept
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "Reusing the question set" in again.output
+    assert (tmp_path / "questions" / "queries.jsonl").read_text().splitlines() == queries
+
+
+def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
+    docs = _docs(tmp_path)
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("How much paid time off is there?\ta.txt\t1\n")
+    result = runner.invoke(
+        app,
+        [
+            *("eval", "--docs", str(docs), "--qrels", str(labels), "--transforms", "none"),
+            *("--questions-dir", str(tmp_path / "set"), "--embed", "local"),
+            *("--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    scored = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert scored["queries"] == 1 and scored["results"][0]["nDCG@10"] == 1.0
+    assert "About these questions" not in result.output  # the user's own labels
+
+
+def test_eval_needs_exactly_one_of_dataset_and_docs(tmp_path: Path) -> None:
+    none = runner.invoke(app, ["eval", "--embed", "local"])
+    assert none.exit_code == 2 and "exactly one of --dataset" in none.output
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    both = runner.invoke(app, ["eval", "--dataset", str(tiny), "--docs", str(tmp_path)])
+    assert both.exit_code == 2 and "exactly one of --dataset" in both.output

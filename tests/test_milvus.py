@@ -367,3 +367,57 @@ def test_serve_uri_serves_a_milvus_store_with_its_hybrid_mode(tmp_path: Path) ->
         assert {h["id"] for h in raw["hits"]} <= set(MILVUS_DOCS)
     finally:
         client.shutdown()
+
+
+def test_a_collection_hyde_plus_did_not_build_is_never_dropped(tmp_path: Path) -> None:
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "shared.db")
+    client = MilvusClient(uri)
+    client.create_collection("products", dimension=4)
+    client.insert("products", [{"id": i, "vector": [0.1 * i] * 4} for i in range(5)])
+    docs = [Document(text=t, id_=i) for i, t in DOCS.items()]
+    with pytest.raises(ValueError, match="'products' that hyde-plus did not build"):
+        build_milvus_index(docs, EMBED, uri, collection="products")
+    assert client.query("products", filter="id >= 0", output_fields=["id"]) != []
+    assert client.list_collections() == ["products"]
+
+
+def test_building_one_collection_leaves_a_longer_named_one_alone(tmp_path: Path) -> None:
+    uri = str(tmp_path / "prefix.db")
+    docs = [Document(text=t, id_=i) for i, t in DOCS.items()]
+    build_milvus_index(docs, EMBED, uri, collection="kb__v2")
+    build_milvus_index(docs, EMBED, uri, collection="kb")
+    build_milvus_index(docs, EMBED, uri, collection="kb")  # a rebuild cleans only its own
+    index = load_milvus_index(uri, EMBED, collection="kb__v2")
+    assert hybrid_retriever(index, 2).retrieve("paid time off")[0].node.node_id == "pto"
+
+
+@pytest.mark.parametrize(
+    ("uri", "collection", "message"),
+    [
+        ("folder", "hyde_plus", "must end in .db"),
+        ("ok.db", "", "is not a Milvus name"),
+        ("ok.db", "a/b", "is not a Milvus name"),
+        ("text.db", "hyde_plus", "cannot open Milvus at"),
+    ],
+)
+def test_a_bad_uri_or_collection_is_refused_before_any_embedding(
+    tmp_path: Path, uri: str, collection: str, message: str
+) -> None:
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    (tmp_path / "dir.db").mkdir()
+    (tmp_path / "text.db").write_text("not a database")
+    embedded: list[int] = []
+    target = str(tmp_path / uri)
+    with pytest.raises(ValueError, match=message):
+        MilvusStore(target, collection=collection).build(
+            [Document(text="x", id_="x")],
+            EMBED,
+            embed_spec="d",
+            max_length=64,
+            progress=embedded.append,
+        )
+    assert embedded == []
+    assert (tmp_path / "text.db").read_text() == "not a database"

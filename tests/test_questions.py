@@ -75,6 +75,8 @@ def test_a_question_copying_a_long_span_of_its_chunk_is_rejected() -> None:
     assert check_question(own_words, PASSAGE) is None  # shares names, not a span
     assert check_question("Kestrel backup window closes?", PASSAGE) == "copies a span of its chunk"
     assert check_question("Why?", PASSAGE) == "too short"
+    meta = "Why does the passage mention Frankfurt?"
+    assert check_question(meta, PASSAGE) == "asks about the passage, not its content"
     assert check_question(None, PASSAGE) == "no question in the reply"
     assert check_question("Why " + "really " * 80 + "?", PASSAGE) == "too long"
 

@@ -36,6 +36,10 @@ NumPassages = Annotated[int, typer.Option(help="HyDE passages to average.")]
 Dataset = Annotated[
     Path, typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv).")
 ]
+OptDataset = Annotated[
+    Path | None,
+    typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)."),
+]
 Limit = Annotated[int | None, typer.Option(help="Only the first N judged queries.")]
 HydePrompt = Annotated[
     str | None,

@@ -8,7 +8,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
+from ..evaluation.runner import needs_llm
 from . import _options as opt
+from . import _questions as q
 from ._console import console, err, progress_bar, reported, setup_logging
 from ._evaluation import (
     ModelChoice,
@@ -74,7 +77,13 @@ Configs = Annotated[
 
 
 def eval_cmd(
-    dataset: opt.Dataset,
+    dataset: opt.OptDataset = None,
+    docs: q.Docs = None,
+    questions: q.Questions = 100,
+    qrels: q.Qrels = None,
+    questions_dir: q.QuestionsDir = Path("hyde-plus-questions"),
+    chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
+    chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
     transforms: Transforms = "none,hyde",
     split: Split = "test",
     limit: opt.Limit = None,
@@ -96,44 +105,72 @@ def eval_cmd(
     config_files: Configs = None,
     verbose: opt.Verbose = False,
 ) -> None:
-    """Score transforms on a BEIR dataset: nDCG@10, recall, MRR, wins/ties/losses and a
+    """Score transforms on a BEIR dataset, or on your own documents (--docs, with
+    generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
-    from ..evaluation import load_beir, run_eval
-    from ..evaluation.runner import needs_llm
+    from ..evaluation import run_eval
 
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
-    with reported():  # BeirFormatError is a ValueError
-        kind = where.kind  # flags are checked before anything loads
-        specs = _specs(transforms, config_files)
-        ds = load_beir(dataset, split, limit=limit)
-        embed_model, model = models.load(any(needs_llm(s.name) for s in specs))
-    err.print(
-        f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
-        f"transforms: {', '.join(s.label for s in specs)}"
+    docs_choice = (
+        q.DocsChoice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
+        if docs is not None
+        else None
     )
-    config = _config(models, model, kind, top_k, hyde_prompt=hyde_prompt or "default", split=split)
+    source = q.DataChoice(dataset, docs_choice)
+    specs, ds, note, embed_model, model = _prepare(
+        source, where, models, transforms, config_files, split, limit
+    )
+    config = _config(models, model, where.kind, top_k, hyde_prompt=hyde_prompt or "default")
+    config.update(split=split if note is None else "generated questions", questions=note)
     with progress_bar() as progress, reported():
         result = run_eval(
             ds,
             specs,
-            llm=models.make_llm if model is not None else None,
+            llm=models.make_llm if any(needs_llm(s.name) for s in specs) else None,
             max_length=max_length,
             use_cache=cache,
             progress=bars(progress, "/s"),
-            config=config,
+            config={k: v for k, v in config.items() if v is not None},
             **where.runner_kwargs(models, embed_model),
         )
-    _show(result, out)
+    _show(result, out, note)
 
 
-def _show(result: Any, out: Path) -> None:
+def _prepare(
+    source: q.DataChoice,
+    where: SearchChoice,
+    models: ModelChoice,
+    transforms: str,
+    config_files: list[Path] | None,
+    split: str,
+    limit: int | None,
+) -> tuple[list[Any], Any, str | None, Any, Any]:
+    """Check every flag, then load the models and the dataset (writing questions for
+    ``--docs``): ``(specs, dataset, caveat, embedding model, LLM or None)``."""
+    with reported():  # BeirFormatError is a ValueError
+        where.kind  # noqa: B018 - flags are checked before anything loads
+        specs = _specs(transforms, config_files)
+        source.check(models.max_length)
+        needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
+        embed_model, model = models.load(needs)
+        ds, note = source.load(split, limit, embed_model, model, models.max_length)
+    err.print(
+        f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
+        f"transforms: {', '.join(s.label for s in specs)}"
+    )
+    return specs, ds, note, embed_model, model
+
+
+def _show(result: Any, out: Path, note: str | None = None) -> None:
     from ..evaluation.report import rich_table, verdicts, write_outputs
 
     Console(width=max(console.width, 160)).print(rich_table(result))
     for line in verdicts(result):
         console.print(f"  {line}")
+    if note is not None:
+        err.print(f"[yellow]About these questions:[/] {note}", soft_wrap=True)
     paths = write_outputs(result, out, command_line("eval"))
     console.print(f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]")

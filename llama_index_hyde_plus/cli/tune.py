@@ -8,8 +8,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from ..transforms.registry import TRANSFORMS
 from . import _options as opt
+from . import _questions as q
 from ._console import check_choice, console, err, fail, progress_bar, reported, setup_logging
 from ._evaluation import (
     ModelChoice,
@@ -24,7 +26,7 @@ def _check(name: str, split: str, tolerance: float, out: Path, report: Path | No
     from ..evaluation.tune import check_writable
 
     check_choice("--transform", name, TRANSFORMS[1:])
-    if split.strip().lower() == "test":
+    if split.strip().lower() == "test":  # ("generated" for --docs: no real test split)
         err.print("[bold yellow]warning:[/] tuning on the test split; report on another split")
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
@@ -56,7 +58,13 @@ Depth = Annotated[int, typer.Option(help="Results kept per query (rerank depth).
 
 
 def tune(
-    dataset: opt.Dataset,
+    dataset: opt.OptDataset = None,
+    docs: q.Docs = None,
+    questions: q.Questions = 100,
+    qrels: q.Qrels = None,
+    questions_dir: q.QuestionsDir = Path("hyde-plus-questions"),
+    chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
+    chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
     transform: TuneTransform = "hyde",
     split: TuneSplit = "train",
     limit: opt.Limit = 300,
@@ -79,34 +87,32 @@ def tune(
     token: opt.Token = None,
     verbose: opt.Verbose = False,
 ) -> None:
-    """Sweep a transform's search options on a training split and write the winner.
-
-    Each query is generated once (cached); every configuration reuses it, so a sweep
-    costs one generation per query and generation setting. Prints the table and the
-    chosen configuration: the simplest within --tolerance points of the best."""
-    from ..evaluation import load_beir
-    from ..evaluation.runner import needs_llm
-    from ..evaluation.tune import check_grid, parse_grid, run_tune, write_config
+    """Sweep a transform's search options on a training split (or on questions written
+    from your --docs) and write the winner: the simplest configuration within
+    --tolerance points of the best. Each query is generated once and reused."""
+    from ..evaluation.tune import run_tune, write_config
 
     require_eval_extra("hyde-plus tune")
     setup_logging(verbose)
     name = transform.strip().lower()
-    _check(name, split, tolerance, out, report)
+    _check(name, split if docs is None else "generated", tolerance, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
-    with reported():  # BeirFormatError is a ValueError
-        where.kind  # noqa: B018 - flags are checked before anything loads
-        configs = check_grid(name, parse_grid(grid)) if grid is not None else None
-        ds = load_beir(dataset, split, limit=limit)
-        embed_model, model = models.load(needs_llm(name))
-    err.print(f"[bold]{ds.name}[/] {split}: {len(ds.queries)} queries; tuning {name}")
+    docs_choice = (
+        q.DocsChoice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
+        if docs is not None
+        else None
+    )
+    configs, ds, embed_model, model = _load(
+        q.DataChoice(dataset, docs_choice), where, models, name, grid, split, limit
+    )
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
         result = run_tune(
             ds,
             name,
             llm=model,
-            split=split,
+            split=split if docs is None else "generated",
             grid=configs,
             tolerance=tolerance / 100,
             progress=bars(progress, "q/s", show=verbose),
@@ -115,6 +121,31 @@ def tune(
         )
         path = write_config(result, out)
     _show(result, path, report)
+
+
+def _load(
+    source: q.DataChoice,
+    where: SearchChoice,
+    models: ModelChoice,
+    name: str,
+    grid: str | None,
+    split: str,
+    limit: int | None,
+) -> tuple[Any, Any, Any, Any]:
+    """Check the flags, then load the models and the data: ``(grid, dataset,
+    embedding model, LLM or None)``."""
+    from ..evaluation.runner import needs_llm
+    from ..evaluation.tune import check_grid, parse_grid
+
+    with reported():  # BeirFormatError is a ValueError
+        where.kind  # noqa: B018 - flags are checked before anything loads
+        configs = check_grid(name, parse_grid(grid)) if grid is not None else None
+        source.check(models.max_length)
+        embed_model, model = models.load(needs_llm(name) or source.needs_llm)
+        ds, note = source.load(split, limit, embed_model, model, models.max_length)
+    what = split if note is None else "generated questions"
+    err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
+    return configs, ds, embed_model, model if needs_llm(name) else None
 
 
 def _show(result: Any, path: Path, report: Path | None) -> None:

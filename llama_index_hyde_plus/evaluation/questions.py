@@ -54,6 +54,7 @@ CAVEAT = (
     "is likely to win on real questions; one that loses may still help on real ones."
 )
 
+_META = re.compile(r"\b(?:the|this|that)\s+(?:passage|text|excerpt|paragraph|chunk)\b", re.I)
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 _PREFIX = re.compile(r"^\s*(?:[-*•]|\d+[.)]|q(?:uestion)?\s*\d*\s*[:.)-])\s*", re.IGNORECASE)
 
@@ -144,6 +145,8 @@ def check_question(question: str | None, passage: str) -> str | None:
         return "too short"
     if len(question) > MAX_CHARACTERS:
         return "too long"
+    if _META.search(question):
+        return "asks about the passage, not its content"
     run = longest_shared_run(question, passage)
     if run >= COPY_WORDS or (run >= 4 and run >= COPY_SHARE * count):
         return "copies a span of its chunk"

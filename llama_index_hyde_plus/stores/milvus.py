@@ -32,9 +32,11 @@ class MilvusStore(Store):
     def __init__(self, uri: str, *, collection: str = DEFAULT_COLLECTION, token: str = "") -> None:
         from ..models import require_extra
 
-        if not uri:
-            raise ValueError("--uri is needed for the Milvus store (a file path or a URL)")
         require_extra("milvus", ("pymilvus", "llama_index.vector_stores.milvus"), "--store milvus")
+        from ..milvus import check_collection_name, check_uri
+
+        check_uri(uri)
+        check_collection_name(collection)
         self.uri, self.collection, self.token = uri, collection, token
 
     @property

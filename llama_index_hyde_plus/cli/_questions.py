@@ -1,0 +1,168 @@
+"""``eval --docs`` / ``tune --docs``: a question set from the user's own documents.
+
+The folder is read and chunked as ``hyde-plus index`` does; then either the user's
+labels (``--qrels``) or questions the LLM writes from sampled chunks become a BEIR
+folder (``--questions-dir``) that the ordinary ``--dataset`` path scores. A set made
+from the same chunks, seed, size and model is reused instead of written again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ._console import console, err, progress_bar, task
+
+Docs = Annotated[
+    Path | None,
+    typer.Option(help="Your documents folder (instead of --dataset): questions are written."),
+]
+Questions = Annotated[int, typer.Option(help="--docs: chunks to write one question each for.")]
+Qrels = Annotated[
+    Path | None,
+    typer.Option(help="--docs: your labels (query<TAB>chunk id or file<TAB>grade) instead."),
+]
+QuestionsDir = Annotated[
+    Path,
+    typer.Option(help="--docs: where the question set is saved (BEIR form) and reused."),
+]
+ChunkSize = Annotated[int, typer.Option(help="--docs: most tokens per chunk, as in index.")]
+ChunkOverlap = Annotated[int, typer.Option(help="--docs: tokens shared by consecutive chunks.")]
+
+
+@dataclass(frozen=True)
+class DocsChoice:
+    """How ``--docs`` turns a folder into a question set."""
+
+    docs: Path
+    questions: int
+    qrels: Path | None
+    folder: Path
+    chunk_size: int
+    chunk_overlap: int
+    seed: int
+
+    def check(self, max_length: int) -> None:
+        """Flag errors before anything loads."""
+        from ..chunking import Chunking
+
+        if not self.docs.is_dir():
+            raise ValueError(f"--docs must be a folder: {self.docs}")
+        if self.questions < 1:
+            raise ValueError(f"--questions must be >= 1, not {self.questions}")
+        if self.qrels is not None and not self.qrels.is_file():
+            raise ValueError(f"--qrels must be a file: {self.qrels}")
+        Chunking(self.chunk_size, self.chunk_overlap).check(max_length)
+
+
+def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
+    from ..chunking import Chunking
+    from ..indexing import prepare_nodes
+    from ..readers import read_folder
+    from .index import print_skipped
+
+    contents = read_folder(choice.docs)
+    print_skipped(contents.skipped)
+    chunking = Chunking(choice.chunk_size, choice.chunk_overlap)
+    nodes, _ = prepare_nodes(contents.documents, embed_model, chunking, max_length)
+    if not nodes:
+        raise ValueError(f"{choice.docs} has no text to write questions from")
+    err.print(f"{choice.docs}: {len(contents.documents)} documents, {len(nodes)} chunks")
+    return nodes
+
+
+def _fingerprint(nodes: list[Any]) -> str:
+    digest = hashlib.sha256()
+    for node in nodes:
+        digest.update(f"{node.node_id}\x00{node.get_content()}\x00".encode())
+    return digest.hexdigest()
+
+
+def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int) -> Path:
+    """The BEIR folder to score: from ``--qrels``, reused, or written now."""
+    from ..evaluation.questions import (
+        generate_questions,
+        read_labels,
+        read_manifest,
+        write_beir_folder,
+        write_question_set,
+    )
+    from ..models import describe_llm
+
+    nodes = _chunks(choice, embed_model, max_length)
+    made_from = {
+        "docs": str(choice.docs.resolve()),
+        "chunks_sha256": _fingerprint(nodes),
+        "chunk_size": choice.chunk_size,
+        "chunk_overlap": choice.chunk_overlap,
+    }
+    if choice.qrels is not None:
+        queries, judgments = read_labels(choice.qrels, nodes)
+        manifest = {**made_from, "labels": str(choice.qrels.resolve()), "kept": len(queries)}
+        err.print(f"{len(queries)} labelled questions from {choice.qrels}")
+        return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
+    wanted = {**made_from, "questions": choice.questions, "llm": describe_llm(llm)}
+    found = read_manifest(choice.folder)
+    same = found is not None and all(found.get(k) == v for k, v in wanted.items())
+    if same and found is not None and found.get("seed") == choice.seed:
+        err.print(f"Reusing the question set in {choice.folder} ({found.get('kept')} questions)")
+        return choice.folder
+    with progress_bar() as progress:
+        advance = task(progress, "Writing questions", min(choice.questions, len(nodes)), "q/s")
+        qset = asyncio.run(
+            generate_questions(nodes, llm, n=choice.questions, seed=choice.seed, progress=advance)
+        )
+    console.print(f"Questions: {qset.summary()}")
+    return write_question_set(qset, nodes, choice.folder, wanted)
+
+
+def caveat(folder: Path) -> str | None:
+    """What the set can and cannot tell, for the report (None for the user's labels)."""
+    from ..evaluation.questions import read_manifest
+
+    manifest = read_manifest(folder) or {}
+    if "labels" in manifest:
+        return None
+    rejected = manifest.get("rejected") or {}
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items())) or "none"
+    return (
+        f"{manifest.get('kept')} of {manifest.get('sampled')} generated questions kept "
+        f"(rejected: {why}). {manifest.get('caveat', '')}"
+    )
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    """What an evaluation scores: a BEIR ``--dataset`` or ``--docs`` (exactly one)."""
+
+    dataset: Path | None
+    docs: DocsChoice | None
+
+    def check(self, max_length: int) -> None:
+        if (self.dataset is None) == (self.docs is None):
+            raise ValueError("give exactly one of --dataset (BEIR) and --docs (your documents)")
+        if self.docs is not None:
+            self.docs.check(max_length)
+
+    @property
+    def needs_llm(self) -> bool:
+        """Whether an LLM must write questions (``--docs`` without ``--qrels``)."""
+        return self.docs is not None and self.docs.qrels is None
+
+    def load(
+        self, split: str, limit: int | None, embed_model: Any, llm: Any, max_length: int
+    ) -> tuple[Any, str | None]:
+        """``(dataset, caveat)``: the BEIR dataset to score and, for generated
+        questions, what they can and cannot tell."""
+        from ..evaluation import load_beir
+
+        if self.docs is None:
+            assert self.dataset is not None
+            return load_beir(self.dataset, split, limit=limit), None
+        folder = question_set(self.docs, embed_model, llm, max_length)
+        return load_beir(folder, "test", limit=limit), caveat(folder)
