@@ -307,8 +307,9 @@ def read_meta(path: Path) -> dict[str, Any]:
     missing or unreadable)."""
     meta_path = path / META_FILE
     if not meta_path.is_file():
+        hint = " (a Milvus Lite database? open it with --uri)" if path.suffix == ".db" else ""
         raise ValueError(
-            f"{path} is not a hyde-plus index (no {META_FILE}); build one with "
+            f"{path} is not a hyde-plus index (no {META_FILE}){hint}; build one with "
             "`hyde-plus index DIR --out PATH`"
         )
     try:

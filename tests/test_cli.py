@@ -496,3 +496,26 @@ def test_eval_needs_exactly_one_of_dataset_and_docs(tmp_path: Path) -> None:
     tiny = Path(__file__).parent / "data" / "tiny-beir"
     both = runner.invoke(app, ["eval", "--dataset", str(tiny), "--docs", str(tmp_path)])
     assert both.exit_code == 2 and "exactly one of --dataset" in both.output
+
+
+def test_explicit_flags_win_over_a_config_and_flags_a_transform_ignores_are_named(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "mq.json"
+    config.write_text(
+        json.dumps({"hyde_plus_config": 1, "transform": "multi-query", "options": {"n": 2}})
+    )
+    from llama_index_hyde_plus.cli.query import transform_options
+    from llama_index_hyde_plus.evaluation.tune import load_config
+
+    tuned = load_config(config)
+    merged = {**tuned.options, **transform_options("multi-query", n=5)}
+    assert merged["n"] == 5  # the flag the user typed wins over the config
+    assert {**tuned.options, **transform_options("multi-query")}["n"] == 2
+    ignored = runner.invoke(
+        app,
+        ["transform", "Why did revenue drop?", "-m", "step-back", "-n", "5", "--llm", "scripted"],
+    )
+    assert ignored.exit_code == 0 and "step-back takes no --n; ignored" in ignored.output
+    forgiven = runner.invoke(app, ["transform", "Why?", "-m", "stepback", "--llm", "scripted"])
+    assert forgiven.exit_code == 2  # transform -m is strict; query -t forgives spellings

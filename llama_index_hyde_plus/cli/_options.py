@@ -15,7 +15,7 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens
 Llm = Annotated[str, typer.Option(help=MODEL_HELP)]
 Embed = Annotated[str, typer.Option(help=MODEL_HELP)]
 Temperature = Annotated[float | None, typer.Option(help="LLM temperature.")]
-Timeout = Annotated[float, typer.Option(help="Seconds the LLM may take.")]
+Timeout = Annotated[float | None, typer.Option(help="Seconds the LLM may take (default 120).")]
 Uri = Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL (hybrid search).")]
 Collection = Annotated[str, typer.Option(help="Milvus collection name.")]
 Token = Annotated[str | None, typer.Option(help="Milvus cluster token.", envvar="MILVUS_TOKEN")]
@@ -28,9 +28,12 @@ StoreKind = Annotated[
 ]
 MaxLength = Annotated[int, typer.Option(help="Embedding max tokens per text (local model).")]
 Count = Annotated[
-    int, typer.Option("--num-queries", "-n", help="How many queries (multi-query, decompose).")
+    int | None,
+    typer.Option(
+        "--num-queries", "-n", help="How many queries (multi-query, decompose; default 3)."
+    ),
 ]
-NumPassages = Annotated[int, typer.Option(help="HyDE passages to average.")]
+NumPassages = Annotated[int | None, typer.Option(help="HyDE passages to average (default 1).")]
 
 # evaluation and tuning
 Dataset = Annotated[

@@ -72,7 +72,9 @@ UseCache = Annotated[
 ]
 Configs = Annotated[
     list[Path] | None,
-    typer.Option("--config", help="A config written by `hyde-plus tune` (repeatable)."),
+    typer.Option(
+        "--config", metavar="<path>", help="A config written by `hyde-plus tune` (repeatable)."
+    ),
 ]
 
 

@@ -18,6 +18,7 @@ from ..transforms.registry import METHODS, TRANSFORMS, make_transform, transform
 from ._console import (
     check_choice,
     console,
+    err,
     print_transform,
     reported,
     setup_logging,
@@ -47,29 +48,44 @@ IncludeQuery = Annotated[
 Prompt = Annotated[str | None, typer.Option(help="Custom prompt template with {query}.")]
 
 
+DEFAULT_TIMEOUT_S = 120.0
+"""The CLI's LLM timeout when neither --timeout nor a config sets one (a loaded
+local model can take a while)."""
+
+
 def transform_options(
     name: str,
     *,
-    n: int,
-    num_passages: int,
-    temperature: float | None,
-    timeout: float,
+    n: int | None = None,
+    num_passages: int | None = None,
+    temperature: float | None = None,
+    timeout: float | None = None,
     include_query: bool | None = None,
     prompt: str | None = None,
 ) -> dict[str, Any]:
-    """The command-line options the transform ``name`` takes, by what the class says
-    of itself (its count option, whether it calls an LLM)."""
+    """The options given on the command line (None: not given) that the transform
+    ``name`` takes, by what the class says of itself; a flag it does not take is
+    named in a warning, not silently dropped."""
     cls = transform_class(name)
-    if not cls.uses_llm:
-        return {}
-    options: dict[str, Any] = {"temperature": temperature, "timeout": timeout}
     count = cls.count_option()
-    if count is not None:
-        options[count] = num_passages if count == "num_passages" else n
-    if include_query is not None:
-        options["include_query"] = include_query
-    if prompt:
-        options["prompt"] = prompt
+    given = {
+        "n": n,
+        "num_passages": num_passages,
+        "temperature": temperature,
+        "timeout": timeout,
+        "include_query": include_query,
+        "prompt": prompt,
+    }
+    takes = set(cls.option_names())
+    options = {k: v for k, v in given.items() if v is not None and k in takes}
+    ignored = sorted(k for k, v in given.items() if v is not None and k not in takes)
+    if count != "n" and n is not None and "n" not in ignored:
+        ignored.append("n")
+    if ignored:
+        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
+        err.print(f"[yellow]warning:[/] {name} takes no {flags}; ignored", soft_wrap=True)
+    if prompt == "":
+        raise ValueError("--prompt is empty; give a template with {query} or leave it out")
     return options
 
 
@@ -93,10 +109,13 @@ def _search(
                 "or use a config of that transform"
             )
         transform = tuned.transform
-        options = {**transform_options(transform, **options), **tuned.options}
+        # flags given on the command line win over the config, which wins over defaults
+        options = {**tuned.options, **transform_options(transform, **options)}
     else:
         transform = transform or "hyde"
         options = transform_options(transform, **options)
+    if transform_class(transform).uses_llm:
+        options.setdefault("timeout", DEFAULT_TIMEOUT_S)
     model = resolve_llm(llm) if transform_class(transform).uses_llm else None
     transformer = make_transform(transform, model, **options)
     searcher = TransformRetriever(retriever, transformer, top_k=top_k)
@@ -192,13 +211,13 @@ def query(
         typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS)} (default: hyde)."),
     ] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Results to show.")] = 5,
-    n: Count = 3,
-    num_passages: NumPassages = 1,
+    n: Count = None,
+    num_passages: NumPassages = None,
     include_query: IncludeQuery = None,
     llm: Llm = "auto",
     temperature: Temperature = None,
     prompt: Prompt = None,
-    timeout: Timeout = 120.0,
+    timeout: Timeout = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     group_by_file: Annotated[
         bool,
@@ -214,7 +233,10 @@ def query(
     what was generated."""
     setup_logging(verbose)
     if transform is not None:
-        check_choice("--transform", transform, TRANSFORMS)
+        try:
+            transform = transform_class(transform).method  # "HyDE", "multiquery" forgiven
+        except ValueError:
+            check_choice("--transform", transform, TRANSFORMS)
     options = {
         "n": n,
         "num_passages": num_passages,
@@ -261,13 +283,13 @@ def transform_cmd(
     method: Annotated[
         str, typer.Option("--method", "-m", help=f"One of: {', '.join(METHODS)}.")
     ] = "hyde",
-    n: Count = 3,
-    num_passages: NumPassages = 1,
+    n: Count = None,
+    num_passages: NumPassages = None,
     include_query: IncludeQuery = None,
     prompt: Prompt = None,
     llm: Llm = "auto",
     temperature: Temperature = None,
-    timeout: Timeout = 120.0,
+    timeout: Timeout = None,
     verbose: Verbose = False,
 ) -> None:
     """Print what a transform makes of a question, as JSON."""
@@ -285,6 +307,7 @@ def transform_cmd(
             include_query=include_query,
             prompt=prompt,
         )
+        options.setdefault("timeout", DEFAULT_TIMEOUT_S)
         model = resolve_llm(llm)
         transformer = make_transform(method, model, **options)
         with working(f"{method}: {describe_llm(model)} is writing"):

@@ -131,7 +131,11 @@ def serve(
     ] = 64,
     config_files: Annotated[
         list[Path] | None,
-        typer.Option("--config", help="Options for a method from `hyde-plus tune` (repeatable)."),
+        typer.Option(
+            "--config",
+            metavar="<path>",
+            help="Options for a method from `hyde-plus tune` (repeatable).",
+        ),
     ] = None,
     verbose: Verbose = False,
 ) -> None:
