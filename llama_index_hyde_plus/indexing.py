@@ -241,6 +241,16 @@ def _write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> No
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale_builds(out)
+    try:
+        _write_data(out, storage, meta)
+    except FileNotFoundError as exc:  # another build's cleanup took our staging folder
+        raise ValueError(
+            f"another build of {out} ran at the same time and removed this one's files; "
+            "the index is whole (the other build's); build one at a time"
+        ) from exc
+
+
+def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
     data = f"data-{uuid.uuid4().hex[:12]}"
     meta = {**meta, "data": data}
     if out.is_dir() and (out / META_FILE).is_file():
