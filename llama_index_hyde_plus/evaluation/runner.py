@@ -372,7 +372,7 @@ async def _run_one(
 class SessionOptions(TypedDict, total=False):
     """The options of an `EvalSession`, which `run_eval` and `run_tune` pass on:
     ``embed_model``, ``embed_label`` (recorded with the index) and ``cache_root`` are
-    required; the others default as in `EvalSession`."""
+    required; the others default as in `SESSION_DEFAULTS`."""
 
     embed_model: Required[BaseEmbedding]
     embed_label: Required[str]
@@ -387,45 +387,46 @@ class SessionOptions(TypedDict, total=False):
     progress: ProgressFactory | None
 
 
+SESSION_DEFAULTS: dict[str, Any] = {
+    "max_length": 256,
+    "top_k": 100,
+    "concurrency": 4,
+    "use_cache": True,
+    "store": "faiss",
+    "milvus_uri": None,
+    "milvus_token": "",
+    "progress": None,
+}
+"""The `SessionOptions` an `EvalSession` fills in when they are not given."""
+
+
 class EvalSession:
     """One dataset, its index (built once, cached on disk), one embedder shared by
     every run (so a sweep embeds each question and passage once) and the SQLite cache
     of transform outputs (so a sweep generates once per query). `score` runs one
     transform over every query and returns its report."""
 
-    def __init__(
-        self,
-        ds: BeirDataset,
-        *,
-        embed_model: BaseEmbedding,
-        embed_label: str,
-        cache_root: Path,
-        max_length: int = 256,
-        top_k: int = 100,
-        concurrency: int = 4,
-        use_cache: bool = True,
-        store: str = "faiss",
-        milvus_uri: str | None = None,
-        milvus_token: str = "",
-        progress: ProgressFactory | None = None,
-    ) -> None:
-        if concurrency < 1:
+    def __init__(self, ds: BeirDataset, **options: Unpack[SessionOptions]) -> None:
+        """``options``: `SessionOptions` (the models, the cache root, the store and the
+        depth); the optional ones default as in `SESSION_DEFAULTS`."""
+        o: dict[str, Any] = {**SESSION_DEFAULTS, **options}
+        if o["concurrency"] < 1:
             raise ValueError("concurrency must be >= 1")
         self.ds = ds
-        self.top_k = top_k
-        self.concurrency = concurrency
-        self.progress = progress
-        if store == "milvus" and not milvus_uri:
+        self.top_k, self.concurrency, self.progress = o["top_k"], o["concurrency"], o["progress"]
+        store, uri = o["store"], o["milvus_uri"]
+        if store == "milvus" and not uri:
             raise ValueError("--store milvus needs --uri (a Milvus Lite file or a cluster URL)")
         if store not in STORE_KINDS:
             raise ValueError(f"store must be one of {', '.join(STORE_KINDS)}, not {store!r}")
-        self.store = eval_store(ds, embed_label, cache_root, store, milvus_uri, milvus_token)
+        embed_model, label, root = o["embed_model"], o["embed_label"], o["cache_root"]
+        self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
         self.index, self.index_seconds, self.index_cached = cached_index(
-            ds, self.store, embed_model, embed_label, max_length=max_length, progress=progress
+            ds, self.store, embed_model, label, max_length=o["max_length"], progress=self.progress
         )
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000)
-        self.cache = SQLiteCache(cache_root / "eval" / "transforms.sqlite") if use_cache else None
+        self.cache = SQLiteCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
         self._retriever: Any = None
 
     def base_retriever(self) -> Any:

@@ -6,17 +6,20 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
 if TYPE_CHECKING:
+    from typing_extensions import Required, Unpack
+
     from ..chunking import Chunking
     from ..indexing import IndexInfo, ProgressFn, TotalFn
 
 STORE_KINDS: tuple[str, ...] = ("faiss", "milvus")
+"""The ``--store`` choices."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,16 @@ class BuildSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-"""The ``--store`` choices."""
+class BuildOptions(TypedDict, total=False):
+    """The keyword options of `Store.build` (the fields of `BuildSettings`):
+    ``embed_spec`` and ``max_length`` are required."""
+
+    embed_spec: Required[str]
+    max_length: Required[int]
+    batch_size: int
+    progress: ProgressFn | None
+    chunking: Chunking | None
+    total: TotalFn | None
 
 
 class Store(ABC):
@@ -69,21 +81,14 @@ class Store(ABC):
         self,
         documents: Sequence[Document],
         embed_model: BaseEmbedding,
-        *,
-        embed_spec: str,
-        max_length: int,
-        batch_size: int = 64,
-        progress: ProgressFn | None = None,
-        chunking: Chunking | None = None,
-        total: TotalFn | None = None,
+        **options: Unpack[BuildOptions],
     ) -> IndexInfo:
         """Embed ``documents`` (recording ``embed_spec`` and ``max_length``, so queries
         embed alike) and switch the index to them in one step. With ``chunking`` each
         document is split into chunks (`hyde-plus index`); without, each is one node
         keeping its id (evaluation scores by document id). ``total`` is told the number
-        of texts to embed before ``progress`` counts them."""
-        settings = BuildSettings(embed_spec, max_length, batch_size, progress, chunking, total)
-        return self._build(documents, embed_model, settings)
+        of texts to embed before ``progress`` counts them (`BuildOptions`)."""
+        return self._build(documents, embed_model, BuildSettings(**options))
 
     @abstractmethod
     def _build(
