@@ -206,6 +206,7 @@ class Reader:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+        self.namespace.clear()  # the blocks' models and indexes
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +233,26 @@ def test_the_readme_has_python_blocks_and_a_no_key_swap() -> None:
     assert (
         "Settings.llm = local_llm()" in text and "Settings.embed_model = local_embedding()" in text
     )
+
+
+def test_blocks_are_named_by_heading_and_carry_their_not_run_reason() -> None:
+    text = (
+        "# Title\n```python\na = 1\n```\n## Some Section\n```bash\nls\n```\n"
+        "```python\nb = a\n```\n\n<!-- not run: needs a cluster -->\n```python\nc = 3\n```\n"
+    )
+    blocks = readme_blocks(text)
+    assert [(b.id, b.line, b.code, b.not_run) for b in blocks] == [
+        ("title-1", 3, "a = 1\n", None),
+        ("some-section-1", 10, "b = a\n", None),
+        ("some-section-2", 15, "c = 3\n", "needs a cluster"),
+    ]
+
+
+def test_the_swap_is_the_readmes_own() -> None:
+    code = (
+        'HyDE(OpenAI(model="gpt-4o-mini"))\ne = OpenAIEmbedding(model="x")\nf(hyde_model="gpt-4o")'
+    )
+    assert swapped(code) == 'HyDE(local_llm())\ne = local_embedding()\nf(hyde_model="local")'
 
 
 @pytest.mark.parametrize("n", range(len(BLOCKS)), ids=[b.id for b in BLOCKS])
