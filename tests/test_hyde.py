@@ -198,3 +198,9 @@ def test_a_model_with_a_lower_cap_of_its_own_keeps_it() -> None:
     llm = Capped(["A passage."])
     HyDE(llm, max_characters=2000).transform("Why did revenue drop?")
     assert "max_tokens" not in llm.call_kwargs[0]
+
+
+def test_blend_without_the_rerank_strategy_is_refused_not_ignored() -> None:
+    with pytest.raises(ValueError, match="blend only applies with strategy='rerank'"):
+        HyDE(ScriptedLLM(), blend=0.5)
+    assert HyDE(ScriptedLLM(), strategy="rerank", blend=0.5).guards.blend == 0.5

@@ -119,6 +119,8 @@ class HyDE(LLMTransform):
         check_int(context_characters, "context_characters", 1, None)
         if strategy is not None and strategy not in ("replace", "rerank"):
             raise ValueError(f"strategy must be 'replace' or 'rerank', not {strategy!r}")
+        if blend is not None and strategy != "rerank":
+            raise ValueError("blend only applies with strategy='rerank'; add it or drop blend")
         super().__init__(llm, **options)
         self.max_characters = max_characters
         self.num_passages = num_passages
