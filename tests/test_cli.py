@@ -490,6 +490,24 @@ def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
     assert "About these questions" not in result.output  # the user's own labels
 
 
+def test_eval_docs_refuses_a_questions_dir_that_is_not_a_set_before_any_work(
+    tmp_path: Path,
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    result = runner.invoke(
+        app,
+        [
+            *("eval", "--docs", str(_docs(tmp_path)), "--questions-dir", str(mine)),
+            *("--llm", "scripted", "--embed", "local", "--cache-dir", str(tmp_path / "c")),
+        ],
+    )
+    assert result.exit_code == 2 and "is not a question set" in result.output
+    assert "Writing questions" not in result.output
+    assert (mine / "notes.txt").read_text() == "keep"
+
+
 def test_eval_needs_exactly_one_of_dataset_and_docs(tmp_path: Path) -> None:
     none = runner.invoke(app, ["eval", "--embed", "local"])
     assert none.exit_code == 2 and "exactly one of --dataset" in none.output

@@ -57,6 +57,13 @@ class DocsChoice:
             raise ValueError(f"--questions must be >= 1, not {self.questions}")
         if self.qrels is not None and not self.qrels.is_file():
             raise ValueError(f"--qrels must be a file: {self.qrels}")
+        folder = self.folder.expanduser()
+        if folder.is_file() or (
+            folder.is_dir() and any(folder.iterdir()) and not (folder / "manifest.json").is_file()
+        ):
+            raise ValueError(
+                f"--questions-dir {folder} exists and is not a question set; choose another"
+            )
         Chunking(self.chunk_size, self.chunk_overlap).check(max_length)
 
 
