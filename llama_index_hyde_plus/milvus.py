@@ -173,16 +173,22 @@ def build_milvus_index(
         "collection": collection,
         "physical_collection": physical,
     }
-    client = store.client
+    _switch_in(store.client, uri, collection, physical, entry)
+    return index
+
+
+def _switch_in(
+    client: Any, uri: str, collection: str, physical: str, entry: dict[str, Any]
+) -> None:
+    """Record how ``physical`` was built, point the alias ``collection`` at it in one
+    step, then drop the builds it replaced (only ours: `_is_build_of`)."""
     _update_meta(uri, collection, add={physical: entry})
     pause_for_tests("milvus")
     _switch_alias(client, collection, physical)
-    stale = [c for c in client.list_collections() if _is_build_of(c, collection)]
-    for name in stale:
-        if name != physical:
+    for name in client.list_collections():
+        if _is_build_of(name, collection) and name != physical:
             client.drop_collection(name)
     _update_meta(uri, collection, keep={physical})
-    return index
 
 
 def _switch_alias(client: Any, alias: str, physical: str) -> None:

@@ -63,3 +63,14 @@ def test_no_import_cycle_when_modules_load() -> None:
     for name in graph:
         if name not in state:
             visit(name, [])
+
+
+def test_no_function_is_longer_than_sixty_lines() -> None:
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines})")
+    assert not long, long

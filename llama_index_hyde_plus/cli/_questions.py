@@ -67,6 +67,21 @@ class DocsChoice:
         Chunking(self.chunk_size, self.chunk_overlap).check(max_length)
 
 
+def docs_choice(
+    docs: Path | None,
+    questions: int,
+    qrels: Path | None,
+    folder: Path,
+    chunk_size: int,
+    chunk_overlap: int,
+    seed: int,
+) -> DocsChoice | None:
+    """The ``--docs`` settings, or None without ``--docs``."""
+    if docs is None:
+        return None
+    return DocsChoice(docs, questions, qrels, folder, chunk_size, chunk_overlap, seed)
+
+
 def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
     from ..chunking import Chunking
     from ..indexing import prepare_nodes

@@ -116,10 +116,8 @@ def eval_cmd(
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
-    docs_choice = (
-        q.DocsChoice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
-        if docs is not None
-        else None
+    docs_choice = q.docs_choice(
+        docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed
     )
     source = q.DataChoice(dataset, docs_choice)
     specs, ds, note, embed_model, model = _prepare(

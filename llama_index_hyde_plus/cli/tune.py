@@ -94,17 +94,13 @@ def tune(
 
     require_eval_extra("hyde-plus tune")
     setup_logging(verbose)
-    name = transform.strip().lower()
-    _check(name, split if docs is None else "generated", tolerance, out, report)
+    name, split = transform.strip().lower(), split if docs is None else "generated"
+    _check(name, split, tolerance, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
-    docs_choice = (
-        q.DocsChoice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
-        if docs is not None
-        else None
-    )
+    docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     configs, ds, embed_model, model = _load(
-        q.DataChoice(dataset, docs_choice), where, models, name, grid, split, limit
+        q.DataChoice(dataset, docs_set), where, models, name, grid, split, limit
     )
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
@@ -112,7 +108,7 @@ def tune(
             ds,
             name,
             llm=model,
-            split=split if docs is None else "generated",
+            split=split,
             grid=configs,
             tolerance=tolerance / 100,
             progress=bars(progress, "q/s", show=verbose),
