@@ -373,6 +373,8 @@ class MilvusHybridRetriever(BaseRetriever):
         self._embed_model = index._embed_model
         self._dim = getattr(index.vector_store, "dim", None)
         self._where = f"Milvus collection {getattr(index.vector_store, 'collection_name', '')!r}"
+        self.similarity_top_k = top_k
+        """How many hits a search returns (what `TransformRetriever` cuts a fan-out to)."""
 
     def _checked(self, query_bundle: QueryBundle) -> QueryBundle:
         """Embed the query here (as the inner retriever would) to check its dimension:

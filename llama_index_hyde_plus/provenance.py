@@ -65,7 +65,7 @@ def _tagged(node: BaseNode, info: Mapping[str, Any]) -> BaseNode:
 def tag_nodes(nodes: Iterable[NodeWithScore], info: Mapping[str, Any]) -> list[NodeWithScore]:
     """New wrappers around tagged copies of ``nodes`` (same order and scores). The
     copies share one read-only ``info`` (`transform_of` hands out copies)."""
-    shared = copy.deepcopy(dict(info))
+    shared = dict(info)  # `summary` builds fresh lists and dicts: nothing to deep-copy
     return [NodeWithScore(node=_tagged(item.node, shared), score=item.score) for item in nodes]
 
 

@@ -421,3 +421,14 @@ def test_a_bad_uri_or_collection_is_refused_before_any_embedding(
         )
     assert embedded == []
     assert (tmp_path / "text.db").read_text() == "not a database"
+
+
+def test_a_fan_out_over_the_hybrid_retriever_keeps_its_top_k(tmp_path: Path) -> None:
+    uri = str(tmp_path / "topk.db")
+    docs = [Document(text=t, id_=i) for i, t in MILVUS_DOCS.items()]
+    index = build_milvus_index(docs, EMBED, uri)
+    paraphrases = "1. paid time off days\n2. laptop disk encryption\n3. office move Lisbon"
+    retriever = TransformRetriever(
+        hybrid_retriever(index, 2), MultiQuery(ScriptedLLM([paraphrases]), n=3)
+    )
+    assert len(retriever.retrieve("Why did revenue drop?")) == 2
