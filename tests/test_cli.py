@@ -508,6 +508,17 @@ def test_eval_docs_refuses_a_questions_dir_that_is_not_a_set_before_any_work(
     assert (mine / "notes.txt").read_text() == "keep"
 
 
+def test_eval_docs_refuses_output_folders_inside_the_documents(tmp_path: Path) -> None:
+    docs = _docs(tmp_path)
+    for flag in ("--questions-dir", "--out"):
+        result = runner.invoke(
+            app,
+            ["eval", "--docs", str(docs), flag, str(docs / "inside"), "--llm", "scripted"],
+        )
+        assert result.exit_code == 2 and f"{flag} " in result.output
+        assert "is inside --docs" in result.output
+
+
 def test_eval_needs_exactly_one_of_dataset_and_docs(tmp_path: Path) -> None:
     none = runner.invoke(app, ["eval", "--embed", "local"])
     assert none.exit_code == 2 and "exactly one of --dataset" in none.output

@@ -31,7 +31,7 @@ def chunks(n: int = 10) -> list[TextNode]:
         TextNode(
             text=f"Chunk {i} says that team {i} owns service number {i * 7}.",
             id_=f"doc{i % 3}.md#{i}",
-            metadata={"file_path": f"doc{i % 3}.md"},
+            metadata={"source": f"doc{i % 3}.md"},
         )
         for i in range(n)
     ]
@@ -77,6 +77,8 @@ def test_a_question_copying_a_long_span_of_its_chunk_is_rejected() -> None:
     assert check_question("Why?", PASSAGE) == "too short"
     meta = "Why does the passage mention Frankfurt?"
     assert check_question(meta, PASSAGE) == "asks about the passage, not its content"
+    above = "How can I improve the above passage for readability?"
+    assert check_question(above, PASSAGE) == "asks about the passage, not its content"
     assert check_question(None, PASSAGE) == "no question in the reply"
     assert check_question("Why " + "really " * 80 + "?", PASSAGE) == "too long"
 
@@ -160,3 +162,43 @@ def test_labels_name_chunks_or_whole_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="grade 'high' is not a whole number"):
         read_labels(labels, chunks())
     json.dumps(judgments)  # plain data
+
+
+def test_labels_refuse_empty_targets_bad_grades_and_drop_queries_with_nothing_to_find(
+    tmp_path: Path,
+) -> None:
+    labels = tmp_path / "labels.tsv"
+    for row, message in [
+        ("Who?\t\t1\n", "'' is no chunk id"),
+        ("Who?\tdoc0.md\t--1\n", "is not a whole number"),
+        ("Who?\tdoc0.md\t99999999999999999999\n", "is not a whole number"),
+        ("Who?\tdoc0.md\t-1\n", "is negative"),
+        ("Who?\tdoc0.md\t0\n", "no label with a grade above 0"),
+    ]:
+        labels.write_text(row)
+        with pytest.raises(ValueError, match=message):
+            read_labels(labels, chunks())
+    labels.write_text("\ufeffWho owns 7?\tdoc1.md#1\t1\nNothing here?\tdoc0.md\t0\n")
+    queries, judgments = read_labels(labels, chunks())
+    assert queries == [("l1", "Who owns 7?")] and judgments == [("l1", "doc1.md#1", 1)]
+    labels.write_bytes("Who?\tdoc0.md\t1\n".encode("utf-16"))
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        read_labels(labels, chunks())
+
+
+async def test_a_set_edited_by_hand_is_never_replaced(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.questions import edited
+
+    nodes = chunks()
+    llm = ScriptedLLM(respond=lambda p: f"Which team runs service {p.split('Chunk ')[1][:2]}?")
+    qset = await generate_questions(nodes, llm, n=3, seed=1)
+    folder = write_question_set(qset, nodes, tmp_path / "set", {})
+    assert not edited(folder)
+    with (folder / "queries.jsonl").open("a") as f:
+        f.write('{"_id": "mine", "text": "My own question?"}\n')
+    assert edited(folder)
+    with pytest.raises(ValueError, match="was edited since it was written; it is kept"):
+        write_question_set(qset, nodes, folder, {})
+    assert "My own question?" in (folder / "queries.jsonl").read_text()
+    corpus = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines()]
+    assert corpus[0]["title"].startswith("doc")  # the chunk's source file

@@ -47,12 +47,20 @@ class DocsChoice:
     chunk_overlap: int
     seed: int
 
-    def check(self, max_length: int) -> None:
-        """Flag errors before anything loads."""
+    def check(self, max_length: int, out: Path | None = None) -> None:
+        """Flag errors before anything loads (``out``: the results folder, which must
+        not be read back as a document either)."""
         from ..chunking import Chunking
 
         if not self.docs.is_dir():
             raise ValueError(f"--docs must be a folder: {self.docs}")
+        docs = self.docs.expanduser().resolve()
+        for flag, path in (("--questions-dir", self.folder), ("--out", out)):
+            if path is not None and docs in path.expanduser().resolve().parents:
+                raise ValueError(
+                    f"{flag} {path} is inside --docs {self.docs}: it would be read as "
+                    "documents on the next run; put it outside"
+                )
         if self.questions < 1:
             raise ValueError(f"--questions must be >= 1, not {self.questions}")
         if self.qrels is not None and not self.qrels.is_file():
@@ -133,6 +141,12 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     same = found is not None and all(found.get(k) == v for k, v in wanted.items())
     if same and found is not None and found.get("seed") == choice.seed:
         err.print(f"Reusing the question set in {choice.folder} ({found.get('kept')} questions)")
+        if found.get("tuned"):
+            err.print(
+                "[yellow]warning:[/] `hyde-plus tune` chose its settings on this very set; "
+                "scores of a tuned config here are optimistic (use another --seed or "
+                "--questions-dir to evaluate it)"
+            )
         return choice.folder
     with progress_bar() as progress:
         advance = task(progress, "Writing questions", min(choice.questions, len(nodes)), "q/s")
@@ -165,11 +179,11 @@ class DataChoice:
     dataset: Path | None
     docs: DocsChoice | None
 
-    def check(self, max_length: int) -> None:
+    def check(self, max_length: int, out: Path | None = None) -> None:
         if (self.dataset is None) == (self.docs is None):
             raise ValueError("give exactly one of --dataset (BEIR) and --docs (your documents)")
         if self.docs is not None:
-            self.docs.check(max_length)
+            self.docs.check(max_length, out)
 
     @property
     def needs_llm(self) -> bool:
@@ -188,3 +202,16 @@ class DataChoice:
             return load_beir(self.dataset, split, limit=limit), None
         folder = question_set(self.docs, embed_model, llm, max_length)
         return load_beir(folder, "test", limit=limit), caveat(folder)
+
+
+def mark_tuned(folder: Path) -> None:
+    """Record in the set's manifest that `tune` chose settings on it (so `eval` on the
+    same set warns that the scores are optimistic)."""
+    import json
+
+    from ..evaluation.questions import read_manifest
+
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        manifest["tuned"] = True
+        (folder.expanduser() / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -121,7 +121,7 @@ def eval_cmd(
     )
     source = q.DataChoice(dataset, docs_choice)
     specs, ds, note, embed_model, model = _prepare(
-        source, where, models, transforms, config_files, split, limit
+        source, where, models, transforms, config_files, split, limit, out
     )
     config = _config(models, model, where.kind, top_k, hyde_prompt=hyde_prompt or "default")
     config.update(split=split if note is None else "generated questions", questions=note)
@@ -147,13 +147,14 @@ def _prepare(
     config_files: list[Path] | None,
     split: str,
     limit: int | None,
+    out: Path,
 ) -> tuple[list[Any], Any, str | None, Any, Any]:
     """Check every flag, then load the models and the dataset (writing questions for
     ``--docs``): ``(specs, dataset, caveat, embedding model, LLM or None)``."""
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
         specs = _specs(transforms, config_files)
-        source.check(models.max_length)
+        source.check(models.max_length, out)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         embed_model, model = models.load(needs)
         ds, note = source.load(split, limit, embed_model, model, models.max_length)

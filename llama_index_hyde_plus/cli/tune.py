@@ -116,6 +116,8 @@ def tune(
             **where.runner_kwargs(models, embed_model),
         )
         path = write_config(result, out)
+    if docs is not None:
+        q.mark_tuned(questions_dir)
     _show(result, path, report)
 
 

@@ -17,6 +17,7 @@ a transform that wins here is likely to win on real questions, one that loses ma
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import random
@@ -54,7 +55,11 @@ CAVEAT = (
     "is likely to win on real questions; one that loses may still help on real ones."
 )
 
-_META = re.compile(r"\b(?:the|this|that)\s+(?:passage|text|excerpt|paragraph|chunk)\b", re.I)
+_META = re.compile(
+    r"\b(?:the|this|that|above|following|given)\s+(?:(?:above|following|given)\s+)?"
+    r"(?:passage|text|excerpt|paragraph|chunk)\b",
+    re.I,
+)
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 _PREFIX = re.compile(r"^\s*(?:[-*•]|\d+[.)]|q(?:uestion)?\s*\d*\s*[:.)-])\s*", re.IGNORECASE)
 
@@ -215,6 +220,14 @@ def _keep(picked: list[TextNode], replies: list[tuple[str, int]], seed: int) -> 
     return QuestionSet(questions, rejected, len(picked), seed, tokens, reasons)
 
 
+def _source(chunk: TextNode) -> str:
+    """The file a chunk was cut from, relative to the documents folder."""
+    return str(chunk.metadata.get("source") or chunk.metadata.get("file_path") or "")
+
+
+MAX_GRADE = 1000
+_GRADE = re.compile(r"^-?\d{1,9}$")
+
 Judgment = tuple[str, str, int]
 """(query id, chunk id, grade)."""
 
@@ -249,32 +262,48 @@ def read_labels(
     path: Path, chunks: Sequence[TextNode]
 ) -> tuple[list[tuple[str, str]], list[Judgment]]:
     """A user's labels: a TSV of ``query text, chunk id or source file, grade`` (an
-    optional header). A file stands for every chunk cut from it. Returns the queries
-    (``l<n>`` ids, first-seen order) and the judgments; a `ValueError` names the line
-    of anything it cannot use."""
+    optional header; UTF-8, a BOM is fine). A file stands for every chunk cut from it;
+    a later line for the same query and chunk replaces an earlier one. Queries with no
+    grade above 0 are dropped (nothing to find: every transform would score 0). Returns
+    the queries (``l<n>`` ids) and the judgments; a `ValueError` names the line of
+    anything it cannot use."""
     by_file: dict[str, list[str]] = {}
     for c in chunks:
-        by_file.setdefault(str(c.metadata.get("file_path", "")), []).append(c.node_id)
+        by_file.setdefault(_source(c), []).append(c.node_id)
     ids = {c.node_id for c in chunks}
     queries: dict[str, str] = {}
-    judgments: list[Judgment] = []
-    for lineno, line in enumerate(path.expanduser().read_text(encoding="utf-8").splitlines(), 1):
+    grades: dict[tuple[str, str], int] = {}
+    for lineno, line in enumerate(_label_lines(path), 1):
         parts = line.split("\t")
         if not line.strip() or (lineno == 1 and parts[-1].strip().lower() in ("grade", "score")):
             continue
+        where = f"{path.name}:{lineno}"
         if len(parts) != 3:
-            raise ValueError(f"{path.name}:{lineno}: expected query<TAB>chunk id or file<TAB>grade")
+            raise ValueError(f"{where}: expected query<TAB>chunk id or file<TAB>grade")
         text, target, grade = (p.strip() for p in parts)
-        if not grade.lstrip("-").isdigit():
-            raise ValueError(f"{path.name}:{lineno}: grade {grade!r} is not a whole number")
-        targets = [target] if target in ids else by_file.get(target, [])
+        if not _GRADE.match(grade) or not -MAX_GRADE <= int(grade) <= MAX_GRADE:
+            raise ValueError(
+                f"{where}: grade {grade!r} is not a whole number from 0 to {MAX_GRADE}"
+            )
+        if int(grade) < 0:
+            raise ValueError(f"{where}: grade {grade} is negative; use 0 for not relevant")
+        targets = [target] if target in ids else by_file.get(target, []) if target else []
         if not text or not targets:
-            raise ValueError(f"{path.name}:{lineno}: {target!r} is no chunk id or indexed file")
+            raise ValueError(f"{where}: {target!r} is no chunk id or indexed file")
         qid = queries.setdefault(text, f"l{len(queries) + 1}")
-        judgments.extend((qid, t, int(grade)) for t in targets)
-    if not judgments:
-        raise ValueError(f"{path.name} has no labels")
-    return [(qid, text) for text, qid in queries.items()], judgments
+        grades.update({(qid, t): int(grade) for t in targets})
+    useful = {q for (q, _), g in grades.items() if g > 0}
+    if not useful:
+        raise ValueError(f"{path.name} has no label with a grade above 0")
+    kept = [(qid, text) for text, qid in queries.items() if qid in useful]
+    return kept, [(q, d, g) for (q, d), g in grades.items() if q in useful]
+
+
+def _label_lines(path: Path) -> list[str]:
+    try:
+        return path.expanduser().read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text; save the labels as UTF-8") from None
 
 
 def write_beir_folder(
@@ -296,15 +325,47 @@ def write_beir_folder(
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         _write_files(tmp, chunks, queries, judgments, rejected)
-        record = {"format": SET_FORMAT, **manifest}
+        record = {"format": SET_FORMAT, **manifest, "files_sha256": _set_digest(tmp)}
         (tmp / "manifest.json").write_text(json.dumps(record, indent=2) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        _replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+def _set_digest(folder: Path) -> str:
+    """A hash of the files a user may edit (the queries and the judgments)."""
+    digest = hashlib.sha256()
+    for name in ("queries.jsonl", "qrels/test.tsv"):
+        path = folder / name
+        digest.update(path.read_bytes() if path.is_file() else b"")
+    return digest.hexdigest()
+
+
+def edited(folder: Path) -> bool:
+    """Whether the set at ``folder`` was changed by hand since it was written."""
+    manifest = read_manifest(folder)
+    recorded = manifest.get("files_sha256") if manifest else None
+    return recorded is not None and recorded != _set_digest(folder.expanduser())
+
+
+def _replace(tmp: Path, folder: Path) -> None:
+    """Move the new set ``tmp`` to ``folder``, never over a set edited by hand."""
+    if folder.exists() and edited(folder):
+        raise ValueError(
+            f"the question set in {folder} was edited since it was written; it is kept: "
+            "move it or choose another --questions-dir (use it as it is with --dataset)"
+        )
+    try:
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except OSError as exc:
+        raise ValueError(
+            f"could not write the question set {folder} ({exc.strerror}): is another run "
+            "writing it at the same time? Run one at a time or use another --questions-dir"
+        ) from exc
 
 
 def _jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -318,10 +379,7 @@ def _write_files(
     judgments: Sequence[Judgment],
     rejected: Sequence[dict[str, Any]],
 ) -> None:
-    corpus = [
-        {"_id": c.node_id, "title": str(c.metadata.get("file_path", "")), "text": c.get_content()}
-        for c in chunks
-    ]
+    corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
     _jsonl(folder / "corpus.jsonl", corpus)
     _jsonl(folder / "queries.jsonl", [{"_id": qid, "text": text} for qid, text in queries])
     (folder / "qrels").mkdir()
