@@ -116,9 +116,7 @@ def tune(
             **where.runner_kwargs(models, embed_model),
         )
         path = write_config(result, out)
-    if docs is not None:
-        q.mark_tuned(questions_dir)
-    _show(result, path, report)
+    _show(result, path, report, questions_dir if docs is not None else None)
 
 
 def _load(
@@ -146,9 +144,13 @@ def _load(
     return configs, ds, embed_model, model if needs_llm(name) else None
 
 
-def _show(result: Any, path: Path, report: Path | None) -> None:
+def _show(result: Any, path: Path, report: Path | None, question_set: Path | None) -> None:
+    """The sweep, the choice and where it was written; a question set it was tuned on
+    is marked so (``eval`` on it then warns)."""
     from ..evaluation.report import tune_markdown, tune_table
 
+    if question_set is not None:
+        q.mark_tuned(question_set)
     Console(width=max(console.width, 120)).print(tune_table(result))
     console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
     if (result.winner.delta_vs_none or 0.0) < 0:
