@@ -229,6 +229,10 @@ class TransformRetriever(BaseRetriever):
                 f"transformer must be a QueryTransformer, not {type(transformer).__name__}"
             )
         check_int(similarity_top_k, "similarity_top_k", 1, None)
+        if retriever_kwargs and "similarity_top_k" in retriever_kwargs:
+            raise ValueError(
+                "give similarity_top_k as from_index's own argument, not in retriever_kwargs"
+            )
         depth = candidate_depth(transformer.guards, similarity_top_k)
         base = index.as_retriever(similarity_top_k=depth, **dict(retriever_kwargs or {}))
         kwargs.setdefault("top_k", similarity_top_k)

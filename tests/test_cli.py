@@ -139,6 +139,11 @@ def test_transform_prints_json() -> None:
     assert stepped["queries"][0].startswith("Why did revenue drop?")  # the echo of the prompt
 
 
+def test_a_top_k_below_one_names_the_flag(built_index: Path) -> None:
+    result = runner.invoke(app, ["query", "q", "--index", str(built_index), "-k", "0"])
+    assert result.exit_code == 2 and "--top-k must be at least 1, not 0" in result.output
+
+
 def test_unknown_transform_is_a_clear_error(built_index: Path) -> None:
     result = runner.invoke(app, ["query", "q", "--index", str(built_index), "-t", "magic"])
     assert result.exit_code == 2 and "must be one of" in result.output

@@ -438,3 +438,12 @@ def test_from_index_rejects_bad_arguments(faiss_index: VectorStoreIndex) -> None
         TransformRetriever.from_index(faiss_index, object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="similarity_top_k"):
         TransformRetriever.from_index(faiss_index, HyDE(ScriptedLLM()), similarity_top_k=0)
+
+
+def test_from_index_takes_similarity_top_k_once(faiss_index: VectorStoreIndex) -> None:
+    from llama_index_hyde_plus import HyDE
+
+    with pytest.raises(ValueError, match="give similarity_top_k as from_index's own argument"):
+        TransformRetriever.from_index(
+            faiss_index, HyDE(ScriptedLLM()), retriever_kwargs={"similarity_top_k": 3}
+        )

@@ -19,6 +19,7 @@ from ._console import (
     check_choice,
     console,
     err,
+    fail,
     print_transform,
     reported,
     setup_logging,
@@ -232,6 +233,8 @@ def query(
     """Search an index (FAISS --index or Milvus --uri) with a transformed query and show
     what was generated."""
     setup_logging(verbose)
+    if top_k < 1:
+        raise fail(f"--top-k must be at least 1, not {top_k}")
     if transform is not None:
         try:
             transform = transform_class(transform).method  # "HyDE", "multiquery" forgiven
