@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import time
+
 import faiss
 import pytest
 from llama_index.core import StorageContext, VectorStoreIndex
@@ -65,3 +71,41 @@ def spy_queries(monkeypatch: pytest.MonkeyPatch) -> list[VectorStoreQuery]:
 
     monkeypatch.setattr(FaissVectorStore, "query", query)
     return seen
+
+
+class Served:
+    """``hyde-plus serve --http 0`` in a subprocess; the URL from its banner."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_index_hyde_plus.cli", "serve", "--http", "0", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert self.proc.stderr is not None
+        banner = ""
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            banner += line
+            match = re.search(r"RCP server on (\S+/rcp)", banner)
+            if match:
+                self.url = match.group(1)
+                self.banner = banner
+                return
+        self.proc.kill()
+        raise AssertionError(f"server did not start: {banner}")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            _, rest = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:  # pragma: no cover - reported below
+            self.proc.kill()
+            _, rest = self.proc.communicate()
+        return self.banner + (rest or "")

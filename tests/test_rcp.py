@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -31,7 +30,7 @@ from llama_index_hyde_plus.rcp import (
 from llama_index_hyde_plus.rcp_http import RcpHttpServer
 from llama_index_hyde_plus.testing import echo_llm
 
-from .conftest import DOCS
+from .conftest import DOCS, Served
 
 METHODS = ["hyde", "multi-query", "step-back", "decompose", "rewrite"]
 
@@ -515,44 +514,6 @@ def test_transform_timeout_must_be_positive() -> None:
 
 
 # -- the `serve` command -----------------------------------------------------------------
-
-
-class Served:
-    """``hyde-plus serve --http 0`` in a subprocess; the URL from its banner."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [*CLI, "--http", "0", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "COLUMNS": "200"},
-        )
-        assert self.proc.stderr is not None
-        banner = ""
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            banner += line
-            match = re.search(r"RCP server on (\S+/rcp)", banner)
-            if match:
-                self.url = match.group(1)
-                self.banner = banner
-                return
-        self.proc.kill()
-        raise AssertionError(f"server did not start: {banner}")
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        try:
-            _, rest = self.proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:  # pragma: no cover - reported below
-            self.proc.kill()
-            _, rest = self.proc.communicate()
-        return self.banner + (rest or "")
 
 
 def serve_error(*args: str, env: dict[str, str] | None = None) -> str:

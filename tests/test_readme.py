@@ -25,17 +25,15 @@ are not run. Each block is one test, named after the heading above it.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import Served
 
 pytest.importorskip("xllamacpp")  # the swap needs the `local` extra
 
@@ -109,42 +107,6 @@ def swapped(code: str) -> str:
     for pattern, replacement in SWAP:
         code = pattern.sub(replacement, code)
     return code
-
-
-class Served:
-    """``hyde-plus serve --http 0`` in a subprocess; its URL read from the banner."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_index_hyde_plus.cli", "serve", "--http", "0", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "COLUMNS": "200"},
-        )
-        assert self.proc.stderr is not None
-        banner = ""
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            banner += line
-            match = re.search(r"RCP server on (\S+/rcp)", banner)
-            if match:
-                self.url = match.group(1)
-                return
-        self.proc.kill()
-        raise AssertionError(f"the server did not start: {banner}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            self.proc.kill()
-            self.proc.communicate()
 
 
 class Reader:
