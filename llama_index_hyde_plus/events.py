@@ -11,6 +11,7 @@ from typing import Any
 
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.instrumentation.events import BaseEvent
+from llama_index_instrumentation.event_handlers.null import NullEventHandler
 
 dispatcher = get_dispatcher(__name__)
 
@@ -18,8 +19,6 @@ dispatcher = get_dispatcher(__name__)
 def listening() -> bool:
     """Whether any event handler other than LlamaIndex's null handler would see our
     events (the events are not built at all otherwise)."""
-    from llama_index_instrumentation.event_handlers.null import NullEventHandler
-
     current: Any = dispatcher
     while current is not None:
         if any(not isinstance(h, NullEventHandler) for h in current.event_handlers):

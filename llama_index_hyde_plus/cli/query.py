@@ -68,7 +68,6 @@ def transform_options(
     ``name`` takes, by what the class says of itself; a flag it does not take is
     named in a warning, not silently dropped."""
     cls = transform_class(name)
-    count = cls.count_option()
     given = {
         "n": n,
         "num_passages": num_passages,
@@ -80,8 +79,6 @@ def transform_options(
     takes = set(cls.option_names())
     options = {k: v for k, v in given.items() if v is not None and k in takes}
     ignored = sorted(k for k, v in given.items() if v is not None and k not in takes)
-    if count != "n" and n is not None and "n" not in ignored:
-        ignored.append("n")
     if ignored:
         flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
         err.print(f"[yellow]warning:[/] {name} takes no {flags}; ignored", soft_wrap=True)

@@ -73,23 +73,18 @@ def check_options(name: str, options: dict[str, Any]) -> None:
     ``name`` (an unknown option, a value of the wrong type or range); nothing when they
     can. Used on config files and tune grids before any work is done."""
     cls = transform_class(name)
+    takes = cls.option_names()
     for key in options:
         if key in RUNTIME_OPTIONS:
             raise ValueError(f"option {key!r} of {name} cannot come from a config or grid")
-        if key not in cls.option_names():
-            known = ", ".join(cls.option_names()) or "none"
-            raise ValueError(f"{name} has no option {key!r}; its options: {known}")
-    try:
+        if key not in takes:
+            raise ValueError(
+                f"{name} has no option {key!r}; its options: {', '.join(takes) or 'none'}"
+            )
+    try:  # every name is known: what is left is a value of the wrong type
         cls(**_for_class(cls, None, options))
     except TypeError as exc:
-        text = (
-            str(exc)
-            .replace(f"{cls.__name__}.__init__()", "")
-            .replace(f"{cls.__name__}()", "")
-            .replace("__init__()", "")
-            .replace("got an unexpected keyword argument", "has no option")
-        )
-        raise ValueError(f"{name}: {text.strip()}") from exc
+        raise ValueError(f"{name}: {exc}") from exc
 
 
 def _for_class(
