@@ -64,12 +64,6 @@ def own_top_k(retriever: BaseRetriever) -> int | None:
     return None
 
 
-def _index_embed_model(index: BaseIndex[Any]) -> BaseEmbedding | None:
-    """The embedding model a (vector store) index was built and is searched with."""
-    model = getattr(index, "_embed_model", None)
-    return model if isinstance(model, BaseEmbedding) else None
-
-
 @dataclass(frozen=True)
 class SearchResult:
     """Nodes of one search, the transform that shaped it, and its wall time.
@@ -237,7 +231,7 @@ class TransformRetriever(BaseRetriever):
         base = index.as_retriever(similarity_top_k=depth, **dict(retriever_kwargs or {}))
         kwargs.setdefault("top_k", similarity_top_k)
         if kwargs.get("embed_model") is None:
-            kwargs["embed_model"] = _index_embed_model(index)
+            kwargs["embed_model"] = embed_model_of(index)
         return cls(base, transformer, **kwargs)
 
     @property

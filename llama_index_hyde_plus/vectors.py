@@ -114,9 +114,10 @@ class Embedder:
         return hit
 
 
-def embed_model_of(retriever: BaseRetriever) -> BaseEmbedding | None:
-    """The embedding model a LlamaIndex vector retriever searches with, if it has one."""
-    model = getattr(retriever, "_embed_model", None)
+def embed_model_of(source: object) -> BaseEmbedding | None:
+    """The embedding model a LlamaIndex vector retriever (or index) searches with, if it
+    has one."""
+    model = getattr(source, "_embed_model", None)
     return model if isinstance(model, BaseEmbedding) else None
 
 
