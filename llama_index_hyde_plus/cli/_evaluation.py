@@ -71,16 +71,9 @@ class SearchChoice:
     @property
     def kind(self) -> str:
         """The store kind; a `ValueError` naming the flags when they disagree."""
-        from ..stores import STORE_KINDS
+        from ..stores import store_kind
 
-        kind = self.store or ("milvus" if self.uri else "faiss")
-        if kind not in STORE_KINDS:
-            raise ValueError(f"--store must be one of {', '.join(STORE_KINDS)}, not {kind!r}")
-        if kind == "milvus" and not self.uri:
-            raise ValueError("--store milvus needs --uri (a Milvus Lite file or a cluster URL)")
-        if kind == "faiss" and self.uri:
-            raise ValueError("--uri is for the Milvus store; drop --store faiss or --uri")
-        return kind
+        return store_kind(self.store, self.uri)
 
     def runner_kwargs(self, models: ModelChoice, embed_model: Any) -> dict[str, Any]:
         """The keyword arguments `run_eval` and `run_tune` share."""

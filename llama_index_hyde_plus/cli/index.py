@@ -13,7 +13,7 @@ from rich.markup import escape
 from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, Chunking
 from ..indexing import IndexInfo
 from ..readers import Skipped
-from ..stores import FaissStore, MilvusStore, Store
+from ..stores import FaissStore, MilvusStore, Store, store_kind
 from ._console import console, err, progress_bar, reported, task
 from ._options import Collection, Embed, StoreKind, Token, Uri
 
@@ -70,19 +70,14 @@ def print_skipped(skipped: Sequence[Skipped]) -> None:
 def _target(
     store: str | None, out: Path | None, uri: str | None, collection: str, token: str
 ) -> Store:
-    store = store or ("milvus" if uri and out is None else "faiss")
-    if store == "faiss" and uri is not None:
-        raise ValueError("--uri is for the Milvus store (--store milvus); for FAISS give --out")
-    if store == "milvus" and out is not None:
-        raise ValueError("--out is for the FAISS store; Milvus takes --uri")
-    if store == "faiss":
+    kind = store_kind(store, uri)
+    if kind == "faiss":
         if out is None:
             raise ValueError("--out is needed for the FAISS store")
         return FaissStore(out)
-    if store != "milvus":
-        raise ValueError("--store must be faiss or milvus")
-    if not uri:
-        raise ValueError("--uri is needed for the Milvus store (a file path or a URL)")
+    if out is not None:
+        raise ValueError("--out is for the FAISS store; Milvus takes --uri")
+    assert uri is not None
     return MilvusStore(uri, collection=collection, token=token)
 
 

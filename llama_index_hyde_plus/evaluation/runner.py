@@ -22,7 +22,7 @@ from llama_index.core.llms import LLM
 
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
-from ..stores import STORE_KINDS, FaissStore, Store, store_for
+from ..stores import Store, store_for
 from ..transforms.hyde import HyDE
 from ..transforms.prompts import HYDE_PAPER_PROMPTS
 from ..transforms.registry import (
@@ -264,9 +264,10 @@ def eval_store(
 ) -> Store:
     """The store the index of ``ds`` is cached in: a FAISS folder under ``root``, or a
     collection at the Milvus ``uri``."""
-    if kind == "faiss":
-        return FaissStore(index_cache_dir(ds, embed_label, root))
-    name = re.sub(r"\W", "_", f"{ds.name}_{_corpus_key(ds, embed_label)[:12]}")
+    if kind == "faiss":  # the same folder as `index_cache_dir`
+        name = corpus_index_name(ds, embed_label)
+    else:
+        name = re.sub(r"\W", "_", f"{ds.name}_{_corpus_key(ds, embed_label)[:12]}")
     return store_for(kind, name, root=root, uri=uri, token=token)
 
 
@@ -414,11 +415,7 @@ class EvalSession:
             raise ValueError("concurrency must be >= 1")
         self.ds = ds
         self.top_k, self.concurrency, self.progress = o["top_k"], o["concurrency"], o["progress"]
-        store, uri = o["store"], o["milvus_uri"]
-        if store == "milvus" and not uri:
-            raise ValueError("--store milvus needs --uri (a Milvus Lite file or a cluster URL)")
-        if store not in STORE_KINDS:
-            raise ValueError(f"store must be one of {', '.join(STORE_KINDS)}, not {store!r}")
+        store, uri = o["store"], o["milvus_uri"]  # checked by `store_for`, before indexing
         embed_model, label, root = o["embed_model"], o["embed_label"], o["cache_root"]
         self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
         self.index, self.index_seconds, self.index_cached = cached_index(

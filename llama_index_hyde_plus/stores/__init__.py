@@ -8,8 +8,16 @@ RCP server take any `Store`.
 
 from __future__ import annotations
 
-from .base import STORE_KINDS, Store, open_store, store_for
+from .base import STORE_KINDS, Store, open_store, store_for, store_kind
 from .faiss import FaissStore
 from .milvus import MilvusStore
 
-__all__ = ["STORE_KINDS", "FaissStore", "MilvusStore", "Store", "open_store", "store_for"]
+__all__ = [
+    "STORE_KINDS",
+    "FaissStore",
+    "MilvusStore",
+    "Store",
+    "open_store",
+    "store_for",
+    "store_kind",
+]

@@ -146,6 +146,19 @@ def open_store(
     return FaissStore(index)
 
 
+def store_kind(store: str | None, uri: str | None) -> str:
+    """The store the flags name: ``--store``, else Milvus when a ``--uri`` is given,
+    else FAISS; a `ValueError` naming the flags when they disagree."""
+    kind = store or ("milvus" if uri else "faiss")
+    if kind not in STORE_KINDS:
+        raise ValueError(f"--store must be one of {', '.join(STORE_KINDS)}, not {kind!r}")
+    if kind == "milvus" and not uri:
+        raise ValueError("--store milvus needs --uri (a Milvus Lite file path or a URL)")
+    if kind == "faiss" and uri:
+        raise ValueError("--uri is for the Milvus store; drop --store faiss or --uri")
+    return kind
+
+
 def store_for(
     kind: str,
     name: str,
@@ -159,10 +172,7 @@ def store_for(
     from .faiss import FaissStore
     from .milvus import MilvusStore
 
-    if kind == "faiss":
+    if store_kind(kind, uri if kind == "milvus" else None) == "faiss":
         return FaissStore(root / "indexes" / name)
-    if kind == "milvus":
-        if not uri:
-            raise ValueError("--store milvus needs --uri (a Milvus Lite file path or a URL)")
-        return MilvusStore(uri, collection=name, token=token)
-    raise ValueError(f"--store must be one of {', '.join(STORE_KINDS)}, not {kind!r}")
+    assert uri is not None
+    return MilvusStore(uri, collection=name, token=token)
