@@ -202,16 +202,3 @@ class DataChoice:
             return load_beir(self.dataset, split, limit=limit), None
         folder = question_set(self.docs, embed_model, llm, max_length)
         return load_beir(folder, "test", limit=limit), caveat(folder)
-
-
-def mark_tuned(folder: Path) -> None:
-    """Record in the set's manifest that `tune` chose settings on it (so `eval` on the
-    same set warns that the scores are optimistic)."""
-    import json
-
-    from ..evaluation.questions import read_manifest
-
-    manifest = read_manifest(folder)
-    if manifest is not None:
-        manifest["tuned"] = True
-        (folder.expanduser() / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -150,7 +150,9 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
     from ..evaluation.report import tune_markdown, tune_table
 
     if question_set is not None:
-        q.mark_tuned(question_set)
+        from ..evaluation.questions import mark_tuned
+
+        mark_tuned(question_set)
     Console(width=max(console.width, 120)).print(tune_table(result))
     console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
     if (result.winner.delta_vs_none or 0.0) < 0:

@@ -325,8 +325,7 @@ def write_beir_folder(
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         _write_files(tmp, chunks, queries, judgments, rejected)
-        record = {"format": SET_FORMAT, **manifest, "files_sha256": _set_digest(tmp)}
-        (tmp / "manifest.json").write_text(json.dumps(record, indent=2) + "\n")
+        _write_manifest(tmp, {"format": SET_FORMAT, **manifest, "files_sha256": _set_digest(tmp)})
         _replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -386,6 +385,18 @@ def _write_files(
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
     (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
     _jsonl(folder / "rejected.jsonl", rejected)
+
+
+def _write_manifest(folder: Path, record: dict[str, Any]) -> None:
+    (folder / "manifest.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def mark_tuned(folder: Path) -> None:
+    """Record in the set's manifest that `tune` chose settings on it (so `eval` on the
+    same set can warn that the scores are optimistic)."""
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        _write_manifest(folder.expanduser(), {**manifest, "tuned": True})
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
