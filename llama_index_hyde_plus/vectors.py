@@ -180,10 +180,13 @@ class DocVectors:
     def _from_store(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
         store = getattr(self.retriever, "_vector_store", None)
         kind = type(store).__name__
+        # by class name (no import of optional stores), subclasses included: the CLI's
+        # index wraps FAISS in a subclass that checks dimensions
+        bases = {c.__name__ for c in type(store).__mro__}
         try:
-            if kind == "FaissVectorStore":
+            if "FaissVectorStore" in bases:
                 return self._faiss(store, nodes)
-            if kind == "MilvusVectorStore":
+            if "MilvusVectorStore" in bases:
                 return self._milvus(store, nodes)
         except Exception as exc:  # a store that cannot say: re-embed instead
             logger.debug("reading vectors from %s failed (%s); re-embedding", kind, exc)

@@ -19,6 +19,7 @@ from ._evaluation import (
     bars,
     command_line,
     require_eval_extra,
+    standin_for,
 )
 
 
@@ -90,7 +91,8 @@ def eval_cmd(
     split: Split = "test",
     limit: opt.Limit = None,
     out: ResultsOut = Path("eval-results"),
-    llm: opt.Llm = "auto",
+    llm: opt.EvalLlm = "auto",
+    oracle_seeds: opt.OracleSeeds = 3,
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -114,22 +116,29 @@ def eval_cmd(
 
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
-    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    models = ModelChoice(
+        llm, embed, max_length, temperature, max_tokens, seed, concurrency, oracle_seeds
+    )
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
     docs_choice = q.docs_choice(
         docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed
     )
     source = q.DataChoice(dataset, docs_choice)
+    with reported():
+        standin = standin_for(models, source)
     specs, ds, note, embed_model, model = _prepare(
         source, where, models, transforms, config_files, split, limit, out
     )
     config = _config(models, model, where.kind, top_k, hyde_prompt=hyde_prompt or "default")
+    if standin is not None:
+        config["llm"] = standin.label
     config.update(split=split if note is None else "generated questions", questions=note)
     with progress_bar() as progress, reported():
         result = run_eval(
             ds,
             specs,
-            llm=models.make_llm if any(needs_llm(s.name) for s in specs) else None,
+            llm=models.make_llm if model is not None else None,
+            standin=standin,
             max_length=max_length,
             use_cache=cache,
             progress=bars(progress, "/s"),

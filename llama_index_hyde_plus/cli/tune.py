@@ -19,6 +19,7 @@ from ._evaluation import (
     bars,
     command_line,
     require_eval_extra,
+    standin_for,
 )
 
 
@@ -72,7 +73,8 @@ def tune(
     report: SweepReport = None,
     tolerance: Tolerance = 0.2,
     grid: Grid = None,
-    llm: opt.Llm = "auto",
+    llm: opt.EvalLlm = "auto",
+    oracle_seeds: opt.OracleSeeds = 3,
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -96,9 +98,13 @@ def tune(
     setup_logging(verbose)
     name, split = transform.strip().lower(), split if docs is None else "generated"
     _check(name, split, tolerance, out, report)
-    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    models = ModelChoice(
+        llm, embed, max_length, temperature, max_tokens, seed, concurrency, oracle_seeds
+    )
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
+    with reported():
+        standin = standin_for(models, q.DataChoice(dataset, docs_set))
     configs, ds, embed_model, model = _load(
         q.DataChoice(dataset, docs_set), where, models, name, grid, split, limit
     )
@@ -108,6 +114,7 @@ def tune(
             ds,
             name,
             llm=model,
+            standin=standin,
             split=split,
             grid=configs,
             tolerance=tolerance / 100,

@@ -11,8 +11,9 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -23,6 +24,7 @@ from llama_index.core.llms import LLM
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..stores import Store, store_for
+from ..transforms._listing import QueryListTransform
 from ..transforms.hyde import HyDE
 from ..transforms.prompts import HYDE_PAPER_PROMPTS
 from ..transforms.registry import (
@@ -36,6 +38,20 @@ from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
 from .metrics import MEASURES, evaluate, paired_t_test, percentile
+from .standin import (
+    Draw,
+    ScoreAll,
+    SeedRun,
+    StandIn,
+    draw,
+    eligible,
+    merge_seeds,
+    oracle_llm,
+    plain_rankings,
+    reduced,
+    right_share,
+    stored_vectors,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
@@ -280,14 +296,21 @@ def cached_index(
     max_length: int = 256,
     batch_size: int = 32,
     progress: ProgressFactory | None = None,
+    vectors: Mapping[str, Sequence[float]] | None = None,
 ) -> tuple[VectorStoreIndex, float, bool]:
     """``(index, build seconds, reused)``: the index of ``ds`` in ``store``, reused
-    when it was built from the same corpus and embedding, else built."""
+    when it was built from the same corpus and embedding, else built (from
+    ``vectors``, each document's stored vector, when given: no embedding)."""
     meta = store.meta()
     if meta is not None and meta.get("embed") == embed_label:
         return store.load(embed_model), 0.0, True
     docs = ds.documents()
-    advance = progress(f"Embedding corpus ({store.kind})", len(docs)) if progress else None
+    what = "Embedding corpus"
+    if vectors is not None:  # an index's own vectors, reused: nothing is embedded again
+        what = "Indexing stored vectors"
+        for doc in docs:
+            doc.embedding = list(vectors[doc.doc_id])
+    advance = progress(f"{what} ({store.kind})", len(docs)) if progress else None
     info = store.build(
         docs,
         embed_model,
@@ -386,6 +409,7 @@ class SessionOptions(TypedDict, total=False):
     milvus_uri: str | None
     milvus_token: str
     progress: ProgressFactory | None
+    vectors: Mapping[str, Sequence[float]] | None
 
 
 SESSION_DEFAULTS: dict[str, Any] = {
@@ -397,6 +421,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "milvus_uri": None,
     "milvus_token": "",
     "progress": None,
+    "vectors": None,
 }
 """The `SessionOptions` an `EvalSession` fills in when they are not given."""
 
@@ -419,12 +444,27 @@ class EvalSession:
         embed_model, label, root = o["embed_model"], o["embed_label"], o["cache_root"]
         self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
         self.index, self.index_seconds, self.index_cached = cached_index(
-            ds, self.store, embed_model, label, max_length=o["max_length"], progress=self.progress
+            ds,
+            self.store,
+            embed_model,
+            label,
+            max_length=o["max_length"],
+            progress=self.progress,
+            vectors=o["vectors"],
         )
+        self._options = o
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000)
         self.cache = SQLiteCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
         self._retriever: Any = None
+
+    def derived(self, ds: BeirDataset, vectors: Mapping[str, Sequence[float]]) -> EvalSession:
+        """A session over ``ds`` (a subset of this one's corpus) in its own store,
+        built from ``vectors`` (this index's stored ones: nothing is embedded again),
+        sharing this session's embedder; stand-in answers are not cached."""
+        session = EvalSession(ds, **{**self._options, "vectors": vectors, "use_cache": False})
+        session.embedder = self.embedder
+        return session
 
     def base_retriever(self) -> Any:
         """The store's own retriever (one per session: its vectors are reused)."""
@@ -505,6 +545,65 @@ def _score(
     return session.score(spec.label, transformer, options=spec.options)
 
 
+def answer_kind(name: str) -> str:
+    """What a stand-in writes for the transform ``name``: generated queries for a
+    fan-out (a `QueryListTransform`), else a passage."""
+    return "query" if issubclass(transform_class(name), QueryListTransform) else "passage"
+
+
+def run_standin(
+    session: EvalSession, standin: StandIn, score_all: ScoreAll
+) -> tuple[list[TransformReport], dict[str, Any]]:
+    """Score with the stand-in generator (`standin` module): for each seed, draw the
+    answers, build the reduced index from ``session``'s stored vectors, and call
+    ``score_all(reduced session, llm_for)`` (its reports, ``none`` first); the reports
+    are averaged per question over the seeds and compared with ``none``. Returns the
+    reports and what to record about the stand-in."""
+    ds = session.ds
+    qids = eligible(ds)
+    if not qids:
+        raise ValueError(
+            "--llm oracle needs questions with at least two relevant documents "
+            "(one is given to the stand-in, the others are scored); this set has none"
+        )
+    retriever = session.base_retriever()
+    rankings = plain_rankings(retriever, ds, qids)
+    vectors = stored_vectors(retriever, list(ds.corpus))
+    runs: list[SeedRun] = []
+    for seed in standin.seeds:
+        draws = draw(ds, rankings, standin.p, seed, depth=standin.depth)
+        sub = reduced(ds, draws)
+        tag = f"{standin.label}:seed={seed}"
+
+        def llm_for(name: str, draws: dict[str, Draw] = draws, tag: str = tag) -> Any:
+            kind = answer_kind(name)  # the text comes from the full corpus
+            return oracle_llm(ds, draws, kind, characters=standin.characters, label=tag)
+
+        child = session.derived(sub, vectors)
+        try:
+            runs.append(SeedRun(score_all(child, llm_for), draws))
+        finally:
+            child.close()
+    reports = merge_seeds(runs)
+    compare(reports)
+    info = {
+        "stand_in": standin.describe(),
+        "p": standin.p,
+        "seeds": list(standin.seeds),
+        "questions": reports[0].queries if reports else 0,
+        "eligible_questions": len(qids),
+        "right_share": round(right_share(runs), 4),
+    }
+    return reports, info
+
+
+def with_none(specs: Sequence[TransformSpec]) -> list[TransformSpec]:
+    """``specs`` with ``none`` first (the stand-in compares within each seed)."""
+    rest = [s for s in specs if s.name != "none"]
+    head = [s for s in specs if s.name == "none"] or [TransformSpec("none", "none")]
+    return head[:1] + rest
+
+
 def run_eval(
     ds: BeirDataset,
     transforms: Sequence[str | TransformSpec],
@@ -512,6 +611,7 @@ def run_eval(
     llm: LLM | Callable[[], LLM] | None,
     hyde_prompt: str | None = None,
     config: dict[str, Any] | None = None,
+    standin: StandIn | None = None,
     **options: Unpack[SessionOptions],
 ) -> EvalResult:
     """Evaluate each transform in ``transforms`` on ``ds`` (see module docstring).
@@ -519,25 +619,35 @@ def run_eval(
     ``llm`` is an LLM, or a zero-argument factory called once per transform (the CLI
     passes one so that each transform samples from a fresh, seeded local model).
     ``hyde_prompt`` is a HyDE paper prompt by task or a template; ``config`` is recorded
-    in the report; ``options`` are the `EvalSession` options (`SessionOptions`).
+    in the report; ``standin`` scores with the strong-generator stand-in instead of
+    ``llm`` (`run_standin`); ``options`` are the `EvalSession` options (`SessionOptions`).
     """
     specs = [t if isinstance(t, TransformSpec) else parse_transform_spec(t) for t in transforms]
     if not specs:
         raise ValueError("transforms must name at least one transform")
-    if llm is None and any(needs_llm(s.name) for s in specs):
+    if llm is None and standin is None and any(needs_llm(s.name) for s in specs):
         raise ValueError("an llm is needed for transforms other than none and rocchio")
     wall = time.perf_counter()
     session = EvalSession(ds, **options)
+    extra: dict[str, Any] = {}
     try:
-        reports = [_score(session, spec, llm, hyde_prompt) for spec in specs]
+        if standin is None:
+            reports = [_score(session, spec, llm, hyde_prompt) for spec in specs]
+            compare(reports)
+        else:
+            specs = with_none(specs)
+
+            def score_all(child: EvalSession, llm_for: Callable[[str], Any]) -> list[Any]:
+                return [_score(child, s, partial(llm_for, s.name), hyde_prompt) for s in specs]
+
+            reports, extra = run_standin(session, standin, score_all)
     finally:
         session.close()
-    compare(reports)
     result = EvalResult(
         dataset=ds.name,
         queries=len(ds.queries),
         documents=len(ds.corpus),
-        config=dict(config or {}),
+        config={**(config or {}), **extra},
         reports=reports,
         index_seconds=session.index_seconds,
         index_cached=session.index_cached,
