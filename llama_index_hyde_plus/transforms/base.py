@@ -136,6 +136,9 @@ class TransformResult:
     skipped: str | None = None
     """Why the expansion was not used for this query (a gate), when it was not. Not a
     failure: nothing is logged as a warning."""
+    defaults: str | None = None
+    """Which shipped defaults chose the search options: ``"small"`` (the bundled
+    SmolLM2-135M) or ``"capable"`` (any other LLM); None when the caller chose them."""
 
     @classmethod
     def fallback_for(
@@ -247,6 +250,8 @@ class TransformResult:
             out["original_weight"] = self.original_weight
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.defaults:
+            out["defaults"] = self.defaults
         return out
 
     @classmethod
@@ -270,6 +275,7 @@ class TransformResult:
             keyword_weight=_opt_float(data.get("keyword_weight")),
             original_weight=float(data.get("original_weight", 1.0)),
             skipped=data.get("skipped"),
+            defaults=data.get("defaults"),
         )
 
 

@@ -121,6 +121,18 @@ class LLMTransform(QueryTransformer):
         return self._llm if self._llm is not None else Settings.llm
 
     @property
+    def generator(self) -> str:
+        """``"small"`` (the bundled SmolLM2-135M) or ``"capable"`` (any other LLM):
+        which of the shipped defaults apply when options are left unset. An LLM that
+        cannot be resolved (``Settings.llm`` without a key) counts as capable: its call
+        fails and falls back anyway."""
+        try:
+            llm = self.llm
+        except Exception:
+            return "capable"
+        return _llm.generator_kind(llm)
+
+    @property
     def prompt(self) -> BasePromptTemplate:
         return self._prompt
 
