@@ -177,6 +177,8 @@ def _prepare(
 def _show(result: Any, out: Path, note: str | None = None) -> None:
     from ..evaluation.report import rich_table, verdicts, write_outputs
 
+    if result.config.get("stand_in"):
+        err.print(f"[bold yellow]Not a real model.[/] {result.config['stand_in']}.")
     Console(width=max(console.width, 160)).print(rich_table(result))
     for line in verdicts(result):
         console.print(f"  {line}")

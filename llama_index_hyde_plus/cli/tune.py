@@ -160,6 +160,8 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
         from ..evaluation.questions import mark_tuned
 
         mark_tuned(question_set)
+    if result.extra.get("stand_in"):
+        err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
     Console(width=max(console.width, 120)).print(tune_table(result))
     console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
     if (result.winner.delta_vs_none or 0.0) < 0:

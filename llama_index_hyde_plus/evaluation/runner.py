@@ -165,6 +165,10 @@ class TransformReport:
     skipped: int = 0
     """Queries whose expansion a gate skipped."""
     options: dict[str, Any] = field(default_factory=dict)
+    rankings: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    """Each query's ranked document ids (to tell a configuration that changes nothing)."""
+    identical_to_none: bool = False
+    """Every query's ranking equals `none`'s: the configuration is a no-op here."""
 
     @property
     def verdict(self) -> str:
@@ -180,6 +184,10 @@ class TransformReport:
         self.ties = len(keys) - self.wins - self.losses
         self.delta_vs_none = self.scores["nDCG@10"] - baseline.scores["nDCG@10"]
         self.p_value_vs_none = paired_t_test(mine, base)
+        ranked = set(self.rankings) & set(baseline.rankings)
+        self.identical_to_none = bool(ranked) and all(
+            self.rankings[k] == baseline.rankings[k] for k in ranked
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -208,6 +216,7 @@ class TransformReport:
             "losses": self.losses,
             "verdict": self.verdict if self.delta_vs_none is not None else None,
             "skipped_by_gate": self.skipped,
+            "identical_to_none": self.identical_to_none,
             "options": self.options,
             "examples": self.examples,
         }
@@ -507,6 +516,7 @@ class EvalSession:
             examples=examples,
             skipped=sum(1 for r in records if r.skipped),
             options=dict(options or {}),
+            rankings={qid: tuple(docs) for qid, docs in run.items()},
         )
 
     def close(self) -> None:

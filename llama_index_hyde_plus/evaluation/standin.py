@@ -307,6 +307,7 @@ def merge_seeds(runs: Sequence[SeedRun]) -> list[Any]:
                 queries=len(per_query),
                 skipped=sum(r.skipped for r in same),
                 latency_n=sum(r.latency_n for r in same),
+                rankings={f"{n}|{q}": r for n, x in enumerate(same) for q, r in x.rankings.items()},
             )
         )
     return merged
