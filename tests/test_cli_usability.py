@@ -1,0 +1,53 @@
+"""What a person meets at the command line: quiet logs, early errors, hints, version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from llama_index_hyde_plus import __version__
+from llama_index_hyde_plus.cli import app
+
+from .test_readers import pdf_bytes
+
+runner = CliRunner()
+
+
+def _hyde_plus(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command in a fresh process, as a user runs it (libraries imported anew)."""
+    return subprocess.run(
+        [sys.executable, "-m", "llama_index_hyde_plus.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=300,
+        check=False,
+    )
+
+
+def test_third_party_logs_stay_quiet_unless_verbose(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("The nightly backup window closes at 04:00 UTC.")
+    # a PDF whose startxref pointer is off: pypdf repairs it and logs warnings
+    broken = pdf_bytes("Quarterly revenue rose.").replace(b"startxref\n", b"startxref\n1")
+    (docs / "r.pdf").write_bytes(broken)
+
+    quiet = _hyde_plus("index", str(docs), "--out", str(tmp_path / "q"), "--embed", "local")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Indexed 2 documents" in quiet.stdout
+    assert "Could not load library" not in quiet.stderr and "faiss" not in quiet.stderr
+    assert "startxref" not in quiet.stderr and "INFO" not in quiet.stderr
+
+    loud = _hyde_plus("index", str(docs), "--out", str(tmp_path / "v"), "--embed", "local", "-v")
+    assert loud.returncode == 0, loud.stderr
+    assert "faiss" in loud.stderr and "startxref" in loud.stderr
+
+
+def test_version_prints_the_package_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"hyde-plus {__version__}"
