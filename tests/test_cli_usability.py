@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from llama_index_hyde_plus import __version__
+from llama_index_hyde_plus._entry import early_error
 from llama_index_hyde_plus.cli import app
 
 from .test_readers import pdf_bytes
@@ -51,3 +53,37 @@ def test_third_party_logs_stay_quiet_unless_verbose(tmp_path: Path) -> None:
 def test_version_prints_the_package_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"hyde-plus {__version__}"
+
+
+def test_openai_without_a_key_is_refused_before_llama_index_loads() -> None:
+    probe = (
+        "import sys\n"
+        "from llama_index_hyde_plus._entry import main\n"
+        "sys.argv = ['hyde-plus', *sys.argv[1:]]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    print(exc.code, 'llama_index.core' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    for args in (
+        ["transform", "q", "--llm", "openai"],
+        ["eval", "--docs", "d", "--llm=openai:gpt-4o-mini"],
+        ["index", "d", "--out", "o", "--embed", "OpenAI"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env
+        )
+        assert done.stdout.split() == ["2", "False"], (args, done.stdout, done.stderr)
+        assert done.stderr.startswith("error:") and "OPENAI_API_KEY" in done.stderr
+
+
+def test_the_early_key_check_leaves_help_and_other_models_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert early_error(["transform", "q", "--llm", "openai", "--help"]) is None
+    assert early_error(["transform", "q", "--llm", "local", "--embed", "auto"]) is None
+    assert early_error(["transform", "--llm"]) is None  # click names the missing value
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert early_error(["transform", "q", "--llm", "openai"]) is None
