@@ -87,3 +87,32 @@ def test_the_early_key_check_leaves_help_and_other_models_alone(
     assert early_error(["transform", "--llm"]) is None  # click names the missing value
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     assert early_error(["transform", "q", "--llm", "openai"]) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["query", "q", "--index", "IDX", "-t", "hdye"], "did you mean 'hyde'?"),
+        (["eval", "--dataset", "DATA", "--transforms", "none,hdye"], "did you mean 'hyde'?"),
+        (["tune", "--dataset", "DATA", "-t", "multi_qery"], "did you mean 'multi-query'?"),
+        (["eval", "--dataset", "DATA", "--transforms", "none,zzz"], None),
+    ],
+)
+def test_a_mistyped_transform_name_gets_the_closest_one(
+    tmp_path: Path, args: list[str], hint: str | None
+) -> None:
+    data = Path(__file__).parent / "data" / "tiny-beir"
+    paths = {"IDX": str(tmp_path), "DATA": str(data)}
+    result = runner.invoke(app, [paths.get(a, a) for a in args])
+    assert result.exit_code == 2 and result.output.startswith("error:"), result.output
+    if hint is None:
+        assert "did you mean" not in result.output
+    else:
+        assert hint in result.output
+
+
+def test_a_missing_index_path_says_it_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-index"
+    result = runner.invoke(app, ["query", "q", "--index", str(missing), "-t", "none"])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not missing.exists()

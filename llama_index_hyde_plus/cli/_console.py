@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from .._suggest import did_you_mean
 from ..local.assets import ModelNotAvailableError
 from ..models import MissingExtraError, describe_llm
 from ..retriever import SearchResult
@@ -178,7 +179,10 @@ def print_transform(result: SearchResult) -> None:
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise fail(f"{name} must be one of: {', '.join(choices)} (got {value!r})")
+        raise fail(
+            f"{name} must be one of: {', '.join(choices)}; got {value!r}"
+            f"{did_you_mean(value, choices)}"
+        )
 
 
 def warm_up(model: Any) -> None:
