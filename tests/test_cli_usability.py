@@ -116,3 +116,40 @@ def test_a_missing_index_path_says_it_does_not_exist(tmp_path: Path) -> None:
     result = runner.invoke(app, ["query", "q", "--index", str(missing), "-t", "none"])
     assert result.exit_code == 2 and "does not exist" in result.output
     assert not missing.exists()
+
+
+def _long_docs(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    sections = [
+        f"## Part {i}\n\nThe ferry timetable for pier {i} changes in spring and autumn. Boats "
+        "leave every twenty minutes from the northern quay, and tickets are sold at the "
+        "kiosk beside the harbour office until late in the evening."
+        for i in range(8)
+    ]
+    (docs / "guide.md").write_text("# Ferry guide\n\n" + "\n\n".join(sections))
+    (docs / "lines.jsonl").write_text('{"_id": "office", "text": "The Lisbon office moved."}\n')
+    return docs
+
+
+def test_the_query_table_gives_the_terminal_width_to_the_text(tmp_path: Path) -> None:
+    out = tmp_path / "index"
+    built = runner.invoke(
+        app, ["index", str(_long_docs(tmp_path)), "--out", str(out), "--embed", "local"]
+    )
+    assert built.exit_code == 0, built.output
+    argv = ["query", "ferry timetable for pier 5", "--index", str(out), "-t", "none", "-k", "2"]
+    wide = runner.invoke(app, argv, env={"COLUMNS": "160"})
+    assert wide.exit_code == 0, wide.output
+    lines = wide.output.splitlines()
+    header = next(line for line in lines if "score" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == ["#", "score", "source", "text"]
+    first = next(line for line in lines if line.startswith("│ 1 "))
+    rank, score, source, text = (c.strip() for c in first.strip("│ ").split("│"))
+    assert source == "guide.md#7"  # the file and the chunk, once (chunk 1 is the title)
+    assert len(text) > 110 and len(first) <= 160  # the text has the room the terminal has
+    narrow = runner.invoke(app, argv, env={"COLUMNS": "80"})
+    assert max(len(line) for line in narrow.output.splitlines()) <= 80
+
+    line = runner.invoke(app, ["query", "Lisbon office", "--index", str(out), "-t", "none"])
+    assert "lines.jsonl:office" in line.output  # a line of a .jsonl file by its id
