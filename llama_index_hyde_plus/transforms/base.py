@@ -433,6 +433,12 @@ class QueryTransformer(BaseQueryTransform):
         query). A class without search options has one: its defaults."""
         return [{}]
 
+    def search_advice(self, search_type: str) -> str | None:
+        """A warning for a `TransformRetriever` whose store matches by ``search_type``
+        (``dense``, ``keyword``, ``hybrid``) when this transform is configured in a way
+        that store serves badly; None when there is nothing to say."""
+        return None
+
     def transform(self, query: str) -> Any:
         """Rewrite ``query``. Returns a `TransformResult` (built-ins) or, in a user's
         subclass, a ``str`` / ``list[str]`` / `TransformResult`."""
@@ -545,6 +551,9 @@ class ChainTransform(QueryTransformer):
     @property
     def default_fusion(self) -> FusionMode:  # type: ignore[override]
         return self.first.default_fusion
+
+    def search_advice(self, search_type: str) -> str | None:
+        return self.first.search_advice(search_type) or self.second.search_advice(search_type)
 
     @property
     def method(self) -> str:  # type: ignore[override]

@@ -201,6 +201,15 @@ class HyDE(LLMTransform):
         stage.guards = Guards()
         return stage
 
+    def search_advice(self, search_type: str) -> str | None:
+        if self.include_query or search_type not in ("keyword", "hybrid"):
+            return None
+        return (
+            f"HyDE has include_query=False but the retriever uses {search_type} search: "
+            "keyword matching will see only the generated passage, not the user's words. "
+            "Use HyDE(include_query=True) for keyword and hybrid search."
+        )
+
     @property
     def grounded(self) -> int:
         """How many of the question's hits the prompt shows (0: free generation)."""
