@@ -570,7 +570,6 @@ class TransformRetriever(BaseRetriever):
         )
 
 
-
 def _carrying_transform(result: SearchResult) -> list[NodeWithScore]:
     """``result``'s nodes as copies whose metadata carries the transform's summary."""
     info = summary(result.transform, result.failed_searches, result.latency_s)

@@ -11,16 +11,18 @@ import pytest
 
 from llama_index_hyde_plus.evaluation.runner import TransformReport, verdict
 from llama_index_hyde_plus.evaluation.tune import (
-    CONFIG_FORMAT,
     DEFAULT_TOLERANCE,
-    TransformConfig,
     TuneResult,
     complexity,
     config_payload,
-    label_for,
-    load_config,
     pick_winner,
     write_config,
+)
+from llama_index_hyde_plus.transforms.config import (
+    CONFIG_FORMAT,
+    TransformConfig,
+    label_for,
+    load_config,
 )
 from llama_index_hyde_plus.transforms.registry import make_transform
 from llama_index_hyde_plus.usage import Usage

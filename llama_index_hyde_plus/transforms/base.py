@@ -433,6 +433,12 @@ class QueryTransformer(BaseQueryTransform):
         query). A class without search options has one: its defaults."""
         return [{}]
 
+    @classmethod
+    def prompt_for_task(cls, task: str) -> str | None:
+        """The prompt this transform uses for ``task`` (a dataset name, or a template
+        given as is), or None when it has no task-specific prompts."""
+        return None
+
     def search_advice(self, search_type: str) -> str | None:
         """A warning for a `TransformRetriever` whose store matches by ``search_type``
         (``dense``, ``keyword``, ``hybrid``) when this transform is configured in a way
