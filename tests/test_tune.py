@@ -353,3 +353,12 @@ def test_a_grid_is_checked_whole_before_any_work() -> None:
     with pytest.raises(ValueError, match="at most"):
         check_grid("rocchio", [{"k": 3}] * (MAX_GRID + 1))
     assert check_grid("rocchio", [{"k": 3}]) == [{"k": 3}]
+
+
+@pytest.mark.parametrize("extreme", [1e200, 1e308, 1e-320])
+def test_a_config_with_extreme_rocchio_weights_is_refused_naming_the_file(
+    tmp_path: Path, extreme: float
+) -> None:
+    path = _config(tmp_path, "rocchio", {"alpha": extreme, "beta": extreme})
+    with pytest.raises(ValueError, match=r"c\.json: .*alpha must"):
+        load_config(path)
