@@ -323,9 +323,9 @@ def _clean_index_folder(out: Path, keep: str) -> None:
             continue
         if _is_data_folder(entry):
             shutil.rmtree(entry, ignore_errors=True)
-        elif (name in _LEGACY_FILES or name == STAGING_MARKER) and entry.is_file():
-            entry.unlink(missing_ok=True)
-        elif _is_draft(entry):
+        elif _is_draft(entry) or (
+            name in (*_LEGACY_FILES, STAGING_MARKER) and entry.is_file() and not entry.is_symlink()
+        ):
             entry.unlink(missing_ok=True)
 
 
@@ -427,7 +427,7 @@ def data_folder(path: Path, meta: dict[str, Any]) -> Path:
     a format-1 index, which names none). Only a plain child name is followed: ``..``,
     a path with a separator, an absolute path, or a link leading out of the index is a
     `ValueError` (the index is damaged or was tampered with)."""
-    name = meta.get("data")
+    name: object = meta.get("data")
     if name is None:
         return path
     plain = (
@@ -436,7 +436,7 @@ def data_folder(path: Path, meta: dict[str, Any]) -> Path:
         and not any(c in name for c in "/\\\x00")
         and Path(name).name == name
     )
-    if plain:
+    if plain and isinstance(name, str):
         data = path / name
         if not data.is_symlink() or data.resolve().parent == path.resolve():
             return data

@@ -359,7 +359,9 @@ def test_a_build_keeps_sibling_folders_that_only_look_like_its_staging(tmp_path:
     assert (backup / "keep.txt").read_text() == "mine"
     assert (lookalike / "keep.txt").read_text() == "mine"
     assert not stale.exists()
-    assert sorted(p.name for p in out.iterdir()) == sorted([read_meta(out)["data"], "hyde_plus.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [read_meta(out)["data"], "hyde_plus.json"]
+    )
 
 
 def test_a_replacement_keeps_a_users_folder_inside_the_index_named_like_data(

@@ -379,10 +379,11 @@ def check_set_folder(folder: Path, flag: str = "--questions-dir") -> None:
         )
     foreign = _foreign(folder)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
         raise ValueError(
             f"{flag} {folder} is a question set but also holds files hyde-plus did not "
-            f"write ({shown}); it is kept: move them or choose another folder"
+            f"write ({', '.join(foreign[:5])}{more}); it is kept: move them or choose "
+            "another folder"
         )
 
 
