@@ -53,7 +53,7 @@ def test_non_finite_weights_are_rejected(bad: float) -> None:
 def test_extreme_weights_are_refused_by_the_constructor(extreme: float) -> None:
     """alpha = beta = 1e200 used to overflow to a zero search vector: every score 0.0,
     in arbitrary order, with no fallback."""
-    with pytest.raises(ValueError, match="alpha must .*between .*1e\\+06"):
+    with pytest.raises(ValueError, match=r"alpha must .*between .*1e\+06"):
         Rocchio(alpha=extreme, beta=extreme)
     with pytest.raises(ValueError, match="feedback_beta"):
         Guards(feedback_k=3, feedback_beta=extreme)

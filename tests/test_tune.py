@@ -163,6 +163,19 @@ def test_write_config_overwrites_an_existing_file(tmp_path: Path) -> None:
     assert load_config(path).options == {"query_weight": 0.9}
 
 
+def test_a_written_config_follows_the_umask(tmp_path: Path) -> None:
+    """A service under another account can read the config (it was 0600)."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        path = write_config(tune_result({}), tmp_path / "c.json")
+    finally:
+        os.umask(previous)
+    assert (path.stat().st_mode & 0o777) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
 def test_write_config_to_a_folder_is_a_value_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=str(tmp_path)):
         write_config(tune_result({}), tmp_path)

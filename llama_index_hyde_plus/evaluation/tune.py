@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from llama_index.core.llms import LLM
 
+from .._files import write_text_atomic
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
@@ -225,16 +225,10 @@ def config_payload(result: TuneResult) -> dict[str, Any]:
 
 
 def write_config(result: TuneResult, path: Path) -> Path:
-    """Write the winner as JSON to ``path`` (atomically: a temporary file renamed)."""
+    """Write the winner as JSON to ``path`` (atomically: a temporary file renamed; the
+    permissions the umask gives)."""
     path = check_writable(path, "--out")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(config_payload(result), indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(config_payload(result), indent=2) + "\n")
     return path
 
 
