@@ -145,7 +145,7 @@ def test_the_query_table_gives_the_terminal_width_to_the_text(tmp_path: Path) ->
     header = next(line for line in lines if "score" in line)
     assert [c.strip() for c in header.strip("┃ ").split("┃")] == ["#", "score", "source", "text"]
     first = next(line for line in lines if line.startswith("│ 1 "))
-    rank, score, source, text = (c.strip() for c in first.strip("│ ").split("│"))
+    _, _, source, text = (c.strip() for c in first.strip("│ ").split("│"))
     assert source == "guide.md#7"  # the file and the chunk, once (chunk 1 is the title)
     assert len(text) > 110 and len(first) <= 160  # the text has the room the terminal has
     narrow = runner.invoke(app, argv, env={"COLUMNS": "80"})
