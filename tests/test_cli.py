@@ -479,6 +479,7 @@ def test_eval_docs_writes_questions_scores_and_reuses_them(tmp_path: Path) -> No
     kept = results["queries"]
     assert 1 <= kept <= 6 and [r["transform"] for r in results["results"]] == ["none", "rocchio"]
     assert "generated questions kept" in results["config"]["questions"]
+    assert list(results["phase_seconds"]) == ["models", "questions", "index", "none", "rocchio"]
     queries = (tmp_path / "questions" / "queries.jsonl").read_text().splitlines()
     assert len(queries) == kept
     again = runner.invoke(app, args)

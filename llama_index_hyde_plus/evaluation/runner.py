@@ -224,6 +224,16 @@ class EvalResult:
     index_seconds: float
     index_cached: bool
     wall_seconds: float = 0.0
+    #: Seconds per phase, in the order they ran: ``index`` (build or load) and one per
+    #: transform label, after what a command did first (`include_earlier`: loading the
+    #: models, reading the dataset or writing questions). ``wall_seconds`` is the whole.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def include_earlier(self, earlier: dict[str, float], total: float) -> None:
+        """Count the phases that ran before `run_eval` (``earlier``, in order) and make
+        ``total``, the whole command's time, the wall time."""
+        self.phases = {**earlier, **self.phases}
+        self.wall_seconds = total
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -234,6 +244,7 @@ class EvalResult:
             "index_seconds": round(self.index_seconds, 2),
             "index_cached": self.index_cached,
             "wall_seconds": round(self.wall_seconds, 1),
+            "phase_seconds": {k: round(v, 1) for k, v in self.phases.items()},
             "results": [r.to_dict() for r in self.reports],
         }
 
@@ -520,8 +531,13 @@ def run_eval(
         raise ValueError("an llm is needed for transforms other than none and rocchio")
     wall = time.perf_counter()
     session = EvalSession(ds, **options)
+    phases = {"index": time.perf_counter() - wall}
+    reports = []
     try:
-        reports = [_score(session, spec, llm, hyde_prompt) for spec in specs]
+        for spec in specs:
+            start = time.perf_counter()
+            reports.append(_score(session, spec, llm, hyde_prompt))
+            phases[spec.label] = time.perf_counter() - start
     finally:
         session.close()
     compare(reports)
@@ -533,6 +549,7 @@ def run_eval(
         reports=reports,
         index_seconds=session.index_seconds,
         index_cached=session.index_cached,
+        phases=phases,
     )
     result.wall_seconds = time.perf_counter() - wall
     return result
