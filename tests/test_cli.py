@@ -502,6 +502,7 @@ def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     scored = json.loads((tmp_path / "out" / "results.json").read_text())
     assert scored["queries"] == 1 and scored["results"][0]["nDCG@10"] == 1.0
+    assert scored["dataset"] == docs.name  # the chart's title names the documents folder
     assert "About these questions" not in result.output  # the user's own labels
 
 

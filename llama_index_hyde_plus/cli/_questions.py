@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -196,4 +196,5 @@ class DataChoice:
             assert self.dataset is not None
             return load_beir(self.dataset, split, limit=limit), None
         folder = question_set(self.docs, embed_model, llm, max_length)
-        return load_beir(folder, "test", limit=limit), caveat(folder)
+        ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
+        return replace(ds, name=self.docs.docs.resolve().name), caveat(folder)

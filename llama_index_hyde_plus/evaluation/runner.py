@@ -34,7 +34,7 @@ from ..transforms.registry import (
 from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
-from .metrics import MEASURES, evaluate, paired_t_test, percentile
+from .metrics import MEASURES, evaluate, paired_interval, paired_t_test, percentile
 
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
@@ -148,6 +148,8 @@ class TransformReport:
     """Mean nDCG@10 minus `none`'s."""
     skipped: int = 0
     """Queries whose expansion a gate skipped."""
+    interval_vs_none: tuple[float, float] | None = None
+    """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -164,6 +166,7 @@ class TransformReport:
         self.ties = len(keys) - self.wins - self.losses
         self.delta_vs_none = self.scores["nDCG@10"] - baseline.scores["nDCG@10"]
         self.p_value_vs_none = paired_t_test(mine, base)
+        self.interval_vs_none = paired_interval(mine, base)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -187,6 +190,9 @@ class TransformReport:
             "delta_ndcg@10_vs_none": None
             if self.delta_vs_none is None
             else round(self.delta_vs_none, 5),
+            "delta_ndcg@10_ci95_vs_none": None
+            if self.interval_vs_none is None
+            else [_round(x) for x in self.interval_vs_none],
             "wins": self.wins,
             "ties": self.ties,
             "losses": self.losses,
