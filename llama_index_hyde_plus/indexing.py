@@ -361,8 +361,14 @@ def _clean_index_folder(out: Path, keep: str) -> None:
             continue
         if _is_data_folder(entry):
             shutil.rmtree(entry, ignore_errors=True)
-        elif _is_draft(entry) or _is_link_draft(entry) or (
-            name in (*_LEGACY_FILES, STAGING_MARKER) and entry.is_file() and not entry.is_symlink()
+        elif (
+            _is_draft(entry)
+            or _is_link_draft(entry)
+            or (
+                name in (*_LEGACY_FILES, STAGING_MARKER)
+                and entry.is_file()
+                and not entry.is_symlink()
+            )
         ):
             entry.unlink(missing_ok=True)
 
