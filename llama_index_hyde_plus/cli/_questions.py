@@ -31,6 +31,13 @@ QuestionsDir = Annotated[
     Path,
     typer.Option(help="--docs: where the question set is saved (BEIR form) and reused."),
 ]
+ReuseIndex = Annotated[
+    Path | None,
+    typer.Option(
+        "--index",
+        help="--docs: search this `hyde-plus index` of the documents (no embedding again).",
+    ),
+]
 ChunkSize = Annotated[int, typer.Option(help="--docs: most tokens per chunk, as in index.")]
 ChunkOverlap = Annotated[int, typer.Option(help="--docs: tokens shared by consecutive chunks.")]
 

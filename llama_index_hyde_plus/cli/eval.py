@@ -87,6 +87,7 @@ def eval_cmd(
     questions_dir: q.QuestionsDir = Path("hyde-plus-questions"),
     chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
     chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
+    index: q.ReuseIndex = None,
     transforms: Transforms = "none,hyde",
     split: Split = "test",
     limit: opt.Limit = None,
@@ -116,7 +117,7 @@ def eval_cmd(
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
+    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
     docs_choice = q.docs_choice(
         docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed
     )
@@ -160,6 +161,7 @@ def _prepare(
         where.kind  # noqa: B018 - flags are checked before anything loads
         specs = _specs(transforms, config_files)
         source.check(models.max_length, out)
+        where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()
         embed_model, model = models.load(needs)

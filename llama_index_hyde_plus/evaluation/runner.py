@@ -316,6 +316,22 @@ def cached_index(
     return store.load(embed_model), info.seconds, False
 
 
+def check_holds(index: VectorStoreIndex, ds: BeirDataset, where: str) -> None:
+    """A `ValueError` unless ``index`` holds every document of ``ds`` by id with the
+    same text (an index reused for ``--docs`` must be of exactly those chunks)."""
+    differ = []
+    for doc_id, (_, text) in ds.corpus.items():
+        node = index.docstore.get_node(doc_id, raise_error=False)
+        if node is None or node.get_content() != text:
+            differ.append(doc_id)
+    if differ:
+        raise ValueError(
+            f"--index {where} does not hold the same chunks as the documents "
+            f"({len(differ)} of {len(ds.corpus)} missing or changed, e.g. {differ[0]!r}); "
+            "rebuild it with `hyde-plus index` on them, or leave out --index"
+        )
+
+
 def needs_llm(name: str) -> bool:
     """Whether the transform called ``name`` calls an LLM (its class says)."""
     return uses_llm(name)
@@ -395,6 +411,7 @@ class SessionOptions(TypedDict, total=False):
     milvus_uri: str | None
     milvus_token: str
     progress: ProgressFactory | None
+    index_store: Store | None
 
 
 SESSION_DEFAULTS: dict[str, Any] = {
@@ -406,6 +423,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "milvus_uri": None,
     "milvus_token": "",
     "progress": None,
+    "index_store": None,
 }
 """The `SessionOptions` an `EvalSession` fills in when they are not given."""
 
@@ -426,10 +444,22 @@ class EvalSession:
         self.top_k, self.concurrency, self.progress = o["top_k"], o["concurrency"], o["progress"]
         store, uri = o["store"], o["milvus_uri"]  # checked by `store_for`, before indexing
         embed_model, label, root = o["embed_model"], o["embed_label"], o["cache_root"]
-        self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
-        self.index, self.index_seconds, self.index_cached = cached_index(
-            ds, self.store, embed_model, label, max_length=o["max_length"], progress=self.progress
-        )
+        if o["index_store"] is not None:  # the user's own index of these documents
+            self.store = o["index_store"]
+            start = time.perf_counter()
+            self.index = self.store.load(embed_model)
+            check_holds(self.index, ds, self.store.location)
+            self.index_seconds, self.index_cached = time.perf_counter() - start, True
+        else:
+            self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
+            self.index, self.index_seconds, self.index_cached = cached_index(
+                ds,
+                self.store,
+                embed_model,
+                label,
+                max_length=o["max_length"],
+                progress=self.progress,
+            )
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000)
         self.cache = SQLiteCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
