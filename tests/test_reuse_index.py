@@ -154,3 +154,19 @@ def test_index_with_a_beir_dataset_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--index reuses a `hyde-plus index` of --docs" in (
         result.output
     )
+
+
+def test_tune_docs_reuses_the_index_too(tmp_path: Path, cli_index: tuple[Path, Path, Path]) -> None:
+    docs, labels, out = cli_index
+    result = runner.invoke(
+        app,
+        [
+            *("tune", "--docs", str(docs), "--qrels", str(labels), "-t", "rocchio"),
+            *("--index", str(out), "--chunk-size", "60", "--embed", "local"),
+            *("--questions-dir", str(tmp_path / "set"), "--out", str(tmp_path / "rocchio.json")),
+            *("--cache-dir", str(tmp_path / "cache")),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "rocchio.json").is_file()
+    assert not (tmp_path / "cache" / "indexes").exists()
