@@ -51,6 +51,15 @@ def test_every_command_has_help(args: list[str]) -> None:
     assert result.exit_code == 0 and "Usage" in result.output
 
 
+@pytest.mark.parametrize("command", ["query", "transform", "serve"])
+def test_help_states_the_one_timeout_policy(command: str) -> None:
+    from llama_index_hyde_plus.timeouts import POLICY
+
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "300"})
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert POLICY in flat, flat
+
+
 def test_every_option_of_every_command_says_what_it_does() -> None:
     import typer.main
 
@@ -540,7 +549,7 @@ def test_explicit_flags_win_over_a_config_and_flags_a_transform_ignores_are_name
         json.dumps({"hyde_plus_config": 1, "transform": "multi-query", "options": {"n": 2}})
     )
     from llama_index_hyde_plus.cli.query import transform_options
-    from llama_index_hyde_plus.evaluation.tune import load_config
+    from llama_index_hyde_plus.transforms.config import load_config
 
     tuned = load_config(config)
     merged = {**tuned.options, **transform_options("multi-query", n=5)}

@@ -11,16 +11,18 @@ import pytest
 
 from llama_index_hyde_plus.evaluation.runner import TransformReport, verdict
 from llama_index_hyde_plus.evaluation.tune import (
-    CONFIG_FORMAT,
     DEFAULT_TOLERANCE,
-    TransformConfig,
     TuneResult,
     complexity,
     config_payload,
-    label_for,
-    load_config,
     pick_winner,
     write_config,
+)
+from llama_index_hyde_plus.transforms.config import (
+    CONFIG_FORMAT,
+    TransformConfig,
+    label_for,
+    load_config,
 )
 from llama_index_hyde_plus.transforms.registry import make_transform
 from llama_index_hyde_plus.usage import Usage
@@ -378,3 +380,12 @@ def test_a_grid_over_the_cap_is_refused_before_its_product_is_built() -> None:
     with pytest.raises(ValueError, match="27000000 configurations"):
         parse_grid(f"a={many}; b={many}; c={many}")
     assert len(parse_grid(f"a={values}; b=1,2")) == 60
+
+
+@pytest.mark.parametrize("extreme", [1e200, 1e308, 1e-320])
+def test_a_config_with_extreme_rocchio_weights_is_refused_naming_the_file(
+    tmp_path: Path, extreme: float
+) -> None:
+    path = _config(tmp_path, "rocchio", {"alpha": extreme, "beta": extreme})
+    with pytest.raises(ValueError, match=r"c\.json: .*alpha must"):
+        load_config(path)

@@ -14,7 +14,9 @@ from rich.table import Table
 
 from ..retriever import SearchResult, TransformRetriever
 from ..stores import open_store
-from ..transforms.registry import METHODS, TRANSFORMS, make_transform, transform_class
+from ..transforms.config import load_config
+from ..transforms.factory import build, resolve_name
+from ..transforms.registry import METHODS, TRANSFORMS, transform_class
 from ._console import (
     check_choice,
     console,
@@ -47,11 +49,6 @@ IncludeQuery = Annotated[
     ),
 ]
 Prompt = Annotated[str | None, typer.Option(help="Custom prompt template with {query}.")]
-
-
-DEFAULT_TIMEOUT_S = 120.0
-"""The CLI's LLM timeout when neither --timeout nor a config sets one (a loaded
-local model can take a while)."""
 
 
 def transform_options(
@@ -96,31 +93,25 @@ def _search(
     retriever: Any,
     top_k: int,
 ) -> tuple[str, SearchResult]:
-    from ..evaluation.tune import load_config
     from ..models import describe_llm, resolve_llm
 
-    if config_file is not None:
-        tuned = load_config(config_file)
-        if transform is not None and transform != tuned.transform:
-            raise ValueError(
-                f"--config {config_file} is a {tuned.transform} config; drop -t {transform} "
-                "or use a config of that transform"
-            )
-        transform = tuned.transform
-        # flags given on the command line win over the config, which wins over defaults
-        options = {**tuned.options, **transform_options(transform, **options)}
-    else:
-        transform = transform or "hyde"
-        options = transform_options(transform, **options)
-    if transform_class(transform).uses_llm:
-        options.setdefault("timeout", DEFAULT_TIMEOUT_S)
-    model = resolve_llm(llm) if transform_class(transform).uses_llm else None
-    transformer = make_transform(transform, model, **options)
+    config = load_config(config_file) if config_file is not None else None
+    try:
+        method = resolve_name(transform, config)
+    except ValueError:
+        raise ValueError(
+            f"--config {config_file} is a {config.transform if config else '?'} config; "
+            f"drop -t {transform} or use a config of that transform"
+        ) from None
+    # flags given on the command line win over the config, which wins over defaults
+    given = transform_options(method, **options)
+    model = resolve_llm(llm) if transform_class(method).uses_llm else None
+    transformer = build(method, model, given, config=config)
     searcher = TransformRetriever(retriever, transformer, top_k=top_k)
     if model is None:
-        return transform, searcher.search(question)
-    with working(f"{transform}: {describe_llm(model)} is writing"):
-        return transform, searcher.search(question)
+        return method, searcher.search(question)
+    with working(f"{method}: {describe_llm(model)} is writing"):
+        return method, searcher.search(question)
 
 
 def source_of(item: NodeWithScore) -> str:
@@ -307,9 +298,8 @@ def transform_cmd(
             include_query=include_query,
             prompt=prompt,
         )
-        options.setdefault("timeout", DEFAULT_TIMEOUT_S)
         model = resolve_llm(llm)
-        transformer = make_transform(method, model, **options)
+        transformer = build(method, model, options)
         with working(f"{method}: {describe_llm(model)} is writing"):
             result = transformer.transform_safe(question)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")

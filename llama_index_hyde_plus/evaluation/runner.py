@@ -23,12 +23,10 @@ from llama_index.core.llms import LLM
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..stores import Store, store_for
-from ..transforms.hyde import HyDE
-from ..transforms.prompts import HYDE_PAPER_PROMPTS
+from ..transforms.factory import build
 from ..transforms.registry import (
     TRANSFORMS,
     check_options,
-    make_transform,
     transform_class,
     uses_llm,
 )
@@ -307,17 +305,9 @@ def needs_llm(name: str) -> bool:
 def build_transform(
     spec: TransformSpec, llm: LLM | None, cache: TransformCache | None, hyde_prompt: str | None
 ) -> Any:
-    options = dict(spec.options)
-    if not needs_llm(spec.name):
-        return make_transform(spec.name, None, **options)
-    if issubclass(transform_class(spec.name), HyDE) and hyde_prompt and "prompt" not in options:
-        options["prompt"] = HYDE_PAPER_PROMPTS.get(hyde_prompt, hyde_prompt)
-    if cache is not None:
-        options["cache"] = cache
-    # an evaluation wants every generation, not a latency bound: a slow local model
-    # under load must not turn into fallbacks
-    options.setdefault("timeout", 600.0)
-    return make_transform(spec.name, llm, **options)
+    """The transform of ``spec`` (through `transforms.factory.build`: the timeout is
+    the one policy, by the model's kind)."""
+    return build(spec.name, llm, spec.options, cache=cache, task=hyde_prompt)
 
 
 @dataclass

@@ -8,7 +8,6 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from llama_index.core.llms import LLM
 
 from .._files import write_text_atomic
+from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
 from .runner import (
@@ -34,10 +34,8 @@ from .runner import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-CONFIG_FORMAT = 1
 MAX_GRID = 500
 """The most configurations one sweep may hold."""
-MAX_CONFIG_BYTES = 1 << 20
 DEFAULT_TOLERANCE = 0.002
 """nDCG@10 (0-1 scale) within which a simpler configuration is preferred to the best."""
 
@@ -99,17 +97,6 @@ def complexity(options: dict[str, Any]) -> int:
     if options.get("strategy") == "rerank":
         level += 1
     return level
-
-
-def label_for(name: str, options: dict[str, Any]) -> str:
-    """``hyde:query_weight=0.8,gate=0.5``: the `eval` spelling of a configuration."""
-    if not options:
-        return name
-    return name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in options.items())
-
-
-def _fmt(value: Any) -> str:
-    return "none" if value is None else str(value)
 
 
 @dataclass
@@ -263,47 +250,3 @@ def check_writable(path: Path, what: str) -> Path:
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise ValueError(f"{what}: cannot write in {parent}")
     return path
-
-
-@dataclass(frozen=True)
-class TransformConfig:
-    """A transform name and its options, as `tune` writes them."""
-
-    transform: str
-    options: dict[str, Any]
-
-    @property
-    def label(self) -> str:
-        return label_for(self.transform, self.options)
-
-
-def load_config(path: Path | str) -> TransformConfig:
-    """Read a config file written by `write_config`; a clear `ValueError` naming the
-    file when it is missing, not JSON, or not a hyde-plus config."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise ValueError(f"--config must be a file, not a folder: {p}")
-    if not p.is_file():
-        raise ValueError(f"config file not found: {p}")
-    if p.stat().st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"{p} is over 1 MiB: not a hyde-plus config")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{p} is not a JSON config file ({type(exc).__name__})") from exc
-    version = data.get("hyde_plus_config") if isinstance(data, dict) else None
-    if type(version) is not int or version != CONFIG_FORMAT:
-        raise ValueError(f"{p} is not a hyde-plus config (write one with `hyde-plus tune`)")
-    name, options = data.get("transform"), data.get("options", {})
-    if not isinstance(name, str) or name not in TRANSFORMS:
-        raise ValueError(f"{p}: 'transform' must be one of {', '.join(TRANSFORMS)}")
-    if not isinstance(options, dict):
-        raise ValueError(f"{p}: 'options' must be an object")
-    for key, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{p}: option {key!r} must be finite")
-    try:
-        check_options(name, options)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{p}: {exc}") from exc
-    return TransformConfig(name, dict(options))
