@@ -489,7 +489,26 @@ def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex
             f"the vector store {vectors} holds {faiss_index.ntotal} vectors but the index "
             f"lists {len(index.index_struct.nodes_dict)} documents; {_rebuild_hint(path)}"
         )
+    _check_docstore(index, data / "docstore.json", path)
     return index
+
+
+def _check_docstore(index: VectorStoreIndex, docstore: Path, path: Path) -> None:
+    """A `ValueError` when the document store lacks a node the index lists (a
+    ``docstore.json`` emptied to ``{}`` or ``[]`` loads, then fails every search)."""
+    ids = list(index.index_struct.nodes_dict.values())
+    try:
+        missing = sum(not index.docstore.document_exists(node_id) for node_id in ids)
+    except Exception as exc:  # a docstore.json of the wrong shape fails inside LlamaIndex
+        raise ValueError(
+            f"the document store {docstore} is unreadable ({type(exc).__name__}); "
+            f"{_rebuild_hint(path)}"
+        ) from exc
+    if missing:
+        raise ValueError(
+            f"the document store {docstore} lacks {missing} of the {len(ids)} documents the "
+            f"index lists; {_rebuild_hint(path)}"
+        )
 
 
 def load_index(path: Path | str, embed: str | None = None) -> VectorStoreIndex:

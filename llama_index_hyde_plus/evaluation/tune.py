@@ -8,6 +8,7 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
