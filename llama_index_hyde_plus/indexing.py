@@ -363,6 +363,10 @@ def read_meta(path: Path) -> dict[str, Any]:
     """The metadata of the index at ``path`` (a `ValueError` naming the file if it is
     missing or unreadable)."""
     meta_path = path / META_FILE
+    if not path.exists():
+        raise ValueError(
+            f"index {path} does not exist; build one with `hyde-plus index DIR --out {path}`"
+        )
     if not meta_path.is_file():
         hint = " (a Milvus Lite database? open it with --uri)" if path.suffix == ".db" else ""
         raise ValueError(

@@ -421,7 +421,7 @@ def test_query_shows_the_file_and_chunk_of_each_result(chunked_index: tuple[Path
         app, ["query", "ferry timetable for pier 7", "--index", str(out), "-t", "none", "-k", "3"]
     )
     assert result.exit_code == 0, result.output
-    assert "source" in result.output and "guide.md #" in result.output
+    assert "source" in result.output and "guide.md#" in result.output
 
 
 def test_group_by_file_folds_the_chunks_of_a_file_into_its_best(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from llama_index.core.llms import LLM
 
 from .._files import write_text_atomic
+from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
@@ -148,7 +149,10 @@ def run_tune(
     `EvalSession` options (`SessionOptions`: models, cache, store, depth...)."""
     name = transform.strip().lower()
     if name not in TRANSFORMS or name == "none":
-        raise ValueError(f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}")
+        raise ValueError(
+            f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}"
+            f"{did_you_mean(transform, TRANSFORMS[1:])}"
+        )
     if not 0 <= tolerance < 1:
         raise ValueError("tolerance must be between 0 and 1 (nDCG@10 is 0-1)")
     configs = check_grid(name, grid if grid is not None else transform_class(name).tune_grid())
