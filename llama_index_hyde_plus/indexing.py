@@ -11,9 +11,10 @@ previous one.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -25,10 +26,17 @@ from llama_index.core import Document, StorageContext, VectorStoreIndex, load_in
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 
+from ._files import STAGING_MARKER, is_marked_staging, make_folder_beside
 from .chunking import Chunking, Tokenizer, split_documents, tokenizer_for
 from .readers import read_documents as read_documents  # where callers have found it
 
+logger = logging.getLogger(__name__)
+
 META_FILE = "hyde_plus.json"
+CURRENT_LINK = "current"
+"""The link inside an index folder to its data folder in use: a stable path that plain
+LlamaIndex opens (``StorageContext.from_defaults(persist_dir=...)``); a build switches
+it atomically (a new link renamed over it)."""
 ProgressFn = Callable[[int], None]
 TotalFn = Callable[[int], None]
 """Told the number of texts to embed (chunks or documents) before any progress."""
@@ -147,6 +155,12 @@ def prepare_nodes(
     return nodes_from_documents(documents, chunking, tokenizer), chunking.as_meta(name)
 
 
+def check_batch_size(batch_size: int) -> None:
+    """A `ValueError` naming ``--batch-size`` unless it is a whole number of at least 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"--batch-size must be a whole number of at least 1, not {batch_size!r}")
+
+
 def embed_nodes(
     nodes: Sequence[BaseNode],
     embed_model: BaseEmbedding,
@@ -160,6 +174,7 @@ def embed_nodes(
 
     The nodes are embedded shortest text first, so texts of similar length share a
     batch and little of each batch is padding; ``nodes`` itself keeps its order."""
+    check_batch_size(batch_size)
     if progress is not None and any(n.embedding is not None for n in nodes):
         progress(sum(1 for n in nodes if n.embedding is not None))
     texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
@@ -265,17 +280,49 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
         pending.write_text(json.dumps(meta, indent=2))
         pause_for_tests("faiss")
         os.replace(pending, out / META_FILE)  # the switch
+        point_current(out, data)
         _clean_index_folder(out, keep=data)
         return
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
     try:
         storage.persist(persist_dir=str(tmp / data))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        point_current(tmp, data)
         pause_for_tests("faiss")
         os.rename(tmp, out)  # out is absent or an empty folder: both are replaced atomically
+        (out / STAGING_MARKER).unlink(missing_ok=True)
     finally:
-        if tmp.exists():
+        if is_marked_staging(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def point_current(out: Path, data: str) -> None:
+    """Point ``out/current`` at ``out/data`` in one step: a new relative link is made
+    beside it and renamed over it, so a reader sees the old data folder or the new one,
+    never a missing link. A ``current`` that is not a link (the user's) is left alone."""
+    link = out / CURRENT_LINK
+    if link.exists() and not link.is_symlink():
+        logger.warning("%s is not a link; the stable path was not updated", link)
+        return
+    pending = out / f".{CURRENT_LINK}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        pending.symlink_to(data, target_is_directory=True)
+        os.replace(pending, link)
+    except OSError as exc:  # a file system without links: the metadata still names it
+        pending.unlink(missing_ok=True)
+        logger.warning("could not link %s to %s (%s)", link, data, exc)
+
+
+def _current_target(out: Path) -> str | None:
+    """The data folder name ``out/current`` links to, if it is such a link."""
+    link = out / CURRENT_LINK
+    return os.readlink(link) if link.is_symlink() else None
+
+
+def _is_link_draft(entry: Path) -> bool:
+    """A link an interrupted `point_current` left (``.current.<id>.tmp``)."""
+    name = entry.name
+    return name.startswith(f".{CURRENT_LINK}.") and name.endswith(".tmp") and entry.is_symlink()
 
 
 #: What a format-1 index kept at its top level, removed once a new build replaces it.
@@ -288,40 +335,93 @@ _LEGACY_FILES = (
 )
 
 
+_DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
+#: What a data folder holds: LlamaIndex's storage files (and nothing else).
+_DATA_FILES = frozenset(_LEGACY_FILES)
+
+
+def _staging_prefix(out: Path) -> str:
+    return f".{out.name}.build-"
+
+
+def _is_data_folder(entry: Path) -> bool:
+    """Whether ``entry`` is a data folder a build wrote: a real folder named
+    ``data-<12 hex>`` holding only LlamaIndex storage files (its name alone is not
+    enough for it to be deleted)."""
+    if not _DATA_NAME.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+        return False
+    try:
+        return all(f.name in _DATA_FILES and f.is_file() for f in entry.iterdir())
+    except OSError:
+        return False
+
+
+def _is_draft(entry: Path) -> bool:
+    """A metadata draft a build left (``.hyde_plus.json.<id>.tmp``, a plain file)."""
+    name = entry.name
+    return (
+        name.startswith(f".{META_FILE}.")
+        and name.endswith(".tmp")
+        and entry.is_file()
+        and not entry.is_symlink()
+    )
+
+
 def _clean_index_folder(out: Path, keep: str) -> None:
     for entry in out.iterdir():
         name = entry.name
         if name in (keep, META_FILE):
             continue
-        if entry.is_dir() and name.startswith("data-"):
+        if _is_data_folder(entry):
             shutil.rmtree(entry, ignore_errors=True)
-        elif name in _LEGACY_FILES or (name.startswith(f".{META_FILE}.") and name.endswith(".tmp")):
+        elif (
+            _is_draft(entry)
+            or _is_link_draft(entry)
+            or (
+                name in (*_LEGACY_FILES, STAGING_MARKER)
+                and entry.is_file()
+                and not entry.is_symlink()
+            )
+        ):
             entry.unlink(missing_ok=True)
 
 
 def _clean_stale_builds(out: Path) -> None:
-    """Remove what interrupted builds of ``out`` left: hidden build folders beside it,
-    and data folders or metadata drafts inside it that its metadata does not name."""
+    """Remove what interrupted builds of ``out`` left: the staging folders beside it
+    (named ``.<out>.build-*`` and holding this tool's marker file: nothing else is
+    touched), and data folders or metadata drafts inside it that its metadata does not
+    name."""
     if out.parent.is_dir():
-        for entry in out.parent.glob(f".{out.name}.*"):
-            if entry.is_dir():
+        prefix = _staging_prefix(out)
+        for entry in out.parent.iterdir():
+            if entry.name.startswith(prefix) and is_marked_staging(entry):
                 shutil.rmtree(entry, ignore_errors=True)
     if out.is_dir() and (out / META_FILE).is_file():
         try:
             current = str(read_meta(out).get("data") or "")
         except ValueError:
             return  # a corrupt metadata file: leave everything for the user to see
+        linked = _current_target(out)  # in use too, if a build died before relinking
         for entry in out.iterdir():
-            if entry.name.startswith("data-") and entry.name != current and entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            elif entry.name.startswith(f".{META_FILE}.") and entry.name.endswith(".tmp"):
+            if _is_link_draft(entry):
                 entry.unlink(missing_ok=True)
+            elif entry.name not in (current, linked) and (
+                _is_data_folder(entry) or _is_draft(entry)
+            ):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
     """The metadata of the index at ``path`` (a `ValueError` naming the file if it is
     missing or unreadable)."""
     meta_path = path / META_FILE
+    if not path.exists():
+        raise ValueError(
+            f"index {path} does not exist; build one with `hyde-plus index DIR --out {path}`"
+        )
     if not meta_path.is_file():
         hint = " (a Milvus Lite database? open it with --uri)" if path.suffix == ".db" else ""
         raise ValueError(
@@ -330,7 +430,7 @@ def read_meta(path: Path) -> dict[str, Any]:
         )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(
             f"{meta_path} is corrupt ({exc}); rebuild the index with "
             f"`hyde-plus index DIR --out {path}`"
@@ -388,6 +488,30 @@ def _rebuild_hint(path: Path) -> str:
     return f"rebuild it with `hyde-plus index DIR --out {path}`"
 
 
+def data_folder(path: Path, meta: dict[str, Any]) -> Path:
+    """The data folder ``meta`` names inside the index at ``path`` (``path`` itself for
+    a format-1 index, which names none). Only a plain child name is followed: ``..``,
+    a path with a separator, an absolute path, or a link leading out of the index is a
+    `ValueError` (the index is damaged or was tampered with)."""
+    name: object = meta.get("data")
+    if name is None:
+        return path
+    plain = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\x00")
+        and Path(name).name == name
+    )
+    if plain and isinstance(name, str):
+        data = path / name
+        if not data.is_symlink() or data.resolve().parent == path.resolve():
+            return data
+    raise ValueError(
+        f"{path / META_FILE}: 'data' must name a folder inside the index, not {name!r:.80}; "
+        f"{_rebuild_hint(path)}"
+    )
+
+
 def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex:
     """Load an index written by `build_faiss_index`.
 
@@ -398,7 +522,7 @@ def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex
     path = path.expanduser()
     meta = read_meta(path)
     check_embedding_model(f"the index at {path}", meta, embed_model)
-    data = path / str(meta.get("data") or ".")
+    data = data_folder(path, meta)
     vectors = data / "default__vector_store.json"
     for required in ("docstore.json", "index_store.json", vectors.name):
         if not (data / required).is_file():
@@ -424,7 +548,26 @@ def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex
             f"the vector store {vectors} holds {faiss_index.ntotal} vectors but the index "
             f"lists {len(index.index_struct.nodes_dict)} documents; {_rebuild_hint(path)}"
         )
+    _check_docstore(index, data / "docstore.json", path)
     return index
+
+
+def _check_docstore(index: VectorStoreIndex, docstore: Path, path: Path) -> None:
+    """A `ValueError` when the document store lacks a node the index lists (a
+    ``docstore.json`` emptied to ``{}`` or ``[]`` loads, then fails every search)."""
+    ids = list(index.index_struct.nodes_dict.values())
+    try:
+        missing = sum(not index.docstore.document_exists(node_id) for node_id in ids)
+    except Exception as exc:  # a docstore.json of the wrong shape fails inside LlamaIndex
+        raise ValueError(
+            f"the document store {docstore} is unreadable ({type(exc).__name__}); "
+            f"{_rebuild_hint(path)}"
+        ) from exc
+    if missing:
+        raise ValueError(
+            f"the document store {docstore} lacks {missing} of the {len(ids)} documents the "
+            f"index lists; {_rebuild_hint(path)}"
+        )
 
 
 def load_index(path: Path | str, embed: str | None = None) -> VectorStoreIndex:

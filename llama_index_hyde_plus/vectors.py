@@ -180,13 +180,11 @@ class DocVectors:
     def _from_store(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
         store = getattr(self.retriever, "_vector_store", None)
         kind = type(store).__name__
-        # by class name (no import of optional stores), subclasses included: the CLI's
-        # index wraps FAISS in a subclass that checks dimensions
-        bases = {c.__name__ for c in type(store).__mro__}
+        kinds = {cls.__name__ for cls in type(store).__mro__}  # subclasses count too
         try:
-            if "FaissVectorStore" in bases:
+            if "FaissVectorStore" in kinds:
                 return self._faiss(store, nodes)
-            if "MilvusVectorStore" in bases:
+            if "MilvusVectorStore" in kinds:
                 return self._milvus(store, nodes)
         except Exception as exc:  # a store that cannot say: re-embed instead
             logger.debug("reading vectors from %s failed (%s); re-embedding", kind, exc)

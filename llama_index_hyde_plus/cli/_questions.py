@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +30,13 @@ Qrels = Annotated[
 QuestionsDir = Annotated[
     Path,
     typer.Option(help="--docs: where the question set is saved (BEIR form) and reused."),
+]
+ReuseIndex = Annotated[
+    Path | None,
+    typer.Option(
+        "--index",
+        help="--docs: search this `hyde-plus index` of the documents (no embedding again).",
+    ),
 ]
 ChunkSize = Annotated[int, typer.Option(help="--docs: most tokens per chunk, as in index.")]
 ChunkOverlap = Annotated[int, typer.Option(help="--docs: tokens shared by consecutive chunks.")]
@@ -51,6 +58,7 @@ class DocsChoice:
         """Flag errors before anything loads (``out``: the results folder, which must
         not be read back as a document either)."""
         from ..chunking import Chunking
+        from ..evaluation.questions import check_set_folder
 
         if not self.docs.is_dir():
             raise ValueError(f"--docs must be a folder: {self.docs}")
@@ -65,13 +73,7 @@ class DocsChoice:
             raise ValueError(f"--questions must be >= 1, not {self.questions}")
         if self.qrels is not None and not self.qrels.is_file():
             raise ValueError(f"--qrels must be a file: {self.qrels}")
-        folder = self.folder.expanduser()
-        if folder.is_file() or (
-            folder.is_dir() and any(folder.iterdir()) and not (folder / "manifest.json").is_file()
-        ):
-            raise ValueError(
-                f"--questions-dir {folder} exists and is not a question set; choose another"
-            )
+        check_set_folder(self.folder)
         Chunking(self.chunk_size, self.chunk_overlap).check(max_length)
 
 
@@ -201,4 +203,5 @@ class DataChoice:
             assert self.dataset is not None
             return load_beir(self.dataset, split, limit=limit), None
         folder = question_set(self.docs, embed_model, llm, max_length)
-        return load_beir(folder, "test", limit=limit), caveat(folder)
+        ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
+        return replace(ds, name=self.docs.docs.resolve().name), caveat(folder)

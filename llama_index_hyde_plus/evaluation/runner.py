@@ -21,23 +21,22 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
+from .._suggest import did_you_mean
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..stores import Store, store_for
 from ..transforms._listing import QueryListTransform
-from ..transforms.hyde import HyDE
-from ..transforms.prompts import HYDE_PAPER_PROMPTS
+from ..transforms.factory import build
 from ..transforms.registry import (
     TRANSFORMS,
     check_options,
-    make_transform,
     transform_class,
     uses_llm,
 )
 from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
-from .metrics import MEASURES, evaluate, paired_t_test, percentile
+from .metrics import MEASURES, evaluate, paired_interval, paired_t_test, percentile
 from .standin import (
     Draw,
     ScoreAll,
@@ -131,7 +130,8 @@ def _checked(spec: TransformSpec) -> TransformSpec:
         name = transform_class(spec.name).method
     except ValueError:
         raise ValueError(
-            f"unknown transform {spec.name!r} in {spec.label!r}; use one of {', '.join(TRANSFORMS)}"
+            f"unknown transform {spec.name!r} in {spec.label!r}"
+            f"{did_you_mean(spec.name, TRANSFORMS)}; use one of {', '.join(TRANSFORMS)}"
         ) from None
     try:
         check_options(name, dict(spec.options))
@@ -164,6 +164,8 @@ class TransformReport:
     """Mean nDCG@10 minus `none`'s."""
     skipped: int = 0
     """Queries whose expansion a gate skipped."""
+    interval_vs_none: tuple[float, float] | None = None
+    """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)
     rankings: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     """Each query's ranked document ids (to tell a configuration that changes nothing)."""
@@ -184,6 +186,7 @@ class TransformReport:
         self.ties = len(keys) - self.wins - self.losses
         self.delta_vs_none = self.scores["nDCG@10"] - baseline.scores["nDCG@10"]
         self.p_value_vs_none = paired_t_test(mine, base)
+        self.interval_vs_none = paired_interval(mine, base)
         ranked = set(self.rankings) & set(baseline.rankings)
         self.identical_to_none = bool(ranked) and all(
             self.rankings[k] == baseline.rankings[k] for k in ranked
@@ -211,6 +214,9 @@ class TransformReport:
             "delta_ndcg@10_vs_none": None
             if self.delta_vs_none is None
             else round(self.delta_vs_none, 5),
+            "delta_ndcg@10_ci95_vs_none": None
+            if self.interval_vs_none is None
+            else [_round(x) for x in self.interval_vs_none],
             "wins": self.wins,
             "ties": self.ties,
             "losses": self.losses,
@@ -249,6 +255,16 @@ class EvalResult:
     index_seconds: float
     index_cached: bool
     wall_seconds: float = 0.0
+    #: Seconds per phase, in the order they ran: ``index`` (build or load) and one per
+    #: transform label, after what a command did first (`include_earlier`: loading the
+    #: models, reading the dataset or writing questions). ``wall_seconds`` is the whole.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def include_earlier(self, earlier: dict[str, float], total: float) -> None:
+        """Count the phases that ran before `run_eval` (``earlier``, in order) and make
+        ``total``, the whole command's time, the wall time."""
+        self.phases = {**earlier, **self.phases}
+        self.wall_seconds = total
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -259,6 +275,7 @@ class EvalResult:
             "index_seconds": round(self.index_seconds, 2),
             "index_cached": self.index_cached,
             "wall_seconds": round(self.wall_seconds, 1),
+            "phase_seconds": {k: round(v, 1) for k, v in self.phases.items()},
             "results": [r.to_dict() for r in self.reports],
         }
 
@@ -331,6 +348,22 @@ def cached_index(
     return store.load(embed_model), info.seconds, False
 
 
+def check_holds(index: VectorStoreIndex, ds: BeirDataset, where: str) -> None:
+    """A `ValueError` unless ``index`` holds every document of ``ds`` by id with the
+    same text (an index reused for ``--docs`` must be of exactly those chunks)."""
+    differ = []
+    for doc_id, (_, text) in ds.corpus.items():
+        node = index.docstore.get_node(doc_id, raise_error=False)
+        if node is None or node.get_content() != text:
+            differ.append(doc_id)
+    if differ:
+        raise ValueError(
+            f"--index {where} does not hold the same chunks as the documents "
+            f"({len(differ)} of {len(ds.corpus)} missing or changed, e.g. {differ[0]!r}); "
+            "rebuild it with `hyde-plus index` on them, or leave out --index"
+        )
+
+
 def needs_llm(name: str) -> bool:
     """Whether the transform called ``name`` calls an LLM (its class says)."""
     return uses_llm(name)
@@ -339,17 +372,9 @@ def needs_llm(name: str) -> bool:
 def build_transform(
     spec: TransformSpec, llm: LLM | None, cache: TransformCache | None, hyde_prompt: str | None
 ) -> Any:
-    options = dict(spec.options)
-    if not needs_llm(spec.name):
-        return make_transform(spec.name, None, **options)
-    if issubclass(transform_class(spec.name), HyDE) and hyde_prompt and "prompt" not in options:
-        options["prompt"] = HYDE_PAPER_PROMPTS.get(hyde_prompt, hyde_prompt)
-    if cache is not None:
-        options["cache"] = cache
-    # an evaluation wants every generation, not a latency bound: a slow local model
-    # under load must not turn into fallbacks
-    options.setdefault("timeout", 600.0)
-    return make_transform(spec.name, llm, **options)
+    """The transform of ``spec`` (through `transforms.factory.build`: the timeout is
+    the one policy, by the model's kind)."""
+    return build(spec.name, llm, spec.options, cache=cache, task=hyde_prompt)
 
 
 @dataclass
@@ -419,6 +444,7 @@ class SessionOptions(TypedDict, total=False):
     milvus_token: str
     progress: ProgressFactory | None
     vectors: Mapping[str, Sequence[float]] | None
+    index_store: Store | None
 
 
 SESSION_DEFAULTS: dict[str, Any] = {
@@ -431,6 +457,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "milvus_token": "",
     "progress": None,
     "vectors": None,
+    "index_store": None,
 }
 """The `SessionOptions` an `EvalSession` fills in when they are not given."""
 
@@ -451,16 +478,23 @@ class EvalSession:
         self.top_k, self.concurrency, self.progress = o["top_k"], o["concurrency"], o["progress"]
         store, uri = o["store"], o["milvus_uri"]  # checked by `store_for`, before indexing
         embed_model, label, root = o["embed_model"], o["embed_label"], o["cache_root"]
-        self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
-        self.index, self.index_seconds, self.index_cached = cached_index(
-            ds,
-            self.store,
-            embed_model,
-            label,
-            max_length=o["max_length"],
-            progress=self.progress,
-            vectors=o["vectors"],
-        )
+        if o["index_store"] is not None:  # the user's own index of these documents
+            self.store = o["index_store"]
+            start = time.perf_counter()
+            self.index = self.store.load(embed_model)
+            check_holds(self.index, ds, self.store.location)
+            self.index_seconds, self.index_cached = time.perf_counter() - start, True
+        else:
+            self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
+            self.index, self.index_seconds, self.index_cached = cached_index(
+                ds,
+                self.store,
+                embed_model,
+                label,
+                max_length=o["max_length"],
+                progress=self.progress,
+                vectors=o["vectors"],
+            )
         self._options = o
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000)
@@ -639,10 +673,15 @@ def run_eval(
         raise ValueError("an llm is needed for transforms other than none and rocchio")
     wall = time.perf_counter()
     session = EvalSession(ds, **options)
+    phases = {"index": time.perf_counter() - wall}
     extra: dict[str, Any] = {}
     try:
         if standin is None:
-            reports = [_score(session, spec, llm, hyde_prompt) for spec in specs]
+            reports = []
+            for spec in specs:
+                start = time.perf_counter()
+                reports.append(_score(session, spec, llm, hyde_prompt))
+                phases[spec.label] = time.perf_counter() - start
             compare(reports)
         else:
             specs = with_none(specs)
@@ -650,7 +689,9 @@ def run_eval(
             def score_all(child: EvalSession, llm_for: Callable[[str], Any]) -> list[Any]:
                 return [_score(child, s, partial(llm_for, s.name), hyde_prompt) for s in specs]
 
+            start = time.perf_counter()
             reports, extra = run_standin(session, standin, score_all)
+            phases["stand-in runs"] = time.perf_counter() - start
     finally:
         session.close()
     result = EvalResult(
@@ -661,6 +702,7 @@ def run_eval(
         reports=reports,
         index_seconds=session.index_seconds,
         index_cached=session.index_cached,
+        phases=phases,
     )
     result.wall_seconds = time.perf_counter() - wall
     return result
