@@ -229,3 +229,22 @@ def test_eval_with_the_stand_in_reports_its_rows_and_what_it_is(tmp_path: Path) 
     hyde = result.reports[1]
     assert hyde.fallbacks == 0 and hyde.usage.calls == 2 * hyde.queries
     assert hyde.usage.cost_source == "local" and hyde.delta_vs_none is not None
+
+
+def test_a_set_without_two_relevant_documents_per_question_is_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    ds = dataset()
+    for qid in list(ds.qrels):
+        first = next(iter(ds.qrels[qid]))
+        ds.qrels[qid] = {first: 1}
+    with pytest.raises(ValueError, match="at least two relevant documents"):
+        run_eval(
+            ds,
+            ["hyde"],
+            llm=None,
+            standin=StandIn(1.0, (0,)),
+            embed_model=DeterministicEmbedding(dim=64),
+            embed_label="det-64",
+            cache_root=tmp_path,
+        )
