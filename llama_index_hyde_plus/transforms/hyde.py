@@ -73,10 +73,11 @@ class HyDE(LLMTransform):
       ``context_characters``) are put in the prompt, so the model writes from the
       corpus instead of from memory. One extra search; cached like any generation.
 
-    With neither ``include_query`` nor ``query_weight``, the shipped defaults apply
-    (`DEFAULT_QUERY_WEIGHT` 0.8 and `DEFAULT_GATE` 0.7, chosen by ``hyde-plus tune``
-    on SciFact train; BENCHMARKS.md); choosing the vector yourself turns the default
-    gate off. The guards that need embeddings or the question's hits (weights, rerank, gate,
+    With neither ``include_query`` nor ``query_weight``, the shipped defaults for the
+    transform's generator apply (`SHIPPED`: question weight 0.8 and a 0.7 gate for the
+    bundled SmolLM2-135M, question weight 0.7 and no gate for any other LLM; chosen on
+    SciFact train, BENCHMARKS.md) and ``result.defaults`` names the set; choosing the
+    vector or the strategy yourself turns the default gate off. The guards that need embeddings or the question's hits (weights, rerank, gate,
     grounding) are carried out by `TransformRetriever`; `run()` (LlamaIndex's
     ``TransformQueryEngine``) approximates the weight by repeating the question.
     ``num_passages`` (1..16) passages are written per question (concurrently on the
