@@ -218,7 +218,13 @@ def query(
     ] = None,
     transform: Annotated[
         str | None,
-        typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS)} (default: hyde)."),
+        typer.Option(
+            "--transform",
+            "-t",
+            help=f"One of: {', '.join(TRANSFORMS)} (default: hyde). Its shipped options "
+            "depend on the LLM: conservative for the bundled local model, stronger for "
+            "any other (README, BENCHMARKS.md).",
+        ),
     ] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Results to show.")] = 5,
     n: Count = None,

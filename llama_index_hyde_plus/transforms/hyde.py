@@ -77,9 +77,10 @@ class HyDE(LLMTransform):
     transform's generator apply (`SHIPPED`: question weight 0.8 and a 0.7 gate for the
     bundled SmolLM2-135M, question weight 0.7 and no gate for any other LLM; chosen on
     SciFact train, BENCHMARKS.md) and ``result.defaults`` names the set; choosing the
-    vector or the strategy yourself turns the default gate off. The guards that need embeddings or the question's hits (weights, rerank, gate,
-    grounding) are carried out by `TransformRetriever`; `run()` (LlamaIndex's
-    ``TransformQueryEngine``) approximates the weight by repeating the question.
+    vector or the strategy yourself turns the default gate off. The guards that need
+    embeddings or the question's hits (weights, rerank, gate, grounding) are carried out
+    by `TransformRetriever`; `run()` (LlamaIndex's ``TransformQueryEngine``)
+    approximates the weight by repeating the question.
     ``num_passages`` (1..16) passages are written per question (concurrently on the
     async path; one after another on the sync path); ``max_characters`` trims each.
     ``prompt``, ``temperature``, ``timeout``, ``prices``, ``callback_manager``,
