@@ -146,6 +146,7 @@ class HyDE(LLMTransform):
         self._keyword_weight = check_weight(keyword_weight, "keyword_weight")
         self._gate = gate
         self._fixed: Guards | None = None
+        self._shipped_by_generator: dict[str, Guards] = {}
         gate_given = not isinstance(gate, _Unset) and gate is not None
         self._explicit_guards = strategy == "rerank" or gate_given or grounded > 0
         # checked now; the generator's shipped strategy and gate fill what is unset
@@ -186,9 +187,14 @@ class HyDE(LLMTransform):
             return self._fixed
         if not self._shipped_guards:
             return self._options
-        shipped = self.SHIPPED[self.generator]
-        gate = shipped.gate if isinstance(self._gate, _Unset) else self._gate
-        return replace(self._options, strategy=shipped.strategy, gate=gate)
+        generator = self.generator
+        guards = self._shipped_by_generator.get(generator)
+        if guards is None:  # one per generator: the search path reads this every query
+            shipped = self.SHIPPED[generator]
+            gate = shipped.gate if isinstance(self._gate, _Unset) else self._gate
+            guards = replace(self._options, strategy=shipped.strategy, gate=gate)
+            self._shipped_by_generator[generator] = guards
+        return guards
 
     @classmethod
     def count_option(cls) -> str | None:
