@@ -529,6 +529,16 @@ def serve_error(*args: str, env: dict[str, str] | None = None) -> str:
 
 @pytest.mark.parametrize(
     ("args", "env"),
+    [(["--token", "pässword"], {}), ([], {"HYDE_PLUS_TOKEN": "\u20ac-token"})],
+    ids=["--token latin-1", "HYDE_PLUS_TOKEN above U+00FF"],
+)
+def test_serve_refuses_a_non_ascii_token_at_start(args: list[str], env: dict[str, str]) -> None:
+    text = serve_error("--http", "0", "--llm", "scripted", *args, env=env)
+    assert "--token" in text and "printable ASCII" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
     [(["--token", ""], {}), ([], {"HYDE_PLUS_TOKEN": ""})],
     ids=["--token ''", "HYDE_PLUS_TOKEN=''"],
 )
