@@ -1,9 +1,12 @@
-"""Small, pure helpers for reading files: a streamed sha256 and JSON lines."""
+"""Small helpers for files: a streamed sha256, JSON lines, folders and files written
+beside their target (with the umask's permissions), and this tool's staging marker."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,3 +36,50 @@ def json_lines(
         if not isinstance(row, dict):
             raise error(f"{where}:{lineno}: expected a JSON object")
         yield lineno, row
+
+
+#: The file inside every staging folder this tool makes beside an index, and its text:
+#: a folder is cleaned up as an interrupted build only when it holds this exact file.
+STAGING_MARKER = ".hyde-plus-staging"
+_STAGING_TEXT = "hyde-plus staging folder: an unfinished build; safe to delete\n"
+
+
+def make_folder_beside(parent: Path, prefix: str, *, marked: bool = False) -> Path:
+    """A new, empty folder ``parent/<prefix><random>`` with the permissions the umask
+    gives (not `tempfile.mkdtemp`'s 0700), holding `STAGING_MARKER` when ``marked``."""
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        if marked:
+            (path / STAGING_MARKER).write_text(_STAGING_TEXT, encoding="utf-8")
+        return path
+    raise FileExistsError(f"could not make a new folder in {parent}")
+
+
+def is_marked_staging(path: Path) -> bool:
+    """Whether ``path`` is a real folder (not a link) holding this tool's staging marker."""
+    marker = path / STAGING_MARKER
+    try:
+        if path.is_symlink() or not path.is_dir() or marker.is_symlink():
+            return False
+        return marker.is_file() and marker.read_text(encoding="utf-8") == _STAGING_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it renamed into place,
+    so a reader sees the old file or the new one; the file gets the permissions the
+    umask gives (not `tempfile.mkstemp`'s 0600)."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

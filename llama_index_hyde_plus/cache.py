@@ -24,11 +24,24 @@ logger = logging.getLogger(__name__)
 
 @runtime_checkable
 class TransformCache(Protocol):
-    """What a transform needs from a cache: JSON-able dicts by string key."""
+    """What a transform needs from a cache: values by string key (`cache_key`).
 
-    def get(self, key: str) -> dict[str, Any] | None: ...
+    What is stored: a successful `TransformResult` (never a fallback). By default
+    `set` receives its JSON-able ``to_dict()`` form and `get` must return an equal
+    dict (or None for a miss); such a cache may do blocking I/O, so the async path
+    calls it in a worker thread. A cache whose class sets ``holds_objects = True``
+    (like `MemoryCache`) receives the immutable `TransformResult` itself, must return
+    the very object, and must never block (it is called on the event loop)."""
 
-    def set(self, key: str, value: dict[str, Any]) -> None: ...
+    def get(self, key: str) -> Any: ...
+
+    def set(self, key: str, value: Any) -> None: ...
+
+
+def holds_objects(cache: TransformCache) -> bool:
+    """Whether ``cache`` keeps `TransformResult` objects in process (see
+    `TransformCache`): no encoding, and no worker thread for its calls."""
+    return getattr(cache, "holds_objects", False) is True
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -42,6 +55,8 @@ class MemoryCache:
 
     Built-in transforms store their (immutable) `TransformResult` objects here rather
     than their dict form, so a hit costs no decoding; `get` returns what `set` got."""
+
+    holds_objects = True
 
     def __init__(self, max_entries: int = 1024) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:

@@ -167,4 +167,5 @@ def rocchio_vector(
     q = unit(query)
     if not feedback or beta == 0:
         return [float(x) for x in q]
-    return [float(x) for x in unit(alpha * q + beta * mean_unit(feedback))]
+    scale = max(alpha, beta)  # only the ratio matters: keep the arithmetic in range
+    return [float(x) for x in unit(alpha / scale * q + beta / scale * mean_unit(feedback))]

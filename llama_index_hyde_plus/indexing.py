@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +25,7 @@ from llama_index.core import Document, StorageContext, VectorStoreIndex, load_in
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 
+from ._files import STAGING_MARKER, is_marked_staging, make_folder_beside
 from .chunking import Chunking, Tokenizer, split_documents, tokenizer_for
 from .readers import read_documents as read_documents  # where callers have found it
 
@@ -261,14 +262,15 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
         os.replace(pending, out / META_FILE)  # the switch
         _clean_index_folder(out, keep=data)
         return
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
     try:
         storage.persist(persist_dir=str(tmp / data))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
         pause_for_tests("faiss")
         os.rename(tmp, out)  # out is absent or an empty folder: both are replaced atomically
+        (out / STAGING_MARKER).unlink(missing_ok=True)
     finally:
-        if tmp.exists():
+        if is_marked_staging(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -282,23 +284,60 @@ _LEGACY_FILES = (
 )
 
 
+_DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
+#: What a data folder holds: LlamaIndex's storage files (and nothing else).
+_DATA_FILES = frozenset(_LEGACY_FILES)
+
+
+def _staging_prefix(out: Path) -> str:
+    return f".{out.name}.build-"
+
+
+def _is_data_folder(entry: Path) -> bool:
+    """Whether ``entry`` is a data folder a build wrote: a real folder named
+    ``data-<12 hex>`` holding only LlamaIndex storage files (its name alone is not
+    enough for it to be deleted)."""
+    if not _DATA_NAME.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+        return False
+    try:
+        return all(f.name in _DATA_FILES and f.is_file() for f in entry.iterdir())
+    except OSError:
+        return False
+
+
+def _is_draft(entry: Path) -> bool:
+    """A metadata draft a build left (``.hyde_plus.json.<id>.tmp``, a plain file)."""
+    name = entry.name
+    return (
+        name.startswith(f".{META_FILE}.")
+        and name.endswith(".tmp")
+        and entry.is_file()
+        and not entry.is_symlink()
+    )
+
+
 def _clean_index_folder(out: Path, keep: str) -> None:
     for entry in out.iterdir():
         name = entry.name
         if name in (keep, META_FILE):
             continue
-        if entry.is_dir() and name.startswith("data-"):
+        if _is_data_folder(entry):
             shutil.rmtree(entry, ignore_errors=True)
-        elif name in _LEGACY_FILES or (name.startswith(f".{META_FILE}.") and name.endswith(".tmp")):
+        elif _is_draft(entry) or (
+            name in (*_LEGACY_FILES, STAGING_MARKER) and entry.is_file() and not entry.is_symlink()
+        ):
             entry.unlink(missing_ok=True)
 
 
 def _clean_stale_builds(out: Path) -> None:
-    """Remove what interrupted builds of ``out`` left: hidden build folders beside it,
-    and data folders or metadata drafts inside it that its metadata does not name."""
+    """Remove what interrupted builds of ``out`` left: the staging folders beside it
+    (named ``.<out>.build-*`` and holding this tool's marker file: nothing else is
+    touched), and data folders or metadata drafts inside it that its metadata does not
+    name."""
     if out.parent.is_dir():
-        for entry in out.parent.glob(f".{out.name}.*"):
-            if entry.is_dir():
+        prefix = _staging_prefix(out)
+        for entry in out.parent.iterdir():
+            if entry.name.startswith(prefix) and is_marked_staging(entry):
                 shutil.rmtree(entry, ignore_errors=True)
     if out.is_dir() and (out / META_FILE).is_file():
         try:
@@ -306,16 +345,21 @@ def _clean_stale_builds(out: Path) -> None:
         except ValueError:
             return  # a corrupt metadata file: leave everything for the user to see
         for entry in out.iterdir():
-            if entry.name.startswith("data-") and entry.name != current and entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            elif entry.name.startswith(f".{META_FILE}.") and entry.name.endswith(".tmp"):
-                entry.unlink(missing_ok=True)
+            if entry.name != current and (_is_data_folder(entry) or _is_draft(entry)):
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
     """The metadata of the index at ``path`` (a `ValueError` naming the file if it is
     missing or unreadable)."""
     meta_path = path / META_FILE
+    if not path.exists():
+        raise ValueError(
+            f"index {path} does not exist; build one with `hyde-plus index DIR --out {path}`"
+        )
     if not meta_path.is_file():
         hint = " (a Milvus Lite database? open it with --uri)" if path.suffix == ".db" else ""
         raise ValueError(
@@ -382,6 +426,30 @@ def _rebuild_hint(path: Path) -> str:
     return f"rebuild it with `hyde-plus index DIR --out {path}`"
 
 
+def data_folder(path: Path, meta: dict[str, Any]) -> Path:
+    """The data folder ``meta`` names inside the index at ``path`` (``path`` itself for
+    a format-1 index, which names none). Only a plain child name is followed: ``..``,
+    a path with a separator, an absolute path, or a link leading out of the index is a
+    `ValueError` (the index is damaged or was tampered with)."""
+    name: object = meta.get("data")
+    if name is None:
+        return path
+    plain = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\x00")
+        and Path(name).name == name
+    )
+    if plain and isinstance(name, str):
+        data = path / name
+        if not data.is_symlink() or data.resolve().parent == path.resolve():
+            return data
+    raise ValueError(
+        f"{path / META_FILE}: 'data' must name a folder inside the index, not {name!r:.80}; "
+        f"{_rebuild_hint(path)}"
+    )
+
+
 def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex:
     """Load an index written by `build_faiss_index`.
 
@@ -392,7 +460,7 @@ def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex
     path = path.expanduser()
     meta = read_meta(path)
     check_embedding_model(f"the index at {path}", meta, embed_model)
-    data = path / str(meta.get("data") or ".")
+    data = data_folder(path, meta)
     vectors = data / "default__vector_store.json"
     for required in ("docstore.json", "index_store.json", vectors.name):
         if not (data / required).is_file():

@@ -25,6 +25,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from ._redact import redact_uri
 from .chunking import Chunking
 from .indexing import (
     EmbeddingMismatchError,
@@ -212,8 +213,8 @@ def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
     legacy = meta is not None and meta.is_file() and "collections" not in _read_meta_file(meta)
     if not legacy:
         raise ValueError(
-            f"{uri} already has a collection {collection!r} that hyde-plus did not build; "
-            "it is left alone: choose another --collection"
+            f"{redact_uri(uri)} already has a collection {collection!r} that hyde-plus "
+            "did not build; it is left alone: choose another --collection"
         )
 
 
@@ -285,7 +286,9 @@ def _client(uri: str, token: str) -> Any:
         return MilvusClient(uri=str(Path(uri).expanduser()) if local else uri, token=token)
     except Exception as exc:
         what = "is not a Milvus Lite database or is in use" if local else "does not answer"
-        raise ValueError(f"cannot open Milvus at {uri}: it {what} ({type(exc).__name__})") from exc
+        raise ValueError(
+            f"cannot open Milvus at {redact_uri(uri)}: it {what} ({type(exc).__name__})"
+        ) from exc
 
 
 def read_milvus_meta(
@@ -327,10 +330,10 @@ def load_milvus_index(
     physical = _resolve(client, collection)
     if physical is None:
         raise ValueError(
-            f"no collection {collection!r} at {uri}; build it with "
-            f"`hyde-plus index DIR --store milvus --uri {uri} --collection {collection}`"
+            f"no collection {collection!r} at {redact_uri(uri)}; build it with `hyde-plus "
+            f"index DIR --store milvus --uri {redact_uri(uri)} --collection {collection}`"
         )
-    where = f"Milvus collection {collection!r} at {uri}"
+    where = f"Milvus collection {collection!r} at {redact_uri(uri)}"
     meta = read_milvus_meta(uri, collection, token=token) or {}
     dim = _dense_dim(client, physical)
     if dim is not None:

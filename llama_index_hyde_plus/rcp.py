@@ -40,7 +40,8 @@ from ._version import __version__
 from .cache import MemoryCache
 from .retriever import TransformRetriever
 from .transforms.base import MAX_N, QueryTransformer, TransformResult
-from .transforms.registry import METHODS, make_transform, transform_class
+from .transforms.factory import build
+from .transforms.registry import METHODS, transform_class
 from .usage import Usage
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class TransformService:
         self.options = {name: dict(opts) for name, opts in (options or {}).items()}
         self.cache = MemoryCache(cache_entries)
         self._transforms: dict[tuple[str, int], QueryTransformer] = {}
-        self._identity = make_transform("none")
+        self._identity = build("none")
         self._retrievers: dict[int, TransformRetriever] = {}
         self._lock = threading.Lock()
 
@@ -131,12 +132,13 @@ class TransformService:
         with self._lock:
             found = self._transforms.get(key)
             if found is None:
-                options: dict[str, Any] = {**self.options.get(method, {}), "cache": self.cache}
+                options: dict[str, Any] = dict(self.options.get(method, {}))
                 if self.timeout is not None:
                     options["timeout"] = self.timeout
                 if key[1]:
                     options["n"] = key[1]
-                found = self._transforms[key] = make_transform(method, self.llm, **options)
+                found = build(method, self.llm, options, cache=self.cache)
+                self._transforms[key] = found
         return found
 
     def transform(self, query: str, method: str, n: int) -> TransformResult:

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -20,7 +20,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from . import expansion
+from . import expansion, plan
 from .fusion import FusionMode, fuse, unique_nodes
 from .provenance import summary, tag_nodes
 from .transforms.base import (
@@ -31,7 +31,6 @@ from .transforms.base import (
     check_int,
     validate_query,
 )
-from .transforms.hyde import HyDE
 from .vectors import DocVectors, Embedder, embed_model_of
 
 logger = logging.getLogger(__name__)
@@ -187,13 +186,13 @@ class TransformRetriever(BaseRetriever):
         """Embeds the question and generated text for weighted vectors, the gate and
         reranking: ``embed_model``, else the wrapped retriever's own model."""
         self.doc_vectors = DocVectors(retriever, self.embedder)
-        self._warned_include_query = False
         self._warned_no_embedder = False
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         super().__init__(callback_manager=callback_manager, verbose=verbose)
-        if isinstance(transformer, HyDE) and not transformer.include_query:
-            self._warn_include_query()
+        advice = transformer.search_advice(self.search_type)
+        if advice:
+            logger.warning("%s", advice)
 
     @classmethod
     def from_index(
@@ -256,72 +255,85 @@ class TransformRetriever(BaseRetriever):
         """Transform ``query``, run its searches concurrently, fuse and rerank.
 
         With guards that need them (grounding, rerank, feedback), the question is
-        searched first and its hits are reused for the question's own list."""
+        searched first and its hits are reused for the question's own list. What is
+        done is decided by `plan.plan`; this method only carries it out."""
         validate_query(query)
         start = time.perf_counter()
         guards = self.transformer.guards
-        hits = (
-            self._search_bundle(self._question_bundle(query))
-            if guards.needs_question_hits
-            else None
-        )
-        result = self.transformer.transform_safe(query, context=_context(guards, hits))
-        self._check_include_query(result)
-        result = self._gate(result, guards)
+        hits = None
+        if plan.question_first(guards):
+            hits = self._search_bundle(self._question_bundle(query))
+        result = self.transformer.transform_safe(query, context=plan.context_for(guards, hits))
+        if plan.wants_gate(result, guards) and self._have_embedder("gate"):
+            result = plan.gate_verdict(result, guards, self._similarity(result))
+        step = self._planned(result, guards, hits)
         errors: list[str] = []
-        if hits is not None and guards.strategy == "rerank":
-            if _expanded(result) and self._have_embedder("rerank strategy") and self.embedder:
-                generated = expansion.mean_unit(self.embedder.texts(result.hypothetical))
-                vectors = self.doc_vectors.get(hits)
-                nodes = _blend(hits, vectors, generated, guards.blend)
-            else:
-                nodes = _copy(hits)
-        elif hits is not None and _feeds_back(result, guards) and self._have_embedder("feedback"):
-            vectors = self.doc_vectors.get(hits[: guards.feedback_k])
-            nodes = _copy(self._search_bundle(self._feedback_bundle(query, vectors, guards)))
-        else:
-            specs = self._specs(result)
-            bundles = [self._bundle(spec, query) for spec in specs]
-            lists, weights, errors = self._run_sync(_Fanout(specs, bundles, query, hits))
+        if isinstance(step, plan.Rerank):
+            assert hits is not None and self.embedder is not None
+            generated = self.embedder.texts(step.passages)
+            nodes, result = _reranked(hits, self.doc_vectors.get(hits), generated, step, result)
+        elif isinstance(step, plan.Feedback):
+            assert hits is not None and self.embedder is not None
+            vectors = self.doc_vectors.get(hits[: step.k])
+            bundle, result = _feedback(query, self.embedder.query(query), vectors, step, result)
+            nodes = _copy(self._search_bundle(bundle) if bundle else hits)
+        elif isinstance(step, plan.Fanout):
+            bundles, result = self._bundles(step, query, result, self._vectors(step, query))
+            lists, weights, errors = self._run_sync(step, bundles, hits)
             nodes = self._combine(lists, weights)
+        else:
+            nodes = _copy(hits or [])
         if self.reranker is not None and nodes:
             nodes = self.reranker.postprocess_nodes(nodes, query_bundle=QueryBundle(query))
         return self._finish(nodes, result, start, errors)
 
     async def asearch(self, query: str) -> SearchResult:
-        """Async twin of `search`; never calls a blocking LLM, embedding or retriever
-        method (those without native async run in worker threads)."""
+        """Async twin of `search` (the same plan, the same steps); never calls a
+        blocking LLM, embedding or retriever method (those without native async run in
+        worker threads)."""
         validate_query(query)
         start = time.perf_counter()
         guards = self.transformer.guards
         hits = None
-        if guards.needs_question_hits:
+        if plan.question_first(guards):
             hits = await self._asearch_bundle(await self._aquestion_bundle(query))
-        result = await self.transformer.atransform_safe(query, context=_context(guards, hits))
-        self._check_include_query(result)
-        result = await self._agate(result, guards)
+        context = plan.context_for(guards, hits)
+        result = await self.transformer.atransform_safe(query, context=context)
+        if plan.wants_gate(result, guards) and self._have_embedder("gate"):
+            result = plan.gate_verdict(result, guards, await self._asimilarity(result))
+        step = self._planned(result, guards, hits)
         errors: list[str] = []
-        if hits is not None and guards.strategy == "rerank":
-            if _expanded(result) and self._have_embedder("rerank strategy") and self.embedder:
-                generated = expansion.mean_unit(await self.embedder.atexts(result.hypothetical))
-                vectors = await self.doc_vectors.aget(hits)
-                nodes = _blend(hits, vectors, generated, guards.blend)
-            else:
-                nodes = _copy(hits)
-        elif hits is not None and _feeds_back(result, guards) and self._have_embedder("feedback"):
-            assert self.embedder is not None
-            vectors = await self.doc_vectors.aget(hits[: guards.feedback_k])
-            await self.embedder.aquery(query)  # cached for the bundle below
-            bundle = self._feedback_bundle(query, vectors, guards)
-            nodes = _copy(await self._asearch_bundle(bundle))
-        else:
-            specs = self._specs(result)
-            bundles = [await self._abundle(spec, query) for spec in specs]
-            lists, weights, errors = await self._run_async(_Fanout(specs, bundles, query, hits))
+        if isinstance(step, plan.Rerank):
+            assert hits is not None and self.embedder is not None
+            generated = await self.embedder.atexts(step.passages)
+            vectors = await self.doc_vectors.aget(hits)
+            nodes, result = _reranked(hits, vectors, generated, step, result)
+        elif isinstance(step, plan.Feedback):
+            assert hits is not None and self.embedder is not None
+            vectors = await self.doc_vectors.aget(hits[: step.k])
+            own = await self.embedder.aquery(query)
+            bundle, result = _feedback(query, own, vectors, step, result)
+            nodes = _copy(await self._asearch_bundle(bundle) if bundle else hits)
+        elif isinstance(step, plan.Fanout):
+            dense = await self._avectors(step, query)
+            bundles, result = self._bundles(step, query, result, dense)
+            lists, weights, errors = await self._run_async(step, bundles, hits)
             nodes = self._combine(lists, weights)
+        else:
+            nodes = _copy(hits or [])
         if self.reranker is not None and nodes:
             nodes = await self._arerank(nodes, query)
         return self._finish(nodes, result, start, errors)
+
+    def _planned(
+        self, result: TransformResult, guards: Guards, hits: list[NodeWithScore] | None
+    ) -> plan.Step:
+        """`plan.plan` for ``result``, warning once about a guard dropped for want of an
+        embedding model."""
+        decided = plan.plan(result, guards, hits, have_embedder=self.embedder is not None)
+        if decided.missing_embedder:
+            self._have_embedder(decided.missing_embedder)
+        return decided.step
 
     # -- the question's own search and the guards ------------------------------------
     def _dense(self) -> bool:
@@ -347,34 +359,16 @@ class TransformRetriever(BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
         return list(await asyncio.to_thread(self.retriever.retrieve, bundle))
 
-    def _gate(self, result: TransformResult, guards: Guards) -> TransformResult:
-        if not _gated(result, guards) or not self._have_embedder("gate"):
-            return result
+    def _similarity(self, result: TransformResult) -> float:
+        """Cosine of the question's vector and the generated text's mean (the gate)."""
         assert self.embedder is not None
-        sim = expansion.cosine(
-            self.embedder.query(result.query),
-            expansion.mean_unit(self.embedder.texts(result.hypothetical)),
-        )
-        return _gate_verdict(result, guards, sim)
+        generated = expansion.mean_unit(self.embedder.texts(result.hypothetical))
+        return expansion.cosine(self.embedder.query(result.query), generated)
 
-    async def _agate(self, result: TransformResult, guards: Guards) -> TransformResult:
-        if not _gated(result, guards) or not self._have_embedder("gate"):
-            return result
+    async def _asimilarity(self, result: TransformResult) -> float:
         assert self.embedder is not None
-        sim = expansion.cosine(
-            await self.embedder.aquery(result.query),
-            expansion.mean_unit(await self.embedder.atexts(result.hypothetical)),
-        )
-        return _gate_verdict(result, guards, sim)
-
-    def _feedback_bundle(
-        self, query: str, doc_vectors: list[list[float]], guards: Guards
-    ) -> QueryBundle:
-        assert self.embedder is not None  # _feeds_back checked it
-        vector = expansion.rocchio_vector(
-            self.embedder.query(query), doc_vectors, guards.feedback_alpha, guards.feedback_beta
-        )
-        return QueryBundle(query_str=query, embedding=vector)
+        generated = expansion.mean_unit(await self.embedder.atexts(result.hypothetical))
+        return expansion.cosine(await self.embedder.aquery(result.query), generated)
 
     def _have_embedder(self, what: str) -> bool:
         if self.embedder is not None:
@@ -389,42 +383,64 @@ class TransformRetriever(BaseRetriever):
         return False
 
     # -- searches ------------------------------------------------------------------
-    def _specs(self, result: TransformResult) -> list[SearchSpec]:
-        if result.skipped:
-            return [SearchSpec(text=result.query, embedding_strs=(result.query,))]
-        return result.searches()
+    def _wants_vector(self, spec: SearchSpec, query: str) -> bool:
+        """Whether ``spec`` is searched with a vector we embed (weighted passages, or
+        the question itself) rather than the retriever's own embedding of its text."""
+        return self._dense() and bool(spec.passages or spec.text == query)
 
-    def _bundle(self, spec: SearchSpec, query: str) -> QueryBundle:
-        if self._dense() and (spec.passages or spec.text == query):
+    def _vectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
+        """The embeddings each search of ``step`` needs (None: none, or reused)."""
+        out: list[_Dense | None] = []
+        for spec, reused in zip(step.specs, step.reuse):
+            if reused or not self._wants_vector(spec, query):
+                out.append(None)
+                continue
             assert self.embedder is not None
-            if spec.passages:
-                vector = expansion.weighted_vector(
-                    self.embedder.query(spec.query or query),
-                    self.embedder.texts(spec.passages),
-                    spec.query_weight,
-                )
-            else:
-                vector = self.embedder.query(query)
-            return QueryBundle(query_str=spec.text, embedding=vector)
-        return QueryBundle(query_str=spec.text, custom_embedding_strs=list(spec.embedding_strs))
+            own = self.embedder.query(spec.query or query)
+            out.append((own, self.embedder.texts(spec.passages) if spec.passages else []))
+        return out
 
-    async def _abundle(self, spec: SearchSpec, query: str) -> QueryBundle:
-        if self._dense() and (spec.passages or spec.text == query):
+    async def _avectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
+        out: list[_Dense | None] = []
+        for spec, reused in zip(step.specs, step.reuse):
+            if reused or not self._wants_vector(spec, query):
+                out.append(None)
+                continue
             assert self.embedder is not None
-            if spec.passages:
-                vector = expansion.weighted_vector(
-                    await self.embedder.aquery(spec.query or query),
-                    await self.embedder.atexts(spec.passages),
-                    spec.query_weight,
-                )
-            else:
-                vector = await self.embedder.aquery(query)
-            return QueryBundle(query_str=spec.text, embedding=vector)
-        return QueryBundle(query_str=spec.text, custom_embedding_strs=list(spec.embedding_strs))
+            own = await self.embedder.aquery(spec.query or query)
+            passages = await self.embedder.atexts(spec.passages) if spec.passages else []
+            out.append((own, passages))
+        return out
 
-    def _run_sync(self, fan: _Fanout) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
-        specs, bundles, todo = fan.specs, fan.bundles, fan.todo()
-        outcomes: list[Any] = [fan.hits] * len(specs)
+    def _bundles(
+        self,
+        step: plan.Fanout,
+        query: str,
+        result: TransformResult,
+        vectors: list[_Dense | None],
+    ) -> tuple[list[QueryBundle | None], TransformResult]:
+        """One bundle per search of ``step`` (None for a reused one), and ``result``,
+        degraded when a generated vector cannot be searched with."""
+        bundles: list[QueryBundle | None] = []
+        for spec, reused, dense in zip(step.specs, step.reuse, vectors):
+            if reused:
+                bundles.append(None)
+            elif dense is None:
+                strs = list(spec.embedding_strs)
+                bundles.append(QueryBundle(query_str=spec.text, custom_embedding_strs=strs))
+            else:
+                bundle, result = _dense_bundle(spec, query, dense, result)
+                bundles.append(bundle)
+        return bundles, result
+
+    def _run_sync(
+        self,
+        step: plan.Fanout,
+        bundles: list[QueryBundle | None],
+        hits: list[NodeWithScore] | None,
+    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+        specs, todo = step.specs, step.todo()
+        outcomes: list[Any] = [hits] * len(specs)
         if len(todo) == 1 and len(specs) == 1:
             try:
                 outcomes[0] = self.retriever.retrieve(bundles[0])
@@ -433,9 +449,9 @@ class TransformRetriever(BaseRetriever):
                 raise
         elif todo:
             pool = self._thread_pool()
+            run = self.retriever.retrieve
             futures = {
-                i: pool.submit(contextvars.copy_context().run, self.retriever.retrieve, bundles[i])
-                for i in todo
+                i: pool.submit(contextvars.copy_context().run, run, bundles[i]) for i in todo
             }
             for i, future in futures.items():
                 try:
@@ -467,23 +483,33 @@ class TransformRetriever(BaseRetriever):
             return await self._asearch_bundle(bundle)
 
     async def _run_async(
-        self, fan: _Fanout
+        self,
+        step: plan.Fanout,
+        bundles: list[QueryBundle | None],
+        hits: list[NodeWithScore] | None,
     ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+        specs, todo = step.specs, step.todo()
+        outcomes: list[Any] = [hits] * len(specs)
+        if len(todo) == 1:  # one search: no task, no semaphore
+            try:
+                outcomes[todo[0]] = await self._asearch_bundle(bundles[todo[0]])  # type: ignore[arg-type]
+            except Exception as exc:
+                outcomes[todo[0]] = exc
+            return self._split(specs, outcomes)
         gate = asyncio.Semaphore(self.max_concurrency)
-        specs, todo = fan.specs, fan.todo()
         found = await asyncio.gather(
-            *(self._retrieve_one(fan.bundles[i], gate) for i in todo), return_exceptions=True
+            *(self._retrieve_one(bundles[i], gate) for i in todo),  # type: ignore[arg-type]
+            return_exceptions=True,
         )
         for outcome in found:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome
-        outcomes: list[Any] = [fan.hits] * len(specs)
         for i, outcome in zip(todo, found):
             outcomes[i] = outcome
         return self._split(specs, outcomes)
 
     def _split(
-        self, specs: list[SearchSpec], outcomes: list[Any]
+        self, specs: Sequence[SearchSpec], outcomes: list[Any]
     ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
         lists: list[list[NodeWithScore]] = []
         weights: list[float] = []
@@ -543,21 +569,6 @@ class TransformRetriever(BaseRetriever):
             failed_searches=tuple(errors),
         )
 
-    def _check_include_query(self, result: TransformResult) -> None:
-        if result.hypothetical and not result.include_query:
-            self._warn_include_query()
-
-    def _warn_include_query(self) -> None:
-        if self._warned_include_query or self.search_type not in ("keyword", "hybrid"):
-            return
-        self._warned_include_query = True
-        logger.warning(
-            "HyDE has include_query=False but the retriever uses %s search: keyword "
-            "matching will see only the generated passage, not the user's words. "
-            "Use HyDE(include_query=True) for keyword and hybrid search.",
-            self.search_type,
-        )
-
 
 def _carrying_transform(result: SearchResult) -> list[NodeWithScore]:
     """``result``'s nodes as copies whose metadata carries the transform's summary."""
@@ -565,54 +576,59 @@ def _carrying_transform(result: SearchResult) -> list[NodeWithScore]:
     return tag_nodes(result.nodes, info)
 
 
-def _context(guards: Guards, hits: list[NodeWithScore] | None) -> list[str] | None:
-    """The question's top passages for a grounded transform."""
-    if not guards.context_k or not hits:
-        return None
-    return [item.node.get_content() for item in hits[: guards.context_k]]
+_Dense = tuple[list[float], list[list[float]]]
+"""A search's own question vector and its passages' vectors."""
 
 
-def _expanded(result: TransformResult) -> bool:
-    return bool(result.hypothetical) and not result.fallback and not result.skipped
+def _dense_bundle(
+    spec: SearchSpec, query: str, dense: _Dense, result: TransformResult
+) -> tuple[QueryBundle, TransformResult]:
+    """The bundle of a search with our own vector: the weighted mix of the question and
+    the passages, or the question alone (``result`` degraded, saying why) when a vector
+    holds NaN or infinity."""
+    own, passages = dense
+    if not passages:
+        return QueryBundle(query_str=spec.text, embedding=own), result
+    reason = plan.non_finite([own, *passages], "question or passage")
+    vector = None if reason else expansion.weighted_vector(own, passages, spec.query_weight)
+    reason = reason or plan.non_finite([vector or []], "weighted search")
+    if reason:
+        fallback = own if plan.non_finite([own], "question") is None else None
+        return QueryBundle(query_str=query, embedding=fallback), plan.degraded(result, reason)
+    return QueryBundle(query_str=spec.text, embedding=vector), result
 
 
-def _gated(result: TransformResult, guards: Guards) -> bool:
-    return guards.gate is not None and _expanded(result)
+def _feedback(
+    query: str,
+    own: list[float],
+    doc_vectors: list[list[float]],
+    step: plan.Feedback,
+    result: TransformResult,
+) -> tuple[QueryBundle | None, TransformResult]:
+    """The Rocchio search's bundle, or None and ``result`` degraded (keep the
+    question's own hits) when a vector holds NaN or infinity."""
+    reason = plan.non_finite([own, *doc_vectors], "question or document")
+    if reason is None:
+        vector = expansion.rocchio_vector(own, doc_vectors, step.alpha, step.beta)
+        reason = plan.non_finite([vector], "feedback")
+        if reason is None:
+            return QueryBundle(query_str=query, embedding=vector), result
+    return None, plan.degraded(result, reason)
 
 
-def _gate_verdict(result: TransformResult, guards: Guards, similarity: float) -> TransformResult:
-    assert guards.gate is not None
-    if similarity >= guards.gate:
-        return result
-    reason = (
-        f"generated text disagrees with the question (cosine {similarity:.3f} < gate "
-        f"{guards.gate:g}); searched with the question alone"
-    )
-    logger.debug("%s: %s", result.method, reason)
-    return replace(result, skipped=reason)
-
-
-def _feeds_back(result: TransformResult, guards: Guards) -> bool:
-    return guards.feedback_k > 0 and guards.feedback_beta > 0 and not result.fallback
-
-
-@dataclass(frozen=True)
-class _Fanout:
-    """The searches of one query: each spec with its bundle, and the question's own
-    hits when they were fetched first (a plain-question spec reuses them)."""
-
-    specs: list[SearchSpec]
-    bundles: list[QueryBundle]
-    query: str
-    hits: list[NodeWithScore] | None
-
-    def todo(self) -> list[int]:
-        """Indexes of the specs that still need a search."""
-        return [i for i, spec in enumerate(self.specs) if not self._reusable(spec)]
-
-    def _reusable(self, spec: SearchSpec) -> bool:
-        """Whether ``spec`` is the plain question, already searched."""
-        return self.hits is not None and not spec.passages and spec.text == self.query
+def _reranked(
+    hits: list[NodeWithScore],
+    doc_vectors: list[list[float]],
+    generated: list[list[float]],
+    step: plan.Rerank,
+    result: TransformResult,
+) -> tuple[list[NodeWithScore], TransformResult]:
+    """``hits`` reordered by the blend (see `_blend`), or as found with ``result``
+    degraded when a vector holds NaN or infinity."""
+    reason = plan.non_finite([*generated, *doc_vectors], "passage or document")
+    if reason:
+        return _copy(hits), plan.degraded(result, reason)
+    return _blend(hits, doc_vectors, expansion.mean_unit(generated), step.blend), result
 
 
 def _blend(

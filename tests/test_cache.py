@@ -294,3 +294,35 @@ def test_two_quarantines_in_one_second_keep_both_files(tmp_path: Path) -> None:
         cache.set("k", {"x": 1})
         cache.close()
     assert len(list(tmp_path.glob("c.sqlite.corrupt-*"))) == 2
+
+
+class _Recording:
+    """A user's cache: remembers what it was given."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, object] = {}
+
+    def get(self, key: str) -> object:
+        return self.data.get(key)
+
+    def set(self, key: str, value: object) -> None:
+        self.data[key] = value
+
+
+class _InProcess(_Recording):
+    holds_objects = True
+
+
+def test_a_cache_gets_what_its_contract_says_dicts_by_default_objects_when_it_holds_them() -> None:
+    from llama_index_hyde_plus import HyDE
+    from llama_index_hyde_plus.testing import ScriptedLLM
+    from llama_index_hyde_plus.transforms.base import TransformResult
+
+    plain, in_process = _Recording(), _InProcess()
+    for cache in (plain, in_process):
+        t = HyDE(ScriptedLLM(["a passage."] * 2), cache=cache)  # type: ignore[arg-type]
+        assert not t.transform("q").cached and t.transform("q").cached
+    (stored,) = plain.data.values()
+    assert isinstance(stored, dict) and stored["hypothetical"] == ["a passage."]
+    (held,) = in_process.data.values()
+    assert isinstance(held, TransformResult) and held.hypothetical == ("a passage.",)

@@ -51,6 +51,15 @@ def test_every_command_has_help(args: list[str]) -> None:
     assert result.exit_code == 0 and "Usage" in result.output
 
 
+@pytest.mark.parametrize("command", ["query", "transform", "serve"])
+def test_help_states_the_one_timeout_policy(command: str) -> None:
+    from llama_index_hyde_plus.timeouts import POLICY
+
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "300"})
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert POLICY in flat, flat
+
+
 def test_every_option_of_every_command_says_what_it_does() -> None:
     import typer.main
 
@@ -412,7 +421,7 @@ def test_query_shows_the_file_and_chunk_of_each_result(chunked_index: tuple[Path
         app, ["query", "ferry timetable for pier 7", "--index", str(out), "-t", "none", "-k", "3"]
     )
     assert result.exit_code == 0, result.output
-    assert "source" in result.output and "guide.md #" in result.output
+    assert "source" in result.output and "guide.md#" in result.output
 
 
 def test_group_by_file_folds_the_chunks_of_a_file_into_its_best(
@@ -540,7 +549,7 @@ def test_explicit_flags_win_over_a_config_and_flags_a_transform_ignores_are_name
         json.dumps({"hyde_plus_config": 1, "transform": "multi-query", "options": {"n": 2}})
     )
     from llama_index_hyde_plus.cli.query import transform_options
-    from llama_index_hyde_plus.evaluation.tune import load_config
+    from llama_index_hyde_plus.transforms.config import load_config
 
     tuned = load_config(config)
     merged = {**tuned.options, **transform_options("multi-query", n=5)}
@@ -553,3 +562,23 @@ def test_explicit_flags_win_over_a_config_and_flags_a_transform_ignores_are_name
     assert ignored.exit_code == 0 and "step-back takes no --n; ignored" in ignored.output
     forgiven = runner.invoke(app, ["transform", "Why?", "-m", "stepback", "--llm", "scripted"])
     assert forgiven.exit_code == 2  # transform -m is strict; query -t forgives spellings
+
+
+def test_eval_docs_never_touches_a_folder_with_a_foreign_manifest(tmp_path: Path) -> None:
+    """A web app's folder (a manifest.json of its own) is refused before any work and
+    kept whole."""
+    app_dir = tmp_path / "webapp"
+    app_dir.mkdir()
+    (app_dir / "manifest.json").write_text('{"name": "my app", "format": 1}')
+    (app_dir / "index.html").write_text("keep")
+    result = runner.invoke(
+        app,
+        [
+            *("eval", "--docs", str(_docs(tmp_path)), "--questions-dir", str(app_dir)),
+            *("--llm", "scripted", "--embed", "local", "--cache-dir", str(tmp_path / "c")),
+            *("--out", str(tmp_path / "out")),
+        ],
+    )
+    assert result.exit_code == 2 and "is not a question set written by hyde-plus" in result.output
+    assert sorted(p.name for p in app_dir.iterdir()) == ["index.html", "manifest.json"]
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ from llama_index.core.vector_stores.types import VectorStoreQuery
 from llama_index_hyde_plus import TransformRetriever
 from llama_index_hyde_plus.expansion import rocchio_vector
 from llama_index_hyde_plus.testing import DeterministicEmbedding, StaticRetriever
+from llama_index_hyde_plus.transforms.base import Guards
 from llama_index_hyde_plus.transforms.feedback import Rocchio
 from llama_index_hyde_plus.transforms.registry import make_transform
 
@@ -22,8 +23,8 @@ Q = "Why did revenue drop?"
 
 # -- validation -----------------------------------------------------------------------
 @pytest.mark.parametrize("k", [0, 101, -1, True, 2.5, "3"])
-def test_bad_k_is_a_value_error(k: object) -> None:
-    with pytest.raises(ValueError, match="k must"):
+def test_bad_k_is_an_error_naming_it(k: object) -> None:
+    with pytest.raises((ValueError, TypeError), match="k must"):
         Rocchio(k=k)  # type: ignore[arg-type]
 
 
@@ -46,6 +47,23 @@ def test_bad_weights_are_value_errors_naming_them(kwargs: dict, name: str) -> No
 def test_non_finite_weights_are_rejected(bad: float) -> None:
     with pytest.raises(ValueError, match="beta"):
         Rocchio(beta=bad)
+
+
+@pytest.mark.parametrize("extreme", [1e200, 1e308, 1e-320, 1e-7, 1e7])
+def test_extreme_weights_are_refused_by_the_constructor(extreme: float) -> None:
+    """alpha = beta = 1e200 used to overflow to a zero search vector: every score 0.0,
+    in arbitrary order, with no fallback."""
+    with pytest.raises(ValueError, match=r"alpha must .*between .*1e\+06"):
+        Rocchio(alpha=extreme, beta=extreme)
+    with pytest.raises(ValueError, match="feedback_beta"):
+        Guards(feedback_k=3, feedback_beta=extreme)
+
+
+def test_the_widest_accepted_weights_still_rank() -> None:
+    q, docs = [1.0, 0.0], [[0.0, 1.0]]
+    for alpha, beta in ((1e6, 1e6), (1e-6, 1e-6), (1e6, 1e-6)):
+        vector = rocchio_vector(q, docs, alpha, beta)
+        assert np.isfinite(vector).all() and np.linalg.norm(vector) == pytest.approx(1.0)
 
 
 def test_defaults_and_guards() -> None:

@@ -646,3 +646,60 @@ def test_hyde_search_spec_carries_passages_and_weight() -> None:
 def test_a_chain_refuses_guards_it_cannot_carry_out(options: dict) -> None:
     with pytest.raises(ValueError, match="then"):
         StepBack(ScriptedLLM(["sub question"])).then(HyDE(ScriptedLLM([UNRELATED]), **options))
+
+
+# -- non-finite vectors fall back to the question's search (#24.13) ---------------------
+class _Poisoned(DeterministicEmbedding):
+    """Embeds any text holding ``poison`` (or a document listed in it) as NaNs."""
+
+    poison: tuple[str, ...] = ("poison",)
+
+    def vector(self, text: str) -> list[float]:
+        if any(p in text for p in self.poison):
+            return [float("nan")] * self.dim
+        return super().vector(text)
+
+
+def _plain_index() -> VectorStoreIndex:
+    from llama_index.core.schema import TextNode
+
+    nodes = [TextNode(id_=k, text=v) for k, v in DOCS.items()]
+    return VectorStoreIndex(nodes, embed_model=DeterministicEmbedding(dim=64))
+
+
+def _all_finite(result: SearchResult) -> bool:
+    return bool(result.nodes) and all(np.isfinite(n.score) for n in result.nodes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_nan_document_vector_makes_rocchio_fall_back_with_the_reason(
+    use_async: bool,
+) -> None:
+    from llama_index_hyde_plus.transforms.feedback import Rocchio
+
+    index = _plain_index()
+    base = index.as_retriever(similarity_top_k=5)
+    plain = [n.node.node_id for n in base.retrieve("Why did revenue drop?")]
+    poisoned = _Poisoned(dim=64, poison=(DOCS[plain[0]][:30],))
+    retriever = TransformRetriever(base, Rocchio(k=3, beta=0.5), embed_model=poisoned)
+    q = "Why did revenue drop?"
+    result = await retriever.asearch(q) if use_async else retriever.search(q)
+    assert _all_finite(result), [n.score for n in result.nodes]
+    assert [n.node.node_id for n in result.nodes] == plain  # the question's own search
+    assert result.transform.fallback and "NaN" in (result.transform.error or "")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_nan_passage_vector_makes_hyde_fall_back_with_the_reason(
+    use_async: bool,
+) -> None:
+    index = _plain_index()
+    base = index.as_retriever(similarity_top_k=5)
+    q = "Why did revenue drop?"
+    plain = [n.node.node_id for n in base.retrieve(q)]
+    hyde = HyDE(ScriptedLLM(["A poison passage about revenue."] * 2), include_query=True)
+    retriever = TransformRetriever(base, hyde, embed_model=_Poisoned(dim=64))
+    result = await retriever.asearch(q) if use_async else retriever.search(q)
+    assert _all_finite(result), [n.score for n in result.nodes]
+    assert [n.node.node_id for n in result.nodes] == plain
+    assert result.transform.fallback and "NaN" in (result.transform.error or "")

@@ -119,7 +119,7 @@ def test_replacing_an_index_keeps_one_data_folder(tmp_path: Path) -> None:
     out = tmp_path / "idx"
     build(out)
     first = read_meta(out)["data"]
-    (out / "data-stale000000").mkdir()  # left by a killed build
+    (out / "data-00000000beef").mkdir()  # left by a killed build
     build(out, NEW)
     meta = read_meta(out)
     assert meta["data"] != first and meta["documents"] == 2
@@ -339,3 +339,93 @@ def test_a_chunk_id_that_is_another_documents_id_is_an_error() -> None:
     with pytest.raises(ValueError, match="chunk id 'guide#2' is also another document's id"):
         nodes_from_documents([long, clash], Chunking(30, 3))
     assert len(nodes_from_documents([long, clash])) == 2  # unchunked: no clash
+
+
+def test_a_build_keeps_sibling_folders_that_only_look_like_its_staging(tmp_path: Path) -> None:
+    """Only a staging folder holding this tool's marker is cleaned up, never a user's
+    folder whose name happens to match (``.idx.backup``, ``.idx.build-mine``)."""
+    out = tmp_path / "idx"
+    backup, lookalike = tmp_path / ".idx.backup", tmp_path / ".idx.build-mine"
+    for folder in (backup, lookalike):
+        folder.mkdir()
+        (folder / "keep.txt").write_text("mine")
+    stale = tmp_path / ".idx.build-0123456789ab"  # what a killed build leaves
+    stale.mkdir()
+    (stale / ".hyde-plus-staging").write_text(
+        "hyde-plus staging folder: an unfinished build; safe to delete\n"
+    )
+    build(out)
+    build(out, NEW)  # both paths: a first build and a replacement
+    assert (backup / "keep.txt").read_text() == "mine"
+    assert (lookalike / "keep.txt").read_text() == "mine"
+    assert not stale.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [read_meta(out)["data"], "hyde_plus.json"]
+    )
+
+
+def test_a_replacement_keeps_a_users_folder_inside_the_index_named_like_data(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    mine = out / "data-00000000cafe"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    build(out, NEW)
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("name", ["../outside", "ABSOLUTE", "data/../../outside", ".", ""])
+def test_the_data_folder_must_be_a_plain_child_of_the_index(tmp_path: Path, name: str) -> None:
+    """``data`` in hyde_plus.json is never followed outside the index folder (an index
+    elsewhere would otherwise be served as this one)."""
+    elsewhere = tmp_path / "elsewhere"
+    build(elsewhere, NEW)
+    outside = tmp_path / "outside"
+    shutil.copytree(elsewhere / read_meta(elsewhere)["data"], outside)
+    out = tmp_path / "idx"
+    build(out)
+    meta = read_meta(out)
+    meta["data"] = str(outside) if name == "ABSOLUTE" else name
+    (out / "hyde_plus.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="'data' must name a folder inside the index"):
+        load_faiss_index(out, EMBED)
+
+
+def test_the_cli_refuses_a_data_folder_outside_the_index(tmp_path: Path, cli_index: Path) -> None:
+    out, outside = tmp_path / "idx", tmp_path / "outside"
+    shutil.copytree(cli_index, out)
+    shutil.copytree(out / read_meta(out)["data"], outside)
+    meta = read_meta(out)
+    (out / "hyde_plus.json").write_text(json.dumps({**meta, "data": "../outside"}))
+    result = runner.invoke(app, ["query", "q", "--index", str(out), "-t", "none"])
+    assert result.exit_code == 2 and "'data' must name a folder inside the index" in result.output
+    assert "Traceback" not in result.output and result.output.count("error:") == 1
+
+
+def test_a_data_link_leading_out_of_the_index_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    build(elsewhere, NEW)
+    out = tmp_path / "idx"
+    build(out)
+    meta = read_meta(out)
+    (out / "data-0000000000aa").symlink_to(elsewhere / read_meta(elsewhere)["data"])
+    (out / "hyde_plus.json").write_text(json.dumps({**meta, "data": "data-0000000000aa"}))
+    with pytest.raises(ValueError, match="'data' must name a folder inside the index"):
+        load_faiss_index(out, EMBED)
+
+
+def test_a_new_index_follows_the_umask(tmp_path: Path) -> None:
+    """A service under another account can read an index built with umask 022."""
+    previous = os.umask(0o022)
+    try:
+        out = tmp_path / "idx"
+        build(out)
+    finally:
+        os.umask(previous)
+    data = out / read_meta(out)["data"]
+    assert (out.stat().st_mode & 0o777) == 0o755
+    assert (data.stat().st_mode & 0o777) == 0o755
+    assert ((out / "hyde_plus.json").stat().st_mode & 0o777) == 0o644
+    assert not (out / ".hyde-plus-staging").exists()

@@ -74,3 +74,45 @@ def test_no_function_is_longer_than_sixty_lines() -> None:
                 if lines > 60:
                     long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines})")
     assert not long, long
+
+
+def _plan_calls(function: ast.AST) -> set[str]:
+    """The ``plan.<name>`` functions ``function`` calls, directly or through a method
+    of the same class it calls as ``self.<name>``."""
+    return {
+        node.func.attr
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "plan"
+    }
+
+
+def test_sync_and_async_search_execute_the_same_plan() -> None:
+    tree = ast.parse((PACKAGE / "retriever.py").read_text())
+    cls = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TransformRetriever"
+    )
+    methods = {
+        n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    planned = _plan_calls(methods["_planned"])
+    assert "plan" in planned  # the one decision function
+    sync = _plan_calls(methods["search"])
+    asynchronous = _plan_calls(methods["asearch"])
+    assert sync == asynchronous, (sync, asynchronous)
+    assert {"question_first", "context_for", "wants_gate", "gate_verdict"} <= sync
+    for name in ("search", "asearch"):
+        called = {
+            n.func.attr
+            for n in ast.walk(methods[name])
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        }
+        assert "_planned" in called, name
+
+
+def test_the_retriever_names_no_transform() -> None:
+    text = (PACKAGE / "retriever.py").read_text() + (PACKAGE / "plan.py").read_text()
+    for name in ("HyDE", "Rocchio", "MultiQuery", "StepBack", "Decompose", "Rewrite"):
+        assert f"import {name}" not in text and f" {name}(" not in text, name

@@ -202,3 +202,61 @@ async def test_a_set_edited_by_hand_is_never_replaced(tmp_path: Path) -> None:
     assert "My own question?" in (folder / "queries.jsonl").read_text()
     corpus = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines()]
     assert corpus[0]["title"].startswith("doc")  # the chunk's source file
+
+
+def _one_question_set() -> QuestionSet:
+    from llama_index_hyde_plus.evaluation.questions import GeneratedQuestion
+
+    return QuestionSet([GeneratedQuestion("g1", "Who owns service 7?", "doc1.md#1")], [], 1, 0)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        {"name": "my web app", "start_url": "/"},
+        {"format": 1, "name": "a web app that happens to say format 1"},
+        {"format": 1, "files_sha256": "not a digest"},
+    ],
+)
+def test_a_folder_holding_some_manifest_json_is_not_a_set(
+    tmp_path: Path, manifest: dict[str, object]
+) -> None:
+    """A manifest.json is not enough: its own fields must be a set's, else nothing in
+    the folder is touched."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "manifest.json").write_text(json.dumps(manifest))
+    (app / "index.html").write_text("<html>keep</html>")
+    with pytest.raises(ValueError, match="is not a question set written by hyde-plus"):
+        write_question_set(_one_question_set(), chunks(), app, {"docs": "x"})
+    assert sorted(p.name for p in app.iterdir()) == ["index.html", "manifest.json"]
+    assert json.loads((app / "manifest.json").read_text()) == manifest
+    assert [p.name for p in tmp_path.iterdir()] == ["app"]
+
+
+def test_a_set_holding_a_users_file_is_not_replaced(tmp_path: Path) -> None:
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"also holds files hyde-plus did not write \(notes.txt\)"):
+        write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert read_manifest(folder)["docs"] == "x"  # type: ignore[index]
+
+
+def test_replacing_a_set_leaves_only_the_new_set(tmp_path: Path) -> None:
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
+    assert read_manifest(folder)["docs"] == "y"  # type: ignore[index]
+    assert [p.name for p in tmp_path.iterdir()] == ["set"]  # nothing left beside it
+
+
+def test_a_new_set_follows_the_umask(tmp_path: Path) -> None:
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {})
+    finally:
+        os.umask(previous)
+    assert (folder.stat().st_mode & 0o777) == 0o755
+    assert ((folder / "queries.jsonl").stat().st_mode & 0o777) == 0o644

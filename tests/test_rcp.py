@@ -575,13 +575,14 @@ def test_serve_refuses_a_timeout_that_is_not_positive(value: str) -> None:
     )
 
 
-def test_serve_on_loopback_does_not_warn() -> None:
+def test_serve_on_loopback_does_not_warn_and_its_banner_shows_the_timeout() -> None:
     served = Served("--llm", "scripted")
     try:
         assert rcp.connect_http(served.url).ping() == {}
     finally:
         out = served.stop()
     assert "WARNING" not in out
+    assert re.search(r"timeout: [\d.]+ s per LLM call \((local|remote) model policy\)", out), out
 
 
 def test_serve_on_ipv6_loopback_works_or_says_why() -> None:
@@ -613,7 +614,8 @@ def test_serve_timeout_bounds_each_llm_call() -> None:
         assert out["fallback"] is True and out["queries"] == ["slow model"]
         assert time.perf_counter() - start < 2.5
     finally:
-        served.stop()
+        out = served.stop()
+    assert "timeout: 0.3 s per LLM call (--timeout)" in out
 
 
 def test_http_client_disconnect_mid_request_prints_no_traceback() -> None:

@@ -11,16 +11,18 @@ import pytest
 
 from llama_index_hyde_plus.evaluation.runner import TransformReport, verdict
 from llama_index_hyde_plus.evaluation.tune import (
-    CONFIG_FORMAT,
     DEFAULT_TOLERANCE,
-    TransformConfig,
     TuneResult,
     complexity,
     config_payload,
-    label_for,
-    load_config,
     pick_winner,
     write_config,
+)
+from llama_index_hyde_plus.transforms.config import (
+    CONFIG_FORMAT,
+    TransformConfig,
+    label_for,
+    load_config,
 )
 from llama_index_hyde_plus.transforms.registry import make_transform
 from llama_index_hyde_plus.usage import Usage
@@ -159,6 +161,19 @@ def test_write_config_overwrites_an_existing_file(tmp_path: Path) -> None:
     write_config(tune_result({"query_weight": 0.5}), path)
     write_config(tune_result({"query_weight": 0.9}), path)
     assert load_config(path).options == {"query_weight": 0.9}
+
+
+def test_a_written_config_follows_the_umask(tmp_path: Path) -> None:
+    """A service under another account can read the config (it was 0600)."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        path = write_config(tune_result({}), tmp_path / "c.json")
+    finally:
+        os.umask(previous)
+    assert (path.stat().st_mode & 0o777) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
 
 
 def test_write_config_to_a_folder_is_a_value_error_naming_it(tmp_path: Path) -> None:
@@ -351,3 +366,12 @@ def test_a_grid_is_checked_whole_before_any_work() -> None:
     with pytest.raises(ValueError, match="at most"):
         check_grid("rocchio", [{"k": 3}] * (MAX_GRID + 1))
     assert check_grid("rocchio", [{"k": 3}]) == [{"k": 3}]
+
+
+@pytest.mark.parametrize("extreme", [1e200, 1e308, 1e-320])
+def test_a_config_with_extreme_rocchio_weights_is_refused_naming_the_file(
+    tmp_path: Path, extreme: float
+) -> None:
+    path = _config(tmp_path, "rocchio", {"alpha": extreme, "beta": extreme})
+    with pytest.raises(ValueError, match=r"c\.json: .*alpha must"):
+        load_config(path)

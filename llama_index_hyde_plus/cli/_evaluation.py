@@ -107,8 +107,13 @@ def bars(progress: Progress, unit: str, show: bool = True) -> Callable[[str, int
 
 
 def command_line(name: str) -> str | None:
-    """The command as typed, for the report (None when run from Python)."""
-    return f"hyde-plus {name} " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else None
+    """The command as typed, for the report (None when run from Python), with every
+    secret hidden (`redact_argv`: ``--token``, passwords in a URI)."""
+    from .._redact import redact_argv
+
+    if len(sys.argv) <= 2:
+        return None
+    return f"hyde-plus {name} " + shlex.join(redact_argv(sys.argv[2:]))
 
 
 def cache_root(given: Path | None) -> Path:

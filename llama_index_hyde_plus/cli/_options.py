@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..stores import STORE_KINDS
+from ..timeouts import POLICY
 
 MODEL_HELP = "auto, local or openai[:MODEL]."
 
@@ -15,7 +16,9 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens
 Llm = Annotated[str, typer.Option(help=MODEL_HELP)]
 Embed = Annotated[str, typer.Option(help=MODEL_HELP)]
 Temperature = Annotated[float | None, typer.Option(help="LLM temperature.")]
-Timeout = Annotated[float | None, typer.Option(help="Seconds the LLM may take (default 120).")]
+Timeout = Annotated[
+    float | None, typer.Option(help=f"Seconds one LLM call may take (default: {POLICY}).")
+]
 Uri = Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL (hybrid search).")]
 Collection = Annotated[str, typer.Option(help="Milvus collection name.")]
 Token = Annotated[str | None, typer.Option(help="Milvus cluster token.", envvar="MILVUS_TOKEN")]

@@ -51,6 +51,7 @@ class DocsChoice:
         """Flag errors before anything loads (``out``: the results folder, which must
         not be read back as a document either)."""
         from ..chunking import Chunking
+        from ..evaluation.questions import check_set_folder
 
         if not self.docs.is_dir():
             raise ValueError(f"--docs must be a folder: {self.docs}")
@@ -65,13 +66,7 @@ class DocsChoice:
             raise ValueError(f"--questions must be >= 1, not {self.questions}")
         if self.qrels is not None and not self.qrels.is_file():
             raise ValueError(f"--qrels must be a file: {self.qrels}")
-        folder = self.folder.expanduser()
-        if folder.is_file() or (
-            folder.is_dir() and any(folder.iterdir()) and not (folder / "manifest.json").is_file()
-        ):
-            raise ValueError(
-                f"--questions-dir {folder} exists and is not a question set; choose another"
-            )
+        check_set_folder(self.folder)
         Chunking(self.chunk_size, self.chunk_overlap).check(max_length)
 
 

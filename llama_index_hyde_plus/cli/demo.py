@@ -100,7 +100,6 @@ def _searches(
         "prompt": DEMO_PROMPT,
         "num_passages": num_passages,
         "max_characters": 600,
-        "timeout": 300,
         "cache": MemoryCache(),  # both HyDE searches below use the same passages
     }
     paper = HyDE(llm, include_query=True, **options)

@@ -24,7 +24,7 @@ from ._evaluation import (
 
 def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
     from ..evaluation.runner import TransformSpec, parse_transform_spec, split_transforms
-    from ..evaluation.tune import load_config
+    from ..transforms.config import load_config
 
     specs = [parse_transform_spec(name) for name in split_transforms(transforms)]
     for path in config_files or []:

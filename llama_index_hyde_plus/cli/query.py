@@ -14,7 +14,9 @@ from rich.table import Table
 
 from ..retriever import SearchResult, TransformRetriever
 from ..stores import open_store
-from ..transforms.registry import METHODS, TRANSFORMS, make_transform, transform_class
+from ..transforms.config import load_config
+from ..transforms.factory import build, resolve_name
+from ..transforms.registry import METHODS, TRANSFORMS, transform_class
 from ._console import (
     check_choice,
     console,
@@ -47,11 +49,6 @@ IncludeQuery = Annotated[
     ),
 ]
 Prompt = Annotated[str | None, typer.Option(help="Custom prompt template with {query}.")]
-
-
-DEFAULT_TIMEOUT_S = 120.0
-"""The CLI's LLM timeout when neither --timeout nor a config sets one (a loaded
-local model can take a while)."""
 
 
 def transform_options(
@@ -96,42 +93,48 @@ def _search(
     retriever: Any,
     top_k: int,
 ) -> tuple[str, SearchResult]:
-    from ..evaluation.tune import load_config
     from ..models import describe_llm, resolve_llm
 
-    if config_file is not None:
-        tuned = load_config(config_file)
-        if transform is not None and transform != tuned.transform:
-            raise ValueError(
-                f"--config {config_file} is a {tuned.transform} config; drop -t {transform} "
-                "or use a config of that transform"
-            )
-        transform = tuned.transform
-        # flags given on the command line win over the config, which wins over defaults
-        options = {**tuned.options, **transform_options(transform, **options)}
-    else:
-        transform = transform or "hyde"
-        options = transform_options(transform, **options)
-    if transform_class(transform).uses_llm:
-        options.setdefault("timeout", DEFAULT_TIMEOUT_S)
-    model = resolve_llm(llm) if transform_class(transform).uses_llm else None
-    transformer = make_transform(transform, model, **options)
+    config = load_config(config_file) if config_file is not None else None
+    try:
+        method = resolve_name(transform, config)
+    except ValueError:
+        raise ValueError(
+            f"--config {config_file} is a {config.transform if config else '?'} config; "
+            f"drop -t {transform} or use a config of that transform"
+        ) from None
+    # flags given on the command line win over the config, which wins over defaults
+    given = transform_options(method, **options)
+    model = resolve_llm(llm) if transform_class(method).uses_llm else None
+    transformer = build(method, model, given, config=config)
     searcher = TransformRetriever(retriever, transformer, top_k=top_k)
     if model is None:
-        return transform, searcher.search(question)
-    with working(f"{transform}: {describe_llm(model)} is writing"):
-        return transform, searcher.search(question)
+        return method, searcher.search(question)
+    with working(f"{method}: {describe_llm(model)} is writing"):
+        return method, searcher.search(question)
 
 
 def source_of(item: NodeWithScore) -> str:
-    """Where a result comes from: its file, and which chunk of it when there are several
-    (``guide.md #3/12``); its id when no file is recorded."""
+    """Where a result comes from, as ``file#chunk`` (``guide.md#3``; the file alone when
+    it is one chunk, ``file:id`` for a line of a ``.jsonl`` file); its id when no file
+    is recorded (an index built from BEIR documents)."""
     meta = item.node.metadata
-    source = str(meta.get("source") or item.node.node_id)
+    source = meta.get("source")
+    if not source:
+        return item.node.node_id
+    label = str(source)
+    doc_id = meta.get("doc_id")
+    if doc_id and str(doc_id) != label:
+        label += f":{doc_id}"
     chunks = meta.get("chunks")
     if isinstance(chunks, int) and chunks > 1:
-        source += f" #{meta.get('chunk')}/{chunks}"
-    return source
+        label += f"#{meta.get('chunk')}"
+    return label
+
+
+def file_of(item: NodeWithScore) -> str:
+    """The file a result comes from (its id when no file is recorded)."""
+    return str(item.node.metadata.get("source") or item.node.node_id)
 
 
 @dataclass(frozen=True)
@@ -150,27 +153,36 @@ def result_rows(nodes: list[NodeWithScore], group_by_file: bool, top_k: int) -> 
         return [Row(x) for x in nodes[:top_k]]
     rows: dict[str, Row] = {}
     for x in nodes:
-        key = str(x.node.metadata.get("source") or x.node.node_id)
+        key = file_of(x)
         found = rows.get(key)
         rows[key] = Row(found.item, found.hits + 1) if found else Row(x)
     return list(rows.values())[:top_k]
 
 
-def _results_table(title: str, rows: list[Row], group_by_file: bool) -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
+#: Lines of text each result may take in the table.
+TEXT_LINES = 3
+
+
+def _results_table(title: str, rows: list[Row], group_by_file: bool, width: int) -> Table:
+    """Rank, score, source and as much text as ``width`` columns leave room for (the
+    source takes at most a third of them)."""
+    sources = [file_of(row.item) if group_by_file else source_of(row.item) for row in rows]
+    source_width = min(max((len(x) for x in sources), default=6), max(12, width // 3))
+    table = Table(title=title, title_justify="left", expand=True)
     for name in ("#", "score"):
-        table.add_column(name, justify="right")
-    table.add_column("id")
-    table.add_column("source")
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold", max_width=source_width)
     if group_by_file:
-        table.add_column("chunks found", justify="right")
-    table.add_column("text", overflow="fold", max_width=70)
-    for rank, row in enumerate(rows, 1):
+        table.add_column("chunks", justify="right", no_wrap=True)
+    table.add_column("text", overflow="fold", ratio=1)
+    room = max(20, width - source_width - (30 if group_by_file else 22)) * TEXT_LINES
+    for rank, (row, source) in enumerate(zip(rows, sources), 1):
         item = row.item
         score = f"{item.score:.3f}" if item.score is not None else "-"
-        text = item.node.get_content().replace("\n", " ")[:200]
-        cells = [str(rank), score, item.node.node_id, source_of(item)]
-        table.add_row(*cells, *([str(row.hits)] if group_by_file else []), text)
+        text = " ".join(item.node.get_content().split())
+        text = text if len(text) <= room else text[: room - 3] + "..."
+        hits = [str(row.hits)] if group_by_file else []
+        table.add_row(str(rank), score, source, *hits, text)
     return table
 
 
@@ -273,7 +285,7 @@ def _show(
     print_transform(result)
     what = " files" if group_by_file else ""
     title = f"Top {top_k}{what} for {question!r} ({transform})"
-    console.print(_results_table(title, rows, group_by_file))
+    console.print(_results_table(title, rows, group_by_file, console.width))
     cost = f"{usage_line(result.transform.usage)}; " if result.transform.usage.calls else ""
     console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
 
@@ -307,9 +319,8 @@ def transform_cmd(
             include_query=include_query,
             prompt=prompt,
         )
-        options.setdefault("timeout", DEFAULT_TIMEOUT_S)
         model = resolve_llm(llm)
-        transformer = make_transform(method, model, **options)
+        transformer = build(method, model, options)
         with working(f"{method}: {describe_llm(model)} is writing"):
             result = transformer.transform_safe(question)
     sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -12,6 +12,7 @@ import typer
 from rich.panel import Panel
 
 from ..stores import Store, open_store
+from ..timeouts import POLICY, describe_timeout
 from ._console import err, fail, reported, setup_logging, warm_up
 from ._options import Collection, IndexPath, Uri, Verbose
 
@@ -71,7 +72,7 @@ def _bind(host: str, port: int, token: str | None) -> socket.socket:
 
 def _tuned_options(config_files: list[Path] | None) -> dict[str, dict[str, Any]]:
     """Options by method from `hyde-plus tune` configs (one per method)."""
-    from ..evaluation.tune import load_config
+    from ..transforms.config import load_config
     from ..transforms.registry import METHODS
 
     tuned: dict[str, dict[str, Any]] = {}
@@ -132,7 +133,7 @@ def serve(
     ] = "auto",
     timeout: Annotated[
         float | None,
-        typer.Option(help="Seconds per transform LLM call before falling back (default 10)."),
+        typer.Option(help=f"Seconds per LLM call before falling back (default: {POLICY})."),
     ] = None,
     max_inflight: Annotated[
         int, typer.Option(help="HTTP requests served at once; more get 503 / -32010.")
@@ -178,7 +179,8 @@ def _run(
     name = describe_llm(service.llm)
     what = (
         f"index: {store.describe() if store else 'none'}, "
-        f"llm: {name if name == llm else f'{name} ({llm})'}"
+        f"llm: {name if name == llm else f'{name} ({llm})'}, "
+        f"timeout: {describe_timeout(service.llm, service.timeout)}"
     )
     if sock is None:
         err.print(f"RCP server on stdio ({what})")

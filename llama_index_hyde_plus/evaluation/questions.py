@@ -23,7 +23,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import TextNode
 
 from .. import _llm
+from .._files import make_folder_beside
 
 QUESTION_PROMPT = (
     "Read the passage and write one question that a user of this document collection "
@@ -318,11 +318,9 @@ def write_beir_folder(
     ``folder``: written beside and renamed into place, so an interrupted run never
     leaves half a set; an existing folder that is not a set is refused."""
     folder = folder.expanduser()
-    is_set = (folder / "manifest.json").is_file()
-    if folder.exists() and not is_set and (folder.is_file() or any(folder.iterdir())):
-        raise ValueError(f"{folder} exists and is not a question set; choose another folder")
+    check_set_folder(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    tmp = make_folder_beside(folder.parent, f".{folder.name}-")
     try:
         _write_files(tmp, chunks, queries, judgments, rejected)
         _write_manifest(tmp, {"format": SET_FORMAT, **manifest, "files_sha256": _set_digest(tmp)})
@@ -349,22 +347,79 @@ def edited(folder: Path) -> bool:
     return recorded is not None and recorded != _set_digest(folder.expanduser())
 
 
+#: Every file a question set holds (relative to its folder); nothing else is deleted.
+SET_FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "rejected.jsonl", "manifest.json")
+
+
+def _foreign(folder: Path) -> list[str]:
+    """What ``folder`` holds besides the files of a set (links count as foreign)."""
+    mine = {Path(name) for name in SET_FILES} | {Path("qrels")}
+    found = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        ok = rel in mine and not path.is_symlink()
+        if not ok or (path.is_dir() != (rel == Path("qrels"))):
+            found.append(str(rel))
+    return found
+
+
+def check_set_folder(folder: Path, flag: str = "--questions-dir") -> None:
+    """A `ValueError` unless ``folder`` is absent, an empty folder, or a question set
+    this tool wrote: its ``manifest.json`` carries the set's own fields (`read_manifest`)
+    and it holds nothing but the set's files, so replacing it deletes nothing else."""
+    folder = folder.expanduser()
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise ValueError(f"{flag} {folder} is not a folder; choose a new or empty folder")
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    if read_manifest(folder) is None:
+        raise ValueError(
+            f"{flag} {folder} exists and is not a question set written by hyde-plus "
+            "(no manifest.json of one); it is kept: choose a new or empty folder"
+        )
+    foreign = _foreign(folder)
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise ValueError(
+            f"{flag} {folder} is a question set but also holds files hyde-plus did not "
+            f"write ({', '.join(foreign[:5])}{more}); it is kept: move them or choose "
+            "another folder"
+        )
+
+
 def _replace(tmp: Path, folder: Path) -> None:
-    """Move the new set ``tmp`` to ``folder``, never over a set edited by hand."""
+    """Move the new set ``tmp`` to ``folder``, never over a set edited by hand; the old
+    set is moved aside first and only its own files are deleted."""
     if folder.exists() and edited(folder):
         raise ValueError(
             f"the question set in {folder} was edited since it was written; it is kept: "
             "move it or choose another --questions-dir (use it as it is with --dataset)"
         )
     try:
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        if folder.is_dir() and any(folder.iterdir()):
+            check_set_folder(folder)  # again, just before it is replaced
+            aside = make_folder_beside(folder.parent, f".{folder.name}-old-")
+            os.replace(folder, aside)
+            os.replace(tmp, folder)
+            _remove_set(aside)
+        else:
+            os.replace(tmp, folder)
     except OSError as exc:
         raise ValueError(
             f"could not write the question set {folder} ({exc.strerror}): is another run "
             "writing it at the same time? Run one at a time or use another --questions-dir"
         ) from exc
+
+
+def _remove_set(folder: Path) -> None:
+    """Delete the files of a set at ``folder`` and the folder, if nothing else is there."""
+    for name in SET_FILES:
+        (folder / name).unlink(missing_ok=True)
+    for empty in (folder / "qrels", folder):
+        try:
+            empty.rmdir()
+        except OSError:
+            return  # something else appeared: leave it
 
 
 def _jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -399,12 +454,19 @@ def mark_tuned(folder: Path) -> None:
         _write_manifest(folder.expanduser(), {**manifest, "tuned": True})
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of the question set at ``folder`` (None when there is none or it
-    is unreadable: the set is then written anew)."""
+    """The manifest of the question set at ``folder``: None when there is none, it is
+    unreadable, or it lacks a set's own fields (``format`` and ``files_sha256``, which
+    `write_beir_folder` writes): then the folder is no set of ours."""
     path = folder.expanduser() / "manifest.json"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
-    return data if isinstance(data, dict) and data.get("format") == SET_FORMAT else None
+    if not isinstance(data, dict) or data.get("format") != SET_FORMAT:
+        return None
+    digest = data.get("files_sha256")
+    return data if isinstance(digest, str) and _SHA256.fullmatch(digest) else None

@@ -20,15 +20,14 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
+from .._suggest import did_you_mean
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..stores import Store, store_for
-from ..transforms.hyde import HyDE
-from ..transforms.prompts import HYDE_PAPER_PROMPTS
+from ..transforms.factory import build
 from ..transforms.registry import (
     TRANSFORMS,
     check_options,
-    make_transform,
     transform_class,
     uses_llm,
 )
@@ -115,7 +114,8 @@ def _checked(spec: TransformSpec) -> TransformSpec:
         name = transform_class(spec.name).method
     except ValueError:
         raise ValueError(
-            f"unknown transform {spec.name!r} in {spec.label!r}; use one of {', '.join(TRANSFORMS)}"
+            f"unknown transform {spec.name!r} in {spec.label!r}"
+            f"{did_you_mean(spec.name, TRANSFORMS)}; use one of {', '.join(TRANSFORMS)}"
         ) from None
     try:
         check_options(name, dict(spec.options))
@@ -307,17 +307,9 @@ def needs_llm(name: str) -> bool:
 def build_transform(
     spec: TransformSpec, llm: LLM | None, cache: TransformCache | None, hyde_prompt: str | None
 ) -> Any:
-    options = dict(spec.options)
-    if not needs_llm(spec.name):
-        return make_transform(spec.name, None, **options)
-    if issubclass(transform_class(spec.name), HyDE) and hyde_prompt and "prompt" not in options:
-        options["prompt"] = HYDE_PAPER_PROMPTS.get(hyde_prompt, hyde_prompt)
-    if cache is not None:
-        options["cache"] = cache
-    # an evaluation wants every generation, not a latency bound: a slow local model
-    # under load must not turn into fallbacks
-    options.setdefault("timeout", 600.0)
-    return make_transform(spec.name, llm, **options)
+    """The transform of ``spec`` (through `transforms.factory.build`: the timeout is
+    the one policy, by the model's kind)."""
+    return build(spec.name, llm, spec.options, cache=cache, task=hyde_prompt)
 
 
 @dataclass

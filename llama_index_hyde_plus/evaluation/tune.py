@@ -8,9 +8,7 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 from __future__ import annotations
 
 import json
-import math
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from llama_index.core.llms import LLM
 
+from .._files import write_text_atomic
+from .._suggest import did_you_mean
+from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
 from .runner import (
@@ -34,10 +35,8 @@ from .runner import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-CONFIG_FORMAT = 1
 MAX_GRID = 500
 """The most configurations one sweep may hold."""
-MAX_CONFIG_BYTES = 1 << 20
 DEFAULT_TOLERANCE = 0.002
 """nDCG@10 (0-1 scale) within which a simpler configuration is preferred to the best."""
 
@@ -97,17 +96,6 @@ def complexity(options: dict[str, Any]) -> int:
     return level
 
 
-def label_for(name: str, options: dict[str, Any]) -> str:
-    """``hyde:query_weight=0.8,gate=0.5``: the `eval` spelling of a configuration."""
-    if not options:
-        return name
-    return name + ":" + ",".join(f"{k}={_fmt(v)}" for k, v in options.items())
-
-
-def _fmt(value: Any) -> str:
-    return "none" if value is None else str(value)
-
-
 @dataclass
 class TuneResult:
     """A sweep's reports (grid order), the baseline, the best and the chosen one."""
@@ -156,7 +144,10 @@ def run_tune(
     `EvalSession` options (`SessionOptions`: models, cache, store, depth...)."""
     name = transform.strip().lower()
     if name not in TRANSFORMS or name == "none":
-        raise ValueError(f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}")
+        raise ValueError(
+            f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}"
+            f"{did_you_mean(transform, TRANSFORMS[1:])}"
+        )
     if not 0 <= tolerance < 1:
         raise ValueError("tolerance must be between 0 and 1 (nDCG@10 is 0-1)")
     configs = check_grid(name, grid if grid is not None else transform_class(name).tune_grid())
@@ -238,16 +229,10 @@ def config_payload(result: TuneResult) -> dict[str, Any]:
 
 
 def write_config(result: TuneResult, path: Path) -> Path:
-    """Write the winner as JSON to ``path`` (atomically: a temporary file renamed)."""
+    """Write the winner as JSON to ``path`` (atomically: a temporary file renamed; the
+    permissions the umask gives)."""
     path = check_writable(path, "--out")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(config_payload(result), indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(config_payload(result), indent=2) + "\n")
     return path
 
 
@@ -265,47 +250,3 @@ def check_writable(path: Path, what: str) -> Path:
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise ValueError(f"{what}: cannot write in {parent}")
     return path
-
-
-@dataclass(frozen=True)
-class TransformConfig:
-    """A transform name and its options, as `tune` writes them."""
-
-    transform: str
-    options: dict[str, Any]
-
-    @property
-    def label(self) -> str:
-        return label_for(self.transform, self.options)
-
-
-def load_config(path: Path | str) -> TransformConfig:
-    """Read a config file written by `write_config`; a clear `ValueError` naming the
-    file when it is missing, not JSON, or not a hyde-plus config."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise ValueError(f"--config must be a file, not a folder: {p}")
-    if not p.is_file():
-        raise ValueError(f"config file not found: {p}")
-    if p.stat().st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"{p} is over 1 MiB: not a hyde-plus config")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{p} is not a JSON config file ({type(exc).__name__})") from exc
-    version = data.get("hyde_plus_config") if isinstance(data, dict) else None
-    if type(version) is not int or version != CONFIG_FORMAT:
-        raise ValueError(f"{p} is not a hyde-plus config (write one with `hyde-plus tune`)")
-    name, options = data.get("transform"), data.get("options", {})
-    if not isinstance(name, str) or name not in TRANSFORMS:
-        raise ValueError(f"{p}: 'transform' must be one of {', '.join(TRANSFORMS)}")
-    if not isinstance(options, dict):
-        raise ValueError(f"{p}: 'options' must be an object")
-    for key, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{p}: option {key!r} must be finite")
-    try:
-        check_options(name, options)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{p}: {exc}") from exc
-    return TransformConfig(name, dict(options))

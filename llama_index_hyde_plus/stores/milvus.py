@@ -41,7 +41,9 @@ class MilvusStore(Store):
 
     @property
     def location(self) -> str:
-        return f"collection {self.collection!r} at {self.uri}"
+        from .._redact import redact_uri
+
+        return f"collection {self.collection!r} at {redact_uri(self.uri)}"
 
     def check_target(self, docs: Path | None = None) -> None:
         from ..milvus import is_local_uri

@@ -23,6 +23,48 @@ from ..usage import Usage, sum_usage
 logger = logging.getLogger(__name__)
 
 
+def check_int(value: Any, name: str, low: int, high: int | None) -> int:
+    """``value`` if it is an int (not a bool) in ``[low, high]``; else a `TypeError` or
+    a `ValueError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ValueError(f"{name} must be {bound}, not {value}")
+    return value
+
+
+def check_number(value: Any, name: str, low: float, high: float) -> float:
+    """``value`` as a float if it is a finite real number (not a bool) in
+    ``[low, high]``; else a `TypeError` or a `ValueError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(
+            f"{name} must be a finite number between {low:g} and {high:g}, not {value!r}"
+        )
+    return float(value)
+
+
+FEEDBACK_WEIGHTS = (1e-6, 1e6)
+"""The range of a non-zero Rocchio weight (``alpha``, ``beta``). Only their ratio
+matters (the search vector is scaled to unit length), and beyond this range the
+arithmetic overflows or underflows to a zero vector that ranks nothing."""
+
+
+def check_feedback_weight(value: Any, name: str) -> float:
+    """``value`` as a float if it is 0 or in `FEEDBACK_WEIGHTS`; else a `TypeError` or
+    a `ValueError` naming ``name``."""
+    low, high = FEEDBACK_WEIGHTS
+    weight = check_number(value, name, 0.0, high)
+    if 0 < weight < low:
+        raise ValueError(
+            f"{name} must be 0 or between {low:g} and {high:g} (only the ratio of alpha "
+            f"to beta matters), not {value!r}"
+        )
+    return weight
+
+
 @dataclass(frozen=True)
 class SearchSpec:
     """One search a transform asks for.
@@ -72,10 +114,7 @@ class Guards:
     feedback_beta: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.context_k, bool) or not isinstance(self.context_k, int):
-            raise TypeError("context_k must be an int")
-        if not 0 <= self.context_k <= 20:
-            raise ValueError("context_k must be between 0 and 20")
+        check_int(self.context_k, "context_k", 0, 20)
         if self.strategy not in ("replace", "rerank"):
             raise ValueError(f"strategy must be 'replace' or 'rerank', not {self.strategy!r}")
         check_weight(self.blend, "blend", allow_none=False)
@@ -85,16 +124,9 @@ class Guards:
             if not -1.0 <= float(self.gate) <= 1.0:  # NaN fails this too
                 raise ValueError("gate must be a cosine similarity between -1 and 1, or None")
             object.__setattr__(self, "gate", float(self.gate))
-        if isinstance(self.feedback_k, bool) or not isinstance(self.feedback_k, int):
-            raise TypeError("feedback_k must be an int")
-        if not 0 <= self.feedback_k <= 100:
-            raise ValueError("feedback_k must be between 0 and 100")
+        check_int(self.feedback_k, "feedback_k", 0, 100)
         for name in ("feedback_alpha", "feedback_beta"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0")
+            object.__setattr__(self, name, check_feedback_weight(getattr(self, name), name))
 
     @property
     def needs_question_hits(self) -> bool:
@@ -285,17 +317,6 @@ MAX_N = 10
 """The most queries (``n``) or passages a transform writes per question."""
 
 
-def check_int(value: Any, name: str, low: int, high: int | None) -> int:
-    """``value`` if it is an int (not a bool) in ``[low, high]``; else a `TypeError` or
-    a `ValueError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"between {low} and {high}"
-        raise ValueError(f"{name} must be {bound}, not {value}")
-    return value
-
-
 def validate_query(query: Any) -> str:
     """``query`` if it is a non-empty string, else a `TypeError`/`ValueError`."""
     if not isinstance(query, str):
@@ -433,6 +454,18 @@ class QueryTransformer(BaseQueryTransform):
         query). A class without search options has one: its defaults."""
         return [{}]
 
+    @classmethod
+    def prompt_for_task(cls, task: str) -> str | None:
+        """The prompt this transform uses for ``task`` (a dataset name, or a template
+        given as is), or None when it has no task-specific prompts."""
+        return None
+
+    def search_advice(self, search_type: str) -> str | None:
+        """A warning for a `TransformRetriever` whose store matches by ``search_type``
+        (``dense``, ``keyword``, ``hybrid``) when this transform is configured in a way
+        that store serves badly; None when there is nothing to say."""
+        return None
+
     def transform(self, query: str) -> Any:
         """Rewrite ``query``. Returns a `TransformResult` (built-ins) or, in a user's
         subclass, a ``str`` / ``list[str]`` / `TransformResult`."""
@@ -545,6 +578,9 @@ class ChainTransform(QueryTransformer):
     @property
     def default_fusion(self) -> FusionMode:  # type: ignore[override]
         return self.first.default_fusion
+
+    def search_advice(self, search_type: str) -> str | None:
+        return self.first.search_advice(search_type) or self.second.search_advice(search_type)
 
     @property
     def method(self) -> str:  # type: ignore[override]

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
-from .base import Guards, QueryTransformer, TransformResult, validate_query
+from .base import (
+    Guards,
+    QueryTransformer,
+    TransformResult,
+    check_feedback_weight,
+    check_int,
+    validate_query,
+)
 
 
 class Rocchio(QueryTransformer):
@@ -34,16 +40,12 @@ class Rocchio(QueryTransformer):
         k = self.DEFAULT_K if k is None else k
         alpha = self.DEFAULT_ALPHA if alpha is None else alpha
         beta = self.DEFAULT_BETA if beta is None else beta
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 100:
-            raise ValueError("k must be an int between 1 and 100")
-        for name, value in (("alpha", alpha), ("beta", beta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0")
+        check_int(k, "k", 1, 100)
+        alpha = check_feedback_weight(alpha, "alpha")
+        beta = check_feedback_weight(beta, "beta")
         if alpha == 0 and beta == 0:
             raise ValueError("alpha and beta cannot both be 0")
-        self.k, self.alpha, self.beta = k, float(alpha), float(beta)
+        self.k, self.alpha, self.beta = k, alpha, beta
         self.guards = Guards(feedback_k=k, feedback_alpha=self.alpha, feedback_beta=self.beta)
 
     @classmethod

@@ -16,7 +16,7 @@ from .base import Guards, Strategy, TransformResult, check_int
 from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
 from .parsing import dedupe, trim_passage
-from .prompts import GROUNDING_PREFIX, HYDE_PROMPT
+from .prompts import GROUNDING_PREFIX, HYDE_PAPER_PROMPTS, HYDE_PROMPT
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -169,6 +169,12 @@ class HyDE(LLMTransform):
         return "num_passages"
 
     @classmethod
+    def prompt_for_task(cls, task: str) -> str | None:
+        """The HyDE paper's prompt for ``task`` (scifact, fiqa, trec-covid...), else
+        ``task`` itself as a template."""
+        return HYDE_PAPER_PROMPTS.get(task, task)
+
+    @classmethod
     def tune_grid(cls) -> list[dict[str, object]]:
         """Query weight (replace) or blend (rerank), each without and with a gate, free
         and grounded; passages only (weight 0, the paper without the query) and the
@@ -201,6 +207,15 @@ class HyDE(LLMTransform):
         stage.guards = Guards()
         return stage
 
+    def search_advice(self, search_type: str) -> str | None:
+        if self.include_query or search_type not in ("keyword", "hybrid"):
+            return None
+        return (
+            f"HyDE has include_query=False but the retriever uses {search_type} search: "
+            "keyword matching will see only the generated passage, not the user's words. "
+            "Use HyDE(include_query=True) for keyword and hybrid search."
+        )
+
     @property
     def grounded(self) -> int:
         """How many of the question's hits the prompt shows (0: free generation)."""
@@ -225,6 +240,9 @@ class HyDE(LLMTransform):
         """Tokens a passage may take: what ``max_characters`` can keep, so nothing is
         generated only to be trimmed away."""
         return max(1, -(-self.max_characters // self.CHARACTERS_PER_TOKEN))
+
+    def _reply_tokens(self) -> int | None:
+        return self.max_tokens
 
     def _call_kwargs(self) -> dict[str, object]:
         kwargs = super()._call_kwargs()

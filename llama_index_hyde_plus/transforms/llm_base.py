@@ -26,18 +26,16 @@ from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
 from .. import _llm
-from ..cache import MemoryCache, TransformCache, cache_key
+from ..cache import TransformCache, cache_key, holds_objects
 from ..reliability import CircuitOpenError, RetryPolicy
 from ..singleflight import SingleFlight
+from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
 from .options import LLMOptions, breaker_from, check_option_names
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-DEFAULT_TIMEOUT_S = 10.0
-"""Default bound on one transform's LLM work, retries included (seconds)."""
 
 
 class UnusableReplyError(ValueError):
@@ -85,9 +83,6 @@ class LLMTransform(QueryTransformer):
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query"})
     uses_llm: ClassVar[bool] = True
 
-    DEFAULT_TIMEOUT_S: ClassVar[float | None] = DEFAULT_TIMEOUT_S
-    """``timeout`` when none is given (seconds; retries included)."""
-
     def __init__(self, llm: LLM | None = None, **options: Unpack[LLMOptions]) -> None:
         super().__init__()
         check_option_names(type(self).__name__, options)
@@ -99,7 +94,7 @@ class LLMTransform(QueryTransformer):
         temperature = _number(options.get("temperature"), "temperature")
         if temperature is not None and not 0 <= temperature <= 2:
             raise ValueError("temperature must be between 0 and 2")
-        timeout = _number(options.get("timeout", self.DEFAULT_TIMEOUT_S), "timeout")
+        timeout = _number(options.get("timeout"), "timeout")
         if timeout is not None and not 0 < timeout < 1e6:
             raise ValueError("timeout must be > 0 seconds (and finite)")
         retry = options.get("retry")
@@ -107,7 +102,8 @@ class LLMTransform(QueryTransformer):
         self._llm = llm
         self._prompt = _template(options.get("prompt") or self.default_prompt, self.prompt_vars)
         self.temperature = temperature
-        self.timeout = timeout
+        self._timeout = timeout
+        self._timeout_given = "timeout" in options
         self.prices = dict(prices) if prices else None
         self._callback_manager = options.get("callback_manager")
         self.cache = cache
@@ -119,6 +115,19 @@ class LLMTransform(QueryTransformer):
     def llm(self) -> LLM:
         """The transform's own LLM; ``Settings.llm`` when none was given."""
         return self._llm if self._llm is not None else Settings.llm
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds one LLM call may take, retries included: the ``timeout`` option when
+        given (None: no bound), else the one policy for this transform's model
+        (`timeouts.timeout_for`: by the model's kind and the tokens it may write)."""
+        if self._timeout_given:
+            return self._timeout
+        return timeout_for(self.llm, self._reply_tokens())
+
+    def _reply_tokens(self) -> int | None:
+        """The most tokens one reply of this transform needs (None: the model's cap)."""
+        return None
 
     @property
     def prompt(self) -> BasePromptTemplate:
@@ -206,7 +215,7 @@ class LLMTransform(QueryTransformer):
         if result.fallback:
             return  # never cache an outage
         try:
-            value: Any = result if isinstance(self.cache, MemoryCache) else result.to_dict()
+            value: Any = result if holds_objects(self.cache) else result.to_dict()
             self.cache.set(key, value)
         except Exception as exc:
             logger.warning("transform cache write failed (%s)", exc)
@@ -217,7 +226,7 @@ class LLMTransform(QueryTransformer):
         return replace(result, include_query=self.include_query, **changes)
 
     def _cache_io_is_blocking(self) -> bool:
-        return not isinstance(self.cache, MemoryCache)
+        return self.cache is not None and not holds_objects(self.cache)
 
     def _key(self, query: str, context: Sequence[str] | None) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the

@@ -7,7 +7,6 @@ keyword arguments of its class; these shared ones arrive as ``**options`` typed 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
@@ -25,8 +24,8 @@ class LLMOptions(TypedDict, total=False):
     - ``prompt``: a template with ``{query}`` (and the transform's other placeholders)
       replacing the default; also swappable later with ``update_prompts``.
     - ``temperature``: passed on every call; ``None`` keeps the LLM's own.
-    - ``timeout``: seconds for one transform's LLM work, retries included (the class's
-      ``DEFAULT_TIMEOUT_S`` when absent; ``None``: no bound).
+    - ``timeout``: seconds for one LLM call, retries included (absent: the one policy
+      of `timeouts.timeout_for`, by the model's kind; ``None``: no bound).
     - ``prices``: USD per 1M tokens by model id, for the cost in ``usage``.
     - ``callback_manager``: where LLM events are reported besides the LLM's own
       manager (``Settings.callback_manager`` when absent).
@@ -60,18 +59,10 @@ def check_option_names(owner: str, options: Mapping[str, Any]) -> None:
 
 def breaker_from(options: Mapping[str, Any], name: str) -> CircuitBreaker | None:
     """The breaker ``options`` ask for: a new one named ``name`` when absent, none for
-    ``None``. The old ``True``/``False`` flags still work, with a `DeprecationWarning`."""
+    ``None``; anything else but a `CircuitBreaker` is a `TypeError`."""
     if "breaker" not in options:
         return CircuitBreaker(name=name)
     breaker = options["breaker"]
-    if isinstance(breaker, bool):
-        warnings.warn(
-            "breaker=True/False is deprecated: omit breaker for a new one, pass None for "
-            "none, or pass a CircuitBreaker",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        return CircuitBreaker(name=name) if breaker else None
     if breaker is None or isinstance(breaker, CircuitBreaker):
         return breaker
     raise TypeError("breaker must be a CircuitBreaker or None")

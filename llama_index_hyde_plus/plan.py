@@ -1,0 +1,167 @@
+"""The search plan: what `TransformRetriever` does with a transform's output, as data.
+
+One pure function, `plan`, turns ``(result, guards, hits)`` into the step to carry
+out (rerank the question's hits, keep them, Rocchio feedback, or a fan-out of searches
+with their fusion weights); `question_first`, `wants_gate` and `gate_verdict` decide
+what happens before it. Nothing here embeds, searches or names a transform: the sync
+and async search paths both execute these decisions and differ only in their I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .transforms.base import Guards, SearchSpec, TransformResult
+
+__all__ = [
+    "Fanout",
+    "Feedback",
+    "KeepHits",
+    "Plan",
+    "Rerank",
+    "Step",
+    "context_for",
+    "degraded",
+    "gate_verdict",
+    "non_finite",
+    "plan",
+    "question_first",
+    "wants_gate",
+]
+
+
+@dataclass(frozen=True)
+class Rerank:
+    """Reorder the question's own hits by ``(1 - blend) * score + blend * similarity``
+    to the mean of ``passages``."""
+
+    passages: tuple[str, ...]
+    blend: float
+
+
+@dataclass(frozen=True)
+class KeepHits:
+    """The question's own hits, as found (an expansion that cannot be used)."""
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """Search with ``alpha * e(question) + beta * mean(vectors of the top k hits)``."""
+
+    k: int
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """One search per spec, fused with the specs' weights; ``reuse[i]`` says spec ``i``
+    is the plain question, whose hits were already fetched."""
+
+    specs: tuple[SearchSpec, ...]
+    reuse: tuple[bool, ...]
+
+    def todo(self) -> list[int]:
+        """Indexes of the specs that still need a search."""
+        return [i for i, done in enumerate(self.reuse) if not done]
+
+
+Step = Rerank | KeepHits | Feedback | Fanout
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The step to carry out, and which guard had to be dropped for want of an
+    embedding model (None when none was)."""
+
+    step: Step
+    missing_embedder: str | None = None
+
+
+def question_first(guards: Guards) -> bool:
+    """Whether the question is searched before the transform runs (grounding, rerank
+    and feedback read its hits)."""
+    return guards.needs_question_hits
+
+
+def context_for(guards: Guards, hits: Sequence[Any] | None) -> list[str] | None:
+    """The question's top passages a grounded transform is shown (None: not grounded)."""
+    if not guards.context_k or not hits:
+        return None
+    return [item.node.get_content() for item in hits[: guards.context_k]]
+
+
+def _expanded(result: TransformResult) -> bool:
+    return bool(result.hypothetical) and not result.fallback and not result.skipped
+
+
+def wants_gate(result: TransformResult, guards: Guards) -> bool:
+    """Whether the gate must compare the generated text with the question."""
+    return guards.gate is not None and _expanded(result)
+
+
+def gate_verdict(result: TransformResult, guards: Guards, similarity: float) -> TransformResult:
+    """``result``, or ``result`` marked skipped when the generated text's cosine
+    ``similarity`` to the question is below the gate (degraded when it is not a number)."""
+    assert guards.gate is not None
+    if not math.isfinite(similarity):
+        return degraded(result, "the gate's similarity is not a number (a non-finite vector)")
+    if similarity >= guards.gate:
+        return result
+    reason = (
+        f"generated text disagrees with the question (cosine {similarity:.3f} < gate "
+        f"{guards.gate:g}); searched with the question alone"
+    )
+    return replace(result, skipped=reason)
+
+
+def degraded(result: TransformResult, reason: str) -> TransformResult:
+    """``result`` as a fallback to the question's own search, saying why."""
+    return replace(result, fallback=True, error=f"{reason}; searched with the question alone")
+
+
+def non_finite(vectors: Sequence[Sequence[float]], what: str) -> str | None:
+    """Why ``vectors`` cannot be searched with (a NaN or infinite value), else None."""
+    for vector in vectors:
+        if not all(math.isfinite(x) for x in vector):
+            return f"a {what} vector holds NaN or infinity"
+    return None
+
+
+def _fanout(result: TransformResult, hits: Sequence[Any] | None) -> Fanout:
+    specs: tuple[SearchSpec, ...]
+    if result.skipped or result.fallback:
+        specs = (SearchSpec(text=result.query, embedding_strs=(result.query,)),)
+    else:
+        specs = tuple(result.searches())
+    reuse = tuple(
+        hits is not None and not spec.passages and spec.text == result.query for spec in specs
+    )
+    return Fanout(specs, reuse)
+
+
+def plan(
+    result: TransformResult,
+    guards: Guards,
+    hits: Sequence[Any] | None,
+    *,
+    have_embedder: bool,
+) -> Plan:
+    """The step that turns ``result`` into ranked nodes. ``hits`` are the question's
+    own hits when `question_first` fetched them; ``have_embedder`` says whether the
+    guards that need embeddings (rerank, feedback) can run."""
+    if hits is not None and guards.strategy == "rerank":
+        if not _expanded(result):
+            return Plan(KeepHits())
+        if not have_embedder:
+            return Plan(KeepHits(), missing_embedder="rerank strategy")
+        return Plan(Rerank(result.hypothetical, guards.blend))
+    feeds_back = guards.feedback_k > 0 and guards.feedback_beta > 0 and not result.fallback
+    if hits is not None and feeds_back:
+        if not have_embedder:
+            return Plan(_fanout(result, hits), missing_embedder="feedback")
+        return Plan(Feedback(guards.feedback_k, guards.feedback_alpha, guards.feedback_beta))
+    return Plan(_fanout(result, hits))

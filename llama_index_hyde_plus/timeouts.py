@@ -1,0 +1,65 @@
+"""The one timeout policy: how long one LLM call of a transform may take when nobody
+said (no ``timeout=`` option, no ``--timeout`` flag).
+
+The rule follows the model's kind, never the caller (library, ``query``, ``serve``,
+``eval``, ``tune`` and `HyDERAG` all get it from `LLMTransform`):
+
+- a model on this machine (``is_local``) gets a budget from the tokens it may write:
+  ``LOCAL_START_S + max_tokens * slots / tokens_per_s``, where ``slots`` is how many
+  calls it decodes together (``n_parallel``: each gets a share of the throughput) and
+  ``tokens_per_s`` is the model's own ``tokens_per_s`` when it reports one, else
+  `LOCAL_TOKENS_PER_S`, a nominal rate for the bundled model on a busy 2-core machine
+  (a twentieth of its idle speed);
+- a remote model gets `REMOTE_TIMEOUT_S`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._llm import is_local
+
+LOCAL_START_S = 10.0
+"""Seconds a local call may spend before its first token (reading the prompt,
+waiting for a free slot)."""
+LOCAL_TOKENS_PER_S = 8.0
+"""Nominal tokens per second of a local model when it reports no rate of its own: the
+bundled model writes about 150 on an idle 2-core machine, and well under a tenth of
+that on one shared by several busy jobs (the budget must hold there)."""
+LOCAL_MAX_TOKENS = 256
+"""Tokens a local reply may take when neither the model nor the transform caps it."""
+REMOTE_TIMEOUT_S = 30.0
+"""Seconds for one call to a remote (API) model."""
+
+POLICY = (
+    f"by the model: local {LOCAL_START_S:g} s + max_tokens x slots / "
+    f"{LOCAL_TOKENS_PER_S:g} tokens/s, remote {REMOTE_TIMEOUT_S:g} s"
+)
+"""The rule in words, for ``--help``."""
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def timeout_for(llm: Any, max_tokens: int | None = None) -> float:
+    """Seconds one call to ``llm`` may take under the policy (module docstring);
+    ``max_tokens`` is the transform's own cap on a reply, if it has one."""
+    if not is_local(llm):
+        return REMOTE_TIMEOUT_S
+    caps = [c for c in (_positive(getattr(llm, "max_tokens", None)), _positive(max_tokens)) if c]
+    tokens = min(caps) if caps else LOCAL_MAX_TOKENS
+    slots = _positive(getattr(llm, "n_parallel", None)) or 1.0
+    rate = _positive(getattr(llm, "tokens_per_s", None)) or LOCAL_TOKENS_PER_S
+    return round(LOCAL_START_S + tokens * slots / rate, 1)
+
+
+def describe_timeout(llm: Any, given: float | None = None) -> str:
+    """``"138 s per LLM call (local model policy)"``: what a banner shows."""
+    if given is not None:
+        return f"{given:g} s per LLM call (--timeout)"
+    kind = "local" if is_local(llm) else "remote"
+    return f"{timeout_for(llm):g} s per LLM call ({kind} model policy)"
