@@ -134,6 +134,52 @@ def test_retrieve_with_rewrite_and_k(client: rcp.Client) -> None:
     assert raw["rewrite"]["method"] == "hyde" and raw["rewrite"]["hypothetical"]
 
 
+def serve_service(service: TransformService) -> Iterator[rcp.Client]:
+    server = RcpHttpServer(build_server(service, http=True)).start()
+    try:
+        yield rcp.connect_http(server.url)
+    finally:
+        server.stop()
+
+
+def test_results_say_the_rewrite_was_applied(client: rcp.Client) -> None:
+    out = client.transform("Why did revenue drop?", "multi-query")
+    assert out["_meta"]["transform"] == {"method": "multi-query", "status": "applied"}
+    assert out["usage"]["transformStatus"] == "applied"
+    found = client.search("Why did revenue drop?", k=2, opts={"rewrite": "hyde"})
+    assert found["usage"]["transformStatus"] == "applied"
+    plain = client.call("retrieve", {"query": "paid time off", "k": 2})
+    assert plain["_meta"]["transform"] == {"method": "none", "status": "none"}
+
+
+def test_a_timed_out_rewrite_says_it_fell_back_over_rcp(faiss_index: VectorStoreIndex) -> None:
+    slow = echo_llm(delay=5.0)  # outlives the 0.2 s timeout
+    service = TransformService(slow, faiss_index.as_retriever(similarity_top_k=10), timeout=0.2)
+    for client in serve_service(service):
+        out = client.transform("Why did revenue drop?", "rewrite")
+        meta = out["_meta"]["transform"]
+        assert meta["status"] == "fallback" and "LLMTimeoutError" in meta["reason"]
+        assert out["usage"]["transformStatus"] == "fallback" and out["fallback"] is True
+        found = client.search("Why did revenue slip?", k=2, opts={"rewrite": "hyde"})
+        assert found["usage"]["transformStatus"] == "fallback"  # what `search` keeps
+        raw = client.call("retrieve", {"query": "Who was hired?", "k": 2, "rewrite": "hyde"})
+        assert raw["_meta"]["transform"]["status"] == "fallback"
+        assert raw["rewrite"]["status"] == "fallback" and raw["rewrite"]["reason"]
+
+
+def test_a_gated_rewrite_says_it_was_skipped_over_rcp(faiss_index: VectorStoreIndex) -> None:
+    service = TransformService(
+        echo_llm(),
+        faiss_index.as_retriever(similarity_top_k=10),
+        options={"hyde": {"gate": 0.999}},  # no passage agrees this closely
+    )
+    for client in serve_service(service):
+        raw = client.call("retrieve", {"query": "Why did revenue drop?", "k": 2, "rewrite": "hyde"})
+        assert raw["_meta"]["transform"]["status"] == "skipped"
+        assert "gate" in raw["_meta"]["transform"]["reason"]
+        assert raw["usage"]["transformStatus"] == "skipped"
+
+
 @pytest.mark.parametrize(
     ("params", "code"),
     [
