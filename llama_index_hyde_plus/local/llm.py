@@ -40,6 +40,7 @@ from pydantic import Field, PrivateAttr
 
 from .._llm import CANCEL_EVENT
 from .._streaming import Done, Producer, astream_in_thread, stream_in_thread
+from .gguf import control_tokens, escape_controls
 
 _MAX_SEEDS = 100_000
 
@@ -141,6 +142,7 @@ class LocalLLM(CustomLLM):
     is_local: bool = Field(default=True)
 
     _server: Any = PrivateAttr(default=None)
+    _controls: tuple[str, ...] = PrivateAttr(default=())
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _seen: Any = PrivateAttr(default_factory=OrderedDict)
     _pool: Any = PrivateAttr(default=None)
@@ -171,6 +173,7 @@ class LocalLLM(CustomLLM):
             raise FileNotFoundError(f"GGUF model not found: {self.model_path}")
         import xllamacpp
 
+        self._controls = control_tokens(self.model_path)
         threads = self.threads or os.cpu_count() or 2
         params = xllamacpp.CommonParams()
         params.model.path = self.model_path
@@ -208,9 +211,15 @@ class LocalLLM(CustomLLM):
             self._server = None
 
     def _payload(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The OpenAI-style streamed chat request for llama.cpp."""
+        """The OpenAI-style streamed chat request for llama.cpp. Every message's text
+        has the model's control tokens escaped: llama.cpp parses them in the formatted
+        prompt, so a ``<|im_start|>`` in a question or a document would otherwise open
+        a chat turn of its own; only the chat template writes them."""
         request: dict[str, Any] = {
-            "messages": [{"role": m.role.value, "content": m.content or ""} for m in messages],
+            "messages": [
+                {"role": m.role.value, "content": escape_controls(m.content or "", self._controls)}
+                for m in messages
+            ],
             "max_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
             "temperature": float(kwargs.get("temperature", self.temperature)),
             "stream": True,
@@ -231,12 +240,13 @@ class LocalLLM(CustomLLM):
         ``on_delta`` as llama.cpp produces it) so that it stops within a token once
         ``cancel`` (else the caller's `CANCEL_EVENT`, set when a transform's timeout
         expires) is set; raises `LocalLLMCancelledError` then."""
+        server = self._get_server()  # reads the control tokens `_payload` escapes
         request = self._payload(messages, kwargs)
         if cancel is None:
             cancel = CANCEL_EVENT.get()
         events = _events(cancel)
         collector = _Collector(events, on_delta)
-        result = self._get_server().handle_chat_completions(request, collector.on_chunk)
+        result = server.handle_chat_completions(request, collector.on_chunk)
         if isinstance(result, dict) and "error" in result:
             collector.error = result["error"]
         return collector.response()
