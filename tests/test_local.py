@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -186,6 +188,18 @@ async def test_a_timed_out_local_call_stops_generating(use_async: bool) -> None:
     start = time.monotonic()
     reply = await asyncio.to_thread(llm.complete, "Say hi.", max_tokens=2)
     assert reply.text is not None and time.monotonic() - start < 6
+
+
+def test_a_generation_that_outlives_its_timeout_does_not_crash_the_exit() -> None:
+    """The interpreter used to be torn down under the abandoned generation, which then
+    called back into Python: ``FATAL: exception not rethrown`` (SIGABRT, exit 134)."""
+    script = Path(__file__).with_name("_exit_after_timeout.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert done.stdout == "timed out\n"
+    assert done.returncode == 0, done.stderr
+    assert "FATAL" not in done.stderr
 
 
 def test_local_llm_loads_before_the_timeout_clock() -> None:
