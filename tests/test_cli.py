@@ -479,6 +479,7 @@ def test_eval_docs_writes_questions_scores_and_reuses_them(tmp_path: Path) -> No
     kept = results["queries"]
     assert 1 <= kept <= 6 and [r["transform"] for r in results["results"]] == ["none", "rocchio"]
     assert "generated questions kept" in results["config"]["questions"]
+    assert list(results["phase_seconds"]) == ["models", "questions", "index", "none", "rocchio"]
     queries = (tmp_path / "questions" / "queries.jsonl").read_text().splitlines()
     assert len(queries) == kept
     again = runner.invoke(app, args)
@@ -501,6 +502,7 @@ def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     scored = json.loads((tmp_path / "out" / "results.json").read_text())
     assert scored["queries"] == 1 and scored["results"][0]["nDCG@10"] == 1.0
+    assert scored["dataset"] == docs.name  # the chart's title names the documents folder
     assert "About these questions" not in result.output  # the user's own labels
 
 
@@ -582,3 +584,19 @@ def test_eval_docs_never_touches_a_folder_with_a_foreign_manifest(tmp_path: Path
     assert result.exit_code == 2 and "is not a question set written by hyde-plus" in result.output
     assert sorted(p.name for p in app_dir.iterdir()) == ["index.html", "manifest.json"]
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    out = tmp_path / "results"
+    out.write_text("mine")
+    result = runner.invoke(
+        app,
+        [
+            *("eval", "--dataset", str(tiny), "--transforms", "none", "--embed", "local"),
+            *("--out", str(out), "--cache-dir", str(tmp_path / "cache")),
+        ],
+    )
+    assert result.exit_code == 2 and "--out" in result.output and "is a file" in result.output
+    assert "nDCG@10" not in result.output and not (tmp_path / "cache").exists()
+    assert out.read_text() == "mine"

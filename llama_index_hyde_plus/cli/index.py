@@ -11,7 +11,7 @@ from llama_index.core import Document
 from rich.markup import escape
 
 from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, Chunking
-from ..indexing import IndexInfo
+from ..indexing import IndexInfo, check_batch_size
 from ..readers import Skipped
 from ..stores import FaissStore, MilvusStore, Store, store_kind
 from ._console import console, err, progress_bar, reported, setup_logging, task
@@ -114,6 +114,7 @@ def index(
     chunking = Chunking(chunk_size, chunk_overlap)
     with reported():
         chunking.check(max_length)
+        check_batch_size(batch_size)
         target = _target(store, out, uri, collection, token or "")
         target.check_target(docs)
         contents = read_folder(docs)

@@ -8,6 +8,7 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ def parse_grid(text: str) -> list[dict[str, Any]]:
         axes.append((key, parsed))
     if not axes:
         raise ValueError("--grid is empty; write key=value[,value...]; key=...")
+    count = math.prod(len(v) for _, v in axes)  # counted before the product is built
+    if count > MAX_GRID:
+        sizes = " x ".join(str(len(v)) for _, v in axes)
+        raise ValueError(f"--grid has {sizes} = {count} configurations; at most {MAX_GRID}")
     keys = [k for k, _ in axes]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in axes))]
 
