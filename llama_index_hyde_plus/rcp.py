@@ -372,6 +372,20 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
+def _wrong_version(request: dict[str, Any]) -> dict[str, Any] | None:
+    """Invalid Request for a call whose ``jsonrpc`` is not exactly ``"2.0"`` (``"1.0"``,
+    missing, a number); nothing for such a notification, which is never answered."""
+    if "id" not in request:
+        return None
+    id_ = request["id"] if _valid_id(request["id"]) else None
+    return _error(
+        id_,
+        rcp.Errc.INVALID_REQUEST,
+        "'jsonrpc' MUST be exactly \"2.0\" (this server speaks JSON-RPC 2.0 only)",
+        {"field": "jsonrpc"},
+    )
+
+
 class RcpServer(rcp.Server):  # type: ignore[misc]
     """``rcp.Server`` that answers every frame and never raises.
 
@@ -394,6 +408,8 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
     def handle(self, request: Any) -> Any:
         id_: Any = None
         if isinstance(request, dict) and isinstance(request.get("method"), str):
+            if request.get("jsonrpc") != "2.0":
+                return _wrong_version(request)
             if request["method"] == rcp.Method.SHUTDOWN:
                 self.shutdown_requested = True
             if "id" not in request:

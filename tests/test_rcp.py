@@ -142,6 +142,21 @@ def serve_service(service: TransformService) -> Iterator[rcp.Client]:
         server.stop()
 
 
+@pytest.mark.parametrize("version", ["1.0", 2, 2.0, "2", None], ids=repr)
+def test_a_call_that_is_not_json_rpc_2_0_is_an_invalid_request(
+    http_server: RcpHttpServer, version: object
+) -> None:
+    call: dict[str, object] = {"id": 7, "method": "ping", "params": {"nonce": "v1"}}
+    if version is not None:
+        call["jsonrpc"] = version
+    status, reply = raw_post(http_server.url, json.dumps(call).encode())
+    assert status == 200 and reply["id"] == 7 and "result" not in reply
+    assert reply["error"]["code"] == rcp.Errc.INVALID_REQUEST
+    assert reply["error"]["data"] == {"field": "jsonrpc"}
+    notification = {k: v for k, v in call.items() if k != "id"}
+    assert build_server(TransformService(echo_llm())).handle_line(json.dumps(notification)) == ""
+
+
 def test_results_say_the_rewrite_was_applied(client: rcp.Client) -> None:
     out = client.transform("Why did revenue drop?", "multi-query")
     assert out["_meta"]["transform"] == {"method": "multi-query", "status": "applied"}
