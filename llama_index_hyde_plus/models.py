@@ -93,7 +93,10 @@ def resolve_llm(
 
         require_openai_key("--llm")
         kwargs = _given(temperature=temperature, max_tokens=max_tokens)
-        return OpenAI(model=model or DEFAULT_OPENAI_LLM, **kwargs)
+        # no retries inside the client: our one retry driver (`_llm`, the transforms'
+        # `RetryPolicy`) retries transient errors; the client's own retries stacked on
+        # LlamaIndex's (12 requests for one call) hid an HTTP 500 behind the timeout
+        return OpenAI(model=model or DEFAULT_OPENAI_LLM, max_retries=0, **kwargs)
     require_extra("local", ("xllamacpp",), "the local LLM")
     from .local import local_llm
 

@@ -98,6 +98,37 @@ def _usage(usage: Usage, latency_s: float, cached: bool = False) -> dict[str, An
     }
 
 
+def transform_status(
+    result: TransformResult | None, failed_searches: Sequence[str] = ()
+) -> dict[str, Any]:
+    """How the rewrite went, for the client (``_meta.transform`` of every
+    ``query/transform`` and ``retrieve`` result): ``status`` is ``"applied"``,
+    ``"fallback"`` (it failed, timed out or gave nothing usable: the question was used
+    alone, ``reason`` says why), ``"skipped"`` (a guard chose the question alone, not a
+    failure), ``"partial"`` (some searches of a fan-out failed; ``reason`` is the first
+    error) or ``"none"`` (no rewrite was asked for)."""
+    if result is None:
+        return {"method": "none", "status": "none"}
+    out: dict[str, Any] = {"method": result.method, "status": "applied"}
+    if result.fallback:
+        out.update(status="fallback", reason=result.error or "the transform failed")
+    elif result.skipped:
+        out.update(status="skipped", reason=result.skipped)
+    elif failed_searches:
+        out.update(status="partial", reason=failed_searches[0])
+    if result.cached:
+        out["cached"] = True
+    return out
+
+
+def _with_status(out: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the rewrite's status in ``_meta.transform`` and, for clients that
+    keep only ``hits`` and ``usage`` (the SDK's ``search``), in ``usage.transformStatus``."""
+    out["usage"]["transformStatus"] = status["status"]
+    out["_meta"] = {"transform": status}
+    return out
+
+
 class TransformService:
     """The protocol-independent part: transforms by method and ``n``, and searches."""
 
@@ -223,7 +254,7 @@ def _transform(service: TransformService, params: dict[str, Any]) -> dict[str, A
         out["hypothetical"] = "\n\n".join(result.hypothetical)
     if result.fallback:
         out["fallback"] = True
-    return out
+    return _with_status(out, transform_status(result))
 
 
 def _rewrite_spec(params: dict[str, Any], n: int) -> tuple[str | None, int]:
@@ -276,14 +307,18 @@ def _retrieve(service: TransformService, params: dict[str, Any]) -> dict[str, An
         "hits": hits,
         "usage": _usage(t.usage, time.perf_counter() - start, t.cached),
     }
+    status = transform_status(t if rewrite else None, result.failed_searches)
     if rewrite:
         out["rewrite"] = {
             "method": rewrite,
             "queries": list(t.search_queries),
             "hypothetical": list(t.hypothetical),
             "fallback": t.fallback,
+            "status": status["status"],
         }
-    return out
+        if "reason" in status:
+            out["rewrite"]["reason"] = status["reason"]
+    return _with_status(out, status)
 
 
 def _error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -337,6 +372,20 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
+def _wrong_version(request: dict[str, Any]) -> dict[str, Any] | None:
+    """Invalid Request for a call whose ``jsonrpc`` is not exactly ``"2.0"`` (``"1.0"``,
+    missing, a number); nothing for such a notification, which is never answered."""
+    if "id" not in request:
+        return None
+    id_ = request["id"] if _valid_id(request["id"]) else None
+    return _error(
+        id_,
+        rcp.Errc.INVALID_REQUEST,
+        "'jsonrpc' MUST be exactly \"2.0\" (this server speaks JSON-RPC 2.0 only)",
+        {"field": "jsonrpc"},
+    )
+
+
 class RcpServer(rcp.Server):  # type: ignore[misc]
     """``rcp.Server`` that answers every frame and never raises.
 
@@ -359,6 +408,8 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
     def handle(self, request: Any) -> Any:
         id_: Any = None
         if isinstance(request, dict) and isinstance(request.get("method"), str):
+            if request.get("jsonrpc") != "2.0":
+                return _wrong_version(request)
             if request["method"] == rcp.Method.SHUTDOWN:
                 self.shutdown_requested = True
             if "id" not in request:

@@ -14,8 +14,12 @@ HTTP/1.1 parsing, keep-alive, chunked bodies and duplicate or conflicting
   received within ``body_timeout`` seconds gets 408 / -32014; idle keep-alive
   connections close after ``keep_alive`` seconds;
 * **caps**: at most ``max_connections`` open connections (more are answered 503 and
-  closed) and at most ``max_inflight`` requests in flight (more get HTTP 503 /
-  -32010 with ``Retry-After``), plus the batch, depth and size limits of `RcpServer`.
+  closed, with one summarised warning a minute, not one per refusal), at most
+  ``slow_bodies_per_client`` requests per client address whose body is still arriving
+  (more get 503 and are closed: slow-body floods), and at most ``max_inflight``
+  requests in flight (more get HTTP 503 / -32010 with ``Retry-After``), plus the
+  batch, depth and size limits of `RcpServer`. A request takes an in-flight slot only
+  once its whole body is in, so bodies that trickle in never lock out other clients.
 
 Requests are served concurrently: the event loop only parses and routes, and the RCP
 dispatch (LLM calls, searches) runs in a pool of worker threads. The path is ignored
@@ -31,9 +35,11 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import h11
 import rcp
@@ -54,6 +60,11 @@ DEFAULT_MAX_CONNECTIONS = 512
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_KEEP_ALIVE = 5
+DEFAULT_SLOW_BODIES_PER_CLIENT = 8
+#: Seconds between two warnings that summarise repeated refusals.
+WARN_EVERY = 60.0
+#: The scope key `_Protocol` sets on a request refused for too many slow bodies.
+SLOW_BODY_REFUSED = "hyde_plus.slow_body_refused"
 
 
 class ServeError(RuntimeError):
@@ -69,9 +80,15 @@ class Limits:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     keep_alive: int = DEFAULT_KEEP_ALIVE
     max_body_bytes: int = MAX_BODY_BYTES
+    slow_bodies_per_client: int = DEFAULT_SLOW_BODIES_PER_CLIENT
 
     def __post_init__(self) -> None:
-        for name in ("max_inflight", "max_connections", "max_body_bytes"):
+        for name in (
+            "max_inflight",
+            "max_connections",
+            "max_body_bytes",
+            "slow_bodies_per_client",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1")
@@ -99,20 +116,64 @@ def _raw_response(status: int, reason: str, body: bytes) -> bytes:
     return head.encode("ascii") + body
 
 
+def check_token(token: str) -> None:
+    """Refuse a bearer token that cannot travel unchanged in an HTTP header: it must
+    be printable ASCII without spaces (RFC 6750), so the bytes a client sends can be
+    compared with it exactly."""
+    if not token:
+        raise ValueError("token must not be empty (None serves without authentication)")
+    bad = next((c for c in token if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"token must be printable ASCII without spaces (it travels in an HTTP header), "
+            f"not {bad!r}; e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+
+
+class RepeatedWarning:
+    """One WARNING per ``every`` seconds for an event that may repeat thousands of
+    times (a flood of refusals), with the count since the last one: ``message`` is
+    formatted with ``count``."""
+
+    def __init__(
+        self,
+        message: str,
+        every: float = WARN_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.message = message
+        self.every = every
+        self.clock = clock
+        self.pending = 0
+        self._last: float | None = None
+
+    def note(self) -> None:
+        self.pending += 1
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every:
+            return
+        logger.warning(self.message, self.pending)
+        self.pending = 0
+        self._last = now
+
+
 class _Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a request-head deadline, a connection cap and
-    JSON-RPC bodies on its own 400s; `limits` is set per server by `_protocol_class`."""
+    """uvicorn's h11 protocol with a request-head deadline, a connection cap, a cap on
+    slow bodies per client and JSON-RPC bodies on its own 400s; `limits` and the shared
+    counters are set per server by `_protocol_class`."""
 
     limits: ClassVar[Limits]
+    slow_bodies: ClassVar[Counter[str]]
+    refused_connections: ClassVar[RepeatedWarning]
+    refused_bodies: ClassVar[RepeatedWarning]
     _head_timer: asyncio.TimerHandle | None = None
     _partial_head = False
+    _awaiting_body = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            logger.warning(
-                "rcp http: %d connections open, refusing more", len(self.connections) - 1
-            )
+            self.refused_connections.note()
             body = _error_body(
                 rcp.Errc.BACKEND_UNAVAILABLE,
                 f"too many open connections (limit {self.limits.max_connections}); retry later",
@@ -130,6 +191,36 @@ class _Protocol(H11Protocol):
         else:
             self._partial_head = True
 
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._track_body()
+
+    def _track_body(self) -> None:
+        """Count this connection against its client's slow bodies while the current
+        request's head is in and its body is not (run after every parse, before the
+        request's task can start); flag the request refused over the cap."""
+        waiting = self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing()
+        if waiting and not self._awaiting_body:
+            self._awaiting_body = True
+            host = self._client_host()
+            self.slow_bodies[host] += 1
+            if self.slow_bodies[host] > self.limits.slow_bodies_per_client:
+                cast(dict[str, Any], self.scope)[SLOW_BODY_REFUSED] = True
+                self.refused_bodies.note()
+        elif not waiting:
+            self._release_body()
+
+    def _client_host(self) -> str:
+        return str(self.client[0]) if self.client else "?"
+
+    def _release_body(self) -> None:
+        if self._awaiting_body:
+            self._awaiting_body = False
+            host = self._client_host()
+            self.slow_bodies[host] -= 1
+            if self.slow_bodies[host] <= 0:
+                del self.slow_bodies[host]
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
@@ -137,6 +228,7 @@ class _Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._release_body()
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
@@ -170,8 +262,22 @@ class _Protocol(H11Protocol):
 
 
 def _protocol_class(limits: Limits) -> type[H11Protocol]:
-    """`_Protocol` bound to ``limits``."""
-    return type("Protocol", (_Protocol,), {"limits": limits})
+    """`_Protocol` bound to ``limits``, with counters shared by this server's
+    connections only."""
+    shared = {
+        "limits": limits,
+        "slow_bodies": Counter(),
+        "refused_connections": RepeatedWarning(
+            f"rcp http: refused %d connection(s) over the cap of {limits.max_connections} "
+            f"open connections (one warning a minute at most)"
+        ),
+        "refused_bodies": RepeatedWarning(
+            f"rcp http: refused %d request(s) from clients with more than "
+            f"{limits.slow_bodies_per_client} bodies still arriving (one warning a minute "
+            "at most)"
+        ),
+    }
+    return type("Protocol", (_Protocol,), shared)
 
 
 class _BodyTooLarge(Exception):
@@ -248,23 +354,36 @@ class _Endpoint:
             )
         if announced and announced.isdigit() and int(announced) > self.limits.max_body_bytes:
             return self._too_large()
-        if self.inflight >= self.limits.max_inflight:
+        if request.scope.get(SLOW_BODY_REFUSED):
             return self.error(
                 503,
                 rcp.Errc.BACKEND_UNAVAILABLE,
-                f"server busy: {self.inflight} requests in flight (limit "
-                f"{self.limits.max_inflight}); retry shortly",
+                f"too many requests from this address whose body is still arriving (limit "
+                f"{self.limits.slow_bodies_per_client}); send each body whole, retry later",
                 {"retryable": True, "retryAfterMs": 1000},
                 headers={"Retry-After": "1"},
                 close=True,
             )
         return None
 
+    def _busy(self) -> Response:
+        return self.error(
+            503,
+            rcp.Errc.BACKEND_UNAVAILABLE,
+            f"server busy: {self.inflight} requests in flight (limit "
+            f"{self.limits.max_inflight}); retry shortly",
+            {"retryable": True, "retryAfterMs": 1000},
+            headers={"Retry-After": "1"},
+            close=True,
+        )
+
     def _authorized(self, request: Request) -> bool:
+        """Whether the request carries the token, compared as the exact bytes sent
+        (Starlette decodes header bytes as latin-1, so encoding back gives them)."""
         if self.token is None:
             return True
-        sent = request.headers.get("authorization", "").encode("utf-8", "replace")
-        return hmac.compare_digest(sent, f"Bearer {self.token}".encode())
+        sent = request.headers.get("authorization", "").encode("latin-1")
+        return hmac.compare_digest(sent, f"Bearer {self.token}".encode("ascii"))
 
     async def _read(self, request: Request) -> bytes:
         chunks: list[bytes] = []
@@ -291,22 +410,24 @@ class _Endpoint:
         refused = self._refusal(request)
         if refused is not None:
             return refused
+        try:  # no in-flight slot yet: a body that trickles in must not hold one
+            body = await asyncio.wait_for(self._read(request), self.limits.body_timeout)
+        except _BodyTooLarge:
+            return self._too_large()
+        except asyncio.TimeoutError:
+            return self.error(
+                408,
+                rcp.Errc.TIMEOUT,
+                f"request body not received within {self.limits.body_timeout:g} s",
+                close=True,
+            )
+        text = body.decode("utf-8", "replace")
+        if not text.strip():
+            return self.error(200, rcp.Errc.INVALID_REQUEST, "empty request body")
+        if self.inflight >= self.limits.max_inflight:
+            return self._busy()
         self.inflight += 1
         try:
-            try:
-                body = await asyncio.wait_for(self._read(request), self.limits.body_timeout)
-            except _BodyTooLarge:
-                return self._too_large()
-            except asyncio.TimeoutError:
-                return self.error(
-                    408,
-                    rcp.Errc.TIMEOUT,
-                    f"request body not received within {self.limits.body_timeout:g} s",
-                    close=True,
-                )
-            text = body.decode("utf-8", "replace")
-            if not text.strip():
-                return self.error(200, rcp.Errc.INVALID_REQUEST, "empty request body")
             loop = asyncio.get_running_loop()
             reply = await loop.run_in_executor(self.pool, self.server.handle_line, text)
         finally:
@@ -388,8 +509,8 @@ class RcpHttpServer:
         threads: int | None = None,
         sock: socket.socket | None = None,
     ) -> None:
-        if token is not None and not token:
-            raise ValueError("token must not be empty (None serves without authentication)")
+        if token is not None:
+            check_token(token)
         self.rcp_server = server
         self.token = token
         self.limits = limits or Limits()

@@ -16,7 +16,10 @@ from typing import Any
 
 
 class StubState:
-    def __init__(self, text: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def __init__(
+        self, text: str, prompt_tokens: int, completion_tokens: int, status: int = 200
+    ) -> None:
+        self.status = status
         self.text = text
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
@@ -25,9 +28,14 @@ class StubState:
 
 @contextmanager
 def openai_stub(
-    text: str = "Renewals slipped.", prompt_tokens: int = 42, completion_tokens: int = 7
+    text: str = "Renewals slipped.",
+    prompt_tokens: int = 42,
+    completion_tokens: int = 7,
+    status: int = 200,
 ) -> Iterator[tuple[str, StubState]]:
-    state = StubState(text, prompt_tokens, completion_tokens)
+    """The stub's base URL and state; with ``status`` other than 200 every request is
+    answered with that HTTP status and an OpenAI-style error body."""
+    state = StubState(text, prompt_tokens, completion_tokens, status)
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
@@ -56,8 +64,11 @@ def openai_stub(
                 ],
                 "usage": usage,
             }
+            if state.status != 200:
+                error = {"message": "stub failure", "type": "server_error", "code": None}
+                payload = {"error": error}
             data = json.dumps(payload).encode()
-            self.send_response(200)
+            self.send_response(state.status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(data)))
             self.end_headers()

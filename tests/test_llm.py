@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
 from llama_index_hyde_plus._llm import LLMTimeoutError, acomplete, complete, has_native_async
+from llama_index_hyde_plus.reliability import RetryPolicy
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM
 
 from .openai_stub import openai_stub
@@ -105,6 +106,22 @@ async def test_openai_client_against_a_real_http_server_reports_provider_usage(
     assert request["path"].endswith("/chat/completions")
     assert request["body"]["temperature"] == 0.7
     assert "Why?" in request["body"]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_openai_endpoint_answering_500_is_reported_with_its_status(
+    monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    from llama_index_hyde_plus.models import resolve_llm
+
+    with openai_stub(status=500) as (base, state):
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        monkeypatch.setenv("OPENAI_API_BASE", base)
+        hyde = HyDE(resolve_llm("openai"), timeout=600)
+        result = await hyde.atransform("Why?") if use_async else hyde.transform("Why?")
+    assert result.fallback and result.error is not None
+    assert result.error.startswith("InternalServerError") and "500" in result.error
+    assert len(state.requests) == 1 + RetryPolicy().max_retries  # our retries, no others
 
 
 class BlockingLLM(CustomLLM):

@@ -8,6 +8,7 @@ from llama_index.core.schema import TextNode
 
 from llama_index_hyde_plus.evaluation.beir import load_beir
 from llama_index_hyde_plus.evaluation.questions import (
+    MIN_TRUSTED,
     QuestionSet,
     check_question,
     clean_question,
@@ -96,7 +97,7 @@ async def test_generation_keeps_fair_questions_and_says_why_others_were_rejected
     llm = ScriptedLLM(respond=respond, forbid_sync=True)
     seen: list[int] = []
     qset = await generate_questions(chunks(), llm, n=10, seed=0, progress=seen.append)
-    assert sum(seen) == 10 and qset.sampled == 10
+    assert sum(seen) == 11 and qset.sampled == 10  # the failed call was tried again
     assert len(qset.questions) == 1  # the others are duplicates of it
     reasons = qset.reasons
     assert reasons["copies a span of its chunk"] == 1
@@ -104,6 +105,48 @@ async def test_generation_keeps_fair_questions_and_says_why_others_were_rejected
     assert reasons["no question in the reply"] == 1
     assert reasons["the same question as another chunk's"] == 6
     assert "1 of 10 questions kept; rejected:" in qset.summary()
+
+
+def service_question(prompt: str) -> str:
+    return f"Which team runs the service in chunk {prompt.split('Chunk ')[1].split()[0]}?"
+
+
+async def test_failed_generations_are_retried_and_topped_up_until_n_are_kept() -> None:
+    """12 of the first 20 calls time out (as on a busy machine): each is tried once
+    more, and chunks whose question is rejected are replaced by further chunks."""
+    failures = iter([True] * 12)
+    calls: list[str] = []
+
+    def respond(prompt: str) -> str:
+        calls.append(prompt)
+        if next(failures, False):
+            raise TimeoutError("generation timed out")
+        if "team 4 " in prompt or "team 9 " in prompt:
+            return "Chunk 4 says that team 4 owns service number 28."  # a copy: rejected
+        return service_question(prompt)
+
+    llm = ScriptedLLM(respond=respond, forbid_sync=True)
+    qset = await generate_questions(chunks(60), llm, n=20, seed=0)
+    assert len(qset.questions) == 20
+    assert len({q.chunk_id for q in qset.questions}) == 20
+    assert qset.reasons.get("the LLM call failed", 0) == 0
+    assert len(calls) <= 3 * 20  # the stated budget
+
+
+async def test_generation_stops_at_its_budget_and_says_what_failed() -> None:
+    llm = ScriptedLLM(respond=lambda p: (_ for _ in ()).throw(TimeoutError("slow")))
+    qset = await generate_questions(chunks(60), llm, n=20, seed=0, budget=30)
+    assert qset.questions == [] and len(llm.prompts) == 30
+    assert qset.reasons == {"the LLM call failed": 20}  # 10 tried twice, 10 once
+
+
+def test_too_few_questions_say_the_verdict_cannot_be_trusted() -> None:
+    from llama_index_hyde_plus.evaluation.questions import too_few
+
+    assert MIN_TRUSTED == 10 and too_few(10) is None
+    warning = too_few(7)
+    assert warning is not None and "ONLY 7 QUESTIONS" in warning
+    assert "cannot be trusted" in warning
 
 
 async def test_a_saved_set_is_a_beir_folder_that_eval_can_load(tmp_path: Path) -> None:
@@ -268,3 +311,15 @@ def test_a_label_grade_in_non_ascii_digits_is_refused(tmp_path: Path, grade: str
     labels.write_text(f"Who owns 7?\tdoc1.md#1\t{grade}\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"labels\.tsv:1: grade .* is not a whole number"):
         read_labels(labels, chunks())
+
+
+def test_a_link_or_a_file_as_the_set_folder_is_refused_and_kept(tmp_path: Path) -> None:
+    real = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    link, file = tmp_path / "link", tmp_path / "file"
+    link.symlink_to(real)
+    file.write_text("mine")
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        write_question_set(_one_question_set(), chunks(), link, {"docs": "y"})
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        write_question_set(_one_question_set(), chunks(), file, {"docs": "y"})
+    assert read_manifest(real)["docs"] == "x" and file.read_text() == "mine"  # type: ignore[index]

@@ -134,6 +134,67 @@ def test_retrieve_with_rewrite_and_k(client: rcp.Client) -> None:
     assert raw["rewrite"]["method"] == "hyde" and raw["rewrite"]["hypothetical"]
 
 
+def serve_service(service: TransformService) -> Iterator[rcp.Client]:
+    server = RcpHttpServer(build_server(service, http=True)).start()
+    try:
+        yield rcp.connect_http(server.url)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("version", ["1.0", 2, 2.0, "2", None], ids=repr)
+def test_a_call_that_is_not_json_rpc_2_0_is_an_invalid_request(
+    http_server: RcpHttpServer, version: object
+) -> None:
+    call: dict[str, object] = {"id": 7, "method": "ping", "params": {"nonce": "v1"}}
+    if version is not None:
+        call["jsonrpc"] = version
+    status, reply = raw_post(http_server.url, json.dumps(call).encode())
+    assert status == 200 and reply["id"] == 7 and "result" not in reply
+    assert reply["error"]["code"] == rcp.Errc.INVALID_REQUEST
+    assert reply["error"]["data"] == {"field": "jsonrpc"}
+    notification = {k: v for k, v in call.items() if k != "id"}
+    assert build_server(TransformService(echo_llm())).handle_line(json.dumps(notification)) == ""
+
+
+def test_results_say_the_rewrite_was_applied(client: rcp.Client) -> None:
+    out = client.transform("Why did revenue drop?", "multi-query")
+    assert out["_meta"]["transform"] == {"method": "multi-query", "status": "applied"}
+    assert out["usage"]["transformStatus"] == "applied"
+    found = client.search("Why did revenue drop?", k=2, opts={"rewrite": "hyde"})
+    assert found["usage"]["transformStatus"] == "applied"
+    plain = client.call("retrieve", {"query": "paid time off", "k": 2})
+    assert plain["_meta"]["transform"] == {"method": "none", "status": "none"}
+
+
+def test_a_timed_out_rewrite_says_it_fell_back_over_rcp(faiss_index: VectorStoreIndex) -> None:
+    slow = echo_llm(delay=5.0)  # outlives the 0.2 s timeout
+    service = TransformService(slow, faiss_index.as_retriever(similarity_top_k=10), timeout=0.2)
+    for client in serve_service(service):
+        out = client.transform("Why did revenue drop?", "rewrite")
+        meta = out["_meta"]["transform"]
+        assert meta["status"] == "fallback" and "LLMTimeoutError" in meta["reason"]
+        assert out["usage"]["transformStatus"] == "fallback" and out["fallback"] is True
+        found = client.search("Why did revenue slip?", k=2, opts={"rewrite": "hyde"})
+        assert found["usage"]["transformStatus"] == "fallback"  # what `search` keeps
+        raw = client.call("retrieve", {"query": "Who was hired?", "k": 2, "rewrite": "hyde"})
+        assert raw["_meta"]["transform"]["status"] == "fallback"
+        assert raw["rewrite"]["status"] == "fallback" and raw["rewrite"]["reason"]
+
+
+def test_a_gated_rewrite_says_it_was_skipped_over_rcp(faiss_index: VectorStoreIndex) -> None:
+    service = TransformService(
+        echo_llm(),
+        faiss_index.as_retriever(similarity_top_k=10),
+        options={"hyde": {"gate": 0.999}},  # no passage agrees this closely
+    )
+    for client in serve_service(service):
+        raw = client.call("retrieve", {"query": "Why did revenue drop?", "k": 2, "rewrite": "hyde"})
+        assert raw["_meta"]["transform"]["status"] == "skipped"
+        assert "gate" in raw["_meta"]["transform"]["reason"]
+        assert raw["usage"]["transformStatus"] == "skipped"
+
+
 @pytest.mark.parametrize(
     ("params", "code"),
     [
@@ -525,6 +586,16 @@ def serve_error(*args: str, env: dict[str, str] | None = None) -> str:
     no_traceback(result.stderr)
     assert len([ln for ln in result.stderr.splitlines() if ln.startswith("error:")]) == 1
     return " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [(["--token", "pässword"], {}), ([], {"HYDE_PLUS_TOKEN": "\u20ac-token"})],
+    ids=["--token latin-1", "HYDE_PLUS_TOKEN above U+00FF"],
+)
+def test_serve_refuses_a_non_ascii_token_at_start(args: list[str], env: dict[str, str]) -> None:
+    text = serve_error("--http", "0", "--llm", "scripted", *args, env=env)
+    assert "--token" in text and "printable ASCII" in text
 
 
 @pytest.mark.parametrize(

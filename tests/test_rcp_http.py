@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import queue
+import select
 import socket
 import subprocess
 import sys
@@ -24,10 +26,10 @@ from llama_index.core.schema import TextNode
 from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus.rcp import MAX_BATCH, TransformService, build_server
-from llama_index_hyde_plus.rcp_http import Limits, RcpHttpServer
+from llama_index_hyde_plus.rcp_http import Limits, RcpHttpServer, RepeatedWarning
 from llama_index_hyde_plus.testing import DeterministicEmbedding, echo_llm
 
-from .conftest import DOCS
+from .conftest import DOCS, Served
 
 TOKEN = "s3cret"
 
@@ -209,6 +211,114 @@ def test_limits_are_validated() -> None:
         Limits(max_inflight=0)
     with pytest.raises(ValueError, match="header_timeout"):
         Limits(header_timeout=0)
+
+
+def slow_body(address: tuple[str, int]) -> socket.socket:
+    """A connection that sent a request head and 1 byte of its 100-byte body."""
+    sock = socket.create_connection(address, timeout=10)
+    sock.sendall(post(b"{", "Content-Length: 100", token=None))
+    return sock
+
+
+def refused_among(held: list[socket.socket], expected: int) -> int:
+    """How many of ``held`` are answered 503 (waits until ``expected`` are, or 100
+    rounds of select pass without news)."""
+    answered: set[socket.socket] = set()
+    for _ in range(100):
+        if len(answered) >= expected:
+            break
+        ready, _, _ = select.select([s for s in held if s not in answered], [], [], 0.2)
+        for sock in ready:
+            answered.add(sock)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 503")
+    return len(answered)
+
+
+def test_real_requests_are_served_while_64_slow_bodies_are_held() -> None:
+    served = Served("--llm", "scripted")  # the real server, default limits
+    host, port = served.url.removeprefix("http://").split("/")[0].rsplit(":", 1)
+    address = (host, int(port))
+    held = [slow_body(address) for _ in range(64)]
+    try:
+        assert refused_among(held, 64 - Limits().slow_bodies_per_client) == 56
+        for i in range(10):
+            ping = PING.replace(b"smuggled", b"real-%d" % i)
+            with socket.create_connection(address, timeout=10) as sock:
+                sock.sendall(post(ping, "Connection: close", token=None))
+                got = b""
+                while chunk := sock.recv(65536):
+                    got += chunk
+            assert responses(got) == [
+                (200, {"jsonrpc": "2.0", "id": 9, "result": {"nonce": f"real-{i}"}})
+            ]
+    finally:
+        for sock in held:
+            sock.close()
+        out = served.stop()
+    assert "Traceback" not in out
+    assert out.count("WARNING") <= 1  # the refusals are summarised, not one line each
+
+
+def test_a_body_still_arriving_holds_no_in_flight_slot() -> None:
+    server = start(None, max_inflight=1, body_timeout=30.0)
+    held = slow_body(server.address)
+    try:
+        assert responses(exchange(server, post(PING, "Connection: close", token=None))) == [
+            (200, {"jsonrpc": "2.0", "id": 9, "result": {"nonce": "smuggled"}})
+        ]
+    finally:
+        held.close()
+        server.stop()
+
+
+def test_slow_bodies_are_capped_per_client_address() -> None:
+    server = start(None, slow_bodies_per_client=2, body_timeout=30.0)
+    held = [slow_body(server.address) for _ in range(5)]
+    try:
+        assert refused_among(held, 3) == 3
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def test_refused_connections_are_summarised_not_logged_one_by_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = start(None, max_connections=2, header_timeout=30.0)
+    held = [socket.create_connection(server.address) for _ in range(2)]
+    for sock in held:
+        sock.sendall(b"POST /rcp HTTP/1.1\r\n")
+    try:
+        with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.rcp_http"):
+            for _ in range(30):
+                assert responses(exchange(server, post(PING), wait=10))[0][0] == 503
+        warnings = [r for r in caplog.records if r.name == "llama_index_hyde_plus.rcp_http"]
+        assert len(warnings) == 1 and "refused 1 connection" in warnings[0].getMessage()
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def test_a_repeated_warning_says_how_many_times_since_the_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    warning = RepeatedWarning("refused %d", every=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.rcp_http"):
+        for step in range(200):
+            now[0] = step * 0.5  # 200 refusals over 100 s
+            warning.note()
+    assert [r.getMessage() for r in caplog.records] == ["refused 1", "refused 120"]
+    assert warning.pending == 79
+
+
+@pytest.mark.parametrize("token", ["pässword", "пароль", "two words", "tab\there", "\u20ac"])
+def test_a_token_that_cannot_travel_in_a_header_is_refused_at_start(token: str) -> None:
+    service = TransformService(echo_llm())
+    with pytest.raises(ValueError, match="printable ASCII"):
+        RcpHttpServer(build_server(service, http=True), token=token)
 
 
 # -- property-based fuzzing ----------------------------------------------------------

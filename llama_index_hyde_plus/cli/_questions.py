@@ -121,6 +121,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         generate_questions,
         read_labels,
         read_manifest,
+        too_few,
         write_beir_folder,
         write_question_set,
     )
@@ -156,21 +157,26 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
             generate_questions(nodes, llm, n=choice.questions, seed=choice.seed, progress=advance)
         )
     console.print(f"Questions: {qset.summary()}")
+    warning = too_few(len(qset.questions))
+    if warning is not None:
+        err.print(f"[bold yellow]warning:[/] {warning}")
     return write_question_set(qset, nodes, choice.folder, wanted)
 
 
 def caveat(folder: Path) -> str | None:
     """What the set can and cannot tell, for the report (None for the user's labels)."""
-    from ..evaluation.questions import read_manifest
+    from ..evaluation.questions import read_manifest, too_few
 
     manifest = read_manifest(folder) or {}
     if "labels" in manifest:
         return None
     rejected = manifest.get("rejected") or {}
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items())) or "none"
+    kept = manifest.get("kept")
+    warning = too_few(kept) if isinstance(kept, int) else None
     return (
-        f"{manifest.get('kept')} of {manifest.get('sampled')} generated questions kept "
-        f"(rejected: {why}). {manifest.get('caveat', '')}"
+        f"{warning + ' ' if warning else ''}{kept} of {manifest.get('sampled')} generated "
+        f"questions kept (rejected: {why}). {manifest.get('caveat', '')}"
     )
 
 

@@ -36,6 +36,14 @@ def _check_flags(
             "the token is empty (--token or HYDE_PLUS_TOKEN): give a secret, or leave both "
             "unset to serve without authentication on 127.0.0.1"
         )
+    secret = token if token is not None else os.environ.get("HYDE_PLUS_TOKEN")
+    if secret:
+        from ..rcp_http import check_token
+
+        try:
+            check_token(secret)
+        except ValueError as exc:
+            raise fail(f"--token (or HYDE_PLUS_TOKEN): {exc}") from None
     if timeout is not None and not timeout > 0:
         raise fail(f"--timeout must be > 0 seconds, not {timeout:g}")
     if max_inflight < 1:

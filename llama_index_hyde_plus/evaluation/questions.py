@@ -23,8 +23,8 @@ import os
 import random
 import re
 import shutil
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +164,12 @@ def _prompt(template: str, passage: str) -> str:
     return template.replace("{passage}", passage)
 
 
+#: Fewer kept questions than this and an evaluation's verdict cannot be trusted.
+MIN_TRUSTED = 10
+#: LLM calls `generate_questions` may spend per wanted question (retries, top-ups).
+CALLS_PER_QUESTION = 3
+
+
 async def generate_questions(
     chunks: Sequence[TextNode],
     llm: LLM,
@@ -174,11 +180,18 @@ async def generate_questions(
     prompt: str = QUESTION_PROMPT,
     timeout: float | None = 120.0,
     progress: Callable[[int], None] | None = None,
+    budget: int | None = None,
 ) -> QuestionSet:
-    """Sample ``n`` chunks and write one question for each, ``concurrency`` at a time
-    (native async calls); a failed call is a rejection ("the LLM call failed"), never
-    a crash. Question ids are ``g<index>`` in sample order."""
-    picked = sample_chunks(chunks, n, seed)
+    """Write one question for each of ``n`` sampled chunks, ``concurrency`` at a time
+    (native async calls), until ``n`` are kept or ``budget`` LLM calls (default
+    `CALLS_PER_QUESTION` per question) are spent: a failed call (a timeout, a provider
+    error) is tried once more on its chunk, and a rejected question is replaced by the
+    next chunk of the seeded order. A call that failed twice is a rejection ("the LLM
+    call failed"), never a crash. Question ids are ``g<index>`` in the order kept."""
+    order = sample_chunks(chunks, len(chunks), seed)
+    calls = CALLS_PER_QUESTION * n if budget is None else budget
+    if calls < 1:
+        raise ValueError(f"budget must be >= 1 LLM call, not {calls}")
     gate = asyncio.Semaphore(max(1, concurrency))
 
     async def one(chunk: TextNode) -> tuple[str, int]:
@@ -194,30 +207,79 @@ async def generate_questions(
                     progress(1)
             return reply.text, reply.usage.total_tokens
 
-    replies = await asyncio.gather(*(one(c) for c in picked))
-    return _keep(picked, replies, seed)
+    kept, tried = await _rounds(order, one, n, calls)
+    return kept.result(seed, tried)
 
 
-def _keep(picked: list[TextNode], replies: list[tuple[str, int]], seed: int) -> QuestionSet:
-    questions: list[GeneratedQuestion] = []
-    rejected: list[RejectedQuestion] = []
-    seen: set[str] = set()
-    for chunk, (reply, _) in zip(picked, replies):
-        if reply.startswith("\x00"):
-            rejected.append(RejectedQuestion(chunk.node_id, reply[1:], "the LLM call failed"))
-            continue
-        question = clean_question(reply)
+async def _rounds(
+    order: list[TextNode],
+    ask: Callable[[TextNode], Awaitable[tuple[str, int]]],
+    n: int,
+    calls: int,
+) -> tuple[_Kept, int]:
+    """Ask for questions in rounds (each as many calls as questions still wanted):
+    failed calls once more first, then fresh chunks of ``order``, until ``n`` are
+    kept, ``calls`` are spent or the chunks run out; the kept set and how many
+    chunks were tried."""
+    kept = _Kept()
+    fresh, again = deque(order), deque[TextNode]()
+    while len(kept.questions) < n and calls > 0 and (fresh or again):
+        size = min(n - len(kept.questions), calls)
+        batch: list[tuple[TextNode, bool]] = []
+        while len(batch) < size and (again or fresh):
+            batch.append((again.popleft(), True) if again else (fresh.popleft(), False))
+        calls -= len(batch)
+        replies = await asyncio.gather(*(ask(chunk) for chunk, _ in batch))
+        for (chunk, retried), reply in zip(batch, replies):
+            if reply[0].startswith("\x00") and not retried:
+                again.append(chunk)  # tried once more, first in the next round
+                continue
+            kept.judge(chunk, reply)
+    for chunk in again:  # the budget ran out before their second try
+        kept.rejected.append(RejectedQuestion(chunk.node_id, "", "the LLM call failed"))
+    return kept, len(order) - len(fresh)
+
+
+def too_few(kept: int) -> str | None:
+    """What to say when ``kept`` questions are too few for a verdict (None when enough)."""
+    if kept >= MIN_TRUSTED:
+        return None
+    return (
+        f"ONLY {kept} QUESTION{'S' if kept != 1 else ''}: the verdict cannot be trusted "
+        f"(at least {MIN_TRUSTED} are needed; one question more or less flips it). Ask "
+        "for more with --questions, or use a faster --llm or a longer --timeout."
+    )
+
+
+@dataclass
+class _Kept:
+    """The questions kept so far, the rejections and the tokens spent."""
+
+    questions: list[GeneratedQuestion] = field(default_factory=list)
+    rejected: list[RejectedQuestion] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    tokens: int = 0
+
+    def judge(self, chunk: TextNode, reply: tuple[str, int]) -> None:
+        text, tokens = reply
+        self.tokens += tokens
+        if text.startswith("\x00"):
+            self.rejected.append(RejectedQuestion(chunk.node_id, text[1:], "the LLM call failed"))
+            return
+        question = clean_question(text)
         reason = check_question(question, chunk.get_content())
-        if reason is None and question is not None and question.lower() in seen:
+        if reason is None and question is not None and question.lower() in self.seen:
             reason = "the same question as another chunk's"
         if reason is not None or question is None:
-            rejected.append(RejectedQuestion(chunk.node_id, reply, reason or "no question"))
-            continue
-        seen.add(question.lower())
-        questions.append(GeneratedQuestion(f"g{len(questions) + 1}", question, chunk.node_id))
-    reasons = dict(Counter(r.reason for r in rejected))
-    tokens = sum(t for _, t in replies)
-    return QuestionSet(questions, rejected, len(picked), seed, tokens, reasons)
+            self.rejected.append(RejectedQuestion(chunk.node_id, text, reason or "no question"))
+            return
+        self.seen.add(question.lower())
+        qid = f"g{len(self.questions) + 1}"
+        self.questions.append(GeneratedQuestion(qid, question, chunk.node_id))
+
+    def result(self, seed: int, sampled: int) -> QuestionSet:
+        reasons = dict(Counter(r.reason for r in self.rejected))
+        return QuestionSet(self.questions, self.rejected, sampled, seed, self.tokens, reasons)
 
 
 def _source(chunk: TextNode) -> str:
@@ -368,8 +430,12 @@ def check_set_folder(folder: Path, flag: str = "--questions-dir") -> None:
     this tool wrote: its ``manifest.json`` carries the set's own fields (`read_manifest`)
     and it holds nothing but the set's files, so replacing it deletes nothing else."""
     folder = folder.expanduser()
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise ValueError(f"{flag} {folder} is not a folder; choose a new or empty folder")
+    if folder.is_symlink():
+        raise ValueError(
+            f"{flag} {folder} is a symbolic link; give the folder itself (its real path)"
+        )
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag} {folder} is a file, not a folder; choose a new or empty folder")
     if not folder.is_dir() or not any(folder.iterdir()):
         return
     if read_manifest(folder) is None:

@@ -12,10 +12,12 @@ the ``stream_*`` methods hand each token on as llama.cpp produces it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextvars
 import functools
 import hashlib
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -40,8 +42,11 @@ from pydantic import Field, PrivateAttr
 
 from .._llm import CANCEL_EVENT
 from .._streaming import Done, Producer, astream_in_thread, stream_in_thread
+from .gguf import control_tokens, escape_controls
 
 _MAX_SEEDS = 100_000
+#: Seconds the interpreter waits at exit for local calls to stop (see `_InFlight`).
+EXIT_WAIT = 120.0
 
 
 class LocalLLMError(RuntimeError):
@@ -62,6 +67,61 @@ def _events(cancel: _Cancel) -> tuple[threading.Event, ...]:
     if isinstance(cancel, threading.Event):
         return (cancel,)
     return tuple(cancel)
+
+
+class _InFlight:
+    """The local calls inside llama.cpp right now, in any thread, so the interpreter
+    never exits under one: a call abandoned on timeout (in a daemon worker) that calls
+    back into Python while the interpreter is being torn down crashes the process
+    (``FATAL: exception not rethrown``, SIGABRT; or SIGSEGV). At exit `stop` tells every
+    call to stop at its next token and waits for them to return."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.exiting = threading.Event()
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self.count -= 1
+            self._cond.notify_all()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop every call and wait up to ``timeout`` seconds; whether none is left."""
+        self.exiting.set()
+        with self._cond:
+            return self._cond.wait_for(lambda: self.count == 0, timeout)
+
+
+_IN_FLIGHT = _InFlight()
+
+
+def _stop_at_exit() -> None:
+    """Join the local calls before the interpreter is torn down; one still inside
+    llama.cpp after `EXIT_WAIT` seconds (a prompt that never finishes evaluating) would
+    crash the teardown, so the process then ends without it."""
+    if _IN_FLIGHT.stop(2.0):
+        return
+    print("hyde-plus: waiting for the local model to stop generating...", file=sys.stderr)
+    if _IN_FLIGHT.stop(EXIT_WAIT):
+        return
+    print(
+        f"hyde-plus: a local model call did not stop within {EXIT_WAIT:g} s; exiting",
+        file=sys.stderr,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+atexit.register(_stop_at_exit)
+if hasattr(threading, "_register_atexit"):
+    # before the interpreter joins worker pools (it waits for their calls): stop them
+    threading._register_atexit(_IN_FLIGHT.exiting.set)
 
 
 class _Collector:
@@ -141,6 +201,7 @@ class LocalLLM(CustomLLM):
     is_local: bool = Field(default=True)
 
     _server: Any = PrivateAttr(default=None)
+    _controls: tuple[str, ...] = PrivateAttr(default=())
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _seen: Any = PrivateAttr(default_factory=OrderedDict)
     _pool: Any = PrivateAttr(default=None)
@@ -171,6 +232,7 @@ class LocalLLM(CustomLLM):
             raise FileNotFoundError(f"GGUF model not found: {self.model_path}")
         import xllamacpp
 
+        self._controls = control_tokens(self.model_path)
         threads = self.threads or os.cpu_count() or 2
         params = xllamacpp.CommonParams()
         params.model.path = self.model_path
@@ -208,9 +270,15 @@ class LocalLLM(CustomLLM):
             self._server = None
 
     def _payload(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The OpenAI-style streamed chat request for llama.cpp."""
+        """The OpenAI-style streamed chat request for llama.cpp. Every message's text
+        has the model's control tokens escaped: llama.cpp parses them in the formatted
+        prompt, so a ``<|im_start|>`` in a question or a document would otherwise open
+        a chat turn of its own; only the chat template writes them."""
         request: dict[str, Any] = {
-            "messages": [{"role": m.role.value, "content": m.content or ""} for m in messages],
+            "messages": [
+                {"role": m.role.value, "content": escape_controls(m.content or "", self._controls)}
+                for m in messages
+            ],
             "max_tokens": int(kwargs.get("max_tokens", self.max_tokens)),
             "temperature": float(kwargs.get("temperature", self.temperature)),
             "stream": True,
@@ -231,12 +299,14 @@ class LocalLLM(CustomLLM):
         ``on_delta`` as llama.cpp produces it) so that it stops within a token once
         ``cancel`` (else the caller's `CANCEL_EVENT`, set when a transform's timeout
         expires) is set; raises `LocalLLMCancelledError` then."""
+        server = self._get_server()  # reads the control tokens `_payload` escapes
         request = self._payload(messages, kwargs)
         if cancel is None:
             cancel = CANCEL_EVENT.get()
-        events = _events(cancel)
+        events = (*_events(cancel), _IN_FLIGHT.exiting)
         collector = _Collector(events, on_delta)
-        result = self._get_server().handle_chat_completions(request, collector.on_chunk)
+        with _IN_FLIGHT:
+            result = server.handle_chat_completions(request, collector.on_chunk)
         if isinstance(result, dict) and "error" in result:
             collector.error = result["error"]
         return collector.response()
