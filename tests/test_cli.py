@@ -198,7 +198,7 @@ def test_demo_runs_end_to_end() -> None:
 def test_eval_with_the_strong_model_stand_in_end_to_end(tmp_path: Path) -> None:
     tiny = Path(__file__).parent / "data" / "tiny-beir"
     args = ["eval", "--dataset", str(tiny), "--transforms", "hyde:include_query=true,hyde"]
-    args += ["--llm", "oracle:1.0", "--oracle-seeds", "2", "--embed", "local"]
+    args += ["--llm", "oracle:1.0:2", "--embed", "local"]
     args += ["--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -216,7 +216,7 @@ def test_eval_with_the_strong_model_stand_in_end_to_end(tmp_path: Path) -> None:
     ("llm", "extra", "message"),
     [
         ("oracle:2", [], "between 0 and 1"),
-        ("oracle:0.5", ["--oracle-seeds", "0"], "--oracle-seeds"),
+        ("oracle:0.5:0", [], "the draws, from 1 to 20"),
     ],
 )
 def test_a_bad_stand_in_is_one_error_line_before_any_work(

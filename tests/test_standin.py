@@ -144,6 +144,8 @@ def test_the_oracle_prefers_the_longest_question_a_prompt_contains() -> None:
         ("oracle:x", "number from 0 to 1"),
         ("oracle:1.5", "between 0 and 1"),
         ("oracle:nan", "between 0 and 1"),
+        ("oracle:0.5:x", "the draws"),
+        ("oracle:0.5:21", "the draws"),
     ],
 )
 def test_a_bad_stand_in_spec_is_a_clear_error(spec: str, message: str) -> None:
@@ -153,7 +155,8 @@ def test_a_bad_stand_in_spec_is_a_clear_error(spec: str, message: str) -> None:
 
 def test_other_model_names_are_not_the_stand_in() -> None:
     assert StandIn.parse("local") is None and StandIn.parse("openai:gpt-4o") is None
-    assert StandIn.parse("oracle:0.5", seeds=2, base_seed=5) == StandIn(0.5, (5, 6))
+    assert StandIn.parse("oracle:0.5:2", base_seed=5) == StandIn(0.5, (5, 6))
+    assert StandIn.parse("oracle:1") == StandIn(1.0, (0, 1, 2))
 
 
 class CountingEmbedding(DeterministicEmbedding):

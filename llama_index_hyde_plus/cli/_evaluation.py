@@ -26,14 +26,13 @@ class ModelChoice:
     max_tokens: int
     seed: int
     concurrency: int
-    oracle_seeds: int = 3
 
     def standin(self) -> Any:
         """The strong-generator stand-in ``--llm oracle:P`` names, else None; a
         `ValueError` when P or the seed count is wrong."""
         from ..evaluation.standin import StandIn
 
-        return StandIn.parse(self.llm, seeds=self.oracle_seeds, base_seed=self.seed)
+        return StandIn.parse(self.llm, base_seed=self.seed)
 
     @property
     def embed_label(self) -> str:
@@ -129,6 +128,7 @@ class SearchChoice:
             "milvus_uri": self.uri,
             "milvus_token": self.token or "",
             "index_store": None if self.index is None else _faiss_store(self.index),
+            "standin": models.standin(),
         }
 
 

@@ -17,13 +17,10 @@ Llm = Annotated[str, typer.Option(help=MODEL_HELP)]
 EvalLlm = Annotated[
     str,
     typer.Option(
-        help=MODEL_HELP[:-1] + ", or oracle:P, a stand-in for a strong model that answers with "
-        "a judged-relevant document with probability P (removed from the index and the "
-        "judgements; needs questions with 2+ relevant documents)."
+        help=MODEL_HELP[:-1] + ", or oracle:P[:N], a stand-in for a strong model that answers "
+        "with a judged-relevant document with probability P (removed from the index and the "
+        "judgements; needs questions with 2+ relevant documents), N draws averaged (3)."
     ),
-]
-OracleSeeds = Annotated[
-    int, typer.Option(help="With --llm oracle:P: draws (seeds) averaged per question.")
 ]
 Embed = Annotated[str, typer.Option(help=MODEL_HELP)]
 Temperature = Annotated[float | None, typer.Option(help="LLM temperature.")]

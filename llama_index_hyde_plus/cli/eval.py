@@ -46,9 +46,11 @@ def _config(
 ) -> dict[str, Any]:
     from ..models import describe_llm
 
+    standin = models.standin()
+    llm = standin.label if standin else "none" if model is None else describe_llm(model)
     return {
         "store": store,
-        "llm": "none" if model is None else describe_llm(model),
+        "llm": llm,
         "embed": models.embed_label,
         "top_k": top_k,
         "concurrency": models.concurrency,
@@ -94,7 +96,6 @@ def eval_cmd(
     limit: opt.Limit = None,
     out: ResultsOut = Path("eval-results"),
     llm: opt.EvalLlm = "auto",
-    oracle_seeds: opt.OracleSeeds = 3,
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -118,30 +119,21 @@ def eval_cmd(
 
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
-    models = ModelChoice(
-        llm, embed, max_length, temperature, max_tokens, seed, concurrency, oracle_seeds
-    )
+    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
-    docs_choice = q.docs_choice(
-        docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed
-    )
-    source = q.DataChoice(dataset, docs_choice)
-    with reported():
-        standin = standin_for(models, source)
+    docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
+    source = q.DataChoice(dataset, docs_set)
     started, phases = time.perf_counter(), dict[str, float]()
     specs, ds, note, embed_model, model = _prepare(
         source, where, models, transforms, config_files, split, limit, out, phases
     )
     config = _config(models, model, where.kind, top_k, hyde_prompt=hyde_prompt or "default")
-    if standin is not None:
-        config["llm"] = standin.label
     config.update(split=split if note is None else "generated questions", questions=note)
     with progress_bar() as progress, reported():
         result = run_eval(
             ds,
             specs,
             llm=models.make_llm if model is not None else None,
-            standin=standin,
             max_length=max_length,
             use_cache=cache,
             progress=bars(progress, "/s"),
@@ -171,6 +163,7 @@ def _prepare(
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
         specs = _specs(transforms, config_files)
+        standin_for(models, source)
         check_results_folder(out)
         source.check(models.max_length, out)
         where.check_index(source.docs, models)

@@ -75,7 +75,6 @@ def tune(
     tolerance: Tolerance = 0.2,
     grid: Grid = None,
     llm: opt.EvalLlm = "auto",
-    oracle_seeds: opt.OracleSeeds = 3,
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -99,23 +98,17 @@ def tune(
     setup_logging(verbose)
     name, split = transform.strip().lower(), split if docs is None else "generated"
     _check(name, split, tolerance, out, report)
-    models = ModelChoice(
-        llm, embed, max_length, temperature, max_tokens, seed, concurrency, oracle_seeds
-    )
+    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
-    with reported():
-        standin = standin_for(models, q.DataChoice(dataset, docs_set))
     configs, ds, embed_model, model = _load(
         q.DataChoice(dataset, docs_set), where, models, name, grid, split, limit
     )
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
         result = run_tune(
-            ds,
-            name,
+            ds, name,
             llm=model,
-            standin=standin,
             split=split,
             grid=configs,
             tolerance=tolerance / 100,
@@ -143,6 +136,7 @@ def _load(
 
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
+        standin_for(models, source)
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         source.check(models.max_length)
         where.check_index(source.docs, models)

@@ -67,12 +67,14 @@ class StandIn:
             raise ValueError("the stand-in needs at least one seed")
 
     @classmethod
-    def parse(cls, spec: str, *, seeds: int = DEFAULT_SEEDS, base_seed: int = 0) -> StandIn | None:
-        """``oracle:P`` -> a `StandIn` over seeds ``base_seed .. base_seed+seeds-1``; any
-        other model name -> None. A `ValueError` says what is wrong with ``P``."""
-        head, sep, value = spec.strip().partition(":")
+    def parse(cls, spec: str, *, base_seed: int = 0) -> StandIn | None:
+        """``oracle:P`` or ``oracle:P:N`` -> a `StandIn` over ``N`` (default 3) seeds
+        from ``base_seed``; any other model name -> None. A `ValueError` says what is
+        wrong with ``P`` or ``N``."""
+        head, sep, rest = spec.strip().partition(":")
         if head.lower() != ORACLE_PREFIX:
             return None
+        value, _, count = rest.partition(":")
         if not sep or not value.strip():
             raise ValueError(
                 "--llm oracle needs the share of right answers: oracle:1.0 or oracle:0.5"
@@ -81,8 +83,9 @@ class StandIn:
             p = float(value)
         except ValueError:
             raise ValueError(f"--llm oracle:P needs a number from 0 to 1, not {value!r}") from None
-        if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 20:
-            raise ValueError(f"--oracle-seeds must be a whole number from 1 to 20, not {seeds!r}")
+        seeds = int(count) if count.strip().isdigit() else -1 if count.strip() else DEFAULT_SEEDS
+        if not 1 <= seeds <= 20:
+            raise ValueError(f"oracle:P:N needs N, the draws, from 1 to 20, not {count!r}")
         return cls(p, tuple(range(base_seed, base_seed + seeds)))
 
     @property

@@ -165,21 +165,14 @@ def run_tune(
     if needs_llm(name) and llm is None and standin is None:
         raise ValueError(f"{name} needs an llm")
     session = EvalSession(ds, **options)
-    stand_in: dict[str, Any] = {}
     try:
         if standin is None:
             baseline, reports = _sweep(session, name, configs, llm, hyde_prompt, on_report)
+            stand_in: dict[str, Any] = {}
         else:
-
-            def score_all(child: EvalSession, llm_for: Callable[[str], Any]) -> list[Any]:
-                head, rest = _sweep(child, name, configs, partial(llm_for, name), hyde_prompt)
-                return [head, *rest]
-
-            merged, stand_in = run_standin(session, standin, score_all)
-            baseline, reports = merged[0], merged[1:]
-            for report in reports:
-                if on_report is not None:
-                    on_report(report)
+            baseline, reports, stand_in = _sweep_standin(
+                session, standin, name, configs, hyde_prompt, on_report
+            )
     finally:
         session.close()
     best = max(reports, key=lambda r: r.scores["nDCG@10"])
@@ -200,6 +193,28 @@ def run_tune(
             **stand_in,
         },
     )
+
+
+def _sweep_standin(
+    session: EvalSession,
+    standin: StandIn,
+    name: str,
+    configs: Sequence[dict[str, Any]],
+    hyde_prompt: str | None,
+    on_report: Callable[[TransformReport], None] | None,
+) -> tuple[TransformReport, list[TransformReport], dict[str, Any]]:
+    """`_sweep` on every draw of the stand-in, averaged per question (`run_standin`):
+    ``(none's report, each configuration's, what to record about the stand-in)``."""
+
+    def score_all(child: EvalSession, llm_for: Callable[[str], Any]) -> list[Any]:
+        head, rest = _sweep(child, name, configs, partial(llm_for, name), hyde_prompt)
+        return [head, *rest]
+
+    merged, stand_in = run_standin(session, standin, score_all)
+    for report in merged[1:]:
+        if on_report is not None:
+            on_report(report)
+    return merged[0], merged[1:], stand_in
 
 
 def _sweep(
