@@ -118,10 +118,8 @@ def eval_cmd(
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
-    docs_choice = q.docs_choice(
-        docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed
-    )
-    source = q.DataChoice(dataset, docs_choice)
+    docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
+    source = q.DataChoice(dataset, docs_set)
     started, phases = time.perf_counter(), dict[str, float]()
     specs, ds, note, embed_model, model = _prepare(
         source, where, models, transforms, config_files, split, limit, out, phases
