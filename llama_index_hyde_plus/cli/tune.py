@@ -101,9 +101,8 @@ def tune(
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
-    configs, ds, embed_model, model = _load(
-        q.DataChoice(dataset, docs_set), where, models, name, grid, split, limit
-    )
+    source = q.DataChoice(dataset, docs_set)
+    configs, ds, embed_model, model = _load(source, where, models, name, grid, split, limit)
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
         result = run_tune(
