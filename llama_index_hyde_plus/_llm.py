@@ -89,6 +89,18 @@ def model_name(llm: Any) -> str | None:
     return str(name) if name else None
 
 
+SMALL_GENERATORS: tuple[str, ...] = ("SmolLM2-135M",)
+"""Model-name prefixes of the generators measured too weak for the capable-model
+defaults: the bundled SmolLM2-135M (BENCHMARKS.md, issue #23)."""
+
+
+def generator_kind(llm: Any) -> str:
+    """``"small"`` for a generator listed in `SMALL_GENERATORS` (the bundled local
+    model), else ``"capable"``: which set of shipped defaults a transform uses."""
+    name = (model_name(llm) or "").lower()
+    return "small" if name.startswith(tuple(p.lower() for p in SMALL_GENERATORS)) else "capable"
+
+
 def is_local(llm: Any) -> bool:
     """True for LLMs that run on this machine and cost nothing per token."""
     return bool(getattr(llm, "is_local", False))

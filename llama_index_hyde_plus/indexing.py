@@ -133,6 +133,7 @@ def nodes_from_documents(
             metadata=dict(d.metadata),
             excluded_embed_metadata_keys=list(d.metadata),
             excluded_llm_metadata_keys=list(d.metadata),
+            embedding=d.embedding,
         )
         for d in documents
     ]
@@ -167,13 +168,18 @@ def embed_nodes(
     batch_size: int = 64,
     progress: ProgressFn | None = None,
 ) -> None:
-    """Set ``node.embedding`` on every node, in batches, reporting progress.
+    """Set ``node.embedding`` on every node that has none, in batches, reporting
+    progress (a node that already carries a vector, such as a document built from an
+    index's stored vectors, is counted but not embedded again).
 
     The nodes are embedded shortest text first, so texts of similar length share a
     batch and little of each batch is padding; ``nodes`` itself keeps its order."""
     check_batch_size(batch_size)
+    if progress is not None and any(n.embedding is not None for n in nodes):
+        progress(sum(1 for n in nodes if n.embedding is not None))
     texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
-    order = sorted(range(len(nodes)), key=lambda i: len(texts[i]))
+    todo = [i for i, n in enumerate(nodes) if n.embedding is None]
+    order = sorted(todo, key=lambda i: len(texts[i]))
     for batch in _batches(order, batch_size):
         vectors = embed_model.get_text_embedding_batch([texts[i] for i in batch])
         for i, vector in zip(batch, vectors, strict=True):

@@ -374,6 +374,8 @@ class MilvusHybridRetriever(BaseRetriever):
         self._inner = index.as_retriever(vector_store_query_mode="hybrid", similarity_top_k=top_k)
 
         self._embed_model = index._embed_model
+        self._vector_store = index.vector_store
+        """Where `DocVectors` reads stored vectors (feedback, the stand-in's copies)."""
         self._dim = getattr(index.vector_store, "dim", None)
         self._where = f"Milvus collection {getattr(index.vector_store, 'collection_name', '')!r}"
         self.similarity_top_k = top_k

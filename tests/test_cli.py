@@ -189,8 +189,53 @@ def test_demo_runs_end_to_end() -> None:
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
     assert "Plain search" in result.output and "HyDE as in the paper" in result.output
-    assert "HyDE as shipped" in result.output
+    assert "HyDE as shipped for this 135M model" in result.output
+    assert "HyDE as shipped for a capable model" in result.output
     assert "The Q3 business review" in result.output
+
+
+@pytest.mark.local
+def test_eval_with_the_strong_model_stand_in_end_to_end(tmp_path: Path) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    args = ["eval", "--dataset", str(tiny), "--transforms", "hyde:include_query=true,hyde"]
+    args += ["--llm", "oracle:1.0:2", "--embed", "local"]
+    args += ["--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Not a real model." in result.output
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["transform"] for r in data["results"]] == ["none", "hyde:include_query=true", "hyde"]
+    assert data["config"]["llm"] == "oracle:1" and data["config"]["right_share"] == 1.0
+    assert data["config"]["questions"] == 1  # only q2 has two relevant documents
+    hyde = data["results"][1]
+    assert hyde["llm_calls"] == 2 and hyde["fallbacks"] == 0 and hyde["cost_source"] == "local"
+    assert "Not a real model." in (tmp_path / "out" / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("llm", "extra", "message"),
+    [
+        ("oracle:2", [], "between 0 and 1"),
+        ("oracle:0.5:0", [], "the draws, from 1 to 20"),
+    ],
+)
+def test_a_bad_stand_in_is_one_error_line_before_any_work(
+    tmp_path: Path, llm: str, extra: list[str], message: str
+) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    args = ["eval", "--dataset", str(tiny), "--llm", llm, *extra, "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0 and message in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+
+
+def test_the_stand_in_refuses_generated_questions(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Some text about renewals.")
+    args = ["eval", "--docs", str(docs), "--llm", "oracle:1.0", "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0 and "needs judged questions" in result.output
 
 
 @pytest.mark.local

@@ -28,7 +28,8 @@ def test_by_default_the_whole_question_is_searched_first_with_its_fusion_weight(
     result = decompose.transform("Explain Q3 revenue and the board")
     assert result.search_queries[0] == "Explain Q3 revenue and the board"
     specs = result.searches()
-    assert specs[0].weight == decompose.original_weight == Decompose.DEFAULT_ORIGINAL_WEIGHT
+    shipped = Decompose.SHIPPED_ORIGINAL_WEIGHT[decompose.generator]
+    assert specs[0].weight == decompose.original_weight == shipped
     assert all(spec.weight == 1.0 for spec in specs[1:])
 
 

@@ -24,7 +24,7 @@ from llama_index_hyde_plus.expansion import keyword_query, weighted_vector
 from llama_index_hyde_plus.retriever import SearchResult
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import Guards, TransformResult
-from llama_index_hyde_plus.transforms.hyde import _resolve_weight
+from llama_index_hyde_plus.transforms.hyde import Shipped, _resolve_weight
 from llama_index_hyde_plus.transforms.parsing import trim_passage
 from llama_index_hyde_plus.transforms.prompts import GROUNDING_PREFIX
 
@@ -79,17 +79,32 @@ def test_the_weight_changes_what_is_found(faiss_index: VectorStoreIndex) -> None
     assert ids(question_only.nodes) == ["lunch"]
 
 
-def test_plain_hyde_is_the_shipped_guarded_default() -> None:
-    hyde = HyDE(ScriptedLLM([P1]))
-    assert hyde.guards == Guards(
-        strategy=HyDE.DEFAULT_STRATEGY, blend=HyDE.DEFAULT_BLEND, gate=HyDE.DEFAULT_GATE
-    )
-    assert (HyDE.DEFAULT_STRATEGY, HyDE.DEFAULT_QUERY_WEIGHT, HyDE.DEFAULT_GATE) == (
-        "replace",
-        0.8,
-        0.7,
-    )
-    assert hyde.query_weight == HyDE.DEFAULT_QUERY_WEIGHT and hyde.include_query
+def test_plain_hyde_ships_guarded_defaults_for_the_small_model_and_weights_for_others() -> None:
+    small = HyDE(ScriptedLLM([P1], model_name="SmolLM2-135M-Instruct-Q4_1"))
+    capable = HyDE(ScriptedLLM([P1], model_name="gpt-4o-mini"))
+    assert small.generator == "small" and capable.generator == "capable"
+    assert HyDE.SHIPPED["small"] == Shipped(query_weight=0.8, gate=0.7)
+    assert HyDE.SHIPPED["capable"] == Shipped(query_weight=0.7, gate=None)
+    assert small.guards == Guards(strategy="replace", blend=HyDE.DEFAULT_BLEND, gate=0.7)
+    assert capable.guards == Guards(strategy="replace", blend=HyDE.DEFAULT_BLEND, gate=None)
+    assert (small.query_weight, capable.query_weight) == (0.8, 0.7)
+    assert small.include_query and capable.include_query
+    assert small.transform(Q).defaults == "small"
+    assert capable.transform(Q).defaults == "capable"
+    assert HyDE(ScriptedLLM([P1]), query_weight=0.7).transform(Q).defaults is None
+
+
+def test_the_shipped_defaults_follow_settings_llm_when_no_llm_is_given() -> None:
+    from llama_index.core import Settings
+
+    before = Settings._llm
+    try:
+        Settings.llm = ScriptedLLM([P1], model_name="SmolLM2-135M-Instruct-Q4_1")
+        assert HyDE().query_weight == 0.8 and HyDE().guards.gate == 0.7
+        Settings.llm = ScriptedLLM([P1], model_name="claude-sonnet")
+        assert HyDE().query_weight == 0.7 and HyDE().guards.gate is None
+    finally:
+        Settings._llm = before
 
 
 @pytest.mark.parametrize(
@@ -105,11 +120,10 @@ def test_replace_with_the_default_weight_sends_the_weighted_vector(
     spy_queries: list[VectorStoreQuery],
 ) -> None:
     hyde = HyDE(ScriptedLLM([P1]), strategy="replace", gate=None)
-    assert hyde.query_weight == HyDE.DEFAULT_QUERY_WEIGHT and hyde.include_query
+    shipped = HyDE.SHIPPED["capable"].query_weight
+    assert hyde.query_weight == shipped and hyde.include_query
     TransformRetriever(faiss_index.as_retriever(), hyde).search(Q)
-    want = weighted_vector(
-        embed_model.vector(Q), [embed_model.vector(P1)], HyDE.DEFAULT_QUERY_WEIGHT
-    )
+    want = weighted_vector(embed_model.vector(Q), [embed_model.vector(P1)], shipped)
     np.testing.assert_allclose(spy_queries[0].query_embedding, want, atol=1e-6)
 
 
@@ -141,7 +155,7 @@ def test_replacing_hyde_repeats_the_question_for_keyword_search() -> None:
     hyde = HyDE(ScriptedLLM([P1]), strategy="replace", gate=None)
     TransformRetriever(base, hyde, search_type="keyword").search(Q)
     text = base.queries[0]
-    assert text == keyword_query(Q, [P1], HyDE.DEFAULT_QUERY_WEIGHT)
+    assert text == keyword_query(Q, [P1], HyDE.SHIPPED["capable"].query_weight)
     assert text.count(Q) > 1
 
 
@@ -516,7 +530,7 @@ def test_contradicting_include_query_and_query_weight_is_a_value_error() -> None
 @pytest.mark.parametrize(
     ("query_weight", "include_query", "want"),
     [
-        (None, None, (0.7, True)),
+        (None, None, (None, True)),  # the shipped defaults decide later
         (None, True, (None, True)),
         (None, False, (None, False)),
         (0.0, None, (0.0, False)),
@@ -528,13 +542,13 @@ def test_contradicting_include_query_and_query_weight_is_a_value_error() -> None
 def test_resolve_weight(
     query_weight: float | None, include_query: bool | None, want: tuple
 ) -> None:
-    assert _resolve_weight(query_weight, include_query, 0.7) == want
+    assert _resolve_weight(query_weight, include_query) == want
 
 
 def test_strategy_must_be_replace_or_rerank() -> None:
     with pytest.raises(ValueError, match="strategy"):
         HyDE(ScriptedLLM(), strategy="bogus")  # type: ignore[arg-type]
-    assert HyDE(ScriptedLLM()).guards.strategy == HyDE.DEFAULT_STRATEGY
+    assert HyDE(ScriptedLLM()).guards.strategy == "replace"
 
 
 @pytest.mark.parametrize("bad", [-1, 21])

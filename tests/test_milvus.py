@@ -432,3 +432,19 @@ def test_a_fan_out_over_the_hybrid_retriever_keeps_its_top_k(tmp_path: Path) -> 
         hybrid_retriever(index, 2), MultiQuery(ScriptedLLM([paraphrases]), n=3)
     )
     assert len(retriever.retrieve("Why did revenue drop?")) == 2
+
+
+def test_stored_vectors_are_read_from_the_hybrid_retriever_not_re_embedded(
+    milvus_index: tuple[str, VectorStoreIndex],
+) -> None:
+    from llama_index_hyde_plus.milvus import hybrid_retriever
+    from llama_index_hyde_plus.vectors import DocVectors
+
+    _, index = milvus_index
+    retriever = hybrid_retriever(index, 3)
+    hits = retriever.retrieve(Q)
+    docs = DocVectors(retriever, None)  # no embedder: re-embedding would raise
+    vectors = docs.get(hits)
+    assert docs.source == "milvus"
+    for hit, vec in zip(hits, vectors, strict=True):
+        np.testing.assert_allclose(vec, EMBED.vector(MILVUS_DOCS[hit.node.node_id]), atol=1e-5)

@@ -71,3 +71,19 @@ def test_a_reply_of_only_echoes_falls_back() -> None:
     reply = "Sure!\nReply with one query per line, numbered 1 to 3"
     result = MultiQuery(ScriptedLLM([reply]), n=3).transform("Why did revenue drop?")
     assert result.fallback and result.search_queries == ("Why did revenue drop?",)
+
+
+@pytest.mark.parametrize(
+    ("model_name", "generator", "weight"),
+    [("SmolLM2-135M-Instruct-Q4_1", "small", 100.0), ("gpt-4o-mini", "capable", 20.0)],
+)
+def test_the_shipped_question_weight_depends_on_the_generator(
+    model_name: str, generator: str, weight: float
+) -> None:
+    llm = ScriptedLLM(["1. revenue decline causes\n2. why sales fell"], model_name=model_name)
+    mq = MultiQuery(llm)
+    assert mq.generator == generator and mq.original_weight == weight
+    result = mq.transform("Why did revenue drop?")
+    assert result.defaults == generator and result.searches()[0].weight == weight
+    chosen = MultiQuery(ScriptedLLM(["1. a\n2. b"], model_name=model_name), original_weight=3.0)
+    assert chosen.transform("Why did revenue drop?").defaults is None

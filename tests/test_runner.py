@@ -145,3 +145,24 @@ def test_split_transforms_keeps_several_options_of_one_transform_together() -> N
         "hyde:k=1",
         "multi-query:original_weight=2,n=4",
     ]
+
+
+def test_eval_flags_a_configuration_that_changes_nothing(tmp_path: Path) -> None:
+    ds = load_beir(TINY)
+    kwargs = dict(
+        embed_model=DeterministicEmbedding(dim=256), embed_label="det-256", cache_root=tmp_path
+    )
+    result = run_eval(  # type: ignore[arg-type]
+        ds,
+        ["none", "hyde:query_weight=1.0,keyword_weight=1.0", "hyde:include_query=false"],
+        llm=answering_llm(),
+        **kwargs,
+    )
+    _, same, moved = result.reports
+    assert same.identical_to_none and not moved.identical_to_none
+    assert same.to_dict()["identical_to_none"] is True
+    from llama_index_hyde_plus.evaluation.report import verdicts
+
+    said = verdicts(result)
+    assert "identical to none on every query" in said[0]
+    assert "identical to none" not in said[1]

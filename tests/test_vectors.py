@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -253,3 +254,20 @@ def test_doc_vectors_re_embed_when_the_store_fails() -> None:
         model.vector(DOCS["hiring"]),
     ]
     assert docs.source == "embedding"
+
+
+def test_doc_vectors_are_read_from_the_clis_faiss_index_not_re_embedded(tmp_path: Path) -> None:
+    from llama_index.core import Document
+
+    from llama_index_hyde_plus.indexing import build_faiss_index, load_faiss_index
+
+    embed = DeterministicEmbedding()
+    docs = [Document(text=t, id_=i) for i, t in DOCS.items()]
+    build_faiss_index(docs, embed, tmp_path / "idx", embed_spec="det", max_length=256)
+    retriever = load_faiss_index(tmp_path / "idx", embed).as_retriever(similarity_top_k=3)
+    hits = retriever.retrieve("laptops security key")
+    reader = DocVectors(retriever, None)  # no embedder: re-embedding would raise
+    vectors = reader.get(hits)
+    assert reader.source == "faiss"
+    for hit, vec in zip(hits, vectors, strict=True):
+        np.testing.assert_allclose(vec, embed.vector(DOCS[hit.node.node_id]), atol=1e-6)

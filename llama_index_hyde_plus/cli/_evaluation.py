@@ -27,6 +27,13 @@ class ModelChoice:
     seed: int
     concurrency: int
 
+    def standin(self) -> Any:
+        """The strong-generator stand-in ``--llm oracle:P`` names, else None; a
+        `ValueError` when P or the seed count is wrong."""
+        from ..evaluation.standin import StandIn
+
+        return StandIn.parse(self.llm, base_seed=self.seed)
+
     @property
     def embed_label(self) -> str:
         from ..models import concrete_embedding_spec
@@ -53,6 +60,8 @@ class ModelChoice:
             embed_model = resolve_embedding(
                 concrete_embedding_spec(self.embed), max_length=self.max_length
             )
+            if self.standin() is not None:
+                return embed_model, None  # the stand-in is made per draw, from the labels
             return embed_model, self.make_llm() if needs_llm else None
 
 
@@ -119,9 +128,20 @@ class SearchChoice:
             "milvus_uri": self.uri,
             "milvus_token": self.token or "",
             "index_store": None if self.index is None else _faiss_store(self.index),
+            "standin": models.standin(),
         }
 
 
+def standin_for(models: ModelChoice, source: Any) -> Any:
+    """The stand-in ``--llm oracle:P`` asks for (None for a real model), checked before
+    any work: it needs judged questions, so not questions written from ``--docs``."""
+    standin = models.standin()
+    if standin is not None and source.needs_llm:
+        raise ValueError(
+            "--llm oracle:P needs judged questions: use --dataset, or --docs with --qrels "
+            "(generated questions need a real --llm)"
+        )
+    return standin
 def _faiss_store(path: Path) -> Any:
     from ..stores import FaissStore
 

@@ -14,6 +14,14 @@ MODEL_HELP = "auto, local or openai[:MODEL]."
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens (INFO).")]
 Llm = Annotated[str, typer.Option(help=MODEL_HELP)]
+EvalLlm = Annotated[
+    str,
+    typer.Option(
+        help=MODEL_HELP[:-1] + ", or oracle:P[:N], a stand-in for a strong model that answers "
+        "with a judged-relevant document with probability P (removed from the index and the "
+        "judgements; needs questions with 2+ relevant documents), N draws averaged (3)."
+    ),
+]
 Embed = Annotated[str, typer.Option(help=MODEL_HELP)]
 Temperature = Annotated[float | None, typer.Option(help="LLM temperature.")]
 Timeout = Annotated[

@@ -20,6 +20,7 @@ from ._evaluation import (
     bars,
     command_line,
     require_eval_extra,
+    standin_for,
 )
 
 
@@ -45,9 +46,11 @@ def _config(
 ) -> dict[str, Any]:
     from ..models import describe_llm
 
+    standin = models.standin()
+    llm = standin.label if standin else "none" if model is None else describe_llm(model)
     return {
         "store": store,
-        "llm": "none" if model is None else describe_llm(model),
+        "llm": llm,
         "embed": models.embed_label,
         "top_k": top_k,
         "concurrency": models.concurrency,
@@ -92,7 +95,7 @@ def eval_cmd(
     split: Split = "test",
     limit: opt.Limit = None,
     out: ResultsOut = Path("eval-results"),
-    llm: opt.Llm = "auto",
+    llm: opt.EvalLlm = "auto",
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -130,7 +133,7 @@ def eval_cmd(
         result = run_eval(
             ds,
             specs,
-            llm=models.make_llm if any(needs_llm(s.name) for s in specs) else None,
+            llm=models.make_llm if model is not None else None,
             max_length=max_length,
             use_cache=cache,
             progress=bars(progress, "/s"),
@@ -160,6 +163,7 @@ def _prepare(
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
         specs = _specs(transforms, config_files)
+        standin_for(models, source)
         check_results_folder(out)
         source.check(models.max_length, out)
         where.check_index(source.docs, models)
@@ -180,6 +184,8 @@ def _prepare(
 def _show(result: Any, out: Path, note: str | None = None) -> None:
     from ..evaluation.report import rich_table, verdicts, write_outputs
 
+    if result.config.get("stand_in"):
+        err.print(f"[bold yellow]Not a real model.[/] {result.config['stand_in']}.")
     Console(width=max(console.width, 160)).print(rich_table(result))
     for line in verdicts(result):
         console.print(f"  {line}")

@@ -207,6 +207,12 @@ def _print_json(result: SearchResult, rows: list[Row], group_by_file: bool) -> N
 GROUP_POOL = 4
 
 
+TRANSFORM_HELP = (
+    f"One of: {', '.join(TRANSFORMS)} (default: hyde). Its shipped options depend on the "
+    "LLM: conservative for the bundled local model, stronger for any other (README)."
+)
+
+
 def query(
     question: Annotated[str, typer.Argument(help="The question to search for.")],
     index_path: IndexPath = None,
@@ -218,7 +224,7 @@ def query(
     ] = None,
     transform: Annotated[
         str | None,
-        typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS)} (default: hyde)."),
+        typer.Option("--transform", "-t", help=TRANSFORM_HELP),
     ] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Results to show.")] = 5,
     n: Count = None,

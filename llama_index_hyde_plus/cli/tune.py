@@ -19,6 +19,7 @@ from ._evaluation import (
     bars,
     command_line,
     require_eval_extra,
+    standin_for,
 )
 
 
@@ -73,7 +74,7 @@ def tune(
     report: SweepReport = None,
     tolerance: Tolerance = 0.2,
     grid: Grid = None,
-    llm: opt.Llm = "auto",
+    llm: opt.EvalLlm = "auto",
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -105,8 +106,7 @@ def tune(
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
         result = run_tune(
-            ds,
-            name,
+            ds, name,
             llm=model,
             split=split,
             grid=configs,
@@ -135,6 +135,7 @@ def _load(
 
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
+        standin_for(models, source)
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         source.check(models.max_length)
         where.check_index(source.docs, models)
@@ -154,6 +155,8 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
         from ..evaluation.questions import mark_tuned
 
         mark_tuned(question_set)
+    if result.extra.get("stand_in"):
+        err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
     Console(width=max(console.width, 120)).print(tune_table(result))
     console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
     if (result.winner.delta_vs_none or 0.0) < 0:

@@ -125,6 +125,8 @@ def verdicts(result: EvalResult) -> list[str]:
             extra.append(f"{report.skipped} skipped by the gate")
         if report.fallbacks:
             extra.append(f"{report.fallbacks} fell back")
+        if report.identical_to_none:
+            extra.append("identical to none on every query: it changes nothing here")
         tail = f" ({'; '.join(extra)})" if extra else ""
         lines.append(f"{report.label}: {report.verdict}{tail}")
     return lines
@@ -134,6 +136,8 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     lines = []
     if command:
         lines += ["```bash", command, "```", ""]
+    if result.config.get("stand_in"):
+        lines += [f"**Not a real model.** {result.config['stand_in']}.", ""]
     lines += [
         f"{result.dataset}: {result.queries} queries, {result.documents} documents. "
         "Best value per column in bold; Δ is nDCG@10 minus `none`'s in points; wins/ties/"
@@ -364,6 +368,8 @@ def tune_markdown(result: TuneResult, command: str | None = None, top: int | Non
     lines = []
     if command:
         lines += ["```bash", command, "```", ""]
+    if result.extra.get("stand_in"):
+        lines += [f"**Not a real model.** {result.extra['stand_in']}.", ""]
     lines.append("| " + " | ".join(h or "note" for h in TUNE_HEADERS) + " |")
     lines.append("| --- | " + " | ".join("---:" for _ in TUNE_HEADERS[1:-1]) + " | --- |")
     lines += ["| " + " | ".join(row) + " |" for row in tune_rows(result, top)]

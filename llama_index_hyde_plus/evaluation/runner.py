@@ -11,8 +11,9 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -24,6 +25,7 @@ from .._suggest import did_you_mean
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..stores import Store, store_for
+from ..transforms._listing import QueryListTransform
 from ..transforms.factory import build
 from ..transforms.registry import (
     TRANSFORMS,
@@ -35,6 +37,20 @@ from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
 from .metrics import MEASURES, evaluate, paired_interval, paired_t_test, percentile
+from .standin import (
+    Draw,
+    ScoreAll,
+    SeedRun,
+    StandIn,
+    draw,
+    eligible,
+    merge_seeds,
+    oracle_llm,
+    plain_rankings,
+    reduced,
+    right_share,
+    stored_vectors,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
@@ -151,6 +167,10 @@ class TransformReport:
     interval_vs_none: tuple[float, float] | None = None
     """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)
+    rankings: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    """Each query's ranked document ids (to tell a configuration that changes nothing)."""
+    identical_to_none: bool = False
+    """Every query's ranking equals `none`'s: the configuration is a no-op here."""
 
     @property
     def verdict(self) -> str:
@@ -167,6 +187,10 @@ class TransformReport:
         self.delta_vs_none = self.scores["nDCG@10"] - baseline.scores["nDCG@10"]
         self.p_value_vs_none = paired_t_test(mine, base)
         self.interval_vs_none = paired_interval(mine, base)
+        ranked = set(self.rankings) & set(baseline.rankings)
+        self.identical_to_none = bool(ranked) and all(
+            self.rankings[k] == baseline.rankings[k] for k in ranked
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +222,7 @@ class TransformReport:
             "losses": self.losses,
             "verdict": self.verdict if self.delta_vs_none is not None else None,
             "skipped_by_gate": self.skipped,
+            "identical_to_none": self.identical_to_none,
             "options": self.options,
             "examples": self.examples,
         }
@@ -297,14 +322,21 @@ def cached_index(
     max_length: int = 256,
     batch_size: int = 32,
     progress: ProgressFactory | None = None,
+    vectors: Mapping[str, Sequence[float]] | None = None,
 ) -> tuple[VectorStoreIndex, float, bool]:
     """``(index, build seconds, reused)``: the index of ``ds`` in ``store``, reused
-    when it was built from the same corpus and embedding, else built."""
+    when it was built from the same corpus and embedding, else built (from
+    ``vectors``, each document's stored vector, when given: no embedding)."""
     meta = store.meta()
     if meta is not None and meta.get("embed") == embed_label:
         return store.load(embed_model), 0.0, True
     docs = ds.documents()
-    advance = progress(f"Embedding corpus ({store.kind})", len(docs)) if progress else None
+    what = "Embedding corpus"
+    if vectors is not None:  # an index's own vectors, reused: nothing is embedded again
+        what = "Indexing stored vectors"
+        for doc in docs:
+            doc.embedding = list(vectors[doc.doc_id])
+    advance = progress(f"{what} ({store.kind})", len(docs)) if progress else None
     info = store.build(
         docs,
         embed_model,
@@ -411,6 +443,7 @@ class SessionOptions(TypedDict, total=False):
     milvus_uri: str | None
     milvus_token: str
     progress: ProgressFactory | None
+    vectors: Mapping[str, Sequence[float]] | None
     index_store: Store | None
 
 
@@ -423,6 +456,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "milvus_uri": None,
     "milvus_token": "",
     "progress": None,
+    "vectors": None,
     "index_store": None,
 }
 """The `SessionOptions` an `EvalSession` fills in when they are not given."""
@@ -459,11 +493,21 @@ class EvalSession:
                 label,
                 max_length=o["max_length"],
                 progress=self.progress,
+                vectors=o["vectors"],
             )
+        self._options = o
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000)
         self.cache = SQLiteCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
         self._retriever: Any = None
+
+    def derived(self, ds: BeirDataset, vectors: Mapping[str, Sequence[float]]) -> EvalSession:
+        """A session over ``ds`` (a subset of this one's corpus) in its own store,
+        built from ``vectors`` (this index's stored ones: nothing is embedded again),
+        sharing this session's embedder; stand-in answers are not cached."""
+        session = EvalSession(ds, **{**self._options, "vectors": vectors, "use_cache": False})
+        session.embedder = self.embedder
+        return session
 
     def base_retriever(self) -> Any:
         """The store's own retriever (one per session: its vectors are reused)."""
@@ -506,6 +550,7 @@ class EvalSession:
             examples=examples,
             skipped=sum(1 for r in records if r.skipped),
             options=dict(options or {}),
+            rankings={qid: tuple(docs) for qid, docs in run.items()},
         )
 
     def close(self) -> None:
@@ -544,6 +589,65 @@ def _score(
     return session.score(spec.label, transformer, options=spec.options)
 
 
+def answer_kind(name: str) -> str:
+    """What a stand-in writes for the transform ``name``: generated queries for a
+    fan-out (a `QueryListTransform`), else a passage."""
+    return "query" if issubclass(transform_class(name), QueryListTransform) else "passage"
+
+
+def run_standin(
+    session: EvalSession, standin: StandIn, score_all: ScoreAll
+) -> tuple[list[TransformReport], dict[str, Any]]:
+    """Score with the stand-in generator (`standin` module): for each seed, draw the
+    answers, build the reduced index from ``session``'s stored vectors, and call
+    ``score_all(reduced session, llm_for)`` (its reports, ``none`` first); the reports
+    are averaged per question over the seeds and compared with ``none``. Returns the
+    reports and what to record about the stand-in."""
+    ds = session.ds
+    qids = eligible(ds)
+    if not qids:
+        raise ValueError(
+            "--llm oracle needs questions with at least two relevant documents "
+            "(one is given to the stand-in, the others are scored); this set has none"
+        )
+    retriever = session.base_retriever()
+    rankings = plain_rankings(retriever, ds, qids)
+    vectors = stored_vectors(retriever, list(ds.corpus))
+    runs: list[SeedRun] = []
+    for seed in standin.seeds:
+        draws = draw(ds, rankings, standin.p, seed, depth=standin.depth)
+        sub = reduced(ds, draws)
+        tag = f"{standin.label}:seed={seed}"
+
+        def llm_for(name: str, draws: dict[str, Draw] = draws, tag: str = tag) -> Any:
+            kind = answer_kind(name)  # the text comes from the full corpus
+            return oracle_llm(ds, draws, kind, characters=standin.characters, label=tag)
+
+        child = session.derived(sub, vectors)
+        try:
+            runs.append(SeedRun(score_all(child, llm_for), draws))
+        finally:
+            child.close()
+    reports = merge_seeds(runs)
+    compare(reports)
+    info = {
+        "stand_in": standin.describe(),
+        "p": standin.p,
+        "seeds": list(standin.seeds),
+        "questions": reports[0].queries if reports else 0,
+        "eligible_questions": len(qids),
+        "right_share": round(right_share(runs), 4),
+    }
+    return reports, info
+
+
+def with_none(specs: Sequence[TransformSpec]) -> list[TransformSpec]:
+    """``specs`` with ``none`` first (the stand-in compares within each seed)."""
+    rest = [s for s in specs if s.name != "none"]
+    head = [s for s in specs if s.name == "none"] or [TransformSpec("none", "none")]
+    return head[:1] + rest
+
+
 def run_eval(
     ds: BeirDataset,
     transforms: Sequence[str | TransformSpec],
@@ -551,6 +655,7 @@ def run_eval(
     llm: LLM | Callable[[], LLM] | None,
     hyde_prompt: str | None = None,
     config: dict[str, Any] | None = None,
+    standin: StandIn | None = None,
     **options: Unpack[SessionOptions],
 ) -> EvalResult:
     """Evaluate each transform in ``transforms`` on ``ds`` (see module docstring).
@@ -558,30 +663,42 @@ def run_eval(
     ``llm`` is an LLM, or a zero-argument factory called once per transform (the CLI
     passes one so that each transform samples from a fresh, seeded local model).
     ``hyde_prompt`` is a HyDE paper prompt by task or a template; ``config`` is recorded
-    in the report; ``options`` are the `EvalSession` options (`SessionOptions`).
+    in the report; ``standin`` scores with the strong-generator stand-in instead of
+    ``llm`` (`run_standin`); ``options`` are the `EvalSession` options (`SessionOptions`).
     """
     specs = [t if isinstance(t, TransformSpec) else parse_transform_spec(t) for t in transforms]
     if not specs:
         raise ValueError("transforms must name at least one transform")
-    if llm is None and any(needs_llm(s.name) for s in specs):
+    if llm is None and standin is None and any(needs_llm(s.name) for s in specs):
         raise ValueError("an llm is needed for transforms other than none and rocchio")
     wall = time.perf_counter()
     session = EvalSession(ds, **options)
     phases = {"index": time.perf_counter() - wall}
-    reports = []
+    extra: dict[str, Any] = {}
     try:
-        for spec in specs:
+        if standin is None:
+            reports = []
+            for spec in specs:
+                start = time.perf_counter()
+                reports.append(_score(session, spec, llm, hyde_prompt))
+                phases[spec.label] = time.perf_counter() - start
+            compare(reports)
+        else:
+            specs = with_none(specs)
+
+            def score_all(child: EvalSession, llm_for: Callable[[str], Any]) -> list[Any]:
+                return [_score(child, s, partial(llm_for, s.name), hyde_prompt) for s in specs]
+
             start = time.perf_counter()
-            reports.append(_score(session, spec, llm, hyde_prompt))
-            phases[spec.label] = time.perf_counter() - start
+            reports, extra = run_standin(session, standin, score_all)
+            phases["stand-in runs"] = time.perf_counter() - start
     finally:
         session.close()
-    compare(reports)
     result = EvalResult(
         dataset=ds.name,
         queries=len(ds.queries),
         documents=len(ds.corpus),
-        config=dict(config or {}),
+        config={**(config or {}), **extra},
         reports=reports,
         index_seconds=session.index_seconds,
         index_cached=session.index_cached,

@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,9 @@ from .runner import (
     compare,
     fresh_llm,
     needs_llm,
+    run_standin,
 )
+from .standin import StandIn
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -141,12 +144,15 @@ def run_tune(
     tolerance: float = DEFAULT_TOLERANCE,
     hyde_prompt: str | None = None,
     on_report: Callable[[TransformReport], None] | None = None,
+    standin: StandIn | None = None,
     **options: Unpack[SessionOptions],
 ) -> TuneResult:
     """Score ``none`` and every configuration of ``transform`` in ``grid`` (default:
     the class's own `tune_grid`) on ``ds``; generations are cached, so the sweep
     calls the LLM once per query and generation setting. ``options`` are the
-    `EvalSession` options (`SessionOptions`: models, cache, store, depth...)."""
+    `EvalSession` options (`SessionOptions`: models, cache, store, depth...).
+    ``standin`` sweeps with the strong-generator stand-in instead of ``llm``
+    (`runner.run_standin`: seeds averaged per question)."""
     name = transform.strip().lower()
     if name not in TRANSFORMS or name == "none":
         raise ValueError(
@@ -156,11 +162,17 @@ def run_tune(
     if not 0 <= tolerance < 1:
         raise ValueError("tolerance must be between 0 and 1 (nDCG@10 is 0-1)")
     configs = check_grid(name, grid if grid is not None else transform_class(name).tune_grid())
-    if needs_llm(name) and llm is None:
+    if needs_llm(name) and llm is None and standin is None:
         raise ValueError(f"{name} needs an llm")
     session = EvalSession(ds, **options)
     try:
-        baseline, reports = _sweep(session, name, configs, llm, hyde_prompt, on_report)
+        if standin is None:
+            baseline, reports = _sweep(session, name, configs, llm, hyde_prompt, on_report)
+            stand_in: dict[str, Any] = {}
+        else:
+            baseline, reports, stand_in = _sweep_standin(
+                session, standin, name, configs, hyde_prompt, on_report
+            )
     finally:
         session.close()
     best = max(reports, key=lambda r: r.scores["nDCG@10"])
@@ -178,8 +190,31 @@ def run_tune(
             "store": options.get("store", "faiss"),
             "hyde_prompt": hyde_prompt,
             "top_k": options.get("top_k", 100),
+            **stand_in,
         },
     )
+
+
+def _sweep_standin(
+    session: EvalSession,
+    standin: StandIn,
+    name: str,
+    configs: Sequence[dict[str, Any]],
+    hyde_prompt: str | None,
+    on_report: Callable[[TransformReport], None] | None,
+) -> tuple[TransformReport, list[TransformReport], dict[str, Any]]:
+    """`_sweep` on every draw of the stand-in, averaged per question (`run_standin`):
+    ``(none's report, each configuration's, what to record about the stand-in)``."""
+
+    def score_all(child: EvalSession, llm_for: Callable[[str], Any]) -> list[Any]:
+        head, rest = _sweep(child, name, configs, partial(llm_for, name), hyde_prompt)
+        return [head, *rest]
+
+    merged, stand_in = run_standin(session, standin, score_all)
+    for report in merged[1:]:
+        if on_report is not None:
+            on_report(report)
+    return merged[0], merged[1:], stand_in
 
 
 def _sweep(
@@ -188,7 +223,7 @@ def _sweep(
     configs: Sequence[dict[str, Any]],
     llm: LLM | Callable[[], LLM] | None,
     hyde_prompt: str | None,
-    on_report: Callable[[TransformReport], None] | None,
+    on_report: Callable[[TransformReport], None] | None = None,
 ) -> tuple[TransformReport, list[TransformReport]]:
     """``none``'s report, then each configuration's, compared with it."""
     model = fresh_llm(llm) if needs_llm(name) else None

@@ -27,8 +27,15 @@ class QueryListTransform(LLMTransform):
     parse_excludes_query: ClassVar[bool] = True
     """Whether a generated query equal to the question is dropped while parsing (so it
     does not take one of the ``n`` places). Part of the cache key."""
-    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 1.0
-    """Fusion weight of the question's own list when nothing is said (tuned)."""
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 1.0, "capable": 1.0}
+    """Fusion weight of the question's own list when nothing is said, by generator
+    (`LLMTransform.generator`), chosen on SciFact train (BENCHMARKS.md). ``"small"``,
+    the bundled SmolLM2-135M: 100 (multi-query, decompose) or 50 (step-back, rewrite),
+    close to a no-op on purpose (its queries only break near-ties; at lower weights
+    they cost 1 to 11 nDCG@10 points). ``"capable"``, any other LLM: 20, measured with
+    the strong-generator stand-in (its query a relevant document's title): +1.1 when
+    the model is right, -0.9 when half its queries are plausible but wrong; lower
+    weights gain more and cost more. Weigh your own with ``hyde-plus tune``."""
 
     DEFAULT_N: ClassVar[int | None] = None
     """``n`` when none is given; None for a transform that writes exactly one query
@@ -57,13 +64,30 @@ class QueryListTransform(LLMTransform):
         self.n = n
         self.include_query = include_query
         self.max_characters = max_characters
-        if original_weight is None:
-            original_weight = self.DEFAULT_ORIGINAL_WEIGHT
-        if isinstance(original_weight, bool) or not isinstance(original_weight, (int, float)):
-            raise TypeError("original_weight must be a number >= 0")
-        if not 0 <= original_weight <= 100:
-            raise ValueError("original_weight must be between 0 and 100")
-        self.original_weight = float(original_weight)
+        if original_weight is not None:
+            if isinstance(original_weight, bool) or not isinstance(original_weight, (int, float)):
+                raise TypeError("original_weight must be a number >= 0")
+            if not 0 <= original_weight <= 100:
+                raise ValueError("original_weight must be between 0 and 100")
+            original_weight = float(original_weight)
+        self._original_weight = original_weight
+
+    @property
+    def original_weight(self) -> float:
+        """The fusion weight of the question's own list: the one given, else the
+        shipped one for this transform's generator (`SHIPPED_ORIGINAL_WEIGHT`)."""
+        if self._original_weight is not None:
+            return self._original_weight
+        return self.SHIPPED_ORIGINAL_WEIGHT[self.generator]
+
+    def _search_fields(self) -> dict[str, Any]:
+        """How the queries are searched, as `TransformResult` fields."""
+        shipped = self.include_query and self._original_weight is None
+        return {
+            "include_query": self.include_query,
+            "original_weight": self.original_weight,
+            "defaults": self.generator if shipped else None,
+        }
 
     @classmethod
     def count_option(cls) -> str | None:
@@ -93,13 +117,7 @@ class QueryListTransform(LLMTransform):
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         queries = tuple(trim_passage(q, self.max_characters) for q in result.queries)
-        return replace(
-            result,
-            queries=queries,
-            include_query=self.include_query,
-            original_weight=self.original_weight,
-            **changes,
-        )
+        return replace(result, queries=queries, **{**self._search_fields(), **changes})
 
     def _format_vars(self) -> dict[str, Any]:
         return {"n": self.n} if "n" in self._prompt.template_vars else {}
@@ -131,7 +149,6 @@ class QueryListTransform(LLMTransform):
             query=query,
             method=self.method,
             queries=tuple(queries),
-            include_query=self.include_query,
             usage=usage,
-            original_weight=self.original_weight,
+            **self._search_fields(),
         )

@@ -168,6 +168,9 @@ class TransformResult:
     skipped: str | None = None
     """Why the expansion was not used for this query (a gate), when it was not. Not a
     failure: nothing is logged as a warning."""
+    defaults: str | None = None
+    """Which shipped defaults chose the search options: ``"small"`` (the bundled
+    SmolLM2-135M) or ``"capable"`` (any other LLM); None when the caller chose them."""
 
     @classmethod
     def fallback_for(
@@ -279,6 +282,8 @@ class TransformResult:
             out["original_weight"] = self.original_weight
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.defaults:
+            out["defaults"] = self.defaults
         return out
 
     @classmethod
@@ -302,6 +307,7 @@ class TransformResult:
             keyword_weight=_opt_float(data.get("keyword_weight")),
             original_weight=float(data.get("original_weight", 1.0)),
             skipped=data.get("skipped"),
+            defaults=data.get("defaults"),
         )
 
 

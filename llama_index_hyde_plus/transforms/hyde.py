@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.llms import LLM
@@ -36,6 +36,15 @@ class _Unset:
 UNSET = _Unset()
 
 
+@dataclass(frozen=True)
+class Shipped:
+    """One set of HyDE's shipped search options (see `HyDE.SHIPPED`)."""
+
+    query_weight: float
+    gate: float | None
+    strategy: Strategy = "replace"
+
+
 class HyDE(LLMTransform):
     """Hypothetical Document Embeddings (Gao et al., 2022), with quality guards.
 
@@ -64,12 +73,14 @@ class HyDE(LLMTransform):
       ``context_characters``) are put in the prompt, so the model writes from the
       corpus instead of from memory. One extra search; cached like any generation.
 
-    With neither ``include_query`` nor ``query_weight``, the shipped defaults apply
-    (`DEFAULT_QUERY_WEIGHT` 0.8 and `DEFAULT_GATE` 0.7, chosen by ``hyde-plus tune``
-    on SciFact train; BENCHMARKS.md); choosing the vector yourself turns the default
-    gate off. The guards that need embeddings or the question's hits (weights, rerank, gate,
-    grounding) are carried out by `TransformRetriever`; `run()` (LlamaIndex's
-    ``TransformQueryEngine``) approximates the weight by repeating the question.
+    With neither ``include_query`` nor ``query_weight``, the shipped defaults for the
+    transform's generator apply (`SHIPPED`: question weight 0.8 and a 0.7 gate for the
+    bundled SmolLM2-135M, question weight 0.7 and no gate for any other LLM; chosen on
+    SciFact train, BENCHMARKS.md) and ``result.defaults`` names the set; choosing the
+    vector or the strategy yourself turns the default gate off. The guards that need
+    embeddings or the question's hits (weights, rerank, gate, grounding) are carried out
+    by `TransformRetriever`; `run()` (LlamaIndex's ``TransformQueryEngine``)
+    approximates the weight by repeating the question.
     ``num_passages`` (1..16) passages are written per question (concurrently on the
     async path; one after another on the sync path); ``max_characters`` trims each.
     ``prompt``, ``temperature``, ``timeout``, ``prices``, ``callback_manager``,
@@ -80,14 +91,16 @@ class HyDE(LLMTransform):
     method: ClassVar[str] = "hyde"
     prompt_key: ClassVar[str] = "hyde_prompt"
     default_prompt: ClassVar[str] = HYDE_PROMPT
-    DEFAULT_STRATEGY: ClassVar[Strategy] = "replace"
-    """The shipped defaults, chosen by ``hyde-plus tune`` on SciFact train (300 claims)
-    with the local models on both stores (BENCHMARKS.md): the configuration whose worse
-    result across FAISS dense and Milvus hybrid was best. Search with the question at
-    weight 0.8 (the passage at 0.2, on the keyword side too), skipping queries whose
-    passage has a cosine below 0.7 to the question."""
-    DEFAULT_QUERY_WEIGHT: ClassVar[float] = 0.8
-    DEFAULT_GATE: ClassVar[float | None] = 0.7
+    SHIPPED: ClassVar[dict[str, Shipped]] = {
+        "small": Shipped(query_weight=0.8, gate=0.7),
+        "capable": Shipped(query_weight=0.7, gate=None),
+    }
+    """The defaults by generator (`LLMTransform.generator`), chosen on SciFact train
+    (BENCHMARKS.md, issue #23). ``"small"``, the bundled SmolLM2-135M, whose passages
+    rarely help: the question keeps 0.8 of the vector and a 0.7 cosine gate skips
+    passages far from the question. ``"capable"``, any other LLM, measured with the
+    strong-generator stand-in (``--llm oracle:P``): question weight 0.7 and no gate
+    keeps most of what good passages gain and loses little when half are wrong."""
     DEFAULT_BLEND: ClassVar[float] = 0.3
     """The rerank blend when ``strategy="rerank"`` is asked for without one."""
     CHARACTERS_PER_TOKEN: ClassVar[int] = 4
@@ -125,44 +138,63 @@ class HyDE(LLMTransform):
         self.max_characters = max_characters
         self.num_passages = num_passages
         self.context_characters = context_characters
-        shipped = include_query is None and query_weight is None
-        self.query_weight, self.include_query = _resolve_weight(
-            query_weight, include_query, self.DEFAULT_QUERY_WEIGHT
-        )
-        self.keyword_weight = (
-            check_weight(keyword_weight, "keyword_weight")
-            if keyword_weight is not None
-            else self.query_weight
-        )
-        self.guards, self._explicit_guards = self._guards(strategy, blend, gate, grounded, shipped)
-
-    @classmethod
-    def _guards(
-        cls,
-        strategy: Strategy | None,
-        blend: float | None,
-        gate: float | _Unset | None,
-        grounded: int,
-        shipped: bool,
-    ) -> tuple[Guards, bool]:
-        """The guards to carry out, and whether the caller asked for any (a chain must
-        refuse those, not drop them). ``shipped``: the defaults apply."""
-        explicit = (
-            strategy == "rerank"
-            or (not isinstance(gate, _Unset) and gate is not None)
-            or grounded > 0
-        )
-        if strategy is None:
-            strategy = cls.DEFAULT_STRATEGY if shipped else "replace"
-        if isinstance(gate, _Unset):
-            gate = cls.DEFAULT_GATE if shipped else None
-        guards = Guards(
+        # the weight is shipped unless the caller chose the vector; the strategy and
+        # gate only when the caller chose none of the vector, the strategy or the gate
+        self._shipped = include_query is None and query_weight is None
+        self._shipped_guards = self._shipped and strategy is None
+        self._query_weight, self._include_query = _resolve_weight(query_weight, include_query)
+        self._keyword_weight = check_weight(keyword_weight, "keyword_weight")
+        self._gate = gate
+        self._fixed: Guards | None = None
+        self._shipped_by_generator: dict[str, Guards] = {}
+        gate_given = not isinstance(gate, _Unset) and gate is not None
+        self._explicit_guards = strategy == "rerank" or gate_given or grounded > 0
+        # checked now; the generator's shipped strategy and gate fill what is unset
+        self._options = Guards(
             context_k=grounded,
-            strategy=strategy,
-            blend=cls.DEFAULT_BLEND if blend is None else blend,
-            gate=gate,
+            strategy=strategy or "replace",
+            blend=self.DEFAULT_BLEND if blend is None else blend,
+            gate=None if isinstance(gate, _Unset) else gate,
         )
-        return guards, explicit
+
+    @property
+    def defaults(self) -> Shipped | None:
+        """The shipped defaults in force (for this transform's generator), or None when
+        the caller chose the vector (``query_weight`` or ``include_query``)."""
+        return self.SHIPPED[self.generator] if self._shipped else None
+
+    @property
+    def query_weight(self) -> float | None:
+        """The question's share of the dense vector (None: the paper's plain mean)."""
+        shipped = self.defaults
+        return shipped.query_weight if shipped is not None else self._query_weight
+
+    @property
+    def include_query(self) -> bool:  # type: ignore[override]
+        shipped = self.defaults
+        return shipped.query_weight > 0 if shipped is not None else self._include_query
+
+    @property
+    def keyword_weight(self) -> float | None:
+        """The question's share of the keyword text; the dense weight when unset."""
+        return self._keyword_weight if self._keyword_weight is not None else self.query_weight
+
+    @property
+    def guards(self) -> Guards:  # type: ignore[override]
+        """What `TransformRetriever` carries out: the options given, with the
+        generator's shipped strategy and gate where they were left unset."""
+        if self._fixed is not None:
+            return self._fixed
+        if not self._shipped_guards:
+            return self._options
+        generator = self.generator
+        guards = self._shipped_by_generator.get(generator)
+        if guards is None:  # one per generator: the search path reads this every query
+            shipped = self.SHIPPED[generator]
+            gate = shipped.gate if isinstance(self._gate, _Unset) else self._gate
+            guards = replace(self._options, strategy=shipped.strategy, gate=gate)
+            self._shipped_by_generator[generator] = guards
+        return guards
 
     @classmethod
     def count_option(cls) -> str | None:
@@ -204,7 +236,7 @@ class HyDE(LLMTransform):
                 "(they act on one question's own search); use it on its own"
             )
         stage = copy.copy(self)
-        stage.guards = Guards()
+        stage._fixed = Guards()
         return stage
 
     def search_advice(self, search_type: str) -> str | None:
@@ -219,7 +251,7 @@ class HyDE(LLMTransform):
     @property
     def grounded(self) -> int:
         """How many of the question's hits the prompt shows (0: free generation)."""
-        return self.guards.context_k
+        return self._options.context_k
 
     def _params(self) -> dict[str, object]:
         # the search options only change how passages are searched, not the passages
@@ -265,13 +297,17 @@ class HyDE(LLMTransform):
         return GROUNDING_PREFIX.format(context=block) + prompt
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
-        return replace(
-            result,
-            include_query=self.include_query,
-            query_weight=self.query_weight,
-            keyword_weight=self.keyword_weight,
-            **changes,
-        )
+        return replace(result, **{**self._search_fields(), **changes})
+
+    def _search_fields(self) -> dict[str, Any]:
+        """How the passages are searched, as `TransformResult` fields."""
+        shipped = self.defaults
+        return {
+            "include_query": self.include_query,
+            "query_weight": self.query_weight,
+            "keyword_weight": self.keyword_weight,
+            "defaults": self.generator if shipped is not None else None,
+        }
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
         passages = [trim_passage(_ECHO.sub("", r), self.max_characters) for r in replies]
@@ -286,19 +322,18 @@ class HyDE(LLMTransform):
             method=self.method,
             queries=(query,),
             hypothetical=tuple(passages),
-            include_query=self.include_query,
             usage=usage,
-            query_weight=self.query_weight,
-            keyword_weight=self.keyword_weight,
+            **self._search_fields(),
         )
 
 
 def _resolve_weight(
-    query_weight: float | None, include_query: bool | None, default: float
+    query_weight: float | None, include_query: bool | None
 ) -> tuple[float | None, bool]:
     """``(query_weight, include_query)`` from what the caller said: an explicit weight
     wins (and must agree with ``include_query``); ``include_query`` alone means the
-    paper's plain mean (True) or passages only (False); neither means ``default``."""
+    paper's plain mean (True) or passages only (False). Neither: the shipped defaults
+    decide later (``(None, True)`` until then)."""
     if include_query is not None and not isinstance(include_query, bool):
         raise TypeError("include_query must be True, False or None")
     if query_weight is not None:
@@ -309,6 +344,4 @@ def _resolve_weight(
         if include_query is True and w == 0:
             raise ValueError("include_query=True contradicts query_weight=0; drop one")
         return w, w > 0
-    if include_query is None:
-        return default, default > 0
-    return None, bool(include_query)
+    return None, include_query is not False

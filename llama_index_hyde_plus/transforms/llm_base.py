@@ -117,6 +117,18 @@ class LLMTransform(QueryTransformer):
         return self._llm if self._llm is not None else Settings.llm
 
     @property
+    def generator(self) -> str:
+        """``"small"`` (the bundled SmolLM2-135M) or ``"capable"`` (any other LLM):
+        which of the shipped defaults apply when options are left unset. An LLM that
+        cannot be resolved (``Settings.llm`` without a key) counts as capable: its call
+        fails and falls back anyway."""
+        try:
+            llm = self.llm
+        except Exception:
+            return "capable"
+        return _llm.generator_kind(llm)
+
+    @property
     def timeout(self) -> float | None:
         """Seconds one LLM call may take, retries included: the ``timeout`` option when
         given (None: no bound), else the one policy for this transform's model

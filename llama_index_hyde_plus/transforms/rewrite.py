@@ -15,6 +15,6 @@ class Rewrite(QueryListTransform):
     method: ClassVar[str] = "rewrite"
     prompt_key: ClassVar[str] = "rewrite_prompt"
     default_prompt: ClassVar[str] = REWRITE_PROMPT
-    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 50.0
-    """Tuned on SciFact train with the local models (BENCHMARKS.md)."""
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 50.0, "capable": 20.0}
+    """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""
     parse_excludes_query: ClassVar[bool] = False

@@ -16,5 +16,5 @@ class StepBack(QueryListTransform):
     method: ClassVar[str] = "step-back"
     prompt_key: ClassVar[str] = "step_back_prompt"
     default_prompt: ClassVar[str] = STEP_BACK_PROMPT
-    DEFAULT_ORIGINAL_WEIGHT: ClassVar[float] = 50.0
-    """Tuned on SciFact train with the local models (BENCHMARKS.md)."""
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 50.0, "capable": 20.0}
+    """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""
