@@ -1,25 +1,76 @@
 """Query transformation for LlamaIndex: HyDE, multi-query, step-back, decompose and
-rewrite, with rank fusion, safe fallbacks and honest cost accounting."""
+rewrite, with rank fusion, safe fallbacks and honest cost accounting.
+
+The public names are imported on first use (PEP 562), so ``hyde-plus`` can check its
+arguments before LlamaIndex loads (several seconds on a small machine)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .cache import MemoryCache, SQLiteCache
-from .fusion import FusionMode, fuse
-from .indexing import load_index
-from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
-from .provenance import transform_of
-from .retriever import SearchResult, TransformRetriever
-from .transforms import (
-    Decompose,
-    Guards,
-    HyDE,
-    MultiQuery,
-    QueryTransformer,
-    Rewrite,
-    Rocchio,
-    StepBack,
-    TransformResult,
-)
-from .usage import ModelPrice, Usage
+
+if TYPE_CHECKING:
+    from .cache import MemoryCache, SQLiteCache
+    from .fusion import FusionMode, fuse
+    from .indexing import load_index
+    from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
+    from .provenance import transform_of
+    from .retriever import SearchResult, TransformRetriever
+    from .transforms import (
+        Decompose,
+        Guards,
+        HyDE,
+        MultiQuery,
+        QueryTransformer,
+        Rewrite,
+        Rocchio,
+        StepBack,
+        TransformResult,
+    )
+    from .usage import ModelPrice, Usage
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    "MemoryCache": ".cache",
+    "SQLiteCache": ".cache",
+    "FusionMode": ".fusion",
+    "fuse": ".fusion",
+    "load_index": ".indexing",
+    "HyDERAG": ".pipeline",
+    "HyDERAGResult": ".pipeline",
+    "aquery_for_evaluation": ".pipeline",
+    "query_for_evaluation": ".pipeline",
+    "transform_of": ".provenance",
+    "SearchResult": ".retriever",
+    "TransformRetriever": ".retriever",
+    "Decompose": ".transforms",
+    "Guards": ".transforms",
+    "HyDE": ".transforms",
+    "MultiQuery": ".transforms",
+    "QueryTransformer": ".transforms",
+    "Rewrite": ".transforms",
+    "Rocchio": ".transforms",
+    "StepBack": ".transforms",
+    "TransformResult": ".transforms",
+    "ModelPrice": ".usage",
+    "Usage": ".usage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
+
 
 __all__ = [
     "Decompose",

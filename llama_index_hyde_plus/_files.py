@@ -3,10 +3,12 @@ beside their target (with the umask's permissions), and this tool's staging mark
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ def json_lines(
             row = json.loads(line)
         except ValueError as exc:
             raise error(f"{where}:{lineno}: not valid JSON ({exc})") from exc
+        except RecursionError:
+            raise error(f"{where}:{lineno}: JSON nested too deeply to read") from None
         if not isinstance(row, dict):
             raise error(f"{where}:{lineno}: expected a JSON object")
         yield lineno, row
@@ -83,3 +87,40 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_regular_bytes(path: Path) -> bytes:
+    """The bytes of the regular file ``path`` (a link to one is followed); a
+    `ValueError` for anything else. Opened non-blocking and checked on the open file,
+    so a FIFO put in its place never blocks the read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        return handle.read()
+
+
+def not_regular_reason(path: Path) -> str | None:
+    """Why ``path`` is not a file to read: None for a regular file (or a link to one),
+    ``""`` for a folder, else the reason in words (a link to nothing, a link loop, a
+    FIFO, a socket, a device), so a caller can list it rather than drop it silently."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "a symbolic link to nothing (dangling)" if path.is_symlink() else "vanished"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return ""
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+    )
+    return f"not a regular file ({kind}); not read"

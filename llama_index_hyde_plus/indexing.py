@@ -146,6 +146,12 @@ def prepare_nodes(
     return nodes_from_documents(documents, chunking, tokenizer), chunking.as_meta(name)
 
 
+def check_batch_size(batch_size: int) -> None:
+    """A `ValueError` naming ``--batch-size`` unless it is a whole number of at least 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"--batch-size must be a whole number of at least 1, not {batch_size!r}")
+
+
 def embed_nodes(
     nodes: Sequence[BaseNode],
     embed_model: BaseEmbedding,
@@ -157,6 +163,7 @@ def embed_nodes(
 
     The nodes are embedded shortest text first, so texts of similar length share a
     batch and little of each batch is padding; ``nodes`` itself keeps its order."""
+    check_batch_size(batch_size)
     texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
     order = sorted(range(len(nodes)), key=lambda i: len(texts[i]))
     for batch in _batches(order, batch_size):
@@ -355,6 +362,10 @@ def read_meta(path: Path) -> dict[str, Any]:
     """The metadata of the index at ``path`` (a `ValueError` naming the file if it is
     missing or unreadable)."""
     meta_path = path / META_FILE
+    if not path.exists():
+        raise ValueError(
+            f"index {path} does not exist; build one with `hyde-plus index DIR --out {path}`"
+        )
     if not meta_path.is_file():
         hint = " (a Milvus Lite database? open it with --uri)" if path.suffix == ".db" else ""
         raise ValueError(
@@ -363,7 +374,7 @@ def read_meta(path: Path) -> dict[str, Any]:
         )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(
             f"{meta_path} is corrupt ({exc}); rebuild the index with "
             f"`hyde-plus index DIR --out {path}`"
@@ -481,7 +492,26 @@ def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex
             f"the vector store {vectors} holds {faiss_index.ntotal} vectors but the index "
             f"lists {len(index.index_struct.nodes_dict)} documents; {_rebuild_hint(path)}"
         )
+    _check_docstore(index, data / "docstore.json", path)
     return index
+
+
+def _check_docstore(index: VectorStoreIndex, docstore: Path, path: Path) -> None:
+    """A `ValueError` when the document store lacks a node the index lists (a
+    ``docstore.json`` emptied to ``{}`` or ``[]`` loads, then fails every search)."""
+    ids = list(index.index_struct.nodes_dict.values())
+    try:
+        missing = sum(not index.docstore.document_exists(node_id) for node_id in ids)
+    except Exception as exc:  # a docstore.json of the wrong shape fails inside LlamaIndex
+        raise ValueError(
+            f"the document store {docstore} is unreadable ({type(exc).__name__}); "
+            f"{_rebuild_hint(path)}"
+        ) from exc
+    if missing:
+        raise ValueError(
+            f"the document store {docstore} lacks {missing} of the {len(ids)} documents the "
+            f"index lists; {_rebuild_hint(path)}"
+        )
 
 
 def load_index(path: Path | str, embed: str | None = None) -> VectorStoreIndex:

@@ -241,7 +241,7 @@ def _resolve(client: Any, collection: str) -> str | None:
 def _read_meta_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(
             f"{path} is corrupt ({exc}); rebuild the collection with "
             "`hyde-plus index DIR --store milvus --uri URI`"

@@ -14,6 +14,8 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
+from ._keys import require_openai_key
+
 DEFAULT_OPENAI_LLM = "gpt-4o-mini"
 DEFAULT_OPENAI_EMBED = "text-embedding-3-small"
 
@@ -32,11 +34,6 @@ def require_extra(extra: str, modules: Sequence[str], what: str) -> None:
                 f"{what} needs the '{extra}' extra ({module} is not installed): "
                 f'pip install "llama-index-hyde-plus[{extra}]"'
             ) from exc
-
-
-def _require_openai_key(flag: str) -> None:
-    if not os.environ.get("OPENAI_API_KEY", "").strip():
-        raise ValueError(f"{flag} openai needs an API key: set OPENAI_API_KEY, or use {flag} local")
 
 
 #: Retries of an OpenAI embedding request: enough for a rate limit, not 10 rounds of
@@ -94,7 +91,7 @@ def resolve_llm(
     if kind == "openai":
         from llama_index.llms.openai import OpenAI
 
-        _require_openai_key("--llm")
+        require_openai_key("--llm")
         kwargs = _given(temperature=temperature, max_tokens=max_tokens)
         return OpenAI(model=model or DEFAULT_OPENAI_LLM, **kwargs)
     require_extra("local", ("xllamacpp",), "the local LLM")
@@ -142,7 +139,7 @@ def resolve_embedding(spec: str = "auto", *, max_length: int = 256) -> BaseEmbed
     if kind == "openai":
         from llama_index.embeddings.openai import OpenAIEmbedding
 
-        _require_openai_key("--embed")
+        require_openai_key("--embed")
         return OpenAIEmbedding(
             model=model or DEFAULT_OPENAI_EMBED, max_retries=OPENAI_EMBED_RETRIES, timeout=30.0
         )

@@ -18,7 +18,7 @@ from typing import Any
 from llama_index.core import Document
 from llama_index.core.readers.base import BaseReader
 
-from ._files import json_lines
+from ._files import json_lines, not_regular_reason, read_regular_bytes
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
 #: Suffixes read through ``llama-index-readers-file`` (the ``docs`` extra).
@@ -43,7 +43,7 @@ class FolderContents:
 
 
 def _decode(path: Path, rel: str) -> str:
-    data = path.read_bytes()
+    data = read_regular_bytes(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -74,8 +74,9 @@ def _doc_id(row: dict[str, Any], where: str) -> str:
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise ValueError(f"{where}: '{key}' must be a string or an integer")
-        if str(value).strip():
-            return str(value)
+        if not str(value).strip():
+            raise ValueError(f"{where}: '{key}' is empty; give a non-empty id or leave it out")
+        return str(value)
     return where
 
 
@@ -159,14 +160,21 @@ def _extractors(folder: Path, suffixes: set[str]) -> dict[str, BaseReader]:
     return readers
 
 
-def _visible_files(folder: Path) -> list[Path]:
-    """Files under ``folder``, sorted, without hidden files or anything in a hidden
-    folder (relative to ``folder``)."""
-    return [
-        p
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    ]
+def _visible_files(folder: Path, contents: FolderContents) -> list[Path]:
+    """Regular files under ``folder``, sorted, without hidden files or anything in a
+    hidden folder (relative to ``folder``); a link to nothing, a link loop, a FIFO or a
+    device is listed in ``contents.skipped`` with the reason, and never opened."""
+    files = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        reason = not_regular_reason(path)
+        if reason is None:
+            files.append(path)
+        elif reason:
+            contents.skipped.append(Skipped(str(rel), reason))
+    return files
 
 
 def _read_files(folder: Path, files: list[Path], contents: FolderContents) -> dict[str, Document]:
@@ -206,7 +214,7 @@ def read_folder(folder: Path) -> FolderContents:
     if not folder.is_dir():
         raise ValueError(f"DIR must be a folder: {folder}")
     contents = FolderContents()
-    files = _visible_files(folder)
+    files = _visible_files(folder, contents)
     readable = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES + DOCS_SUFFIXES]
     read = _read_files(folder, readable, contents)
     unread = set(readable) - {folder / rel for rel in read}

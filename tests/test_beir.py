@@ -107,3 +107,30 @@ def test_a_non_utf8_file_names_file_and_line(tmp_path: Path) -> None:
     queries.write_bytes(queries.read_bytes() + b'{"_id": "q9", "text": "caf\xe9"}\n')
     with pytest.raises(BeirFormatError, match=r"queries\.jsonl:\d+: not UTF-8"):
         load_beir(root)
+
+
+@pytest.mark.parametrize("score", ["\u0663", "\u06f3", "\uff13", "1_0", "\u0661.0"])
+def test_a_grade_in_non_ascii_digits_is_refused(tmp_path: Path, score: str) -> None:
+    """``float`` reads Arabic-Indic (and full-width) digits as 3: a grade must be ASCII."""
+    root = copy_tiny(tmp_path)
+    (root / "qrels" / "test.tsv").write_text(f"q1\td1\t{score}\n")
+    with pytest.raises(BeirFormatError, match=r"test\.tsv:1: score .* not a number"):
+        load_beir(root)
+
+
+@pytest.mark.parametrize("file", ["corpus.jsonl", "queries.jsonl"])
+def test_an_empty_id_is_refused_with_file_and_line(tmp_path: Path, file: str) -> None:
+    root = copy_tiny(tmp_path)
+    path = root / file
+    path.write_text(path.read_text() + '{"_id": "  ", "text": "no id"}\n')
+    line = len(path.read_text().splitlines())
+    with pytest.raises(BeirFormatError, match=rf"{file}:{line}: '_id' is empty"):
+        load_beir(root)
+
+
+def test_a_jsonl_line_nested_too_deeply_is_a_format_error(tmp_path: Path) -> None:
+    root = copy_tiny(tmp_path)
+    deep = "[" * 100_000 + "]" * 100_000
+    (root / "queries.jsonl").write_text('{"_id": "q1", "text": ' + deep + "}\n")
+    with pytest.raises(BeirFormatError, match=r"queries\.jsonl:1: JSON nested too deeply"):
+        load_beir(root)

@@ -421,7 +421,7 @@ def test_query_shows_the_file_and_chunk_of_each_result(chunked_index: tuple[Path
         app, ["query", "ferry timetable for pier 7", "--index", str(out), "-t", "none", "-k", "3"]
     )
     assert result.exit_code == 0, result.output
-    assert "source" in result.output and "guide.md #" in result.output
+    assert "source" in result.output and "guide.md#" in result.output
 
 
 def test_group_by_file_folds_the_chunks_of_a_file_into_its_best(
@@ -582,3 +582,19 @@ def test_eval_docs_never_touches_a_folder_with_a_foreign_manifest(tmp_path: Path
     assert result.exit_code == 2 and "is not a question set written by hyde-plus" in result.output
     assert sorted(p.name for p in app_dir.iterdir()) == ["index.html", "manifest.json"]
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    out = tmp_path / "results"
+    out.write_text("mine")
+    result = runner.invoke(
+        app,
+        [
+            *("eval", "--dataset", str(tiny), "--transforms", "none", "--embed", "local"),
+            *("--out", str(out), "--cache-dir", str(tmp_path / "cache")),
+        ],
+    )
+    assert result.exit_code == 2 and "--out" in result.output and "is a file" in result.output
+    assert "nDCG@10" not in result.output and not (tmp_path / "cache").exists()
+    assert out.read_text() == "mine"

@@ -429,3 +429,53 @@ def test_a_new_index_follows_the_umask(tmp_path: Path) -> None:
     assert (data.stat().st_mode & 0o777) == 0o755
     assert ((out / "hyde_plus.json").stat().st_mode & 0o777) == 0o644
     assert not (out / ".hyde-plus-staging").exists()
+
+
+@pytest.mark.parametrize(
+    "damage", ["max-length-1e999", "meta-nested", "docstore-{}", "docstore-[]"]
+)
+def test_more_damage_is_one_clear_error(tmp_path: Path, cli_index: Path, damage: str) -> None:
+    out = tmp_path / "idx"
+    shutil.copytree(cli_index, out)
+    meta_text = (out / "hyde_plus.json").read_text()
+    data = out / read_meta(out)["data"]
+    if damage == "max-length-1e999":
+        (out / "hyde_plus.json").write_text(
+            meta_text.rstrip().rstrip("}") + ', "max_length": 1e999}'
+        )
+    elif damage == "meta-nested":
+        (out / "hyde_plus.json").write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        (data / "docstore.json").write_text(damage.partition("-")[2])
+    result = runner.invoke(app, ["query", "q", "--index", str(out), "-t", "none"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.output.count("error:") == 1 and "rebuild" in result.output
+
+
+@pytest.mark.parametrize("size", ["-1", "0"])
+def test_a_batch_size_below_one_is_refused_before_work(tmp_path: Path, size: str) -> None:
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir()
+    (docs_dir / "a.txt").write_text(OLD["pto"])
+    out = tmp_path / "idx"
+    result = runner.invoke(
+        app, ["index", str(docs_dir), "--out", str(out), "--embed", "local", "--batch-size", size]
+    )
+    assert result.exit_code == 2 and "--batch-size must be" in result.output, result.output
+    assert not out.exists()
+    with pytest.raises(ValueError, match="--batch-size must be"):
+        build_faiss_index(docs(OLD), EMBED, out, embed_spec="det", max_length=256, batch_size=0)
+
+
+def test_index_lists_links_to_nothing_and_fifos_under_skipped(tmp_path: Path) -> None:
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir()
+    (docs_dir / "a.txt").write_text(OLD["pto"])
+    (docs_dir / "gone.txt").symlink_to(docs_dir / "missing.txt")
+    os.mkfifo(docs_dir / "pipe.txt")
+    result = runner.invoke(
+        app, ["index", str(docs_dir), "--out", str(tmp_path / "idx"), "--embed", "local"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Skipped 2 file(s)" in result.output
+    assert "gone.txt: a symbolic link to nothing" in result.output and "pipe.txt" in result.output

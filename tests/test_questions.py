@@ -260,3 +260,11 @@ def test_a_new_set_follows_the_umask(tmp_path: Path) -> None:
         os.umask(previous)
     assert (folder.stat().st_mode & 0o777) == 0o755
     assert ((folder / "queries.jsonl").stat().st_mode & 0o777) == 0o644
+
+
+@pytest.mark.parametrize("grade", ["\u0663", "\u06f3", "\uff11"])
+def test_a_label_grade_in_non_ascii_digits_is_refused(tmp_path: Path, grade: str) -> None:
+    labels = tmp_path / "labels.tsv"
+    labels.write_text(f"Who owns 7?\tdoc1.md#1\t{grade}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"labels\.tsv:1: grade .* is not a whole number"):
+        read_labels(labels, chunks())

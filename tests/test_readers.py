@@ -4,6 +4,7 @@ what is skipped is listed with its reason; hidden files are left out."""
 from __future__ import annotations
 
 import io
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -141,3 +142,46 @@ def test_a_folder_with_nothing_readable_says_what_it_skipped(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"no \.txt.*documents found") as info:
         read_folder(folder)
     assert "photo.jpg: unsupported file type (.jpg)" in str(info.value)
+
+
+def test_links_to_nothing_link_loops_and_fifos_are_listed_as_skipped(tmp_path: Path) -> None:
+    """Never silently left out, and a FIFO named *.txt is never opened (it would block)."""
+    import os
+
+    folder = _folder(tmp_path, {"a.txt": "Paid time off is twenty five days."})
+    (folder / "gone.txt").symlink_to(folder / "missing.txt")
+    (folder / "loop.txt").symlink_to(folder / "loop.txt")
+    os.mkfifo(folder / "pipe.txt")
+    contents = read_folder(folder)
+    assert [d.doc_id for d in contents.documents] == ["a.txt"]
+    reasons = {s.path: s.reason for s in contents.skipped}
+    assert "link to nothing" in reasons["gone.txt"]
+    assert "link loop" in reasons["loop.txt"]
+    assert "FIFO" in reasons["pipe.txt"]
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    from llama_index_hyde_plus._files import read_regular_bytes
+
+    os.mkfifo(tmp_path / "pipe.txt")  # no writer: a blocking open would never return
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_regular_bytes(tmp_path / "pipe.txt")
+
+
+def test_a_jsonl_line_nested_too_deeply_names_file_and_line(tmp_path: Path) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    folder = _folder(
+        tmp_path, {"d.jsonl": '{"text": "fine"}\n{"text": "x", "extra": ' + deep + "}\n"}
+    )
+    with pytest.raises(ValueError, match=r"d\.jsonl:2: JSON nested too deeply"):
+        read_folder(folder)
+
+
+@pytest.mark.parametrize("key", ["_id", "id"])
+def test_an_empty_id_is_refused_with_file_and_line(tmp_path: Path, key: str) -> None:
+    line = json.dumps({key: " ", "text": "two"})
+    folder = _folder(tmp_path, {"d.jsonl": '{"text": "one"}\n' + line + "\n"})
+    with pytest.raises(ValueError, match=rf"d\.jsonl:2: '{key}' is empty"):
+        read_folder(folder)

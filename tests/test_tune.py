@@ -368,6 +368,20 @@ def test_a_grid_is_checked_whole_before_any_work() -> None:
     assert check_grid("rocchio", [{"k": 3}]) == [{"k": 3}]
 
 
+def test_a_grid_over_the_cap_is_refused_before_its_product_is_built() -> None:
+    """Counted first: 30 x 30 is refused by `parse_grid` itself, and 3 axes of 300
+    values (27 million configurations) are refused without building them."""
+    from llama_index_hyde_plus.evaluation.tune import parse_grid
+
+    values = ",".join(str(i) for i in range(30))
+    with pytest.raises(ValueError, match=r"30 x 30 = 900 configurations; at most 500"):
+        parse_grid(f"a={values}; b={values}")
+    many = ",".join(str(i) for i in range(300))
+    with pytest.raises(ValueError, match="27000000 configurations"):
+        parse_grid(f"a={many}; b={many}; c={many}")
+    assert len(parse_grid(f"a={values}; b=1,2")) == 60
+
+
 @pytest.mark.parametrize("extreme", [1e200, 1e308, 1e-320])
 def test_a_config_with_extreme_rocchio_weights_is_refused_naming_the_file(
     tmp_path: Path, extreme: float

@@ -6,9 +6,12 @@ One module per command group; this one builds the app and registers them.
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
 import typer
 
+from .._version import __version__
+from ._console import setup_logging
 from .demo import DEMO_PROMPT, demo, demo_corpus_path
 from .eval import eval_cmd
 from .index import index
@@ -31,6 +34,27 @@ models_app = typer.Typer(
     help="Fetch and list the local default models.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(models_app, name="models")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"hyde-plus {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _start(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    """Quiet logging before any command imports a library that logs on import (faiss
+    lists the builds it could not load at INFO); a command's ``-v`` turns INFO on."""
+    setup_logging(verbose=False)
+
 
 app.command()(index)
 app.command()(query)

@@ -1,5 +1,5 @@
 """``python -m llama_index_hyde_plus.cli``: the same as ``hyde-plus``."""
 
-from . import main
+from .._entry import main
 
 main()

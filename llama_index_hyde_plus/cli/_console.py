@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from .._suggest import did_you_mean
 from ..local.assets import ModelNotAvailableError
 from ..models import MissingExtraError, describe_llm
 from ..retriever import SearchResult
@@ -32,11 +33,28 @@ console = Console()
 err = Console(stderr=True)
 
 
+#: The loggers whose warnings a user sees without ``-v``: ours.
+OWN_LOGGER = __name__.split(".")[0]
+
+
+def own_or_severe(record: logging.LogRecord) -> bool:
+    """Whether a log record is shown without ``-v``: ours at WARNING and above, another
+    library's (faiss's "Could not load library" notes, pypdf's repairs of a damaged
+    file) only from ERROR up."""
+    ours = record.name == OWN_LOGGER or record.name.startswith(OWN_LOGGER + ".")
+    return ours or record.levelno >= logging.ERROR
+
+
 def setup_logging(verbose: bool) -> None:
+    """Log to stderr: everything from INFO with ``verbose``, else only our warnings and
+    anyone's errors. Replaces whatever handlers a library's import installed."""
+    handler = RichHandler(console=err, show_path=False)
+    if not verbose:
+        handler.addFilter(own_or_severe)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(console=err, show_path=False)],
+        handlers=[handler],
         force=True,
     )
     if not verbose:
@@ -161,7 +179,10 @@ def print_transform(result: SearchResult) -> None:
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise fail(f"{name} must be one of: {', '.join(choices)} (got {value!r})")
+        raise fail(
+            f"{name} must be one of: {', '.join(choices)}; got {value!r}"
+            f"{did_you_mean(value, choices)}"
+        )
 
 
 def warm_up(model: Any) -> None:

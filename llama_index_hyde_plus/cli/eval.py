@@ -151,9 +151,12 @@ def _prepare(
 ) -> tuple[list[Any], Any, str | None, Any, Any]:
     """Check every flag, then load the models and the dataset (writing questions for
     ``--docs``): ``(specs, dataset, caveat, embedding model, LLM or None)``."""
+    from ..evaluation.report import check_results_folder
+
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
         specs = _specs(transforms, config_files)
+        check_results_folder(out)
         source.check(models.max_length, out)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         embed_model, model = models.load(needs)
@@ -173,5 +176,6 @@ def _show(result: Any, out: Path, note: str | None = None) -> None:
         console.print(f"  {line}")
     if note is not None:
         err.print(f"[yellow]About these questions:[/] {note}", soft_wrap=True)
-    paths = write_outputs(result, out, command_line("eval"))
+    with reported():
+        paths = write_outputs(result, out, command_line("eval"))
     console.print(f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]")

@@ -11,11 +11,11 @@ from llama_index.core import Document
 from rich.markup import escape
 
 from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, Chunking
-from ..indexing import IndexInfo
+from ..indexing import IndexInfo, check_batch_size
 from ..readers import Skipped
 from ..stores import FaissStore, MilvusStore, Store, store_kind
-from ._console import console, err, progress_bar, reported, task
-from ._options import Collection, Embed, StoreKind, Token, Uri
+from ._console import console, err, progress_bar, reported, setup_logging, task
+from ._options import Collection, Embed, StoreKind, Token, Uri, Verbose
 
 
 def build_store(
@@ -104,14 +104,17 @@ def index(
     chunk_overlap: Annotated[
         int, typer.Option(help="Tokens shared by consecutive chunks.")
     ] = DEFAULT_CHUNK_OVERLAP,
+    verbose: Verbose = False,
 ) -> None:
     """Split a folder of documents into chunks and embed them into FAISS on disk or a
     hybrid Milvus collection."""
     from ..readers import read_folder
 
+    setup_logging(verbose)
     chunking = Chunking(chunk_size, chunk_overlap)
     with reported():
         chunking.check(max_length)
+        check_batch_size(batch_size)
         target = _target(store, out, uri, collection, token or "")
         target.check_target(docs)
         contents = read_folder(docs)

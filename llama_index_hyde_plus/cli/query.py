@@ -115,14 +115,26 @@ def _search(
 
 
 def source_of(item: NodeWithScore) -> str:
-    """Where a result comes from: its file, and which chunk of it when there are several
-    (``guide.md #3/12``); its id when no file is recorded."""
+    """Where a result comes from, as ``file#chunk`` (``guide.md#3``; the file alone when
+    it is one chunk, ``file:id`` for a line of a ``.jsonl`` file); its id when no file
+    is recorded (an index built from BEIR documents)."""
     meta = item.node.metadata
-    source = str(meta.get("source") or item.node.node_id)
+    source = meta.get("source")
+    if not source:
+        return item.node.node_id
+    label = str(source)
+    doc_id = meta.get("doc_id")
+    if doc_id and str(doc_id) != label:
+        label += f":{doc_id}"
     chunks = meta.get("chunks")
     if isinstance(chunks, int) and chunks > 1:
-        source += f" #{meta.get('chunk')}/{chunks}"
-    return source
+        label += f"#{meta.get('chunk')}"
+    return label
+
+
+def file_of(item: NodeWithScore) -> str:
+    """The file a result comes from (its id when no file is recorded)."""
+    return str(item.node.metadata.get("source") or item.node.node_id)
 
 
 @dataclass(frozen=True)
@@ -141,27 +153,36 @@ def result_rows(nodes: list[NodeWithScore], group_by_file: bool, top_k: int) -> 
         return [Row(x) for x in nodes[:top_k]]
     rows: dict[str, Row] = {}
     for x in nodes:
-        key = str(x.node.metadata.get("source") or x.node.node_id)
+        key = file_of(x)
         found = rows.get(key)
         rows[key] = Row(found.item, found.hits + 1) if found else Row(x)
     return list(rows.values())[:top_k]
 
 
-def _results_table(title: str, rows: list[Row], group_by_file: bool) -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
+#: Lines of text each result may take in the table.
+TEXT_LINES = 3
+
+
+def _results_table(title: str, rows: list[Row], group_by_file: bool, width: int) -> Table:
+    """Rank, score, source and as much text as ``width`` columns leave room for (the
+    source takes at most a third of them)."""
+    sources = [file_of(row.item) if group_by_file else source_of(row.item) for row in rows]
+    source_width = min(max((len(x) for x in sources), default=6), max(12, width // 3))
+    table = Table(title=title, title_justify="left", expand=True)
     for name in ("#", "score"):
-        table.add_column(name, justify="right")
-    table.add_column("id")
-    table.add_column("source")
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold", max_width=source_width)
     if group_by_file:
-        table.add_column("chunks found", justify="right")
-    table.add_column("text", overflow="fold", max_width=70)
-    for rank, row in enumerate(rows, 1):
+        table.add_column("chunks", justify="right", no_wrap=True)
+    table.add_column("text", overflow="fold", ratio=1)
+    room = max(20, width - source_width - (30 if group_by_file else 22)) * TEXT_LINES
+    for rank, (row, source) in enumerate(zip(rows, sources), 1):
         item = row.item
         score = f"{item.score:.3f}" if item.score is not None else "-"
-        text = item.node.get_content().replace("\n", " ")[:200]
-        cells = [str(rank), score, item.node.node_id, source_of(item)]
-        table.add_row(*cells, *([str(row.hits)] if group_by_file else []), text)
+        text = " ".join(item.node.get_content().split())
+        text = text if len(text) <= room else text[: room - 3] + "..."
+        hits = [str(row.hits)] if group_by_file else []
+        table.add_row(str(rank), score, source, *hits, text)
     return table
 
 
@@ -264,7 +285,7 @@ def _show(
     print_transform(result)
     what = " files" if group_by_file else ""
     title = f"Top {top_k}{what} for {question!r} ({transform})"
-    console.print(_results_table(title, rows, group_by_file))
+    console.print(_results_table(title, rows, group_by_file, console.width))
     cost = f"{usage_line(result.transform.usage)}; " if result.transform.usage.calls else ""
     console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
 

@@ -7,6 +7,7 @@ half-loaded: a dataset either loads whole or raises `BeirFormatError`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,14 @@ def _text(row: dict[str, object], key: str, path: Path, lineno: int) -> str:
     return str(value)
 
 
+def _id(row: dict[str, object], path: Path, lineno: int) -> str:
+    """The row's ``_id``: a string (or an integer's digits) that is not empty."""
+    value = _text(row, "_id", path, lineno)
+    if not value.strip():
+        raise BeirFormatError(f"{path.name}:{lineno}: '_id' is empty; give every line an id")
+    return value
+
+
 def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
     try:
         return raw.decode("utf-8")
@@ -81,7 +90,7 @@ def read_corpus(corpus_path: Path) -> dict[str, tuple[str, str]]:
     corpus: dict[str, tuple[str, str]] = {}
     first_line: dict[str, int] = {}
     for lineno, row in _read_jsonl(corpus_path, ("_id", "text")):
-        doc_id = _text(row, "_id", corpus_path, lineno)
+        doc_id = _id(row, corpus_path, lineno)
         if doc_id in first_line:
             raise BeirFormatError(
                 f"{corpus_path.name}:{lineno}: duplicate _id {doc_id!r} "
@@ -95,11 +104,15 @@ def read_corpus(corpus_path: Path) -> dict[str, tuple[str, str]]:
     return corpus
 
 
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def _grade(score: str, where: str) -> int:
-    try:
-        value = float(score)
-    except ValueError as exc:
-        raise BeirFormatError(f"{where}: score {score!r} is not a number") from exc
+    """The relevance grade ``score`` (ASCII digits only: ``float`` would also read
+    Arabic-Indic or other Unicode digits, and ``1_0``)."""
+    if not _NUMBER.fullmatch(score.strip()):
+        raise BeirFormatError(f"{where}: score {score!r} is not a number (ASCII digits)")
+    value = float(score)
     if not math.isfinite(value):
         raise BeirFormatError(
             f"{where}: score {score!r} is not finite; use an integer relevance grade (0, 1, 2...)"
@@ -151,7 +164,7 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
     corpus = read_corpus(corpus_path)
     queries_path = root / "queries.jsonl"
     all_queries = {
-        _text(r, "_id", queries_path, n): _text(r, "text", queries_path, n)
+        _id(r, queries_path, n): _text(r, "text", queries_path, n)
         for n, r in _read_jsonl(queries_path, ("_id", "text"))
     }
     qrels = read_qrels(root / "qrels" / f"{split}.tsv", all_queries, corpus)

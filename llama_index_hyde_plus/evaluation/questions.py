@@ -226,7 +226,7 @@ def _source(chunk: TextNode) -> str:
 
 
 MAX_GRADE = 1000
-_GRADE = re.compile(r"^-?\d{1,9}$")
+_GRADE = re.compile(r"^-?[0-9]{1,9}$", re.ASCII)
 
 Judgment = tuple[str, str, int]
 """(query id, chunk id, grade)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from rich.table import Table
@@ -184,13 +185,39 @@ def bar_chart(result: EvalResult, path: Path) -> None:
     plt.close(fig)
 
 
+RESULT_FILES = ("results.json", "results.md", "results.png")
+
+
+def check_results_folder(out: Path) -> Path:
+    """``out`` (expanded) if the results can be written there: absent or a folder, no
+    ``results.*`` in it that is a folder, and a writable folder as its nearest existing
+    ancestor; else a `ValueError` naming ``--out``. `eval` calls it before any work."""
+    out = Path(out).expanduser()
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"--out {out} is a link to nothing; give a folder for the results")
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"--out {out} is a file, not a folder; give a folder for {', '.join(RESULT_FILES)}"
+        )
+    for name in RESULT_FILES:
+        if (out / name).is_dir():
+            raise ValueError(f"--out {out} holds a folder named {name}; choose another --out")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: cannot write in {existing}")
+    return out
+
+
 def write_outputs(result: EvalResult, out: Path, command: str | None = None) -> list[Path]:
     """Write ``results.json``, ``results.md`` and ``results.png`` into ``out``."""
+    out = check_results_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     payload = result.to_dict()
     if command:
         payload["command"] = command
-    paths = [out / "results.json", out / "results.md", out / "results.png"]
+    paths = [out / name for name in RESULT_FILES]
     paths[0].write_text(json.dumps(payload, indent=2))
     paths[1].write_text(markdown(result, command))
     bar_chart(result, paths[2])

@@ -20,6 +20,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
+from .._suggest import did_you_mean
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..stores import Store, store_for
@@ -113,7 +114,8 @@ def _checked(spec: TransformSpec) -> TransformSpec:
         name = transform_class(spec.name).method
     except ValueError:
         raise ValueError(
-            f"unknown transform {spec.name!r} in {spec.label!r}; use one of {', '.join(TRANSFORMS)}"
+            f"unknown transform {spec.name!r} in {spec.label!r}"
+            f"{did_you_mean(spec.name, TRANSFORMS)}; use one of {', '.join(TRANSFORMS)}"
         ) from None
     try:
         check_options(name, dict(spec.options))

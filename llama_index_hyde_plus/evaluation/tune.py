@@ -8,6 +8,7 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from llama_index.core.llms import LLM
 
 from .._files import write_text_atomic
+from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
@@ -62,6 +64,10 @@ def parse_grid(text: str) -> list[dict[str, Any]]:
         axes.append((key, parsed))
     if not axes:
         raise ValueError("--grid is empty; write key=value[,value...]; key=...")
+    count = math.prod(len(v) for _, v in axes)  # counted before the product is built
+    if count > MAX_GRID:
+        sizes = " x ".join(str(len(v)) for _, v in axes)
+        raise ValueError(f"--grid has {sizes} = {count} configurations; at most {MAX_GRID}")
     keys = [k for k, _ in axes]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in axes))]
 
@@ -143,7 +149,10 @@ def run_tune(
     `EvalSession` options (`SessionOptions`: models, cache, store, depth...)."""
     name = transform.strip().lower()
     if name not in TRANSFORMS or name == "none":
-        raise ValueError(f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}")
+        raise ValueError(
+            f"transform must be one of {', '.join(TRANSFORMS[1:])}, not {transform!r}"
+            f"{did_you_mean(transform, TRANSFORMS[1:])}"
+        )
     if not 0 <= tolerance < 1:
         raise ValueError("tolerance must be between 0 and 1 (nDCG@10 is 0-1)")
     configs = check_grid(name, grid if grid is not None else transform_class(name).tune_grid())

@@ -115,7 +115,12 @@ class Store(ABC):
 
         meta = self.meta() or {}
         recorded, _, length = str(meta.get("embed") or "auto").partition("@")
-        max_length = int(meta.get("max_length") or (length if length.isdigit() else 256))
+        max_length = meta.get("max_length") or (int(length) if length.isdecimal() else 256)
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(
+                f"the index at {self.location} records max_length {max_length!r:.40}, not a "
+                "whole number of tokens: it is damaged; rebuild it with `hyde-plus index`"
+            )
         return resolve_embedding(embed or recorded, max_length=max_length)
 
     def open(self, top_k: int, *, embed: str | None = None) -> BaseRetriever:

@@ -6,6 +6,7 @@ from typing import Any
 
 from llama_index.core.llms import LLM
 
+from .._suggest import did_you_mean
 from .base import QueryTransformer, TransformResult
 from .decompose import Decompose
 from .feedback import Rocchio
@@ -55,7 +56,10 @@ def transform_class(name: str) -> type[QueryTransformer]:
     key = name.strip().lower().replace("_", "-")
     key = {"multiquery": "multi-query", "stepback": "step-back"}.get(key, key)
     if key not in _CLASSES:
-        raise ValueError(f"unknown transform {name!r}; choose one of: {', '.join(TRANSFORMS)}")
+        raise ValueError(
+            f"unknown transform {name!r}{did_you_mean(name, TRANSFORMS)}; "
+            f"choose one of: {', '.join(TRANSFORMS)}"
+        )
     return _CLASSES[key]
 
 

@@ -1,0 +1,155 @@
+"""What a person meets at the command line: quiet logs, early errors, hints, version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llama_index_hyde_plus import __version__
+from llama_index_hyde_plus._entry import early_error
+from llama_index_hyde_plus.cli import app
+
+from .test_readers import pdf_bytes
+
+runner = CliRunner()
+
+
+def _hyde_plus(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command in a fresh process, as a user runs it (libraries imported anew)."""
+    return subprocess.run(
+        [sys.executable, "-m", "llama_index_hyde_plus.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=300,
+        check=False,
+    )
+
+
+def test_third_party_logs_stay_quiet_unless_verbose(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("The nightly backup window closes at 04:00 UTC.")
+    # a PDF whose startxref pointer is off: pypdf repairs it and logs warnings
+    broken = pdf_bytes("Quarterly revenue rose.").replace(b"startxref\n", b"startxref\n1")
+    (docs / "r.pdf").write_bytes(broken)
+
+    quiet = _hyde_plus("index", str(docs), "--out", str(tmp_path / "q"), "--embed", "local")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Indexed 2 documents" in quiet.stdout
+    assert "Could not load library" not in quiet.stderr and "faiss" not in quiet.stderr
+    assert "startxref" not in quiet.stderr and "INFO" not in quiet.stderr
+
+    loud = _hyde_plus("index", str(docs), "--out", str(tmp_path / "v"), "--embed", "local", "-v")
+    assert loud.returncode == 0, loud.stderr
+    assert "faiss" in loud.stderr and "startxref" in loud.stderr
+
+
+def test_version_prints_the_package_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"hyde-plus {__version__}"
+
+
+def test_openai_without_a_key_is_refused_before_llama_index_loads() -> None:
+    probe = (
+        "import sys\n"
+        "from llama_index_hyde_plus._entry import main\n"
+        "sys.argv = ['hyde-plus', *sys.argv[1:]]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    print(exc.code, 'llama_index.core' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    for args in (
+        ["transform", "q", "--llm", "openai"],
+        ["eval", "--docs", "d", "--llm=openai:gpt-4o-mini"],
+        ["index", "d", "--out", "o", "--embed", "OpenAI"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env
+        )
+        assert done.stdout.split() == ["2", "False"], (args, done.stdout, done.stderr)
+        assert done.stderr.startswith("error:") and "OPENAI_API_KEY" in done.stderr
+
+
+def test_the_early_key_check_leaves_help_and_other_models_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert early_error(["transform", "q", "--llm", "openai", "--help"]) is None
+    assert early_error(["transform", "q", "--llm", "local", "--embed", "auto"]) is None
+    assert early_error(["transform", "--llm"]) is None  # click names the missing value
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert early_error(["transform", "q", "--llm", "openai"]) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["query", "q", "--index", "IDX", "-t", "hdye"], "did you mean 'hyde'?"),
+        (["eval", "--dataset", "DATA", "--transforms", "none,hdye"], "did you mean 'hyde'?"),
+        (["tune", "--dataset", "DATA", "-t", "multi_qery"], "did you mean 'multi-query'?"),
+        (["eval", "--dataset", "DATA", "--transforms", "none,zzz"], None),
+    ],
+)
+def test_a_mistyped_transform_name_gets_the_closest_one(
+    tmp_path: Path, args: list[str], hint: str | None
+) -> None:
+    data = Path(__file__).parent / "data" / "tiny-beir"
+    paths = {"IDX": str(tmp_path), "DATA": str(data)}
+    result = runner.invoke(app, [paths.get(a, a) for a in args])
+    assert result.exit_code == 2 and result.output.startswith("error:"), result.output
+    if hint is None:
+        assert "did you mean" not in result.output
+    else:
+        assert hint in result.output
+
+
+def test_a_missing_index_path_says_it_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-index"
+    result = runner.invoke(app, ["query", "q", "--index", str(missing), "-t", "none"])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not missing.exists()
+
+
+def _long_docs(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    sections = [
+        f"## Part {i}\n\nThe ferry timetable for pier {i} changes in spring and autumn. Boats "
+        "leave every twenty minutes from the northern quay, and tickets are sold at the "
+        "kiosk beside the harbour office until late in the evening."
+        for i in range(8)
+    ]
+    (docs / "guide.md").write_text("# Ferry guide\n\n" + "\n\n".join(sections))
+    (docs / "lines.jsonl").write_text('{"_id": "office", "text": "The Lisbon office moved."}\n')
+    return docs
+
+
+def test_the_query_table_gives_the_terminal_width_to_the_text(tmp_path: Path) -> None:
+    out = tmp_path / "index"
+    built = runner.invoke(
+        app, ["index", str(_long_docs(tmp_path)), "--out", str(out), "--embed", "local"]
+    )
+    assert built.exit_code == 0, built.output
+    argv = ["query", "ferry timetable for pier 5", "--index", str(out), "-t", "none", "-k", "2"]
+    wide = runner.invoke(app, argv, env={"COLUMNS": "160"})
+    assert wide.exit_code == 0, wide.output
+    lines = wide.output.splitlines()
+    header = next(line for line in lines if "score" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == ["#", "score", "source", "text"]
+    first = next(line for line in lines if line.startswith("│ 1 "))
+    _, _, source, text = (c.strip() for c in first.strip("│ ").split("│"))
+    assert source == "guide.md#7"  # the file and the chunk, once (chunk 1 is the title)
+    assert len(text) > 110 and len(first) <= 160  # the text has the room the terminal has
+    narrow = runner.invoke(app, argv, env={"COLUMNS": "80"})
+    assert max(len(line) for line in narrow.output.splitlines()) <= 80
+
+    line = runner.invoke(app, ["query", "Lisbon office", "--index", str(out), "-t", "none"])
+    assert "lines.jsonl:office" in line.output  # a line of a .jsonl file by its id
