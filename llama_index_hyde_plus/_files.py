@@ -117,10 +117,10 @@ def not_regular_reason(path: Path) -> str | None:
     if stat.S_ISDIR(mode):
         return ""
     kind = (
-        "a FIFO (named pipe)"
+        "a named pipe (FIFO)"
         if stat.S_ISFIFO(mode)
         else "a socket"
         if stat.S_ISSOCK(mode)
         else "a device"
     )
-    return f"not a regular file ({kind}); not read"
+    return f"{kind}, not a regular file; not read"

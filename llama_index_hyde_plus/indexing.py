@@ -11,6 +11,7 @@ previous one.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,7 +29,13 @@ from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from ._files import STAGING_MARKER, is_marked_staging, make_folder_beside
 from .chunking import Chunking, Tokenizer, split_documents, tokenizer_for
 
+logger = logging.getLogger(__name__)
+
 META_FILE = "hyde_plus.json"
+CURRENT_LINK = "current"
+"""The link inside an index folder to its data folder in use: a stable path that plain
+LlamaIndex opens (``StorageContext.from_defaults(persist_dir=...)``); a build switches
+it atomically (a new link renamed over it)."""
 ProgressFn = Callable[[int], None]
 TotalFn = Callable[[int], None]
 """Told the number of texts to embed (chunks or documents) before any progress."""
@@ -266,18 +273,49 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
         pending.write_text(json.dumps(meta, indent=2))
         pause_for_tests("faiss")
         os.replace(pending, out / META_FILE)  # the switch
+        point_current(out, data)
         _clean_index_folder(out, keep=data)
         return
     tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
     try:
         storage.persist(persist_dir=str(tmp / data))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        point_current(tmp, data)
         pause_for_tests("faiss")
         os.rename(tmp, out)  # out is absent or an empty folder: both are replaced atomically
         (out / STAGING_MARKER).unlink(missing_ok=True)
     finally:
         if is_marked_staging(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def point_current(out: Path, data: str) -> None:
+    """Point ``out/current`` at ``out/data`` in one step: a new relative link is made
+    beside it and renamed over it, so a reader sees the old data folder or the new one,
+    never a missing link. A ``current`` that is not a link (the user's) is left alone."""
+    link = out / CURRENT_LINK
+    if link.exists() and not link.is_symlink():
+        logger.warning("%s is not a link; the stable path was not updated", link)
+        return
+    pending = out / f".{CURRENT_LINK}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        pending.symlink_to(data, target_is_directory=True)
+        os.replace(pending, link)
+    except OSError as exc:  # a file system without links: the metadata still names it
+        pending.unlink(missing_ok=True)
+        logger.warning("could not link %s to %s (%s)", link, data, exc)
+
+
+def _current_target(out: Path) -> str | None:
+    """The data folder name ``out/current`` links to, if it is such a link."""
+    link = out / CURRENT_LINK
+    return os.readlink(link) if link.is_symlink() else None
+
+
+def _is_link_draft(entry: Path) -> bool:
+    """A link an interrupted `point_current` left (``.current.<id>.tmp``)."""
+    name = entry.name
+    return name.startswith(f".{CURRENT_LINK}.") and name.endswith(".tmp") and entry.is_symlink()
 
 
 #: What a format-1 index kept at its top level, removed once a new build replaces it.
@@ -329,8 +367,14 @@ def _clean_index_folder(out: Path, keep: str) -> None:
             continue
         if _is_data_folder(entry):
             shutil.rmtree(entry, ignore_errors=True)
-        elif _is_draft(entry) or (
-            name in (*_LEGACY_FILES, STAGING_MARKER) and entry.is_file() and not entry.is_symlink()
+        elif (
+            _is_draft(entry)
+            or _is_link_draft(entry)
+            or (
+                name in (*_LEGACY_FILES, STAGING_MARKER)
+                and entry.is_file()
+                and not entry.is_symlink()
+            )
         ):
             entry.unlink(missing_ok=True)
 
@@ -350,9 +394,14 @@ def _clean_stale_builds(out: Path) -> None:
             current = str(read_meta(out).get("data") or "")
         except ValueError:
             return  # a corrupt metadata file: leave everything for the user to see
+        linked = _current_target(out)  # in use too, if a build died before relinking
         for entry in out.iterdir():
-            if entry.name != current and (_is_data_folder(entry) or _is_draft(entry)):
-                if entry.is_dir():
+            if _is_link_draft(entry):
+                entry.unlink(missing_ok=True)
+            elif entry.name not in (current, linked) and (
+                _is_data_folder(entry) or _is_draft(entry)
+            ):
+                if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
                     entry.unlink(missing_ok=True)

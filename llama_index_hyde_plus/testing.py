@@ -262,13 +262,21 @@ def _stem(word: str) -> str:
 class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
     """Hashed bag-of-words embedding: texts that share (stemmed, non-stop) words are
     close, unrelated texts are near-orthogonal. Same text, same vector, on any machine.
-    ``dim`` sets the size (default 256). Counts calls in ``sync_calls``/``async_calls``.
+    ``dim`` sets the size (default 256). Counts calls in ``sync_calls``/``async_calls``
+    and records every document text it embeds in ``embedded_texts`` (not queries), so a
+    test can prove that an index or a guard did not embed documents again.
     """
 
     dim: int = Field(default=256, gt=7)
     model_name: str = Field(default="deterministic-bow")
     _sync_calls: int = PrivateAttr(default=0)
     _async_calls: int = PrivateAttr(default=0)
+    _embedded_texts: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def embedded_texts(self) -> list[str]:
+        """Every document text embedded so far, in order (queries are not texts)."""
+        return self._embedded_texts
 
     @classmethod
     def class_name(cls) -> str:
@@ -292,6 +300,7 @@ class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
 
     def _get_text_embedding(self, text: str) -> list[float]:
         self._sync_calls += 1
+        self._embedded_texts.append(text)
         return self.vector(text)
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
@@ -300,6 +309,7 @@ class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
         self._async_calls += 1
+        self._embedded_texts.append(text)
         return self.vector(text)
 
 

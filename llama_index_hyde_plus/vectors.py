@@ -180,10 +180,11 @@ class DocVectors:
     def _from_store(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
         store = getattr(self.retriever, "_vector_store", None)
         kind = type(store).__name__
+        kinds = {cls.__name__ for cls in type(store).__mro__}  # subclasses count too
         try:
-            if kind == "FaissVectorStore":
+            if "FaissVectorStore" in kinds:
                 return self._faiss(store, nodes)
-            if kind == "MilvusVectorStore":
+            if "MilvusVectorStore" in kinds:
                 return self._milvus(store, nodes)
         except Exception as exc:  # a store that cannot say: re-embed instead
             logger.debug("reading vectors from %s failed (%s); re-embedding", kind, exc)

@@ -479,6 +479,7 @@ def test_eval_docs_writes_questions_scores_and_reuses_them(tmp_path: Path) -> No
     kept = results["queries"]
     assert 1 <= kept <= 6 and [r["transform"] for r in results["results"]] == ["none", "rocchio"]
     assert "generated questions kept" in results["config"]["questions"]
+    assert list(results["phase_seconds"]) == ["models", "questions", "index", "none", "rocchio"]
     queries = (tmp_path / "questions" / "queries.jsonl").read_text().splitlines()
     assert len(queries) == kept
     again = runner.invoke(app, args)
@@ -501,6 +502,7 @@ def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     scored = json.loads((tmp_path / "out" / "results.json").read_text())
     assert scored["queries"] == 1 and scored["results"][0]["nDCG@10"] == 1.0
+    assert scored["dataset"] == docs.name  # the chart's title names the documents folder
     assert "About these questions" not in result.output  # the user's own labels
 
 

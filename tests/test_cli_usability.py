@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -153,3 +154,37 @@ def test_the_query_table_gives_the_terminal_width_to_the_text(tmp_path: Path) ->
 
     line = runner.invoke(app, ["query", "Lisbon office", "--index", str(out), "-t", "none"])
     assert "lines.jsonl:office" in line.output  # a line of a .jsonl file by its id
+
+
+def test_the_report_times_every_phase_and_the_whole_run(tmp_path: Path) -> None:
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        [
+            *("eval", "--dataset", str(tiny), "--transforms", "none,rocchio"),
+            *("--embed", "local", "--out", str(out), "--cache-dir", str(tmp_path / "c")),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    phases = data["phase_seconds"]
+    assert list(phases) == ["models", "dataset", "index", "none", "rocchio"]
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert sum(phases.values()) <= data["wall_seconds"] + 0.5  # rounded to 0.1 s each
+    time_line = (out / "results.md").read_text().strip().splitlines()[-1]
+    assert time_line.startswith("Time: models ") and ", rocchio " in time_line
+    assert time_line.endswith(f"total {data['wall_seconds']:,.0f} s.")
+
+
+def test_the_time_line_names_a_cached_index_and_time_outside_the_phases() -> None:
+    from llama_index_hyde_plus.evaluation.report import timing_line
+    from llama_index_hyde_plus.evaluation.runner import EvalResult
+
+    result = EvalResult("d", 7, 30, {}, [], index_seconds=0.2, index_cached=True)
+    result.phases = {"index": 0.2, "none": 9.6, "hyde": 410.0}
+    result.include_earlier({"models": 3.1, "questions": 585.0}, total=1049.4)
+    assert timing_line(result) == (
+        "Time: models 3 s, questions 585 s, index 0 s (cached), none 10 s, hyde 410 s, "
+        "other 42 s; total 1,049 s."
+    )

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus.cli import app
 from llama_index_hyde_plus.indexing import (
+    CURRENT_LINK,
     EmbeddingMismatchError,
     build_faiss_index,
     load_faiss_index,
@@ -98,8 +99,7 @@ def test_a_build_killed_before_the_switch_leaves_the_old_index_answering(
     assert rebuilt.exit_code == 0, rebuilt.output
     assert query_ids(["--index", str(out)]) == ["laptops.txt"]
     entries = sorted(p.name for p in out.iterdir())
-    assert len(entries) == 2 and entries[1] == "hyde_plus.json"
-    assert entries[0] == read_meta(out)["data"]
+    assert entries == sorted([CURRENT_LINK, read_meta(out)["data"], "hyde_plus.json"])
 
 
 def test_a_first_build_killed_before_the_switch_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -123,7 +123,9 @@ def test_replacing_an_index_keeps_one_data_folder(tmp_path: Path) -> None:
     build(out, NEW)
     meta = read_meta(out)
     assert meta["data"] != first and meta["documents"] == 2
-    assert sorted(p.name for p in out.iterdir()) == sorted([meta["data"], "hyde_plus.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [CURRENT_LINK, meta["data"], "hyde_plus.json"]
+    )
     assert top_id(out, "disk encryption") == "laptops"
 
 
@@ -360,7 +362,7 @@ def test_a_build_keeps_sibling_folders_that_only_look_like_its_staging(tmp_path:
     assert (lookalike / "keep.txt").read_text() == "mine"
     assert not stale.exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [read_meta(out)["data"], "hyde_plus.json"]
+        [CURRENT_LINK, read_meta(out)["data"], "hyde_plus.json"]
     )
 
 

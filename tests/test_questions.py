@@ -268,3 +268,15 @@ def test_a_label_grade_in_non_ascii_digits_is_refused(tmp_path: Path, grade: str
     labels.write_text(f"Who owns 7?\tdoc1.md#1\t{grade}\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"labels\.tsv:1: grade .* is not a whole number"):
         read_labels(labels, chunks())
+
+
+def test_a_link_or_a_file_as_the_set_folder_is_refused_and_kept(tmp_path: Path) -> None:
+    real = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    link, file = tmp_path / "link", tmp_path / "file"
+    link.symlink_to(real)
+    file.write_text("mine")
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        write_question_set(_one_question_set(), chunks(), link, {"docs": "y"})
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        write_question_set(_one_question_set(), chunks(), file, {"docs": "y"})
+    assert read_manifest(real)["docs"] == "x" and file.read_text() == "mine"  # type: ignore[index]

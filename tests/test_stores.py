@@ -39,7 +39,7 @@ def test_a_faiss_store_refuses_to_build_over_the_documents(tmp_path: Path) -> No
 
 
 def test_opening_a_missing_faiss_index_names_it(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"nothing does not exist"):
+    with pytest.raises(ValueError, match=r"nothing does not exist; build one with"):
         FaissStore(tmp_path / "nothing").open(3)
 
 

@@ -67,6 +67,8 @@ class SearchChoice:
     cache_dir: Path | None
     top_k: int
     hyde_prompt: str | None
+    index: Path | None = None
+    """``--index``: the user's FAISS index of ``--docs``, searched instead of one built."""
 
     @property
     def kind(self) -> str:
@@ -74,6 +76,35 @@ class SearchChoice:
         from ..stores import store_kind
 
         return store_kind(self.store, self.uri)
+
+    def check_index(self, docs: Any, models: ModelChoice) -> None:
+        """With ``--index``: a `ValueError` before anything loads unless it is a FAISS
+        index of ``--docs`` (a `DocsChoice`) chunked and embedded as this run asks."""
+        if self.index is None:
+            return
+        if docs is None:
+            raise ValueError(
+                "--index reuses a `hyde-plus index` of --docs; with --dataset, eval indexes "
+                "the corpus itself (one vector per document)"
+            )
+        if self.uri is not None or self.kind != "faiss":
+            raise ValueError("--index is a FAISS index folder; leave out --store/--uri with it")
+        from ..indexing import read_meta
+        from ..models import concrete_embedding_spec
+
+        wanted = {
+            "--chunk-size": docs.chunk_size,
+            "--chunk-overlap": docs.chunk_overlap,
+            "--embed": concrete_embedding_spec(models.embed),
+            "--max-length": models.max_length,
+        }
+        differ = index_mismatches(read_meta(self.index), wanted)
+        if differ:
+            raise ValueError(
+                f"--index {self.index} was built with {', '.join(differ)}; this run asks "
+                f"for {', '.join(f'{k} {wanted[k]}' for k in differ_flags(differ))}. Run with "
+                "the index's settings, or rebuild the index with these"
+            )
 
     def runner_kwargs(self, models: ModelChoice, embed_model: Any) -> dict[str, Any]:
         """The keyword arguments `run_eval` and `run_tune` share."""
@@ -87,7 +118,37 @@ class SearchChoice:
             "store": self.kind,
             "milvus_uri": self.uri,
             "milvus_token": self.token or "",
+            "index_store": None if self.index is None else _faiss_store(self.index),
         }
+
+
+def _faiss_store(path: Path) -> Any:
+    from ..stores import FaissStore
+
+    return FaissStore(path)
+
+
+def index_mismatches(meta: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """``["--chunk-size 60", ...]``: how an index (its ``hyde_plus.json``) was built,
+    for each of the ``wanted`` flags (``--chunk-size``, ``--chunk-overlap``, ``--embed``,
+    ``--max-length``) whose value differs."""
+    chunking = meta.get("chunking") or {}
+    built = {
+        "--chunk-size": chunking.get("chunk_size"),
+        "--chunk-overlap": chunking.get("chunk_overlap"),
+        "--embed": meta.get("embed"),
+        "--max-length": meta.get("max_length"),
+    }
+    return [
+        f"{flag} {built[flag] if built[flag] is not None else '(none: not chunked)'}"
+        for flag, value in wanted.items()
+        if built.get(flag) != value
+    ]
+
+
+def differ_flags(differences: list[str]) -> list[str]:
+    """The flag names of `index_mismatches`' entries."""
+    return [d.split(" ", 1)[0] for d in differences]
 
 
 def require_eval_extra(command: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +30,13 @@ Qrels = Annotated[
 QuestionsDir = Annotated[
     Path,
     typer.Option(help="--docs: where the question set is saved (BEIR form) and reused."),
+]
+ReuseIndex = Annotated[
+    Path | None,
+    typer.Option(
+        "--index",
+        help="--docs: search this `hyde-plus index` of the documents (no embedding again).",
+    ),
 ]
 ChunkSize = Annotated[int, typer.Option(help="--docs: most tokens per chunk, as in index.")]
 ChunkOverlap = Annotated[int, typer.Option(help="--docs: tokens shared by consecutive chunks.")]
@@ -196,4 +203,5 @@ class DataChoice:
             assert self.dataset is not None
             return load_beir(self.dataset, split, limit=limit), None
         folder = question_set(self.docs, embed_model, llm, max_length)
-        return load_beir(folder, "test", limit=limit), caveat(folder)
+        ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
+        return replace(ds, name=self.docs.docs.resolve().name), caveat(folder)

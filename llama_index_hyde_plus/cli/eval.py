@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -86,6 +87,7 @@ def eval_cmd(
     questions_dir: q.QuestionsDir = Path("hyde-plus-questions"),
     chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
     chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
+    index: q.ReuseIndex = None,
     transforms: Transforms = "none,hyde",
     split: Split = "test",
     limit: opt.Limit = None,
@@ -115,13 +117,14 @@ def eval_cmd(
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
+    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
     docs_choice = q.docs_choice(
         docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed
     )
     source = q.DataChoice(dataset, docs_choice)
+    started, phases = time.perf_counter(), dict[str, float]()
     specs, ds, note, embed_model, model = _prepare(
-        source, where, models, transforms, config_files, split, limit, out
+        source, where, models, transforms, config_files, split, limit, out, phases
     )
     config = _config(models, model, where.kind, top_k, hyde_prompt=hyde_prompt or "default")
     config.update(split=split if note is None else "generated questions", questions=note)
@@ -136,6 +139,7 @@ def eval_cmd(
             config={k: v for k, v in config.items() if v is not None},
             **where.runner_kwargs(models, embed_model),
         )
+    result.include_earlier(phases, time.perf_counter() - started)
     _show(result, out, note)
 
 
@@ -148,9 +152,11 @@ def _prepare(
     split: str,
     limit: int | None,
     out: Path,
+    phases: dict[str, float],
 ) -> tuple[list[Any], Any, str | None, Any, Any]:
     """Check every flag, then load the models and the dataset (writing questions for
-    ``--docs``): ``(specs, dataset, caveat, embedding model, LLM or None)``."""
+    ``--docs``), timing both into ``phases``: ``(specs, dataset, caveat, embedding
+    model, LLM or None)``."""
     from ..evaluation.report import check_results_folder
 
     with reported():  # BeirFormatError is a ValueError
@@ -158,9 +164,14 @@ def _prepare(
         specs = _specs(transforms, config_files)
         check_results_folder(out)
         source.check(models.max_length, out)
+        where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
+        start = time.perf_counter()
         embed_model, model = models.load(needs)
+        loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
+        phases["models"] = loaded - start
+        phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
     err.print(
         f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
         f"transforms: {', '.join(s.label for s in specs)}"

@@ -65,6 +65,7 @@ def tune(
     questions_dir: q.QuestionsDir = Path("hyde-plus-questions"),
     chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
     chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
+    index: q.ReuseIndex = None,
     transform: TuneTransform = "hyde",
     split: TuneSplit = "train",
     limit: opt.Limit = 300,
@@ -97,7 +98,7 @@ def tune(
     name, split = transform.strip().lower(), split if docs is None else "generated"
     _check(name, split, tolerance, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt)
+    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     configs, ds, embed_model, model = _load(
         q.DataChoice(dataset, docs_set), where, models, name, grid, split, limit
@@ -137,6 +138,7 @@ def _load(
         where.kind  # noqa: B018 - flags are checked before anything loads
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         source.check(models.max_length)
+        where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
     what = split if note is None else "generated questions"

@@ -368,8 +368,12 @@ def check_set_folder(folder: Path, flag: str = "--questions-dir") -> None:
     this tool wrote: its ``manifest.json`` carries the set's own fields (`read_manifest`)
     and it holds nothing but the set's files, so replacing it deletes nothing else."""
     folder = folder.expanduser()
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise ValueError(f"{flag} {folder} is not a folder; choose a new or empty folder")
+    if folder.is_symlink():
+        raise ValueError(
+            f"{flag} {folder} is a symbolic link; give the folder itself (its real path)"
+        )
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag} {folder} is a file, not a folder; choose a new or empty folder")
     if not folder.is_dir() or not any(folder.iterdir()):
         return
     if read_manifest(folder) is None:

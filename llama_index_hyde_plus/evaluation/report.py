@@ -7,6 +7,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -117,6 +118,9 @@ def verdicts(result: EvalResult) -> list[str]:
         if report.delta_vs_none is None:
             continue
         extra = []
+        low, high = report.interval_vs_none or (math.nan, math.nan)
+        if not math.isnan(low):
+            extra.append(f"95% CI {low * 100:+.1f} to {high * 100:+.1f} points")
         if report.skipped:
             extra.append(f"{report.skipped} skipped by the gate")
         if report.fallbacks:
@@ -134,8 +138,9 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
         f"{result.dataset}: {result.queries} queries, {result.documents} documents. "
         "Best value per column in bold; Δ is nDCG@10 minus `none`'s in points; wins/ties/"
         "losses count queries whose nDCG@10 is above/equal to/below `none`'s; p is a paired "
-        "t-test of per-query nDCG@10 against `none` (* below 0.05). Latency is per query "
-        "(transform + search, "
+        "t-test of per-query nDCG@10 against `none` (* below 0.05), and the 95% interval "
+        "of Δ under the table comes from the same test (results.png draws it). Latency is "
+        "per query (transform + search, "
         f"{result.config.get('concurrency', '?')} queries in flight), measured on "
         "freshly generated transforms.",
         "",
@@ -150,37 +155,106 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     if said:
         lines += [f"- {line}" for line in said] + [""]
     config = ", ".join(f"{k}={v}" for k, v in result.config.items())
-    lines.append(
-        f"Config: {config}. Wall time {result.wall_seconds:.0f} s "
-        f"(index {'cached' if result.index_cached else f'{result.index_seconds:.0f} s'})."
-    )
+    lines.append(f"Config: {config}.")
+    lines += ["", timing_line(result)]
     return "\n".join(lines) + "\n"
 
 
-def bar_chart(result: EvalResult, path: Path) -> None:
-    """nDCG@10 and Recall@100 per transform, side by side."""
+def timing_line(result: EvalResult) -> str:
+    """Each phase's seconds and the total: ``Time: models 3 s, questions 585 s, index
+    40 s (cached), none 10 s, hyde 411 s; total 1,049 s.``"""
+    parts = []
+    for name, seconds in result.phases.items():
+        cached = " (cached)" if name == "index" and result.index_cached else ""
+        parts.append(f"{name} {seconds:,.0f} s{cached}")
+    other = result.wall_seconds - sum(result.phases.values())
+    if parts and other >= 1:
+        parts.append(f"other {other:,.0f} s")
+    listed = f"{', '.join(parts)}; " if parts else ""
+    return f"Time: {listed}total {result.wall_seconds:,.0f} s."
+
+
+#: Colours of the Δ bars by verdict, and of the absolute scores.
+CHART_COLOURS = {"helps": "#2e8b57", "hurts": "#c0392b", "no clear difference": "#9e9e9e"}
+
+
+def delta_label(report: TransformReport) -> str:
+    """``+7.0 (-5.1 to +19.1)`` and the verdict's first words, for the Δ chart."""
+    delta = (report.delta_vs_none or 0.0) * 100
+    low, high = report.interval_vs_none or (math.nan, math.nan)
+    interval = "" if math.isnan(low) else f"\n95% CI {low * 100:+.1f} to {high * 100:+.1f}"
+    return f"{delta:+.1f}{interval}\n{report.verdict.split(':')[0]}"
+
+
+def _scores_panel(ax: Any, result: EvalResult) -> None:
+    labels = [r.label for r in result.reports]
+    xs = range(len(labels))
+    width = 0.38
+    for shift, measure, colour in ((-1, "nDCG@10", "#3b6ea8"), (1, "R@100", "#9cc3e6")):
+        values = [r.scores[measure] for r in result.reports]
+        bars = ax.bar([x + shift * width / 2 for x in xs], values, width, color=colour)
+        bars.set_label(LABELS[measure])
+        ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)
+    ax.set_xticks(list(xs), labels, rotation=20, ha="right")
+    ax.set_ylim(0, 1.18)
+    ax.set_ylabel("score")
+    ax.set_title("score per transform")
+    ax.legend(loc="upper center", ncol=2, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _delta_panel(ax: Any, compared: list[TransformReport]) -> None:
+    """Δ nDCG@10 vs `none` in points, with the 95% interval as error bars, coloured by
+    verdict; an interval that crosses 0 is "no clear difference"."""
+    xs = list(range(len(compared)))
+    deltas = [(r.delta_vs_none or 0.0) * 100 for r in compared]
+    low = [d - (r.interval_vs_none or (0, 0))[0] * 100 for d, r in zip(deltas, compared)]
+    high = [(r.interval_vs_none or (0, 0))[1] * 100 - d for d, r in zip(deltas, compared)]
+    errors = [[0.0 if math.isnan(v) else max(v, 0.0) for v in side] for side in (low, high)]
+    colours = [CHART_COLOURS.get(r.verdict.split(":")[0], "#9e9e9e") for r in compared]
+    bars = ax.bar(xs, deltas, 0.55, color=colours, yerr=errors, capsize=6, ecolor="#333333")
+    for bar, report in zip(bars, compared):
+        if report.verdict.startswith("no clear difference"):
+            bar.set_hatch("//")
+    ax.axhline(0, color="#333333", linewidth=0.8)
+    reach = max([abs(d) + max(e) for d, *e in zip(deltas, *errors)] + [1.0])
+    for x, report in zip(xs, compared):
+        ax.annotate(delta_label(report), (x, -reach * 1.12), ha="center", va="top", fontsize=7)
+    ax.set_ylim(-reach * 1.75, reach * 1.2)
+    ax.set_xticks(xs, [r.label for r in compared], rotation=20, ha="right")
+    ax.set_ylabel("Δ nDCG@10 vs none (points)")
+    ax.set_title("Δ vs none, 95% interval (paired t)")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def chart(result: EvalResult) -> Any:
+    """The results as a matplotlib figure: nDCG@10 and Recall@100 per transform, and
+    each transform's Δ nDCG@10 against `none` with its 95% interval and verdict (when
+    `none` ran), under a title naming the data and the number of queries."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [r.label for r in result.reports]
-    ndcg = [r.scores["nDCG@10"] for r in result.reports]
-    recall = [r.scores["R@100"] for r in result.reports]
-    width = 0.38
-    xs = range(len(labels))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels)), 4.2), dpi=120)
-    bars1 = ax.bar([x - width / 2 for x in xs], ndcg, width, label="nDCG@10", color="#3b6ea8")
-    bars2 = ax.bar([x + width / 2 for x in xs], recall, width, label="Recall@100", color="#9cc3e6")
-    for bars in (bars1, bars2):
-        ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)
-    ax.set_xticks(list(xs), labels, rotation=20, ha="right")
-    ax.set_ylim(0, 1.18)
-    ax.set_ylabel("score")
-    ax.set_title(f"{result.dataset}: retrieval quality per transform ({result.queries} queries)")
-    ax.legend(loc="upper center", ncol=2, frameon=False)
-    ax.grid(axis="y", alpha=0.3)
+    compared = [r for r in result.reports if r.delta_vs_none is not None]
+    panels = 2 if compared else 1
+    n = len(result.reports)
+    fig, axes = plt.subplots(
+        1, panels, figsize=(max(6.0, 1.3 * n) * panels, 4.8), dpi=120, squeeze=False
+    )
+    _scores_panel(axes[0][0], result)
+    if compared:
+        _delta_panel(axes[0][1], compared)
+    fig.suptitle(f"{result.dataset}: {result.queries} queries, {result.documents} documents")
     fig.tight_layout()
+    return fig
+
+
+def bar_chart(result: EvalResult, path: Path) -> None:
+    """Write `chart` of ``result`` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = chart(result)
     fig.savefig(path)
     plt.close(fig)
 

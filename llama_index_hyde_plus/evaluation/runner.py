@@ -34,7 +34,7 @@ from ..transforms.registry import (
 from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
-from .metrics import MEASURES, evaluate, paired_t_test, percentile
+from .metrics import MEASURES, evaluate, paired_interval, paired_t_test, percentile
 
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
@@ -148,6 +148,8 @@ class TransformReport:
     """Mean nDCG@10 minus `none`'s."""
     skipped: int = 0
     """Queries whose expansion a gate skipped."""
+    interval_vs_none: tuple[float, float] | None = None
+    """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -164,6 +166,7 @@ class TransformReport:
         self.ties = len(keys) - self.wins - self.losses
         self.delta_vs_none = self.scores["nDCG@10"] - baseline.scores["nDCG@10"]
         self.p_value_vs_none = paired_t_test(mine, base)
+        self.interval_vs_none = paired_interval(mine, base)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -187,6 +190,9 @@ class TransformReport:
             "delta_ndcg@10_vs_none": None
             if self.delta_vs_none is None
             else round(self.delta_vs_none, 5),
+            "delta_ndcg@10_ci95_vs_none": None
+            if self.interval_vs_none is None
+            else [_round(x) for x in self.interval_vs_none],
             "wins": self.wins,
             "ties": self.ties,
             "losses": self.losses,
@@ -224,6 +230,16 @@ class EvalResult:
     index_seconds: float
     index_cached: bool
     wall_seconds: float = 0.0
+    #: Seconds per phase, in the order they ran: ``index`` (build or load) and one per
+    #: transform label, after what a command did first (`include_earlier`: loading the
+    #: models, reading the dataset or writing questions). ``wall_seconds`` is the whole.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def include_earlier(self, earlier: dict[str, float], total: float) -> None:
+        """Count the phases that ran before `run_eval` (``earlier``, in order) and make
+        ``total``, the whole command's time, the wall time."""
+        self.phases = {**earlier, **self.phases}
+        self.wall_seconds = total
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -234,6 +250,7 @@ class EvalResult:
             "index_seconds": round(self.index_seconds, 2),
             "index_cached": self.index_cached,
             "wall_seconds": round(self.wall_seconds, 1),
+            "phase_seconds": {k: round(v, 1) for k, v in self.phases.items()},
             "results": [r.to_dict() for r in self.reports],
         }
 
@@ -297,6 +314,22 @@ def cached_index(
         progress=advance,
     )
     return store.load(embed_model), info.seconds, False
+
+
+def check_holds(index: VectorStoreIndex, ds: BeirDataset, where: str) -> None:
+    """A `ValueError` unless ``index`` holds every document of ``ds`` by id with the
+    same text (an index reused for ``--docs`` must be of exactly those chunks)."""
+    differ = []
+    for doc_id, (_, text) in ds.corpus.items():
+        node = index.docstore.get_node(doc_id, raise_error=False)
+        if node is None or node.get_content() != text:
+            differ.append(doc_id)
+    if differ:
+        raise ValueError(
+            f"--index {where} does not hold the same chunks as the documents "
+            f"({len(differ)} of {len(ds.corpus)} missing or changed, e.g. {differ[0]!r}); "
+            "rebuild it with `hyde-plus index` on them, or leave out --index"
+        )
 
 
 def needs_llm(name: str) -> bool:
@@ -378,6 +411,7 @@ class SessionOptions(TypedDict, total=False):
     milvus_uri: str | None
     milvus_token: str
     progress: ProgressFactory | None
+    index_store: Store | None
 
 
 SESSION_DEFAULTS: dict[str, Any] = {
@@ -389,6 +423,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "milvus_uri": None,
     "milvus_token": "",
     "progress": None,
+    "index_store": None,
 }
 """The `SessionOptions` an `EvalSession` fills in when they are not given."""
 
@@ -409,10 +444,22 @@ class EvalSession:
         self.top_k, self.concurrency, self.progress = o["top_k"], o["concurrency"], o["progress"]
         store, uri = o["store"], o["milvus_uri"]  # checked by `store_for`, before indexing
         embed_model, label, root = o["embed_model"], o["embed_label"], o["cache_root"]
-        self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
-        self.index, self.index_seconds, self.index_cached = cached_index(
-            ds, self.store, embed_model, label, max_length=o["max_length"], progress=self.progress
-        )
+        if o["index_store"] is not None:  # the user's own index of these documents
+            self.store = o["index_store"]
+            start = time.perf_counter()
+            self.index = self.store.load(embed_model)
+            check_holds(self.index, ds, self.store.location)
+            self.index_seconds, self.index_cached = time.perf_counter() - start, True
+        else:
+            self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])
+            self.index, self.index_seconds, self.index_cached = cached_index(
+                ds,
+                self.store,
+                embed_model,
+                label,
+                max_length=o["max_length"],
+                progress=self.progress,
+            )
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000)
         self.cache = SQLiteCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
@@ -520,8 +567,13 @@ def run_eval(
         raise ValueError("an llm is needed for transforms other than none and rocchio")
     wall = time.perf_counter()
     session = EvalSession(ds, **options)
+    phases = {"index": time.perf_counter() - wall}
+    reports = []
     try:
-        reports = [_score(session, spec, llm, hyde_prompt) for spec in specs]
+        for spec in specs:
+            start = time.perf_counter()
+            reports.append(_score(session, spec, llm, hyde_prompt))
+            phases[spec.label] = time.perf_counter() - start
     finally:
         session.close()
     compare(reports)
@@ -533,6 +585,7 @@ def run_eval(
         reports=reports,
         index_seconds=session.index_seconds,
         index_cached=session.index_cached,
+        phases=phases,
     )
     result.wall_seconds = time.perf_counter() - wall
     return result
