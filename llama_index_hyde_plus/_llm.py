@@ -288,8 +288,8 @@ async def acomplete(
     attempts = _Attempts(retry, breaker, timeout)
     while True:
         budget = attempts.budget()
-        cancel = threading.Event()
-        if native:
+        cancel = None if native else threading.Event()  # only a thread needs telling
+        if cancel is None:
             coro = llm.acomplete(prompt, **_kwargs(temperature, max_tokens))
         else:
             coro = _in_thread(llm, prompt, _kwargs(temperature, max_tokens), cancel)
@@ -305,7 +305,7 @@ async def acomplete(
 
 
 async def _bounded(
-    coro: Any, budget: float | None, cancel: threading.Event, attempts: _Attempts
+    coro: Any, budget: float | None, cancel: threading.Event | None, attempts: _Attempts
 ) -> CompletionResponse:
     """Await one attempt within ``budget`` seconds; on overrun it is cancelled and
     ``cancel`` set (for an attempt running in a thread)."""
@@ -317,7 +317,8 @@ async def _bounded(
                 return await coro  # type: ignore[no-any-return]
         return await asyncio.wait_for(coro, budget)
     except asyncio.TimeoutError as exc:
-        cancel.set()
+        if cancel is not None:
+            cancel.set()
         raise attempts.timed_out() from exc
 
 

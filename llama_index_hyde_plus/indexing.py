@@ -28,7 +28,6 @@ from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 
 from ._files import STAGING_MARKER, is_marked_staging, make_folder_beside
 from .chunking import Chunking, Tokenizer, split_documents, tokenizer_for
-from .readers import read_documents as read_documents  # where callers have found it
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
 from . import _llm
-from .retriever import RERANK_CANDIDATES as RERANK_CANDIDATES  # moved; kept importable
 from .retriever import SearchResult, TransformRetriever
 from .transforms.hyde import HyDE
 from .usage import ModelPrice, Usage

@@ -573,12 +573,3 @@ def serve_stdio(
                 return  # the client is gone
         if hardened and server.shutdown_requested:
             return
-
-
-def __getattr__(name: str) -> Any:
-    # ``RcpHttpServer`` lives in `rcp_http` (uvicorn + Starlette); kept importable here
-    if name == "RcpHttpServer":
-        from .rcp_http import RcpHttpServer
-
-        return RcpHttpServer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -129,10 +129,10 @@ class TransformRetriever(BaseRetriever):
     retriever returns at most 3 nodes, like the retriever alone), else no cut. An int
     is an explicit cut, read as is (it cannot return more than the fused lists hold).
 
-    ``retrieve`` / ``aretrieve`` (what query engines call) return copies of the nodes
-    whose metadata carries a summary of the transform under ``"hyde_plus"``, hidden
-    from the answer prompt and embeddings; `transform_of` reads it back from a
-    response. `search` returns the full `SearchResult` and leaves the nodes as found.
+    ``retrieve`` / ``aretrieve`` (what query engines call) return the nodes with the
+    first one a copy whose metadata carries a summary of the transform under
+    ``"hyde_plus"``, hidden from the answer prompt and embeddings; `transform_of` reads
+    it back from a response. `search` returns the full `SearchResult` and leaves the nodes as found.
 
     ``search_type`` says how the wrapped retriever matches ("auto" guesses): dense
     retrievers get the averaged embedding of the HyDE passages (and query), keyword and
@@ -571,7 +571,8 @@ class TransformRetriever(BaseRetriever):
 
 
 def _carrying_transform(result: SearchResult) -> list[NodeWithScore]:
-    """``result``'s nodes as copies whose metadata carries the transform's summary."""
+    """``result``'s nodes, the first a copy whose metadata carries the transform's
+    summary (`provenance.tag_nodes`)."""
     info = summary(result.transform, result.failed_searches, result.latency_s)
     return tag_nodes(result.nodes, info)
 

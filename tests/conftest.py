@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import subprocess
@@ -109,3 +111,33 @@ class Served:
             self.proc.kill()
             _, rest = self.proc.communicate()
         return self.banner + (rest or "")
+
+
+class LoopTicks:
+    """``async with LoopTicks() as loop:`` counts how often the event loop ran a 10 ms
+    sleeper while the block ran (``loop.ticks``). A block that blocks the loop leaves
+    it at 0 or 1; a loaded 2-core machine may slow the loop, so assert a small number
+    (`LoopTicks.FREE`), never one derived from the wall time."""
+
+    FREE = 3
+    """At least this many ticks means the loop kept running."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            self.ticks += 1
+
+    async def __aenter__(self) -> LoopTicks:
+        self._task = asyncio.create_task(self._tick())
+        await asyncio.sleep(0)  # let the ticker start before the block runs
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

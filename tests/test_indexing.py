@@ -249,7 +249,7 @@ def _line(**row: object) -> str:
 def test_a_duplicate_document_id_is_an_error_naming_both_places(
     tmp_path: Path, files: dict[str, str | bytes], expected: str
 ) -> None:
-    from llama_index_hyde_plus.indexing import read_documents
+    from llama_index_hyde_plus.readers import read_documents
 
     with pytest.raises(ValueError, match="duplicate document id") as info:
         read_documents(_folder(tmp_path, files))
@@ -257,7 +257,7 @@ def test_a_duplicate_document_id_is_an_error_naming_both_places(
 
 
 def test_null_ids_do_not_collide_with_the_string_none(tmp_path: Path) -> None:
-    from llama_index_hyde_plus.indexing import read_documents
+    from llama_index_hyde_plus.readers import read_documents
 
     folder = _folder(
         tmp_path, {"a.jsonl": _line(_id=None, text="one") + _line(_id="None", text="two")}

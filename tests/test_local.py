@@ -26,6 +26,8 @@ from llama_index_hyde_plus.local import (
     local_llm,
 )
 
+from .conftest import LoopTicks
+
 pytestmark = pytest.mark.local
 Q = "Why did revenue drop?"
 
@@ -99,23 +101,12 @@ def test_sync_path_with_the_real_models(
 async def test_local_llm_async_calls_run_concurrently_without_blocking_the_loop(
     real_llm: LocalLLM,
 ) -> None:
-    ticks = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    task = asyncio.create_task(ticker())
-    replies = await asyncio.gather(
-        *(real_llm.acomplete(f"Name a colour. ({i})", max_tokens=16) for i in range(4))
-    )
-    done = True
-    await task
+    async with LoopTicks() as loop:
+        replies = await asyncio.gather(
+            *(real_llm.acomplete(f"Name a colour. ({i})", max_tokens=16) for i in range(4))
+        )
     assert all(r.raw["usage"]["completion_tokens"] > 0 for r in replies)
-    assert ticks >= 10
+    assert loop.ticks >= LoopTicks.FREE
 
 
 def test_local_llm_reports_llama_cpp_errors(real_llm: LocalLLM) -> None:

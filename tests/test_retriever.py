@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -23,7 +22,7 @@ from llama_index_hyde_plus import (
 )
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 
-from .conftest import DOCS
+from .conftest import DOCS, LoopTicks
 
 Q = "Why did revenue drop?"
 P1 = "Revenue dropped because enterprise renewals slipped last quarter."
@@ -112,22 +111,11 @@ async def test_sync_only_retriever_runs_off_the_event_loop() -> None:
 
     del SyncOnly._aretrieve  # a retriever without native async support
     base = SyncOnly(DOCS, default=["pto"], delay=0.3)
-    ticks = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    task = asyncio.create_task(ticker())
     retriever = TransformRetriever(base, HyDE(ScriptedLLM(["passage."], forbid_sync=True)))
-    result = await retriever.asearch("q")
-    done = True
-    await task
+    async with LoopTicks() as loop:
+        result = await retriever.asearch("q")
     assert result.nodes[0].node.node_id == "pto"
-    assert ticks >= 5  # the loop kept running while the retriever slept in a thread
+    assert loop.ticks >= LoopTicks.FREE  # the loop ran while the retriever slept in a thread
 
 
 class RecordingReranker(BaseNodePostprocessor):

@@ -51,47 +51,47 @@ def report(
 
 # -- complexity / pick_winner ---------------------------------------------------------
 def test_complexity_orders_the_machinery() -> None:
-    assert complexity({}) == 0
-    assert complexity({"query_weight": 0.8}) == 0
-    assert complexity({"strategy": "rerank", "blend": 0.3}) == 1
-    assert complexity({"strategy": "replace"}) == 0
-    assert complexity({"gate": 0.4}) == 2
-    assert complexity({"gate": None}) == 0
-    assert complexity({"grounded": 3}) == 4
-    assert complexity({"grounded": 0}) == 0
-    assert complexity({"grounded": 3, "gate": 0.4, "strategy": "rerank"}) == 7
+    assert complexity("hyde", {}) == 0
+    assert complexity("hyde", {"query_weight": 0.8}) == 0
+    assert complexity("hyde", {"strategy": "rerank", "blend": 0.3}) == 1
+    assert complexity("hyde", {"strategy": "replace"}) == 0
+    assert complexity("hyde", {"gate": 0.4}) == 2
+    assert complexity("hyde", {"gate": None}) == 0
+    assert complexity("hyde", {"grounded": 3}) == 4
+    assert complexity("hyde", {"grounded": 0}) == 0
+    assert complexity("hyde", {"grounded": 3, "gate": 0.4, "strategy": "rerank"}) == 7
 
 
 def test_pick_winner_prefers_the_simpler_config_within_tolerance() -> None:
     simple = report("simple", 0.500, {"query_weight": 0.7})
     fancy = report("fancy", 0.501, {"query_weight": 0.7, "grounded": 3, "gate": 0.4})
-    assert pick_winner([fancy, simple], DEFAULT_TOLERANCE) is simple
+    assert pick_winner([fancy, simple], DEFAULT_TOLERANCE, "hyde") is simple
 
 
 def test_pick_winner_takes_the_best_when_it_is_clearly_better() -> None:
     simple = report("simple", 0.500, {"query_weight": 0.7})
     fancy = report("fancy", 0.520, {"grounded": 3})
-    assert pick_winner([simple, fancy], DEFAULT_TOLERANCE) is fancy
+    assert pick_winner([simple, fancy], DEFAULT_TOLERANCE, "hyde") is fancy
 
 
 def test_pick_winner_among_equally_simple_takes_the_best() -> None:
     a = report("a", 0.500, {"query_weight": 0.6})
     b = report("b", 0.5015, {"query_weight": 0.8})
     c = report("c", 0.400, {})
-    assert pick_winner([a, b, c], DEFAULT_TOLERANCE) is b
+    assert pick_winner([a, b, c], DEFAULT_TOLERANCE, "hyde") is b
 
 
 def test_pick_winner_tolerance_boundary() -> None:
     simple = report("simple", 0.498, {})
     gated = report("gated", 0.500, {"gate": 0.4})
-    assert pick_winner([gated, simple], 0.002) is simple  # exactly at the tolerance
-    assert pick_winner([gated, simple], 0.0019) is gated
-    assert pick_winner([gated, simple], 0.0) is gated
+    assert pick_winner([gated, simple], 0.002, "hyde") is simple  # exactly at the tolerance
+    assert pick_winner([gated, simple], 0.0019, "hyde") is gated
+    assert pick_winner([gated, simple], 0.0, "hyde") is gated
 
 
 def test_pick_winner_of_nothing_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="no configurations"):
-        pick_winner([], 0.002)
+        pick_winner([], 0.002, "hyde")
 
 
 # -- label_for ------------------------------------------------------------------------

@@ -3,7 +3,6 @@ stored vectors of retrieved nodes)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index_hyde_plus.testing import DeterministicEmbedding, StaticRetriever
 from llama_index_hyde_plus.vectors import DocVectors, Embedder, embed_model_of
 
-from .conftest import DOCS
+from .conftest import DOCS, LoopTicks
 
 
 class NativeAsyncEmbedding(DeterministicEmbedding):
@@ -131,24 +130,14 @@ async def test_async_texts_use_the_native_single_text_async_method() -> None:
 async def test_async_embedder_runs_a_blocking_model_in_a_thread() -> None:
     model = BlockingEmbedding(threads=[])
     embedder = Embedder(model)
-    ticks = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    task = asyncio.create_task(ticker())
-    await embedder.aquery("q")
-    await embedder.atexts(["t one", "t two"])
-    done = True
-    await task
+    async with LoopTicks() as loop:
+        await embedder.aquery("q")
+        await embedder.atexts(["t one", "t two"])
+    ticks = loop.ticks
     loop_thread = threading.get_ident()
     assert len(model.threads) == 3
     assert loop_thread not in model.threads
-    assert ticks >= 10  # the loop kept running during ~0.45 s of blocking embedding
+    assert ticks >= LoopTicks.FREE  # the loop ran during ~0.45 s of blocking embedding
 
 
 def test_embed_model_of_finds_a_vector_retrievers_model(

@@ -68,7 +68,7 @@ def demo(
 
 
 def _index(tmp: Path, out: Path | None) -> FaissStore:
-    from ..indexing import read_documents
+    from ..readers import read_documents
 
     store = FaissStore(out or tmp / "index")
     folder = tmp / "docs"

@@ -91,17 +91,10 @@ def check_grid(name: str, grid: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return configs
 
 
-def complexity(options: dict[str, Any]) -> int:
-    """How much machinery a configuration switches on (lower is simpler): grounding
-    costs a search and a longer prompt, a gate and a rerank need extra embeddings."""
-    level = 0
-    if options.get("grounded"):
-        level += 4
-    if options.get("gate") is not None:
-        level += 2
-    if options.get("strategy") == "rerank":
-        level += 1
-    return level
+def complexity(name: str, options: dict[str, Any]) -> int:
+    """How much machinery a configuration of the transform ``name`` switches on (lower
+    is simpler), as its class says (`QueryTransformer.complexity`)."""
+    return transform_class(name).complexity(options)
 
 
 @dataclass
@@ -123,7 +116,9 @@ class TuneResult:
         return sorted(self.reports, key=lambda r: -r.scores["nDCG@10"])
 
 
-def pick_winner(reports: Sequence[TransformReport], tolerance: float) -> TransformReport:
+def pick_winner(
+    reports: Sequence[TransformReport], tolerance: float, transform: str
+) -> TransformReport:
     """The simplest report within ``tolerance`` nDCG@10 of the best (the best among
     equally simple ones). Where a knob makes no measurable difference, the simpler
     value wins."""
@@ -131,7 +126,7 @@ def pick_winner(reports: Sequence[TransformReport], tolerance: float) -> Transfo
         raise ValueError("no configurations to choose from")
     best = max(r.scores["nDCG@10"] for r in reports)
     close = [r for r in reports if r.scores["nDCG@10"] >= best - tolerance - 1e-12]
-    return min(close, key=lambda r: (complexity(r.options), -r.scores["nDCG@10"]))
+    return min(close, key=lambda r: (complexity(transform, r.options), -r.scores["nDCG@10"]))
 
 
 def run_tune(
@@ -184,7 +179,7 @@ def run_tune(
         baseline=baseline,
         reports=reports,
         best=best,
-        winner=pick_winner(reports, tolerance),
+        winner=pick_winner(reports, tolerance, name),
         tolerance=tolerance,
         extra={
             "store": options.get("store", "faiss"),

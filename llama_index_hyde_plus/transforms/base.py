@@ -461,6 +461,12 @@ class QueryTransformer(BaseQueryTransform):
         return [{}]
 
     @classmethod
+    def complexity(cls, options: dict[str, Any]) -> int:
+        """How much machinery ``options`` switch on (lower is simpler): `tune` prefers
+        the simplest configuration within its tolerance of the best. 0 by default."""
+        return 0
+
+    @classmethod
     def prompt_for_task(cls, task: str) -> str | None:
         """The prompt this transform uses for ``task`` (a dataset name, or a template
         given as is), or None when it has no task-specific prompts."""

@@ -201,6 +201,19 @@ class HyDE(LLMTransform):
         return "num_passages"
 
     @classmethod
+    def complexity(cls, options: dict[str, Any]) -> int:
+        """Grounding costs a search and a longer prompt (4), a gate extra embeddings
+        (2), a rerank the documents' vectors (1)."""
+        level = 0
+        if options.get("grounded"):
+            level += 4
+        if options.get("gate") is not None:
+            level += 2
+        if options.get("strategy") == "rerank":
+            level += 1
+        return level
+
+    @classmethod
     def prompt_for_task(cls, task: str) -> str | None:
         """The HyDE paper's prompt for ``task`` (scifact, fiqa, trec-covid...), else
         ``task`` itself as a template."""

@@ -334,10 +334,20 @@ class LLMTransform(QueryTransformer):
             llm, prompt = self._prompt_for(query, context)
         except Exception as exc:
             return self._fallback(query, [exc], start)
-        outcomes = await asyncio.gather(
-            *(_llm.acomplete(llm, prompt, **self._call_kwargs()) for _ in range(self._num_calls())),
-            return_exceptions=True,
-        )
+        outcomes: list[Any]
+        if self._num_calls() == 1:  # one call: awaited here, no task to hold
+            try:
+                outcomes = [await _llm.acomplete(llm, prompt, **self._call_kwargs())]
+            except Exception as exc:
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(
+                *(
+                    _llm.acomplete(llm, prompt, **self._call_kwargs())
+                    for _ in range(self._num_calls())
+                ),
+                return_exceptions=True,
+            )
         replies = [o for o in outcomes if isinstance(o, _llm.LLMReply)]
         errors: list[BaseException] = []
         for o in outcomes:
