@@ -92,13 +92,14 @@ def model_name(llm: Any) -> str | None:
 SMALL_GENERATORS: tuple[str, ...] = ("SmolLM2-135M",)
 """Model-name prefixes of the generators measured too weak for the capable-model
 defaults: the bundled SmolLM2-135M (BENCHMARKS.md, issue #23)."""
+_SMALL_PREFIXES = tuple(p.lower() for p in SMALL_GENERATORS)  # read on every search
 
 
 def generator_kind(llm: Any) -> str:
     """``"small"`` for a generator listed in `SMALL_GENERATORS` (the bundled local
     model), else ``"capable"``: which set of shipped defaults a transform uses."""
     name = (model_name(llm) or "").lower()
-    return "small" if name.startswith(tuple(p.lower() for p in SMALL_GENERATORS)) else "capable"
+    return "small" if name.startswith(_SMALL_PREFIXES) else "capable"
 
 
 def is_local(llm: Any) -> bool:
