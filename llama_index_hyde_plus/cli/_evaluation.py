@@ -72,7 +72,7 @@ class SearchChoice:
 
     store: str | None
     uri: str | None
-    token: str | None
+    milvus_token: str | None
     cache_dir: Path | None
     top_k: int
     hyde_prompt: str | None
@@ -126,7 +126,7 @@ class SearchChoice:
             "hyde_prompt": self.hyde_prompt,
             "store": self.kind,
             "milvus_uri": self.uri,
-            "milvus_token": self.token or "",
+            "milvus_token": self.milvus_token or "",
             "index_store": None if self.index is None else _faiss_store(self.index),
             "standin": models.standin(),
         }
@@ -142,6 +142,8 @@ def standin_for(models: ModelChoice, source: Any) -> Any:
             "(generated questions need a real --llm)"
         )
     return standin
+
+
 def _faiss_store(path: Path) -> Any:
     from ..stores import FaissStore
 
@@ -189,7 +191,7 @@ def bars(progress: Progress, unit: str, show: bool = True) -> Callable[[str, int
 
 def command_line(name: str) -> str | None:
     """The command as typed, for the report (None when run from Python), with every
-    secret hidden (`redact_argv`: ``--token``, passwords in a URI)."""
+    secret hidden (`redact_argv`: ``--milvus-token``, passwords in a URI)."""
     from .._redact import redact_argv
 
     if len(sys.argv) <= 2:

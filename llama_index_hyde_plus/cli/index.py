@@ -15,7 +15,7 @@ from ..indexing import IndexInfo, check_batch_size
 from ..readers import Skipped
 from ..stores import FaissStore, MilvusStore, Store, store_kind
 from ._console import console, err, progress_bar, reported, setup_logging, task
-from ._options import Collection, Embed, StoreKind, Token, Uri, Verbose
+from ._options import Collection, Embed, MilvusToken, StoreKind, Uri, Verbose
 
 
 def build_store(
@@ -94,7 +94,7 @@ def index(
     store: StoreKind = None,
     uri: Uri = None,
     collection: Collection = "hyde_plus",
-    token: Token = None,
+    milvus_token: MilvusToken = None,
     embed: Embed = "auto",
     max_length: Annotated[int, typer.Option(help="Max tokens per text (local model).")] = 256,
     batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 64,
@@ -115,7 +115,7 @@ def index(
     with reported():
         chunking.check(max_length)
         check_batch_size(batch_size)
-        target = _target(store, out, uri, collection, token or "")
+        target = _target(store, out, uri, collection, milvus_token or "")
         target.check_target(docs)
         contents = read_folder(docs)
         print_skipped(contents.skipped)

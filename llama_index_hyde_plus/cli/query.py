@@ -33,10 +33,10 @@ from ._options import (
     Count,
     IndexPath,
     Llm,
+    MilvusToken,
     NumPassages,
     Temperature,
     Timeout,
-    Token,
     Uri,
     Verbose,
 )
@@ -218,7 +218,7 @@ def query(
     index_path: IndexPath = None,
     uri: Uri = None,
     collection: Collection = "hyde_plus",
-    token: Token = None,
+    milvus_token: MilvusToken = None,
     embed: Annotated[
         str | None, typer.Option(help="Embedding model (default: as recorded at indexing).")
     ] = None,
@@ -264,7 +264,9 @@ def query(
         "prompt": prompt,
     }
     with reported():
-        store = open_store(index=index_path, uri=uri, collection=collection, token=token or "")
+        store = open_store(
+            index=index_path, uri=uri, collection=collection, token=milvus_token or ""
+        )
         depth = top_k * GROUP_POOL if group_by_file else top_k
         with working("Loading the index and the embedding model"):
             retriever = store.open(depth, embed=embed)

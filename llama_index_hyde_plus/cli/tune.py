@@ -86,7 +86,7 @@ def tune(
     cache_dir: opt.CacheDir = None,
     store: opt.StoreKind = None,
     uri: opt.Uri = None,
-    token: opt.Token = None,
+    milvus_token: opt.MilvusToken = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Sweep a transform's search options on a training split (or on questions written
@@ -99,14 +99,15 @@ def tune(
     name, split = transform.strip().lower(), split if docs is None else "generated"
     _check(name, split, tolerance, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
+    where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
     configs, ds, embed_model, model = _load(source, where, models, name, grid, split, limit)
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
         result = run_tune(
-            ds, name,
+            ds,
+            name,
             llm=model,
             split=split,
             grid=configs,
