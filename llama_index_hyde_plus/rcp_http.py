@@ -51,6 +51,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ._checks import is_int
 from .rcp import MAX_BODY_BYTES, RcpServer, dumps
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Limits:
             "slow_bodies_per_client",
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1")
         for name in ("header_timeout", "body_timeout", "keep_alive"):
             if not getattr(self, name) > 0:
@@ -440,7 +441,7 @@ class _Endpoint:
 def bind_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv4 or IPv6; port 0 picks a free
     one), or `ServeError` with a one-line reason and fix."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port) or not 0 <= port <= 65535:
         raise ServeError(f"port {port} is out of range: use 1-65535 (0 picks a free port)")
     try:
         infos = socket.getaddrinfo(

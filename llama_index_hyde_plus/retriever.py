@@ -21,6 +21,7 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from . import expansion, plan
+from ._checks import check_int, is_int
 from .fusion import FusionMode, fuse, unique_nodes
 from .provenance import summary, tag_nodes
 from .transforms.base import (
@@ -28,7 +29,6 @@ from .transforms.base import (
     QueryTransformer,
     SearchSpec,
     TransformResult,
-    check_int,
     validate_query,
 )
 from .vectors import DocVectors, Embedder, embed_model_of
@@ -58,7 +58,7 @@ def candidate_depth(guards: Guards, top_k: int) -> int:
 def own_top_k(retriever: BaseRetriever) -> int | None:
     """The wrapped retriever's own ``similarity_top_k`` (a positive int), else None."""
     value = getattr(retriever, "similarity_top_k", None)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if is_int(value) and value >= 1:
         return value
     return None
 
@@ -161,10 +161,10 @@ class TransformRetriever(BaseRetriever):
             raise TypeError(
                 f"transformer must be a QueryTransformer, not {type(transformer).__name__}"
             )
-        if top_k is not None and (isinstance(top_k, bool) or top_k < 1):
-            raise ValueError("top_k must be >= 1 or None")
-        if isinstance(max_concurrency, bool) or max_concurrency < 1:
-            raise ValueError("max_concurrency must be >= 1")
+        if top_k is not None and (not is_int(top_k) or top_k < 1):
+            raise ValueError("top_k must be an int >= 1 or None")
+        if not is_int(max_concurrency) or max_concurrency < 1:
+            raise ValueError("max_concurrency must be an int >= 1")
         if search_type not in ("auto", "dense", "keyword", "hybrid"):
             raise ValueError("search_type must be one of 'auto', 'dense', 'keyword', 'hybrid'")
         if reranker is not None and not isinstance(reranker, BaseNodePostprocessor):

@@ -35,6 +35,7 @@ from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.schema import NodeWithScore, TextNode
 from pydantic import Field
 
+from .._checks import is_number
 from ..transforms.parsing import trim_passage
 from ..usage import sum_usage
 from .beir import BeirDataset
@@ -59,7 +60,7 @@ class StandIn:
     depth: int = WRONG_DEPTH
 
     def __post_init__(self) -> None:
-        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)):
+        if not is_number(self.p):
             raise TypeError("the stand-in's P must be a number")
         if not 0.0 <= float(self.p) <= 1.0:  # NaN fails too
             raise ValueError(f"the stand-in's P must be between 0 and 1, not {self.p}")

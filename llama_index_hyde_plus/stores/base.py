@@ -12,6 +12,8 @@ from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
+from .._checks import is_int
+
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
 
@@ -116,7 +118,7 @@ class Store(ABC):
         meta = self.meta() or {}
         recorded, _, length = str(meta.get("embed") or "auto").partition("@")
         max_length = meta.get("max_length") or (int(length) if length.isdecimal() else 256)
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        if not is_int(max_length) or max_length < 1:
             raise ValueError(
                 f"the index at {self.location} records max_length {max_length!r:.40}, not a "
                 "whole number of tokens: it is damaged; rebuild it with `hyde-plus index`"

@@ -26,6 +26,7 @@ from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
 from .. import _llm
+from .._checks import is_number
 from ..cache import TransformCache, cache_key, holds_objects
 from ..reliability import CircuitOpenError, RetryPolicy
 from ..singleflight import SingleFlight
@@ -400,7 +401,7 @@ class LLMTransform(QueryTransformer):
 
 def _number(value: Any, name: str) -> float | None:
     """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+    if value is None or is_number(value):
         return value
     raise TypeError(f"{name} must be a number, not {type(value).__name__}")
 
