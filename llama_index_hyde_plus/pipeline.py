@@ -195,14 +195,14 @@ class HyDERAG:
         )
         return self.answer_prompt.format(context=context, query=question)
 
-    def _call_kwargs(self) -> dict[str, Any]:
-        return {
-            "temperature": self.answer_temperature,
-            "timeout": self.answer_timeout,
-            "retry": self.hyde.retry,
-            "prices": self.prices,
-            "host_callback_manager": self._callback_manager or Settings.callback_manager,
-        }
+    def _call_options(self) -> _llm.CallOptions:
+        return _llm.CallOptions(
+            temperature=self.answer_temperature,
+            timeout=self.answer_timeout,
+            retry=self.hyde.retry,
+            prices=self.prices,
+            host_callback_manager=self._callback_manager or Settings.callback_manager,
+        )
 
     def _result(
         self,
@@ -239,9 +239,7 @@ class HyDERAG:
         search = self.retriever.search(question)
         answer_start = time.perf_counter()
         llm = self.answer_llm
-        reply = _llm.complete(
-            llm, self._answer_input(question, search.nodes), **self._call_kwargs()
-        )
+        reply = _llm.complete(llm, self._answer_input(question, search.nodes), self._call_options())
         return self._result(question, search, reply, start, answer_start, reply.model_id)
 
     async def aquery(self, question: str) -> HyDERAGResult:
@@ -251,7 +249,7 @@ class HyDERAG:
         answer_start = time.perf_counter()
         llm = self.answer_llm
         reply = await _llm.acomplete(
-            llm, self._answer_input(question, search.nodes), **self._call_kwargs()
+            llm, self._answer_input(question, search.nodes), self._call_options()
         )
         return self._result(question, search, reply, start, answer_start, reply.model_id)
 

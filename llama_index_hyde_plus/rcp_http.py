@@ -356,23 +356,24 @@ class _Endpoint:
         if announced and announced.isdigit() and int(announced) > self.limits.max_body_bytes:
             return self._too_large()
         if request.scope.get(SLOW_BODY_REFUSED):
-            return self.error(
-                503,
-                rcp.Errc.BACKEND_UNAVAILABLE,
+            return self._unavailable(
                 f"too many requests from this address whose body is still arriving (limit "
-                f"{self.limits.slow_bodies_per_client}); send each body whole, retry later",
-                {"retryable": True, "retryAfterMs": 1000},
-                headers={"Retry-After": "1"},
-                close=True,
+                f"{self.limits.slow_bodies_per_client}); send each body whole, retry later"
             )
         return None
 
     def _busy(self) -> Response:
+        return self._unavailable(
+            f"server busy: {self.inflight} requests in flight (limit "
+            f"{self.limits.max_inflight}); retry shortly"
+        )
+
+    def _unavailable(self, message: str) -> Response:
+        """HTTP 503, retryable after a second, and the connection closed."""
         return self.error(
             503,
             rcp.Errc.BACKEND_UNAVAILABLE,
-            f"server busy: {self.inflight} requests in flight (limit "
-            f"{self.limits.max_inflight}); retry shortly",
+            message,
             {"retryable": True, "retryAfterMs": 1000},
             headers={"Retry-After": "1"},
             close=True,

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.llms import LLM
 
-from .._checks import check_int
+from .._checks import check_int, is_int
+from .._llm import CallOptions
 from ..expansion import check_weight, keyword_query
 from ..usage import Usage
 from .base import Guards, SearchSpec, Strategy, TransformResult
@@ -290,12 +291,12 @@ class HyDE(LLMTransform):
     def _reply_tokens(self) -> int | None:
         return self.max_tokens
 
-    def _call_kwargs(self) -> dict[str, object]:
-        kwargs = super()._call_kwargs()
+    def _call_options(self) -> CallOptions:
+        options = super()._call_options()
         own = getattr(self.llm, "max_tokens", None)
-        if not (isinstance(own, int) and 0 < own <= self.max_tokens):
-            kwargs["max_tokens"] = self.max_tokens  # lower than the model's own cap
-        return kwargs
+        if not (is_int(own) and 0 < own <= self.max_tokens):
+            options = replace(options, max_tokens=self.max_tokens)  # below the model's cap
+        return options
 
     def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
         if not self.grounded or not context:
