@@ -7,9 +7,11 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +44,39 @@ def json_lines(
         yield lineno, row
 
 
-#: The file inside every staging folder this tool makes beside an index, and its text:
-#: a folder is cleaned up as an interrupted build only when it holds this exact file.
+#: The file inside every staging folder this tool makes beside an index: a folder is
+#: cleaned up as an interrupted build only when it holds this file naming the folder.
 STAGING_MARKER = ".hyde-plus-staging"
-_STAGING_TEXT = "hyde-plus staging folder: an unfinished build; safe to delete\n"
+_OUR_TEXT = "written by hyde-plus for {name}; safe to delete with it\n"
+_OUR_PATTERN = re.compile(r"written by hyde-plus for ([^;/\\\n]+); safe to delete with it\n")
+
+
+def write_our_file(path: Path, name: str) -> None:
+    """Write the marker file ``path`` saying this tool made ``name`` (a folder's name)."""
+    path.write_text(_OUR_TEXT.format(name=name), encoding="utf-8")
+
+
+def our_file_name(path: Path) -> str | None:
+    """The name a marker file written by `write_our_file` records, or None when
+    ``path`` is not such a file (absent, a link, a folder, other text)."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 512:
+            return None
+        match = _OUR_PATTERN.fullmatch(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return match.group(1) if match else None
+
+
+def is_our_file(path: Path, name: str) -> bool:
+    """Whether ``path`` is this tool's marker file for ``name``."""
+    return our_file_name(path) == name
 
 
 def make_folder_beside(parent: Path, prefix: str, *, marked: bool = False) -> Path:
     """A new, empty folder ``parent/<prefix><random>`` with the permissions the umask
-    gives (not `tempfile.mkdtemp`'s 0700), holding `STAGING_MARKER` when ``marked``."""
+    gives (not `tempfile.mkdtemp`'s 0700), holding `STAGING_MARKER` naming it when
+    ``marked``."""
     for _ in range(100):
         path = parent / f"{prefix}{secrets.token_hex(6)}"
         try:
@@ -58,20 +84,38 @@ def make_folder_beside(parent: Path, prefix: str, *, marked: bool = False) -> Pa
         except FileExistsError:
             continue
         if marked:
-            (path / STAGING_MARKER).write_text(_STAGING_TEXT, encoding="utf-8")
+            write_our_file(path / STAGING_MARKER, path.name)
         return path
     raise FileExistsError(f"could not make a new folder in {parent}")
 
 
 def is_marked_staging(path: Path) -> bool:
-    """Whether ``path`` is a real folder (not a link) holding this tool's staging marker."""
-    marker = path / STAGING_MARKER
+    """Whether ``path`` is a real folder (not a link) holding this tool's staging
+    marker naming it (a marker copied into another folder does not count)."""
     try:
-        if path.is_symlink() or not path.is_dir() or marker.is_symlink():
+        if path.is_symlink() or not path.is_dir():
             return False
-        return marker.is_file() and marker.read_text(encoding="utf-8") == _STAGING_TEXT
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         return False
+    return is_our_file(path / STAGING_MARKER, path.name)
+
+
+@contextmanager
+def locked_folder(folder: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``folder`` itself while the block runs (no
+    lock file is made, nothing is left behind; a killed holder releases it). Where
+    `fcntl` is missing (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -106,7 +106,8 @@ def tune(
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
         result = run_tune(
-            ds, name,
+            ds,
+            name,
             llm=model,
             split=split,
             grid=configs,
