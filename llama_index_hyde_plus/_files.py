@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,46 @@ def locked_folder(folder: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+#: The first line of every Markdown file this tool writes (invisible when rendered):
+#: an existing Markdown output is overwritten only when it starts with it.
+MARKDOWN_MARK = "<!-- written by hyde-plus; it overwrites this file when asked to -->"
+
+
+def check_replaceable(path: Path, what: str, kind: str, ours: Callable[[bytes], bool]) -> None:
+    """A `ValueError` naming ``what`` unless ``path`` is absent or a regular file this
+    tool wrote (``ours`` of its first 16 MB says so: what this tool writes is
+    smaller), so an output never overwrites someone's file (or follows a link to one)."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    refusal = (
+        f"{what} {path} exists and is not {kind} hyde-plus wrote; refusing to overwrite "
+        "it: choose another path (or remove the file yourself)"
+    )
+    if path.is_symlink() or not path.is_file():
+        raise ValueError(refusal)
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(1 << 24)
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be read ({exc.strerror})") from exc
+    if not ours(head):
+        raise ValueError(refusal)
+
+
+def is_our_markdown(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is Markdown this tool wrote."""
+    return head.startswith(MARKDOWN_MARK.encode())
+
+
+def json_object_with(head: bytes, *keys: str) -> bool:
+    """Whether ``head`` is a whole JSON object holding every one of ``keys``."""
+    try:
+        data = json.loads(head.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and all(k in data for k in keys)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
