@@ -110,7 +110,11 @@ def locked_folder(folder: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
-    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder we may write but not list: run unlocked, as before
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
