@@ -7,9 +7,11 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +44,39 @@ def json_lines(
         yield lineno, row
 
 
-#: The file inside every staging folder this tool makes beside an index, and its text:
-#: a folder is cleaned up as an interrupted build only when it holds this exact file.
+#: The file inside every staging folder this tool makes beside an index: a folder is
+#: cleaned up as an interrupted build only when it holds this file naming the folder.
 STAGING_MARKER = ".hyde-plus-staging"
-_STAGING_TEXT = "hyde-plus staging folder: an unfinished build; safe to delete\n"
+_OUR_TEXT = "written by hyde-plus for {name}; safe to delete with it\n"
+_OUR_PATTERN = re.compile(r"written by hyde-plus for ([^;/\\\n]+); safe to delete with it\n")
+
+
+def write_our_file(path: Path, name: str) -> None:
+    """Write the marker file ``path`` saying this tool made ``name`` (a folder's name)."""
+    path.write_text(_OUR_TEXT.format(name=name), encoding="utf-8")
+
+
+def our_file_name(path: Path) -> str | None:
+    """The name a marker file written by `write_our_file` records, or None when
+    ``path`` is not such a file (absent, a link, a folder, other text)."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 512:
+            return None
+        match = _OUR_PATTERN.fullmatch(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return match.group(1) if match else None
+
+
+def is_our_file(path: Path, name: str) -> bool:
+    """Whether ``path`` is this tool's marker file for ``name``."""
+    return our_file_name(path) == name
 
 
 def make_folder_beside(parent: Path, prefix: str, *, marked: bool = False) -> Path:
     """A new, empty folder ``parent/<prefix><random>`` with the permissions the umask
-    gives (not `tempfile.mkdtemp`'s 0700), holding `STAGING_MARKER` when ``marked``."""
+    gives (not `tempfile.mkdtemp`'s 0700), holding `STAGING_MARKER` naming it when
+    ``marked``."""
     for _ in range(100):
         path = parent / f"{prefix}{secrets.token_hex(6)}"
         try:
@@ -58,20 +84,82 @@ def make_folder_beside(parent: Path, prefix: str, *, marked: bool = False) -> Pa
         except FileExistsError:
             continue
         if marked:
-            (path / STAGING_MARKER).write_text(_STAGING_TEXT, encoding="utf-8")
+            write_our_file(path / STAGING_MARKER, path.name)
         return path
     raise FileExistsError(f"could not make a new folder in {parent}")
 
 
 def is_marked_staging(path: Path) -> bool:
-    """Whether ``path`` is a real folder (not a link) holding this tool's staging marker."""
-    marker = path / STAGING_MARKER
+    """Whether ``path`` is a real folder (not a link) holding this tool's staging
+    marker naming it (a marker copied into another folder does not count)."""
     try:
-        if path.is_symlink() or not path.is_dir() or marker.is_symlink():
+        if path.is_symlink() or not path.is_dir():
             return False
-        return marker.is_file() and marker.read_text(encoding="utf-8") == _STAGING_TEXT
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         return False
+    return is_our_file(path / STAGING_MARKER, path.name)
+
+
+@contextmanager
+def locked_folder(folder: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``folder`` itself while the block runs (no
+    lock file is made, nothing is left behind; a killed holder releases it). Where
+    `fcntl` is missing (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder we may write but not list: run unlocked, as before
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+#: The first line of every Markdown file this tool writes (invisible when rendered):
+#: an existing Markdown output is overwritten only when it starts with it.
+MARKDOWN_MARK = "<!-- written by hyde-plus; it overwrites this file when asked to -->"
+
+
+def check_replaceable(path: Path, what: str, kind: str, ours: Callable[[bytes], bool]) -> None:
+    """A `ValueError` naming ``what`` unless ``path`` is absent or a regular file this
+    tool wrote (``ours`` of its first 16 MB says so: what this tool writes is
+    smaller), so an output never overwrites someone's file (or follows a link to one)."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    refusal = (
+        f"{what} {path} exists and is not {kind} hyde-plus wrote; refusing to overwrite "
+        "it: choose another path (or remove the file yourself)"
+    )
+    if path.is_symlink() or not path.is_file():
+        raise ValueError(refusal)
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(1 << 24)
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be read ({exc.strerror})") from exc
+    if not ours(head):
+        raise ValueError(refusal)
+
+
+def is_our_markdown(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is Markdown this tool wrote."""
+    return head.startswith(MARKDOWN_MARK.encode())
+
+
+def json_object_with(head: bytes, *keys: str) -> bool:
+    """Whether ``head`` is a whole JSON object holding every one of ``keys``."""
+    try:
+        data = json.loads(head.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and all(k in data for k in keys)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

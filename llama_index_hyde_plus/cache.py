@@ -106,12 +106,48 @@ def is_corruption(exc: BaseException) -> bool:
     return "not a database" in text or "malformed" in text
 
 
+class ForeignFileError(sqlite3.Error):
+    """The cache path holds something this tool did not write (another file type, or a
+    SQLite database with other tables): it is left untouched and the cache is skipped."""
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """A `ForeignFileError` when ``path`` exists, is not empty and is not a SQLite
+    file: someone else's file, never to be moved aside or written into."""
+    try:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise ForeignFileError(f"{path} is not a regular file; it is left untouched")
+        if not path.exists():
+            return
+        with path.open("rb") as handle:
+            head = handle.read(len(_SQLITE_HEADER))
+    except OSError:
+        return  # unreadable: connecting will say why
+    if head and head != _SQLITE_HEADER:
+        raise ForeignFileError(f"{path} is not a SQLite file; it is left untouched")
+
+
+def _check_not_foreign(conn: sqlite3.Connection, path: Path) -> None:
+    """A `ForeignFileError` when the database holds tables but not this cache's."""
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if names and "results" not in names:
+        raise ForeignFileError(
+            f"{path} is another program's SQLite database ({len(names)} tables, none of "
+            "them this cache's); it is left untouched"
+        )
+
+
 class SQLiteCache:
     """A persistent cache in one SQLite file; entries older than ``ttl_s`` seconds are
     misses (and are purged on write).
 
-    A damaged file ("file is not a database", "malformed") is moved aside under a
+    A damaged cache (a SQLite file that reads as "malformed") is moved aside under a
     unique name (``*.corrupt-<time>-<id>``), logged, and replaced by a fresh one. A
+    file that is not SQLite, or another program's database, is someone else's: it is
+    left untouched and the cache is skipped, with a warning. A
     cache that is busy (another process holds the write lock), read-only or otherwise
     unavailable is left alone: a read is a miss and a write is skipped after waiting
     at most ``busy_timeout_s`` seconds. A cache never fails a search.
@@ -150,8 +186,10 @@ class SQLiteCache:
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _check_sqlite_file(self.path)
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=self.busy_timeout_s)
         try:
+            _check_not_foreign(conn, self.path)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
             except sqlite3.OperationalError:
@@ -200,8 +238,7 @@ class SQLiteCache:
         except sqlite3.Error:
             return False
         try:
-            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return False
+            return probe.execute("PRAGMA quick_check").fetchall() != [("ok",)]
         except sqlite3.Error as exc:
             return is_corruption(exc)
         finally:
@@ -214,6 +251,10 @@ class SQLiteCache:
             except sqlite3.Error:
                 pass
             self._conn = None
+        try:
+            _check_sqlite_file(self.path)
+        except ForeignFileError:
+            return  # not a SQLite file (any more): someone else's, never moved
         if not self.path.exists() or not self._still_corrupt():
             return
         stamp = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"

@@ -27,6 +27,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ._redact import redact_uri
 from .chunking import Chunking
+from .index_folder import pause_for_tests
 from .indexing import (
     EmbeddingMismatchError,
     ProgressFn,
@@ -34,7 +35,6 @@ from .indexing import (
     check_embedding_model,
     embed_nodes,
     embedding_model_name,
-    pause_for_tests,
     prepare_nodes,
 )
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -61,12 +62,48 @@ def test_sqlite_cache_ttl_expires_entries(tmp_path: Path, monkeypatch: pytest.Mo
     assert cache.get("k") is None
 
 
+def damage(path: Path) -> None:
+    """A cache file as a crash or a bad disk leaves it: a SQLite header, garbage after."""
+    path.unlink(missing_ok=True)
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 0})
+    cache.close()  # checkpointed: everything is in the main file
+    data = path.read_bytes()
+    page = int.from_bytes(data[16:18], "big")
+    path.write_bytes(data[:page] + b"\xa5" * (len(data) - page))  # the schema page kept
+
+
+@pytest.mark.parametrize("content", [b"my notes, not a database" * 100, b"\x00" * 5000, "SQLITE"])
+def test_a_file_that_is_not_this_caches_is_left_untouched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes | str
+) -> None:
+    """A non-SQLite file, or another program's SQLite database, at the cache path is
+    someone else's: never moved aside, renamed or written into; the cache is skipped."""
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    path = tmp_path / "transforms.sqlite"
+    if content == "SQLITE":
+        other = sqlite3.connect(path)
+        other.execute("CREATE TABLE contacts (name TEXT)")
+        other.commit()
+        other.close()
+    else:
+        path.write_bytes(content)  # type: ignore[arg-type]
+    before = path.read_bytes()
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") is None  # skipped, not failed
+    cache.close()
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["transforms.sqlite"]
+    assert any("left untouched" in r.getMessage() for r in caplog.records)
+
+
 def test_corrupted_sqlite_file_is_moved_aside_and_replaced(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
     path = tmp_path / "c.sqlite"
-    path.write_bytes(b"this is not a database" * 100)
+    damage(path)
     cache = SQLiteCache(path)
     cache.set("k", {"x": 1})
     assert cache.get("k") == {"x": 1}
@@ -289,7 +326,7 @@ def test_processes_creating_one_cache_at_once_never_move_it_aside(tmp_path: Path
 def test_two_quarantines_in_one_second_keep_both_files(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
     for _ in range(2):
-        path.write_bytes(b"this is not a database" * 100)
+        damage(path)
         cache = SQLiteCache(path)
         cache.set("k", {"x": 1})
         cache.close()

@@ -580,6 +580,31 @@ def test_eval_docs_refuses_output_folders_inside_the_documents(tmp_path: Path) -
         assert "is inside --docs" in result.output
 
 
+def test_eval_refuses_the_documents_folder_itself_as_out(tmp_path: Path) -> None:
+    docs = _docs(tmp_path)
+    (docs / "results.md").write_text("my own results, a document")
+    result = runner.invoke(
+        app, ["eval", "--docs", str(docs), "--out", str(docs), "--llm", "scripted"]
+    )
+    assert result.exit_code == 2 and f"--out {docs} is inside --docs" in result.output
+    assert (docs / "results.md").read_text() == "my own results, a document"
+
+
+@pytest.mark.parametrize("name", ["results.md", "results.json", "results.png"])
+def test_eval_refuses_an_out_folder_holding_results_it_did_not_write(
+    tmp_path: Path, name: str
+) -> None:
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / name).write_text("someone else's")
+    tiny = Path(__file__).parent / "data" / "tiny-beir"
+    result = runner.invoke(
+        app, ["eval", "--dataset", str(tiny), "--transforms", "none", "--out", str(out)]
+    )
+    assert result.exit_code == 2 and f"--out {out / name} exists and is not" in result.output
+    assert "Traceback" not in result.output and (out / name).read_text() == "someone else's"
+
+
 def test_eval_needs_exactly_one_of_dataset_and_docs(tmp_path: Path) -> None:
     none = runner.invoke(app, ["eval", "--embed", "local"])
     assert none.exit_code == 2 and "exactly one of --dataset" in none.output

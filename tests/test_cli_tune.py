@@ -180,3 +180,40 @@ def test_eval_config_options_pass_through_as_written(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
     assert rows[1]["transform"] == "prompt: rocchio:k=2,beta=0.2"
     assert rows[1]["options"] == {"k": 2, "beta": 0.2}
+
+
+@pytest.mark.parametrize("flag", ["--out", "--report"])
+def test_tune_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path, flag: str) -> None:
+    """An existing --out must be a config tune wrote, an existing --report a report it
+    wrote; anything else (a user's document, another JSON) is refused before any work."""
+    mine = tmp_path / ("settings.json" if flag == "--out" else "notes.md")
+    mine.write_text('{"theme": "dark"}' if flag == "--out" else "# My notes\n")
+    before = mine.read_bytes()
+    result, _ = _tune(tmp_path, "--transform", "rocchio", flag, str(mine))
+    assert result.exit_code == 2, result.output  # type: ignore[attr-defined]
+    output = result.output  # type: ignore[attr-defined]
+    assert f"{flag} {mine} exists and is not" in output and "refusing to overwrite" in output
+    assert "Traceback" not in output and "queries; tuning" not in output  # before loading
+    assert mine.read_bytes() == before
+
+
+def test_tune_overwrites_its_own_config_and_report(tmp_path: Path) -> None:
+    first, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3")
+    assert first.exit_code == 0, first.output  # type: ignore[attr-defined]
+    again, _ = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=5")
+    assert again.exit_code == 0, again.output  # type: ignore[attr-defined]
+    assert json.loads(out.read_text())["options"]["k"] == 5
+    assert "rocchio:k=5" in (tmp_path / "tune.md").read_text()
+
+
+def test_tune_refuses_outputs_inside_the_documents(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("# Guide\nRenewals happen every year in March.\n")
+    for flag, path in (("--out", docs / "tuned.json"), ("--report", docs / "sweep.md")):
+        args = ["tune", "--docs", str(docs), "-t", "rocchio", "--llm", "scripted"]
+        result = runner.invoke(app, [*args, "--embed", "local", flag, str(path)])
+        assert result.exit_code == 2, result.output
+        assert f"{flag} {path} is inside --docs" in result.output
+    assert (docs / "guide.md").read_text().startswith("# Guide")
+    assert sorted(p.name for p in docs.iterdir()) == ["guide.md"]

@@ -9,20 +9,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from llama_index.core import Document
 from typer.testing import CliRunner
 
+from llama_index_hyde_plus._files import STAGING_MARKER, write_our_file
 from llama_index_hyde_plus.cli import app
+from llama_index_hyde_plus.index_folder import CURRENT_LINK, DATA_MARKER, read_meta
 from llama_index_hyde_plus.indexing import (
-    CURRENT_LINK,
     EmbeddingMismatchError,
     build_faiss_index,
     load_faiss_index,
-    read_meta,
 )
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
@@ -119,7 +121,9 @@ def test_replacing_an_index_keeps_one_data_folder(tmp_path: Path) -> None:
     out = tmp_path / "idx"
     build(out)
     first = read_meta(out)["data"]
-    (out / "data-00000000beef").mkdir()  # left by a killed build
+    stale = out / "data-00000000beef"  # what a build killed while writing leaves
+    stale.mkdir()
+    write_our_file(stale / DATA_MARKER, stale.name)
     build(out, NEW)
     meta = read_meta(out)
     assert meta["data"] != first and meta["documents"] == 2
@@ -188,7 +192,8 @@ def test_a_damaged_index_is_one_clear_error(tmp_path: Path, cli_index: Path, dam
         expected = "hyde_plus.json"
     result = runner.invoke(app, ["query", "q", "--index", str(out), "-t", "none"])
     assert result.exit_code == 2 and "error:" in result.output and expected in result.output
-    assert "Traceback" not in result.output and "rebuild" in result.output
+    hint = "delete the folder and rebuild" if damage == "corrupt-meta" else "rebuild"
+    assert "Traceback" not in result.output and hint in result.output
 
 
 def test_another_embedding_model_is_a_clear_error(tmp_path: Path) -> None:
@@ -353,9 +358,7 @@ def test_a_build_keeps_sibling_folders_that_only_look_like_its_staging(tmp_path:
         (folder / "keep.txt").write_text("mine")
     stale = tmp_path / ".idx.build-0123456789ab"  # what a killed build leaves
     stale.mkdir()
-    (stale / ".hyde-plus-staging").write_text(
-        "hyde-plus staging folder: an unfinished build; safe to delete\n"
-    )
+    write_our_file(stale / STAGING_MARKER, stale.name)
     build(out)
     build(out, NEW)  # both paths: a first build and a replacement
     assert (backup / "keep.txt").read_text() == "mine"
@@ -481,3 +484,139 @@ def test_index_lists_links_to_nothing_and_fifos_under_skipped(tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     assert "Skipped 2 file(s)" in result.output
     assert "gone.txt: a symbolic link to nothing" in result.output and "pipe.txt" in result.output
+
+
+# Round 3 of the hostile tests: what a build may replace or delete is recognised by more
+# than its name (the folder's metadata, a marker naming the folder, the index's format).
+
+
+def index_cli(docs_dir: Path, out: Path) -> Any:
+    return runner.invoke(app, ["index", str(docs_dir), "--out", str(out), "--embed", "local"])
+
+
+def a_docs_folder(tmp_path: Path) -> Path:
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir(exist_ok=True)
+    (docs_dir / "pto.txt").write_text(OLD["pto"])
+    return docs_dir
+
+
+@pytest.mark.parametrize(
+    "meta",
+    ["{not json", '{"theme": "dark"}', "[1, 2]", '{"format": 2, "dim": 8}', "LINK"],
+)
+def test_a_folder_whose_hyde_plus_json_is_not_ours_is_left_untouched(
+    tmp_path: Path, meta: str
+) -> None:
+    out = tmp_path / "app"
+    out.mkdir()
+    if meta == "LINK":  # a link to a real index's metadata is not this folder's own
+        real = tmp_path / "real"
+        build(real)
+        (out / "hyde_plus.json").symlink_to(real / "hyde_plus.json")
+    else:
+        (out / "hyde_plus.json").write_text(meta)
+    for name in ("index_store.json", "docstore.json", "notes.txt"):
+        (out / name).write_text(f"user's {name}")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = index_cli(a_docs_folder(tmp_path), out)
+    assert result.exit_code == 2, result.output
+    assert "not one hyde-plus wrote" in result.output and "Traceback" not in result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    with pytest.raises(ValueError, match="not one hyde-plus wrote"):
+        build(out)
+
+
+def test_rebuilding_keeps_user_files_named_like_storage_files_at_the_top(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    for name in ("index_store.json", "docstore.json", "default__vector_store.json"):
+        (out / name).write_text(f"user's {name}")
+    build(out, NEW)
+    assert (out / "docstore.json").read_text() == "user's docstore.json"
+    assert (out / "index_store.json").read_text() == "user's index_store.json"
+    assert top_id(out, "disk encryption") == "laptops"
+
+
+def test_rebuilding_keeps_a_users_data_named_folder_of_storage_files(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    mine = out / "data-0123456789ab"
+    mine.mkdir()
+    (mine / "docstore.json").write_text("user's docstore")
+    build(out, NEW)
+    build(out)  # and again: neither the replacement nor the stale clean-up takes it
+    assert (mine / "docstore.json").read_text() == "user's docstore"
+
+
+def test_a_marker_copied_into_a_users_data_named_folder_does_not_make_it_ours(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    mine = out / "data-0123456789ab"
+    mine.mkdir()
+    (mine / "docstore.json").write_text("user's docstore")
+    write_our_file(mine / DATA_MARKER, "data-ba9876543210")  # names another folder
+    build(out, NEW)
+    assert (mine / "docstore.json").read_text() == "user's docstore"
+
+
+def test_rebuilding_leaves_a_users_current_link_alone(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    elsewhere = tmp_path / "my-docs"
+    elsewhere.mkdir()
+    (out / CURRENT_LINK).unlink()
+    (out / CURRENT_LINK).symlink_to(elsewhere)
+    build(out, NEW)
+    assert os.readlink(out / CURRENT_LINK) == str(elsewhere)
+    assert top_id(out, "disk encryption") == "laptops"
+
+
+def test_rebuilding_keeps_a_users_file_named_like_the_staging_marker(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    (out / STAGING_MARKER).write_text("my own notes")
+    build(out, NEW)
+    assert (out / STAGING_MARKER).read_text() == "my own notes"
+
+
+@pytest.mark.parametrize("imitation", ["other-name", "user-file"])
+def test_a_folder_imitating_a_staging_folder_is_kept(tmp_path: Path, imitation: str) -> None:
+    out = tmp_path / "idx"
+    folder = tmp_path / ".idx.build-0123456789ab"
+    folder.mkdir()
+    named = folder.name if imitation == "user-file" else ".idx.build-ffffffffffff"
+    write_our_file(folder / STAGING_MARKER, named)
+    (folder / "thesis.tex").write_text("mine")
+    build(out)
+    build(out, NEW)
+    assert (folder / "thesis.tex").read_text() == "mine"
+
+
+def test_concurrent_builds_of_one_folder_all_succeed_and_leave_one_index(tmp_path: Path) -> None:
+    """Builds of the same folder write one at a time: none removes another's files and
+    the folder ends as one whole index (the last one written)."""
+    out = tmp_path / "idx"
+    build(out)
+    errors: list[BaseException] = []
+
+    def one(texts: dict[str, str]) -> None:
+        try:
+            build(out, texts)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=((OLD, NEW)[i % 2],)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    meta = read_meta(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [CURRENT_LINK, meta["data"], "hyde_plus.json"]
+    )
+    ids = set(load_faiss_index(out, EMBED).docstore.docs)
+    assert ids in (set(OLD), set(NEW))

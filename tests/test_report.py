@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from llama_index_hyde_plus.evaluation import load_beir, run_eval
@@ -53,3 +54,22 @@ def test_terminal_table_lists_every_transform(tmp_path: Path) -> None:
     text = console.export_text()
     assert "none" in text and "hyde" in text and "nDCG@10" in text
     assert "hyde" in markdown(result(tmp_path))
+
+
+def test_outputs_are_overwritten_when_this_tool_wrote_them(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out, command="first")
+    write_outputs(res, out, command="second")  # a re-run into the same folder
+    assert json.loads((out / "results.json").read_text())["command"] == "second"
+    assert "second" in (out / "results.md").read_text()
+
+
+def test_a_results_file_someone_else_wrote_is_never_overwritten(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out)
+    (out / "results.md").write_text("# My own results\n")  # edited by hand: now theirs
+    with pytest.raises(ValueError, match=r"results\.md exists and is not an eval report"):
+        write_outputs(res, out)
+    assert (out / "results.md").read_text() == "# My own results\n"

@@ -98,7 +98,7 @@ class SearchChoice:
             )
         if self.uri is not None or self.kind != "faiss":
             raise ValueError("--index is a FAISS index folder; leave out --store/--uri with it")
-        from ..indexing import read_meta
+        from ..index_folder import read_meta
         from ..models import concrete_embedding_spec
 
         wanted = {

@@ -12,11 +12,14 @@ import asyncio
 import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeAlias
 
 import typer
 
 from ._console import console, err, progress_bar, task
+
+Outputs: TypeAlias = tuple[tuple[str, Path | None], ...]
+"""What a command writes, as (flag, path): checked against ``--docs``."""
 
 Docs = Annotated[
     Path | None,
@@ -54,20 +57,24 @@ class DocsChoice:
     chunk_overlap: int
     seed: int
 
-    def check(self, max_length: int, out: Path | None = None) -> None:
-        """Flag errors before anything loads (``out``: the results folder, which must
-        not be read back as a document either)."""
+    def check(self, max_length: int, outputs: Outputs = ()) -> None:
+        """Flag errors before anything loads. ``outputs`` (flag, path): what the command
+        writes, which must not be (or be inside) the documents folder: it would
+        overwrite a document or be read back as one."""
         from ..chunking import Chunking
         from ..evaluation.questions import check_set_folder
 
         if not self.docs.is_dir():
             raise ValueError(f"--docs must be a folder: {self.docs}")
         docs = self.docs.expanduser().resolve()
-        for flag, path in (("--questions-dir", self.folder), ("--out", out)):
-            if path is not None and docs in path.expanduser().resolve().parents:
+        for flag, path in (("--questions-dir", self.folder), *outputs):
+            if path is None:
+                continue
+            target = path.expanduser().resolve()
+            if target == docs or docs in target.parents:
                 raise ValueError(
-                    f"{flag} {path} is inside --docs {self.docs}: it would be read as "
-                    "documents on the next run; put it outside"
+                    f"{flag} {path} is inside --docs {self.docs}: it would overwrite or be "
+                    "read as documents; put it outside"
                 )
         if self.questions < 1:
             raise ValueError(f"--questions must be >= 1, not {self.questions}")
@@ -187,11 +194,11 @@ class DataChoice:
     dataset: Path | None
     docs: DocsChoice | None
 
-    def check(self, max_length: int, out: Path | None = None) -> None:
+    def check(self, max_length: int, outputs: Outputs = ()) -> None:
         if (self.dataset is None) == (self.docs is None):
             raise ValueError("give exactly one of --dataset (BEIR) and --docs (your documents)")
         if self.docs is not None:
-            self.docs.check(max_length, out)
+            self.docs.check(max_length, outputs)
 
     @property
     def needs_llm(self) -> bool:

@@ -164,8 +164,8 @@ def _prepare(
         where.kind  # noqa: B018 - flags are checked before anything loads
         specs = _specs(transforms, config_files)
         standin_for(models, source)
+        source.check(models.max_length, (("--out", out),))
         check_results_folder(out)
-        source.check(models.max_length, out)
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()

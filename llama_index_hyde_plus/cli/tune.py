@@ -24,6 +24,7 @@ from ._evaluation import (
 
 
 def _check(name: str, split: str, tolerance: float, out: Path, report: Path | None) -> None:
+    from .._files import is_our_markdown
     from ..evaluation.tune import check_writable
 
     check_choice("--transform", name, TRANSFORMS[1:])
@@ -34,7 +35,7 @@ def _check(name: str, split: str, tolerance: float, out: Path, report: Path | No
     with reported():
         check_writable(out, "--out")
         if report is not None:
-            check_writable(report, "--report")
+            check_writable(report, "--report", "a report", is_our_markdown)
 
 
 TuneTransform = Annotated[
@@ -102,7 +103,10 @@ def tune(
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
-    configs, ds, embed_model, model = _load(source, where, models, name, grid, split, limit)
+    outputs = (("--out", out), ("--report", report))
+    configs, ds, embed_model, model = _load(
+        source, where, models, name, grid, split, limit, outputs
+    )
     with progress_bar() as progress, reported():
         sweep = progress.add_task("configurations", total=None, rate="")
         result = run_tune(
@@ -128,6 +132,7 @@ def _load(
     grid: str | None,
     split: str,
     limit: int | None,
+    outputs: q.Outputs = (),
 ) -> tuple[Any, Any, Any, Any]:
     """Check the flags, then load the models and the data: ``(grid, dataset,
     embedding model, LLM or None)``."""
@@ -138,7 +143,7 @@ def _load(
         where.kind  # noqa: B018 - flags are checked before anything loads
         standin_for(models, source)
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
-        source.check(models.max_length)
+        source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
@@ -150,7 +155,9 @@ def _load(
 def _show(result: Any, path: Path, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
+    from .._files import is_our_markdown, write_text_atomic
     from ..evaluation.report import tune_markdown, tune_table
+    from ..evaluation.tune import check_writable
 
     if question_set is not None:
         from ..evaluation.questions import mark_tuned
@@ -166,6 +173,7 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
             "split; searching without this transform is the safer choice here"
         )
     if report is not None:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(tune_markdown(result, command_line("tune")))
+        with reported():
+            report = check_writable(report, "--report", "a report", is_our_markdown)
+        write_text_atomic(report, tune_markdown(result, command_line("tune")))
     console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
+from .._files import MARKDOWN_MARK, check_replaceable, is_our_markdown, json_object_with
 from .metrics import LABELS, MEASURES
 from .runner import EvalResult, TransformReport
 from .tune import TuneResult
@@ -133,7 +134,7 @@ def verdicts(result: EvalResult) -> list[str]:
 
 
 def markdown(result: EvalResult, command: str | None = None) -> str:
-    lines = []
+    lines = [MARKDOWN_MARK]
     if command:
         lines += ["```bash", command, "```", ""]
     if result.config.get("stand_in"):
@@ -259,11 +260,26 @@ def bar_chart(result: EvalResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig = chart(result)
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
 
 
 RESULT_FILES = ("results.json", "results.md", "results.png")
+PNG_SOFTWARE = "hyde-plus eval"
+"""Recorded in every chart's PNG metadata: an existing ``results.png`` is overwritten
+only when it carries it."""
+
+
+def _is_our_png(head: bytes) -> bool:
+    return head.startswith(b"\x89PNG\r\n\x1a\n") and PNG_SOFTWARE.encode() in head[:4096]
+
+
+#: How each results file this tool wrote is recognised before it is overwritten.
+_OURS = {
+    "results.json": ("eval results", lambda head: json_object_with(head, "dataset", "results")),
+    "results.md": ("an eval report", is_our_markdown),
+    "results.png": ("an eval chart", _is_our_png),
+}
 
 
 def check_results_folder(out: Path) -> Path:
@@ -280,6 +296,8 @@ def check_results_folder(out: Path) -> Path:
     for name in RESULT_FILES:
         if (out / name).is_dir():
             raise ValueError(f"--out {out} holds a folder named {name}; choose another --out")
+        kind, ours = _OURS[name]
+        check_replaceable(out / name, "--out", kind, ours)
     existing = out
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -365,7 +383,7 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
 
 
 def tune_markdown(result: TuneResult, command: str | None = None, top: int | None = None) -> str:
-    lines = []
+    lines = [MARKDOWN_MARK]
     if command:
         lines += ["```bash", command, "```", ""]
     if result.extra.get("stand_in"):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from llama_index.core.llms import LLM
 
-from .._files import write_text_atomic
+from .._files import check_replaceable, json_object_with, write_text_atomic
 from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
@@ -271,12 +271,21 @@ def write_config(result: TuneResult, path: Path) -> Path:
     return path
 
 
-def check_writable(path: Path, what: str) -> Path:
-    """``path`` (expanded) if a file can be written there: not a folder, and its parent
-    is a writable folder (created if missing). Else a `ValueError` naming ``what``."""
+def is_our_config(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a config `write_config` wrote."""
+    return json_object_with(head, "hyde_plus_config", "transform", "options")
+
+
+def check_writable(
+    path: Path, what: str, kind: str = "a config", ours: Callable[[bytes], bool] = is_our_config
+) -> Path:
+    """``path`` (expanded) if a file can be written there: not a folder, absent or a
+    file this tool wrote (``ours``: a tune config by default), and its parent is a
+    writable folder (created if missing). Else a `ValueError` naming ``what``."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise ValueError(f"{what} must be a file path, not a folder: {path}")
+    check_replaceable(path, what, kind, ours)
     parent = path.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ class FaissStore(Store):
         return str(self.path)
 
     def check_target(self, docs: Path | None = None) -> None:
-        from ..indexing import check_index_target
+        from ..index_folder import check_index_target
 
         check_index_target(self.path, docs)
 
@@ -43,12 +43,12 @@ class FaissStore(Store):
         return build_faiss_index(documents, embed_model, self.path, **settings.as_kwargs())
 
     def meta(self) -> dict[str, Any] | None:
-        from ..indexing import META_FILE, read_meta
+        from ..index_folder import META_FILE, read_meta
 
         return read_meta(self.path) if (self.path / META_FILE).is_file() else None
 
     def embedding_model(self, embed: str | None = None) -> BaseEmbedding:
-        from ..indexing import read_meta
+        from ..index_folder import read_meta
 
         read_meta(self.path)  # a missing or damaged index is named before any model loads
         return super().embedding_model(embed)

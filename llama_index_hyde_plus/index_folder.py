@@ -1,0 +1,381 @@
+"""The on-disk layout of a FAISS index folder, and how a build replaces one safely.
+
+An index folder holds ``hyde_plus.json`` (how it was embedded, and which data folder is
+in use), the data folder ``data-<12 hex>`` with LlamaIndex's storage files and a marker
+naming it, and the link ``current`` to that data folder. A build writes a new data
+folder and switches the metadata file to it with one atomic rename, so an interrupted
+build never leaves a half-written index and never loses the previous one.
+
+What a build removes, it recognises by more than a name: a folder is replaced only when
+its ``hyde_plus.json`` is one this tool wrote (format, vector size, embedding); a data
+folder or a staging folder is deleted only when it holds this tool's marker naming it
+and nothing but what a build writes; top-level storage files only when the index being
+replaced is the old format 1 that kept them there; ``current`` only when it is a link to
+a data folder. Builds of the same folder's parent are serialised while they write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from llama_index.core import StorageContext
+
+from ._files import (
+    STAGING_MARKER,
+    is_marked_staging,
+    is_our_file,
+    locked_folder,
+    make_folder_beside,
+    our_file_name,
+    write_our_file,
+)
+
+logger = logging.getLogger(__name__)
+
+META_FILE = "hyde_plus.json"
+CURRENT_LINK = "current"
+"""The link inside an index folder to its data folder in use: a stable path that plain
+LlamaIndex opens (``StorageContext.from_defaults(persist_dir=...)``); a build switches
+it atomically (a new link renamed over it)."""
+DATA_MARKER = ".hyde-plus-data"
+"""The file inside every data folder a build writes, naming the folder: a data folder is
+deleted as stale or replaced only when it holds this file with its own name."""
+
+#: What a format-1 index kept at its top level (and a data folder holds).
+STORAGE_FILES = frozenset(
+    {
+        "docstore.json",
+        "index_store.json",
+        "graph_store.json",
+        "default__vector_store.json",
+        "image__vector_store.json",
+    }
+)
+_DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
+_META_DRAFT = re.compile(rf"\.{re.escape(META_FILE)}\.[0-9a-f]{{8}}\.tmp")
+_LINK_DRAFT = re.compile(rf"\.{CURRENT_LINK}\.[0-9a-f]{{8}}\.tmp")
+
+
+def is_index_meta(meta: object) -> bool:
+    """Whether ``meta`` (a parsed ``hyde_plus.json``) is one this tool wrote: format 1
+    or 2, a positive vector size, the embedding spec, and (format 2) its data folder.
+    A file that merely has the name (someone's config, invalid JSON) is not."""
+    if not isinstance(meta, dict):
+        return False
+    fmt, dim = meta.get("format"), meta.get("dim")
+    return (
+        type(fmt) is int
+        and fmt in (1, 2)
+        and type(dim) is int
+        and dim > 0
+        and isinstance(meta.get("embed"), str)
+        and (fmt == 1 or isinstance(meta.get("data"), str))
+    )
+
+
+def our_meta(folder: Path) -> dict[str, Any] | None:
+    """The metadata of ``folder`` when it is an index this tool wrote (a regular
+    ``hyde_plus.json`` passing `is_index_meta`), else None. Never raises."""
+    meta_path = folder / META_FILE
+    try:
+        if meta_path.is_symlink() or not meta_path.is_file():
+            return None
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return dict(meta) if is_index_meta(meta) else None
+
+
+def check_index_target(out: Path, docs: Path | None = None) -> Path:
+    """``out`` resolved, if an index may be written there; else a `ValueError` saying why.
+
+    The target must be absent, an empty folder, or an index this tool wrote (see
+    `our_meta`): anything else could be someone's files, and a build replaces the
+    folder's contents. It may not be the documents folder ``docs`` or a folder above it.
+    """
+    target = out.expanduser().resolve()
+    if target.exists() and not target.is_dir():
+        raise ValueError(
+            f"--out {out} is a file, not a folder; give a new or empty folder for the index"
+        )
+    if docs is not None:
+        source = docs.expanduser().resolve()
+        if target == source or target in source.parents:
+            raise ValueError(
+                f"--out {out} is the documents folder or contains it; "
+                "write the index to a separate folder"
+            )
+    if target.is_dir() and any(target.iterdir()) and our_meta(target) is None:
+        what = (
+            f"its {META_FILE} is not one hyde-plus wrote"
+            if (target / META_FILE).exists() or (target / META_FILE).is_symlink()
+            else f"no {META_FILE}"
+        )
+        raise ValueError(
+            f"--out {out} is a folder that is neither empty nor a hyde-plus index ({what}); "
+            "refusing to replace it: choose a new or empty folder"
+        )
+    return target
+
+
+def pause_for_tests(stage: str) -> None:
+    """Test hook: with ``HYDE_PLUS_TEST_PAUSE_BEFORE_SWITCH=FILE`` set, create FILE
+    (holding ``stage``) and wait while it exists, so a test can kill the build at
+    the moment an interruption would hurt most (new data written, not switched in)."""
+    flag = os.environ.get("HYDE_PLUS_TEST_PAUSE_BEFORE_SWITCH")
+    if not flag:
+        return
+    path = Path(flag)
+    path.write_text(stage)
+    while path.exists():
+        time.sleep(0.05)
+
+
+def write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
+    """Write the storage files into a fresh data folder and switch ``hyde_plus.json`` to
+    it in one atomic rename; the previous index stays whole and usable until then.
+
+    A new target is built in a hidden staging folder beside it and renamed into place;
+    an existing index gets the new data folder inside it, then its metadata file is
+    replaced atomically, then the old data is removed. Leftovers of interrupted builds
+    are removed on the way. Builds beside each other write one at a time.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked_folder(out.parent):
+        _clean_stale_builds(out)
+        try:
+            _write_data(out, storage, meta)
+        except FileNotFoundError as exc:  # someone removed the staging folder meanwhile
+            raise ValueError(
+                f"the files of this build of {out} were removed while it wrote them; "
+                "the index is as it was; build again"
+            ) from exc
+
+
+def _persist(folder: Path, storage: StorageContext) -> None:
+    """The data folder ``folder``: made, marked as ours, then filled with the storage."""
+    folder.mkdir()
+    write_our_file(folder / DATA_MARKER, folder.name)
+    storage.persist(persist_dir=str(folder))
+
+
+def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
+    data = f"data-{uuid.uuid4().hex[:12]}"
+    meta = {**meta, "data": data}
+    if out.is_dir() and (old := our_meta(out)) is not None:
+        _persist(out / data, storage)
+        pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+        pending.write_text(json.dumps(meta, indent=2))
+        pause_for_tests("faiss")
+        os.replace(pending, out / META_FILE)  # the switch
+        point_current(out, data)
+        _clean_replaced(out, keep=data, old=old)
+        return
+    tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
+    try:
+        _persist(tmp / data, storage)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        point_current(tmp, data)
+        pause_for_tests("faiss")
+        os.rename(tmp, out)  # out is absent or an empty folder: both are replaced atomically
+        _unlink_marker(out)
+    finally:
+        if _is_our_staging(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def point_current(out: Path, data: str) -> None:
+    """Point ``out/current`` at ``out/data`` in one step: a new relative link is made
+    beside it and renamed over it, so a reader sees the old data folder or the new one,
+    never a missing link. A ``current`` that is not a link to a data folder (the user's
+    file, folder or link) is left alone, with a warning."""
+    link = out / CURRENT_LINK
+    if (link.exists() or link.is_symlink()) and _linked_data(out) is None:
+        logger.warning("%s is not this tool's link; the stable path was not updated", link)
+        return
+    pending = out / f".{CURRENT_LINK}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        pending.symlink_to(data, target_is_directory=True)
+        os.replace(pending, link)
+    except OSError as exc:  # a file system without links: the metadata still names it
+        pending.unlink(missing_ok=True)
+        logger.warning("could not link %s to %s (%s)", link, data, exc)
+
+
+def _linked_data(out: Path) -> str | None:
+    """The data folder name ``out/current`` links to, if it is a link to a plain
+    ``data-<12 hex>`` name (what `point_current` makes)."""
+    link = out / CURRENT_LINK
+    if not link.is_symlink():
+        return None
+    target = os.readlink(link)
+    return target if _DATA_NAME.fullmatch(target) else None
+
+
+def _staging_prefix(out: Path) -> str:
+    return f".{out.name}.build-"
+
+
+def _holds_only(folder: Path, allowed: frozenset[str]) -> bool:
+    """Whether every entry of ``folder`` is a regular file named in ``allowed``."""
+    try:
+        return all(
+            e.name in allowed and e.is_file() and not e.is_symlink() for e in folder.iterdir()
+        )
+    except OSError:
+        return False
+
+
+def _is_data_folder(entry: Path, *, named: str | None = None) -> bool:
+    """Whether ``entry`` is a data folder a build wrote: a real folder named
+    ``data-<12 hex>`` holding only storage files and the marker naming it. The one
+    ``named`` by this tool's own metadata may lack the marker (written before it existed)."""
+    if not _DATA_NAME.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+        return False
+    marked = is_our_file(entry / DATA_MARKER, entry.name)
+    if not marked and entry.name != named:
+        return False
+    return _holds_only(entry, STORAGE_FILES | {DATA_MARKER})
+
+
+def _is_our_staging(folder: Path) -> bool:
+    """A staging folder of a build: marked with its own name, holding nothing but what
+    a build writes there (metadata, the link, one data folder)."""
+    if not is_marked_staging(folder):
+        return False
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return False
+    for entry in entries:
+        name = entry.name
+        if name in (STAGING_MARKER, META_FILE) and entry.is_file() and not entry.is_symlink():
+            continue
+        if name == CURRENT_LINK and _linked_data(folder) is not None:
+            continue
+        if not _is_data_folder(entry):
+            return False
+    return True
+
+
+def _unlink_marker(out: Path) -> None:
+    """Remove the staging marker from ``out``, a staging folder renamed into place (only
+    this tool's marker naming one of ``out``'s staging folders)."""
+    marker = out / STAGING_MARKER
+    if (our_file_name(marker) or "").startswith(_staging_prefix(out)):
+        marker.unlink(missing_ok=True)
+
+
+def _is_draft(entry: Path) -> bool:
+    """A metadata draft or a link draft an interrupted build left."""
+    if _META_DRAFT.fullmatch(entry.name):
+        return entry.is_file() and not entry.is_symlink()
+    return bool(_LINK_DRAFT.fullmatch(entry.name)) and entry.is_symlink()
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
+
+
+def _clean_replaced(out: Path, *, keep: str, old: dict[str, Any]) -> None:
+    """After the switch: remove the replaced index's data (its data folder, or for a
+    format-1 index its top-level storage files) and what interrupted builds left."""
+    old_data = old.get("data") if old.get("format") == 2 else None
+    legacy = old.get("format") == 1
+    for entry in out.iterdir():
+        name = entry.name
+        if name in (keep, META_FILE):
+            continue
+        if (
+            _is_data_folder(entry, named=old_data if isinstance(old_data, str) else None)
+            or _is_draft(entry)
+            or (legacy and name in STORAGE_FILES and entry.is_file() and not entry.is_symlink())
+        ):
+            _remove(entry)
+        elif name == STAGING_MARKER:  # a build killed just after renaming its folder in
+            _unlink_marker(out)
+
+
+def _clean_stale_builds(out: Path) -> None:
+    """Remove what interrupted builds of ``out`` left: this tool's staging folders
+    beside it (``.<out>.build-*``, see `_is_our_staging`), and inside it the drafts and
+    marked data folders that neither its metadata nor ``current`` names."""
+    if out.parent.is_dir():
+        prefix = _staging_prefix(out)
+        for entry in out.parent.iterdir():
+            if entry.name.startswith(prefix) and _is_our_staging(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+    meta = our_meta(out) if out.is_dir() else None
+    if meta is None:
+        return  # not (or no longer) an index this tool wrote: touch nothing
+    in_use = (str(meta.get("data") or ""), _linked_data(out))
+    for entry in out.iterdir():
+        if entry.name not in in_use and (_is_data_folder(entry) or _is_draft(entry)):
+            _remove(entry)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The metadata of the index at ``path`` (a `ValueError` naming the file if it is
+    missing or unreadable)."""
+    meta_path = path / META_FILE
+    if not path.exists():
+        raise ValueError(
+            f"index {path} does not exist; build one with `hyde-plus index DIR --out {path}`"
+        )
+    if not meta_path.is_file():
+        hint = " (a Milvus Lite database? open it with --uri)" if path.suffix == ".db" else ""
+        raise ValueError(
+            f"{path} is not a hyde-plus index (no {META_FILE}){hint}; build one with "
+            "`hyde-plus index DIR --out PATH`"
+        )
+    unreadable = (
+        f"; if it is an index hyde-plus built, delete the folder and rebuild it "
+        f"(`hyde-plus index DIR --out {path}`): hyde-plus will not replace a folder "
+        "it cannot recognise"
+    )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"{meta_path} is corrupt ({exc}){unreadable}") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path} is corrupt (not a JSON object){unreadable}")
+    return dict(meta)
+
+
+def rebuild_hint(path: Path) -> str:
+    return f"rebuild it with `hyde-plus index DIR --out {path}`"
+
+
+def data_folder(path: Path, meta: dict[str, Any]) -> Path:
+    """The data folder ``meta`` names inside the index at ``path`` (``path`` itself for
+    a format-1 index, which names none). Only a plain child name is followed: ``..``,
+    a path with a separator, an absolute path, or a link leading out of the index is a
+    `ValueError` (the index is damaged or was tampered with)."""
+    name: object = meta.get("data")
+    if name is None:
+        return path
+    plain = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\x00")
+        and Path(name).name == name
+    )
+    if plain and isinstance(name, str):
+        data = path / name
+        if not data.is_symlink() or data.resolve().parent == path.resolve():
+            return data
+    raise ValueError(
+        f"{path / META_FILE}: 'data' must name a folder inside the index, not {name!r:.80}; "
+        f"{rebuild_hint(path)}"
+    )
