@@ -17,7 +17,6 @@ from llama_index.core.base.llms.types import ChatMessage
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
 from llama_index_hyde_plus.cli import DEMO_PROMPT, demo_corpus_path
-from llama_index_hyde_plus.indexing import build_faiss_index, load_faiss_index
 from llama_index_hyde_plus.local import (
     LocalEmbedding,
     LocalLLM,
@@ -25,6 +24,7 @@ from llama_index_hyde_plus.local import (
     local_embedding,
     local_llm,
 )
+from llama_index_hyde_plus.stores.faiss import build_faiss_index, load_faiss_index
 
 from .conftest import LoopTicks
 

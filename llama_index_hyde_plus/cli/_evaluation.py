@@ -12,6 +12,7 @@ from typing import Any
 from rich.progress import Progress
 
 from ..models import MissingExtraError, require_extra
+from ..stores import open_store, store_kind
 from ._console import err, fail, task
 
 
@@ -82,8 +83,6 @@ class SearchChoice:
     @property
     def kind(self) -> str:
         """The store kind; a `ValueError` naming the flags when they disagree."""
-        from ..stores import store_kind
-
         return store_kind(self.store, self.uri)
 
     def check_index(self, docs: Any, models: ModelChoice) -> None:
@@ -98,8 +97,8 @@ class SearchChoice:
             )
         if self.uri is not None or self.kind != "faiss":
             raise ValueError("--index is a FAISS index folder; leave out --store/--uri with it")
-        from ..index_folder import read_meta
         from ..models import concrete_embedding_spec
+        from ..stores.faiss_folder import read_meta
 
         wanted = {
             "--chunk-size": docs.chunk_size,
@@ -127,7 +126,7 @@ class SearchChoice:
             "store": self.kind,
             "milvus_uri": self.uri,
             "milvus_token": self.milvus_token or "",
-            "index_store": None if self.index is None else _faiss_store(self.index),
+            "index_store": None if self.index is None else open_store(index=self.index),
             "standin": models.standin(),
         }
 
@@ -142,12 +141,6 @@ def standin_for(models: ModelChoice, source: Any) -> Any:
             "(generated questions need a real --llm)"
         )
     return standin
-
-
-def _faiss_store(path: Path) -> Any:
-    from ..stores import FaissStore
-
-    return FaissStore(path)
 
 
 def index_mismatches(meta: dict[str, Any], wanted: dict[str, Any]) -> list[str]:

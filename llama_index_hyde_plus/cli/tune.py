@@ -93,7 +93,7 @@ def tune(
     """Sweep a transform's search options on a training split (or on questions written
     from your --docs) and write the winner: the simplest configuration within
     --tolerance points of the best. Each query is generated once and reused."""
-    from ..evaluation.tune import run_tune, write_config
+    from ..evaluation.tune import write_config
 
     require_eval_extra("hyde-plus tune")
     setup_logging(verbose)
@@ -107,21 +107,29 @@ def tune(
     configs, ds, embed_model, model = _load(
         source, where, models, name, grid, split, limit, outputs
     )
-    with progress_bar() as progress, reported():
-        sweep = progress.add_task("configurations", total=None, rate="")
-        result = run_tune(
-            ds,
-            name,
-            llm=model,
-            split=split,
-            grid=configs,
-            tolerance=tolerance / 100,
-            progress=bars(progress, "q/s", show=verbose),
-            on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
-            **where.runner_kwargs(models, embed_model),
-        )
+    options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
+    result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
+    with reported():
         path = write_config(result, out)
     _show(result, path, report, questions_dir if docs is not None else None)
+
+
+def _sweep(
+    ds: Any, name: str, options: dict[str, Any], runner: dict[str, Any], verbose: bool
+) -> Any:
+    """`run_tune` with progress bars: one per configuration, and the queries'."""
+    from ..evaluation.tune import run_tune
+
+    with progress_bar() as progress, reported():
+        sweep = progress.add_task("configurations", total=None, rate="")
+        return run_tune(
+            ds,
+            name,
+            progress=bars(progress, "q/s", show=verbose),
+            on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
+            **options,
+            **runner,
+        )
 
 
 def _load(

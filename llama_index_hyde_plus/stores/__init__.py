@@ -8,7 +8,7 @@ RCP server take any `Store`.
 
 from __future__ import annotations
 
-from .base import STORE_KINDS, Store, open_store, store_for, store_kind
+from .base import STORE_KINDS, Store, make_store, open_store, store_for, store_kind
 from .faiss import FaissStore
 from .milvus import MilvusStore
 
@@ -17,6 +17,7 @@ __all__ = [
     "FaissStore",
     "MilvusStore",
     "Store",
+    "make_store",
     "open_store",
     "store_for",
     "store_kind",
