@@ -178,7 +178,7 @@ class DocVectors:
         return found
 
     def _from_store(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
-        from .stores.base import vector_store_kind
+        from .stores.choice import vector_store_kind
 
         store = getattr(self.retriever, "_vector_store", None)
         kind = vector_store_kind(store)

@@ -110,7 +110,7 @@ def test_a_store_build_keeps_one_node_per_document_unless_asked_to_chunk(tmp_pat
 # -- one place chooses a store (#21) ------------------------------------------------------
 def test_every_store_kind_has_one_class_and_back() -> None:
     from llama_index_hyde_plus.stores import STORE_KINDS
-    from llama_index_hyde_plus.stores.base import store_classes
+    from llama_index_hyde_plus.stores.choice import store_classes
 
     classes = store_classes()
     assert tuple(classes) == STORE_KINDS
@@ -120,7 +120,7 @@ def test_every_store_kind_has_one_class_and_back() -> None:
 def test_vector_store_kind_knows_subclasses_and_nothing_else() -> None:
     from llama_index.vector_stores.faiss import FaissVectorStore
 
-    from llama_index_hyde_plus.stores.base import vector_store_kind
+    from llama_index_hyde_plus.stores.choice import vector_store_kind
 
     class Mine(FaissVectorStore):
         pass

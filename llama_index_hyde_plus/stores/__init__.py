@@ -8,7 +8,8 @@ RCP server take any `Store`.
 
 from __future__ import annotations
 
-from .base import STORE_KINDS, Store, make_store, open_store, store_for, store_kind
+from .base import Store
+from .choice import STORE_KINDS, make_store, open_store, store_for, store_kind
 from .faiss import FaissStore
 from .milvus import MilvusStore
 
