@@ -152,3 +152,19 @@ def test_make_store_builds_the_kind_store_kind_chose(tmp_path: Path) -> None:
     kind = store_kind(None, None, path=tmp_path, path_flag="--out")
     store = make_store(kind, path=tmp_path, uri=None)
     assert isinstance(store, FaissStore) and store.path == tmp_path
+
+
+def test_kind_at_maps_a_folder_or_a_uri_to_its_store(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.stores import kind_at
+
+    built = tmp_path / "idx"
+    FaissStore(built).build(
+        [Document(text=t, id_=i) for i, t in DOCS.items()],
+        DeterministicEmbedding(dim=16),
+        embed_spec="test",
+        max_length=64,
+    )
+    assert kind_at(built) == "faiss" and FaissStore.recognises(built)
+    assert kind_at(tmp_path / "not-yet") == "faiss"  # a new folder: the folder default
+    assert kind_at(uri="hybrid.db") == "milvus"
+    assert not FaissStore.recognises(tmp_path)

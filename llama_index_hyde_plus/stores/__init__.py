@@ -9,15 +9,17 @@ RCP server take any `Store`.
 from __future__ import annotations
 
 from .base import Store
-from .choice import STORE_KINDS, make_store, open_store, store_for, store_kind
+from .choice import STORE_KINDS, STORES, kind_at, make_store, open_store, store_for, store_kind
 from .faiss import FaissStore
 from .milvus import MilvusStore
 
 __all__ = [
+    "STORES",
     "STORE_KINDS",
     "FaissStore",
     "MilvusStore",
     "Store",
+    "kind_at",
     "make_store",
     "open_store",
     "store_for",

@@ -65,6 +65,12 @@ class Store(ABC):
     modes: ClassVar[tuple[str, ...]]
     search: ClassVar[str]
     """The search it runs, in words (``dense``, ``BM25 + dense``)."""
+    title: ClassVar[str]
+    """Its name in messages (``FAISS``, ``Milvus``)."""
+    address: ClassVar[str]
+    """``"folder"`` (``--out`` / ``--index``) or ``"uri"`` (``--uri``): how it is found."""
+    address_help: ClassVar[str] = ""
+    """What the address is, in words, for a message that asks for it."""
     vector_store_class: ClassVar[str]
     """The name of the LlamaIndex vector store class its indexes use (a subclass
     counts too): how `vector_store_kind` tells which store a retriever searches."""
@@ -74,6 +80,11 @@ class Store(ABC):
     def at(cls, *, path: Path | None, uri: str | None, collection: str | None, token: str) -> Store:
         """The store at ``path`` (a folder) or ``uri`` (a URI, ``collection``, ``token``),
         whichever this kind uses (`make_store`)."""
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        """Whether the folder ``path`` holds an index of this store (`kind_at`)."""
+        return False
 
     @property
     @abstractmethod

@@ -170,6 +170,9 @@ class FaissStore(Store):
     kind: ClassVar[str] = "faiss"
     modes: ClassVar[tuple[str, ...]] = ("dense",)
     search: ClassVar[str] = "dense"
+    title: ClassVar[str] = "FAISS"
+    address: ClassVar[str] = "folder"
+    address_help: ClassVar[str] = "an index folder"
     vector_store_class: ClassVar[str] = "FaissVectorStore"
 
     def __init__(self, path: Path | str) -> None:
@@ -181,6 +184,10 @@ class FaissStore(Store):
     ) -> FaissStore:
         assert path is not None, "a FAISS store is a folder"
         return cls(path)
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        return (Path(path).expanduser() / META_FILE).is_file()
 
     @property
     def location(self) -> str:

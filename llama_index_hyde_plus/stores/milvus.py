@@ -418,6 +418,9 @@ class MilvusStore(Store):
     kind: ClassVar[str] = "milvus"
     modes: ClassVar[tuple[str, ...]] = ("hybrid",)
     search: ClassVar[str] = "BM25 + dense"
+    title: ClassVar[str] = "Milvus"
+    address: ClassVar[str] = "uri"
+    address_help: ClassVar[str] = "a Milvus Lite file path or a URL"
     vector_store_class: ClassVar[str] = "MilvusVectorStore"
 
     def __init__(self, uri: str, *, collection: str = DEFAULT_COLLECTION, token: str = "") -> None:
