@@ -133,7 +133,7 @@ def test_vector_store_kind_knows_subclasses_and_nothing_else() -> None:
     ("flags", "message"),
     [
         ({"store": None, "uri": None, "path": None}, "--out is needed"),
-        ({"store": None, "uri": "m.db", "path": Path("x")}, "--out is for the FAISS store"),
+        ({"store": None, "uri": "m.db", "path": Path("x")}, "--out is for the FAISS"),
         ({"store": "faiss", "uri": "m.db", "path": Path("x")}, "--uri is for the Milvus"),
         ({"store": "milvus", "uri": None, "path": None}, "needs --uri"),
         ({"store": "chroma", "uri": None, "path": Path("x")}, "--store must be one of"),
