@@ -35,6 +35,13 @@ from .vectors import DocVectors, Embedder, embed_model_of
 
 logger = logging.getLogger(__name__)
 
+Bundles = list[QueryBundle | None]
+"""One query per search of a fan-out; None where the question's own hits are reused."""
+Hits = list[NodeWithScore] | None
+"""The question's own hits, when it was searched first."""
+Found = tuple[list[list[NodeWithScore]], list[float], list[str]]
+"""A fan-out's outcome: the ranked lists, their fusion weights, the failed searches."""
+
 SearchType = Literal["auto", "dense", "keyword", "hybrid"]
 _KEYWORD_MODES = {"sparse", "text_search"}
 _HYBRID_MODES = {"hybrid", "semantic_hybrid"}
@@ -388,29 +395,32 @@ class TransformRetriever(BaseRetriever):
         the question itself) rather than the retriever's own embedding of its text."""
         return self._dense() and bool(spec.passages or spec.text == query)
 
+    def _to_embed(self, step: plan.Fanout, query: str) -> list[SearchSpec | None]:
+        """The searches of ``step`` that need a vector we embed (None: none, or reused);
+        the sync and async paths differ only in how they embed them."""
+        return [
+            None if reused or not self._wants_vector(spec, query) else spec
+            for spec, reused in zip(step.specs, step.reuse)
+        ]
+
     def _vectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
         """The embeddings each search of ``step`` needs (None: none, or reused)."""
-        out: list[_Dense | None] = []
-        for spec, reused in zip(step.specs, step.reuse):
-            if reused or not self._wants_vector(spec, query):
-                out.append(None)
-                continue
-            assert self.embedder is not None
-            own = self.embedder.query(spec.query or query)
-            out.append((own, self.embedder.texts(spec.passages) if spec.passages else []))
-        return out
+        return [None if s is None else self._embed(s, query) for s in self._to_embed(step, query)]
 
     async def _avectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
-        out: list[_Dense | None] = []
-        for spec, reused in zip(step.specs, step.reuse):
-            if reused or not self._wants_vector(spec, query):
-                out.append(None)
-                continue
-            assert self.embedder is not None
-            own = await self.embedder.aquery(spec.query or query)
-            passages = await self.embedder.atexts(spec.passages) if spec.passages else []
-            out.append((own, passages))
-        return out
+        todo = self._to_embed(step, query)
+        return [None if s is None else await self._aembed(s, query) for s in todo]
+
+    def _embed(self, spec: SearchSpec, query: str) -> _Dense:
+        """The question's query vector and the passages' document vectors for ``spec``."""
+        assert self.embedder is not None
+        own = self.embedder.query(spec.query or query)
+        return own, self.embedder.texts(spec.passages) if spec.passages else []
+
+    async def _aembed(self, spec: SearchSpec, query: str) -> _Dense:
+        assert self.embedder is not None
+        own = await self.embedder.aquery(spec.query or query)
+        return own, await self.embedder.atexts(spec.passages) if spec.passages else []
 
     def _bundles(
         self,
@@ -433,12 +443,7 @@ class TransformRetriever(BaseRetriever):
                 bundles.append(bundle)
         return bundles, result
 
-    def _run_sync(
-        self,
-        step: plan.Fanout,
-        bundles: list[QueryBundle | None],
-        hits: list[NodeWithScore] | None,
-    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+    def _run_sync(self, step: plan.Fanout, bundles: Bundles, hits: Hits) -> Found:
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
         if len(todo) == 1 and len(specs) == 1:
@@ -482,12 +487,7 @@ class TransformRetriever(BaseRetriever):
         async with gate:
             return await self._asearch_bundle(bundle)
 
-    async def _run_async(
-        self,
-        step: plan.Fanout,
-        bundles: list[QueryBundle | None],
-        hits: list[NodeWithScore] | None,
-    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+    async def _run_async(self, step: plan.Fanout, bundles: Bundles, hits: Hits) -> Found:
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
         if len(todo) == 1:  # one search: no task, no semaphore
@@ -508,9 +508,7 @@ class TransformRetriever(BaseRetriever):
             outcomes[i] = outcome
         return self._split(specs, outcomes)
 
-    def _split(
-        self, specs: Sequence[SearchSpec], outcomes: list[Any]
-    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+    def _split(self, specs: Sequence[SearchSpec], outcomes: list[Any]) -> Found:
         lists: list[list[NodeWithScore]] = []
         weights: list[float] = []
         errors: list[str] = []
