@@ -63,22 +63,23 @@ def peak_rss_mb() -> float:
 
 def run_child(path: str, corpus: Path, limit: int | None) -> dict[str, Any]:
     """Index the corpus on one path in this process; the result as a dict."""
-    from llama_index_hyde_plus import indexing
     from llama_index_hyde_plus.local import local_embedding
+    from llama_index_hyde_plus.readers import read_documents
+    from llama_index_hyde_plus.stores import faiss, nodes
 
     with tempfile.TemporaryDirectory(prefix="hyde-index-bench-") as tmp:
         folder = Path(tmp) / "docs"
         folder.mkdir()
         (folder / "corpus.jsonl").symlink_to(corpus_file(corpus).resolve())
-        documents = indexing.read_documents(folder)[:limit]
+        documents = read_documents(folder)[:limit]
         if path == "old":
             embed_model = local_embedding(max_length=MAX_LENGTH, **OLD)
-            indexing.embed_nodes = old_embed_nodes  # type: ignore[assignment]
+            faiss.embed_nodes = nodes.embed_nodes = old_embed_nodes  # type: ignore[assignment]
         else:
             embed_model = local_embedding(max_length=MAX_LENGTH)
         embed_model.get_text_embedding("warm up")  # load the model outside the timing
         start = time.perf_counter()
-        info = indexing.build_faiss_index(
+        info = faiss.build_faiss_index(
             documents,
             embed_model,
             Path(tmp) / "index",

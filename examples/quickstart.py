@@ -70,7 +70,8 @@ def main() -> None:
     guarded = TransformRetriever(base, HyDE(llm), top_k=1).search(question)  # type: ignore[arg-type]
     shipped = guarded.transform
     print("Guarded HyDE:", guarded.nodes[0].node.get_content())
-    print(f"  (the {shipped.defaults} model's defaults: question weight {shipped.query_weight})")
+    weight = shipped.search_options["query_weight"]
+    print(f"  (the {shipped.defaults} model's defaults: question weight {weight})")
     if shipped.skipped:
         print("  (" + shipped.skipped + ")")
     usage = result.transform.usage

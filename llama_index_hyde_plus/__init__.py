@@ -14,10 +14,10 @@ from ._version import __version__
 if TYPE_CHECKING:
     from .cache import MemoryCache, SQLiteCache
     from .fusion import FusionMode, fuse
-    from .indexing import load_index
     from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
     from .provenance import transform_of
     from .retriever import SearchResult, TransformRetriever
+    from .stores.faiss import load_index
     from .transforms import (
         Decompose,
         Guards,
@@ -37,7 +37,7 @@ _HOMES = {
     "SQLiteCache": ".cache",
     "FusionMode": ".fusion",
     "fuse": ".fusion",
-    "load_index": ".indexing",
+    "load_index": ".stores.faiss",
     "HyDERAG": ".pipeline",
     "HyDERAGResult": ".pipeline",
     "aquery_for_evaluation": ".pipeline",

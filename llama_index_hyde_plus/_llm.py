@@ -123,11 +123,33 @@ def _report_to_host(handlers: list[Any], prompt: str, response: CompletionRespon
         event.on_end(payload={EventPayload.PROMPT: prompt, EventPayload.COMPLETION: response})
 
 
-def _kwargs(temperature: float | None, max_tokens: int | None = None) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
-    if max_tokens is not None:
-        kwargs["max_tokens"] = max_tokens
-    return kwargs
+@dataclass(frozen=True)
+class CallOptions:
+    """How one LLM call is made (`complete`, `acomplete`): ``temperature`` and
+    ``max_tokens`` go to the model (None: its own); ``timeout`` bounds the whole call,
+    retries included; ``prices`` price its usage; ``host_callback_manager`` is told
+    of it when the LLM's own handlers are not; ``retry`` and ``breaker`` decide
+    what a transient error does."""
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+    timeout: float | None = None
+    prices: Mapping[str, ModelPrice] | None = None
+    host_callback_manager: CallbackManager | None = None
+    retry: RetryPolicy = NO_RETRY
+    breaker: CircuitBreaker | None = None
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments the model's ``complete`` receives."""
+        kwargs: dict[str, Any] = {}
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            kwargs["max_tokens"] = self.max_tokens
+        return kwargs
+
+
+DEFAULTS = CallOptions()
 
 
 def _reply(
@@ -201,34 +223,24 @@ class _Attempts:
         return pause
 
 
-def complete(
-    llm: LLM,
-    prompt: str,
-    *,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    timeout: float | None = None,
-    prices: Mapping[str, ModelPrice] | None = None,
-    host_callback_manager: CallbackManager | None = None,
-    retry: RetryPolicy = NO_RETRY,
-    breaker: CircuitBreaker | None = None,
-) -> LLMReply:
-    """Blocking completion; ``max_tokens`` (when given) caps this reply.
+def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
+    """Blocking completion, made as ``options`` say (`CallOptions`).
 
-    ``timeout`` bounds the whole call, retries included: each attempt runs in a daemon
+    The timeout bounds the whole call, retries included: each attempt runs in a daemon
     thread and `LLMTimeoutError` is raised when the budget runs out (the thread is
     abandoned, and told through `CANCEL_EVENT` so an LLM that can stop generating
     does). A lazily loaded local model is loaded before the clock starts. Transient
-    errors are retried per ``retry``; ``breaker`` is consulted before and told after
-    every attempt."""
+    errors are retried per ``options.retry``; its breaker is consulted before and told
+    after every attempt."""
+    kwargs = options.llm_kwargs()
 
     def call() -> CompletionResponse:
-        return llm.complete(prompt, **_kwargs(temperature, max_tokens))
+        return llm.complete(prompt, **kwargs)
 
     if _needs_loading(llm):
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
-    attempts = _Attempts(retry, breaker, timeout)
+    attempts = _Attempts(options.retry, options.breaker, options.timeout)
     while True:
         budget = attempts.budget()
         try:
@@ -238,8 +250,8 @@ def complete(
             continue
         attempts.succeeded()
         break
-    _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
-    return _reply(llm, prompt, response, prices)
+    _report_to_host(_missing_handlers(llm, options.host_callback_manager), prompt, response)
+    return _reply(llm, prompt, response, options.prices)
 
 
 #: The threads sync calls with a timeout run on (reused; see `_workers`).
@@ -264,18 +276,7 @@ def _call_with_timeout(call: Any, timeout: float, attempts: _Attempts) -> Comple
     return box["value"]  # type: ignore[no-any-return]
 
 
-async def acomplete(
-    llm: LLM,
-    prompt: str,
-    *,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    timeout: float | None = None,
-    prices: Mapping[str, ModelPrice] | None = None,
-    host_callback_manager: CallbackManager | None = None,
-    retry: RetryPolicy = NO_RETRY,
-    breaker: CircuitBreaker | None = None,
-) -> LLMReply:
+async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
     """Async completion: the async twin of `complete`; an overrun attempt is cancelled.
 
     An LLM with native async runs ``llm.acomplete``; one that only implements the
@@ -286,14 +287,15 @@ async def acomplete(
     if _needs_loading(llm):
         await asyncio.to_thread(getattr(llm, "warm_up"))  # noqa: B009
     native = has_native_async(llm)
-    attempts = _Attempts(retry, breaker, timeout)
+    kwargs = options.llm_kwargs()
+    attempts = _Attempts(options.retry, options.breaker, options.timeout)
     while True:
         budget = attempts.budget()
         cancel = None if native else threading.Event()  # only a thread needs telling
         if cancel is None:
-            coro = llm.acomplete(prompt, **_kwargs(temperature, max_tokens))
+            coro = llm.acomplete(prompt, **kwargs)
         else:
-            coro = _in_thread(llm, prompt, _kwargs(temperature, max_tokens), cancel)
+            coro = _in_thread(llm, prompt, kwargs, cancel)
         try:
             response = await _bounded(coro, budget, cancel, attempts)
         except Exception as exc:
@@ -301,8 +303,8 @@ async def acomplete(
             continue
         attempts.succeeded()
         break
-    _report_to_host(_missing_handlers(llm, host_callback_manager), prompt, response)
-    return _reply(llm, prompt, response, prices)
+    _report_to_host(_missing_handlers(llm, options.host_callback_manager), prompt, response)
+    return _reply(llm, prompt, response, options.prices)
 
 
 async def _bounded(

@@ -59,6 +59,7 @@ class MemoryCache:
     holds_objects = True
 
     def __init__(self, max_entries: int = 1024) -> None:
+        # not _checks.is_int: this module imports nothing of ours (a test loads it alone)
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError("max_entries must be an int >= 1")
         self.max_entries = max_entries

@@ -30,21 +30,28 @@ def echo_reply(prompt: str) -> str:
     return f"1. {subject} explained\n2. background of {subject}\n3. evidence about {subject}"
 
 
-class EchoLLM(CustomLLM):
-    """`echo_reply` after ``delay`` seconds (``asyncio.sleep`` on the async path)."""
+class PromptLLM(CustomLLM):
+    """A completion LLM whose reply is a pure function of the prompt (`reply`), given
+    after ``delay`` seconds (``asyncio.sleep`` on the async path). It costs nothing
+    (a local model's $0) and streams its reply as one chunk."""
 
+    model_name: str = Field(default="prompt")
     delay: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
-    is_local: bool = True
+    is_local: bool = Field(default=True)
+
+    def reply(self, prompt: str) -> str:
+        """The answer to ``prompt``; raising makes the call fail."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reply()")
 
     @property
     def metadata(self) -> LLMMetadata:
-        return LLMMetadata(model_name="echo", is_chat_model=False)
+        return LLMMetadata(model_name=self.model_name, is_chat_model=False)
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         if self.delay:
             time.sleep(self.delay)
-        return CompletionResponse(text=echo_reply(prompt))
+        return CompletionResponse(text=self.reply(prompt))
 
     @llm_completion_callback()
     async def acomplete(
@@ -52,11 +59,24 @@ class EchoLLM(CustomLLM):
     ) -> CompletionResponse:
         if self.delay:
             await asyncio.sleep(self.delay)
-        return CompletionResponse(text=echo_reply(prompt))
+        return CompletionResponse(text=self.reply(prompt))
 
     @llm_completion_callback()
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
         text = self.complete(prompt, formatted=formatted).text
-        yield CompletionResponse(text=text, delta=text)
+
+        def gen() -> CompletionResponseGen:
+            yield CompletionResponse(text=text, delta=text)
+
+        return gen()
+
+
+class EchoLLM(PromptLLM):
+    """`echo_reply` after ``delay`` seconds (``asyncio.sleep`` on the async path)."""
+
+    model_name: str = Field(default="echo")
+
+    def reply(self, prompt: str) -> str:
+        return echo_reply(prompt)

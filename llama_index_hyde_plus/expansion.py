@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import is_number
+
 Vector = Sequence[float]
 Array = npt.NDArray[np.float64]
 
@@ -29,7 +31,7 @@ def check_weight(value: float | None, name: str, *, allow_none: bool = True) -> 
         if allow_none:
             return None
         raise ValueError(f"{name} must be a number between 0 and 1")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TypeError(f"{name} must be a number between 0 and 1, not {type(value).__name__}")
     if not (0.0 <= float(value) <= 1.0) or math.isnan(float(value)):
         raise ValueError(f"{name} must be between 0 and 1, got {value!r}")

@@ -24,6 +24,7 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
 from . import _llm
+from ._checks import is_int, is_number
 from .retriever import SearchResult, TransformRetriever
 from .transforms.hyde import HyDE
 from .usage import ModelPrice, Usage
@@ -150,7 +151,7 @@ class HyDERAG:
         callback_manager: CallbackManager | None = None,
         **hyde_options: Any,
     ) -> None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        if not is_int(top_k) or top_k < 1:
             raise ValueError("top_k must be an int >= 1")
         if not isinstance(index_or_retriever, (BaseIndex, BaseRetriever)):
             raise TypeError("index_or_retriever must be a LlamaIndex index or retriever")
@@ -161,9 +162,7 @@ class HyDERAG:
         self._answer_llm = answer_llm
         self.answer_temperature = answer_temperature
         if answer_timeout is not None and not (
-            isinstance(answer_timeout, (int, float))
-            and not isinstance(answer_timeout, bool)
-            and 0 < answer_timeout < 1e6
+            is_number(answer_timeout) and 0 < answer_timeout < 1e6
         ):
             raise ValueError("answer_timeout must be a number of seconds > 0 (or None)")
         self.answer_timeout = answer_timeout
@@ -196,14 +195,14 @@ class HyDERAG:
         )
         return self.answer_prompt.format(context=context, query=question)
 
-    def _call_kwargs(self) -> dict[str, Any]:
-        return {
-            "temperature": self.answer_temperature,
-            "timeout": self.answer_timeout,
-            "retry": self.hyde.retry,
-            "prices": self.prices,
-            "host_callback_manager": self._callback_manager or Settings.callback_manager,
-        }
+    def _call_options(self) -> _llm.CallOptions:
+        return _llm.CallOptions(
+            temperature=self.answer_temperature,
+            timeout=self.answer_timeout,
+            retry=self.hyde.retry,
+            prices=self.prices,
+            host_callback_manager=self._callback_manager or Settings.callback_manager,
+        )
 
     def _result(
         self,
@@ -240,9 +239,7 @@ class HyDERAG:
         search = self.retriever.search(question)
         answer_start = time.perf_counter()
         llm = self.answer_llm
-        reply = _llm.complete(
-            llm, self._answer_input(question, search.nodes), **self._call_kwargs()
-        )
+        reply = _llm.complete(llm, self._answer_input(question, search.nodes), self._call_options())
         return self._result(question, search, reply, start, answer_start, reply.model_id)
 
     async def aquery(self, question: str) -> HyDERAGResult:
@@ -252,7 +249,7 @@ class HyDERAG:
         answer_start = time.perf_counter()
         llm = self.answer_llm
         reply = await _llm.acomplete(
-            llm, self._answer_input(question, search.nodes), **self._call_kwargs()
+            llm, self._answer_input(question, search.nodes), self._call_options()
         )
         return self._result(question, search, reply, start, answer_start, reply.model_id)
 

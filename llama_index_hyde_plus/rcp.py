@@ -36,6 +36,7 @@ import rcp
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.llms import LLM
 
+from ._checks import is_int, is_number
 from ._version import __version__
 from .cache import MemoryCache
 from .retriever import TransformRetriever
@@ -276,7 +277,7 @@ def _rewrite_spec(params: dict[str, Any], n: int) -> tuple[str | None, int]:
             raise _invalid("'rewrite.method' MUST be a method name", "rewrite.method")
         if "n" in spec:
             rn = spec["n"]
-            if isinstance(rn, bool) or not isinstance(rn, int) or rn < 1:
+            if not is_int(rn) or rn < 1:
                 raise _invalid("'rewrite.n' MUST be an integer >= 1", "rewrite.n")
             n = min(rn, MAX_N)
     if rewrite is not None and not isinstance(rewrite, str):
@@ -363,13 +364,9 @@ def _too_deep(value: Any, limit: int) -> bool:
 
 
 def _valid_id(value: Any) -> bool:
-    if value is None or isinstance(value, str):
+    if value is None or isinstance(value, str) or is_int(value):
         return True
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def _wrong_version(request: dict[str, Any]) -> dict[str, Any] | None:
@@ -430,7 +427,7 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
                 )
             elif request["method"] == rcp.Method.INITIALIZE and "protocolVersion" in params:
                 version = params["protocolVersion"]
-                if isinstance(version, bool) or not isinstance(version, int):
+                if not is_int(version):
                     return _error(
                         id_,
                         rcp.Errc.INVALID_PARAMS,

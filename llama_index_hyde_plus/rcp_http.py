@@ -51,6 +51,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ._checks import is_int
 from .rcp import MAX_BODY_BYTES, RcpServer, dumps
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Limits:
             "slow_bodies_per_client",
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1")
         for name in ("header_timeout", "body_timeout", "keep_alive"):
             if not getattr(self, name) > 0:
@@ -355,23 +356,24 @@ class _Endpoint:
         if announced and announced.isdigit() and int(announced) > self.limits.max_body_bytes:
             return self._too_large()
         if request.scope.get(SLOW_BODY_REFUSED):
-            return self.error(
-                503,
-                rcp.Errc.BACKEND_UNAVAILABLE,
+            return self._unavailable(
                 f"too many requests from this address whose body is still arriving (limit "
-                f"{self.limits.slow_bodies_per_client}); send each body whole, retry later",
-                {"retryable": True, "retryAfterMs": 1000},
-                headers={"Retry-After": "1"},
-                close=True,
+                f"{self.limits.slow_bodies_per_client}); send each body whole, retry later"
             )
         return None
 
     def _busy(self) -> Response:
+        return self._unavailable(
+            f"server busy: {self.inflight} requests in flight (limit "
+            f"{self.limits.max_inflight}); retry shortly"
+        )
+
+    def _unavailable(self, message: str) -> Response:
+        """HTTP 503, retryable after a second, and the connection closed."""
         return self.error(
             503,
             rcp.Errc.BACKEND_UNAVAILABLE,
-            f"server busy: {self.inflight} requests in flight (limit "
-            f"{self.limits.max_inflight}); retry shortly",
+            message,
             {"retryable": True, "retryAfterMs": 1000},
             headers={"Retry-After": "1"},
             close=True,
@@ -440,7 +442,7 @@ class _Endpoint:
 def bind_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv4 or IPv6; port 0 picks a free
     one), or `ServeError` with a one-line reason and fix."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port) or not 0 <= port <= 65535:
         raise ServeError(f"port {port} is out of range: use 1-65535 (0 picks a free port)")
     try:
         infos = socket.getaddrinfo(

@@ -18,6 +18,7 @@ from typing import Any
 from llama_index.core import Document
 from llama_index.core.readers.base import BaseReader
 
+from ._checks import is_int
 from ._files import json_lines, not_regular_reason, read_regular_bytes
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
@@ -72,7 +73,7 @@ def _doc_id(row: dict[str, Any], where: str) -> str:
         value = row.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
+        if not (isinstance(value, str) or is_int(value)):
             raise ValueError(f"{where}: '{key}' must be a string or an integer")
         if not str(value).strip():
             raise ValueError(f"{where}: '{key}' is empty; give a non-empty id or leave it out")

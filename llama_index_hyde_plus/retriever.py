@@ -21,6 +21,7 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from . import expansion, plan
+from ._checks import check_int, is_int
 from .fusion import FusionMode, fuse, unique_nodes
 from .provenance import summary, tag_nodes
 from .transforms.base import (
@@ -28,12 +29,18 @@ from .transforms.base import (
     QueryTransformer,
     SearchSpec,
     TransformResult,
-    check_int,
     validate_query,
 )
 from .vectors import DocVectors, Embedder, embed_model_of
 
 logger = logging.getLogger(__name__)
+
+Bundles = list[QueryBundle | None]
+"""One query per search of a fan-out; None where the question's own hits are reused."""
+Hits = list[NodeWithScore] | None
+"""The question's own hits, when it was searched first."""
+Found = tuple[list[list[NodeWithScore]], list[float], list[str]]
+"""A fan-out's outcome: the ranked lists, their fusion weights, the failed searches."""
 
 SearchType = Literal["auto", "dense", "keyword", "hybrid"]
 _KEYWORD_MODES = {"sparse", "text_search"}
@@ -58,7 +65,7 @@ def candidate_depth(guards: Guards, top_k: int) -> int:
 def own_top_k(retriever: BaseRetriever) -> int | None:
     """The wrapped retriever's own ``similarity_top_k`` (a positive int), else None."""
     value = getattr(retriever, "similarity_top_k", None)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if is_int(value) and value >= 1:
         return value
     return None
 
@@ -161,10 +168,10 @@ class TransformRetriever(BaseRetriever):
             raise TypeError(
                 f"transformer must be a QueryTransformer, not {type(transformer).__name__}"
             )
-        if top_k is not None and (isinstance(top_k, bool) or top_k < 1):
-            raise ValueError("top_k must be >= 1 or None")
-        if isinstance(max_concurrency, bool) or max_concurrency < 1:
-            raise ValueError("max_concurrency must be >= 1")
+        if top_k is not None and (not is_int(top_k) or top_k < 1):
+            raise ValueError("top_k must be an int >= 1 or None")
+        if not is_int(max_concurrency) or max_concurrency < 1:
+            raise ValueError("max_concurrency must be an int >= 1")
         if search_type not in ("auto", "dense", "keyword", "hybrid"):
             raise ValueError("search_type must be one of 'auto', 'dense', 'keyword', 'hybrid'")
         if reranker is not None and not isinstance(reranker, BaseNodePostprocessor):
@@ -388,29 +395,32 @@ class TransformRetriever(BaseRetriever):
         the question itself) rather than the retriever's own embedding of its text."""
         return self._dense() and bool(spec.passages or spec.text == query)
 
+    def _to_embed(self, step: plan.Fanout, query: str) -> list[SearchSpec | None]:
+        """The searches of ``step`` that need a vector we embed (None: none, or reused);
+        the sync and async paths differ only in how they embed them."""
+        return [
+            None if reused or not self._wants_vector(spec, query) else spec
+            for spec, reused in zip(step.specs, step.reuse)
+        ]
+
     def _vectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
         """The embeddings each search of ``step`` needs (None: none, or reused)."""
-        out: list[_Dense | None] = []
-        for spec, reused in zip(step.specs, step.reuse):
-            if reused or not self._wants_vector(spec, query):
-                out.append(None)
-                continue
-            assert self.embedder is not None
-            own = self.embedder.query(spec.query or query)
-            out.append((own, self.embedder.texts(spec.passages) if spec.passages else []))
-        return out
+        return [None if s is None else self._embed(s, query) for s in self._to_embed(step, query)]
 
     async def _avectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
-        out: list[_Dense | None] = []
-        for spec, reused in zip(step.specs, step.reuse):
-            if reused or not self._wants_vector(spec, query):
-                out.append(None)
-                continue
-            assert self.embedder is not None
-            own = await self.embedder.aquery(spec.query or query)
-            passages = await self.embedder.atexts(spec.passages) if spec.passages else []
-            out.append((own, passages))
-        return out
+        todo = self._to_embed(step, query)
+        return [None if s is None else await self._aembed(s, query) for s in todo]
+
+    def _embed(self, spec: SearchSpec, query: str) -> _Dense:
+        """The question's query vector and the passages' document vectors for ``spec``."""
+        assert self.embedder is not None
+        own = self.embedder.query(spec.query or query)
+        return own, self.embedder.texts(spec.passages) if spec.passages else []
+
+    async def _aembed(self, spec: SearchSpec, query: str) -> _Dense:
+        assert self.embedder is not None
+        own = await self.embedder.aquery(spec.query or query)
+        return own, await self.embedder.atexts(spec.passages) if spec.passages else []
 
     def _bundles(
         self,
@@ -433,12 +443,7 @@ class TransformRetriever(BaseRetriever):
                 bundles.append(bundle)
         return bundles, result
 
-    def _run_sync(
-        self,
-        step: plan.Fanout,
-        bundles: list[QueryBundle | None],
-        hits: list[NodeWithScore] | None,
-    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+    def _run_sync(self, step: plan.Fanout, bundles: Bundles, hits: Hits) -> Found:
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
         if len(todo) == 1 and len(specs) == 1:
@@ -482,12 +487,7 @@ class TransformRetriever(BaseRetriever):
         async with gate:
             return await self._asearch_bundle(bundle)
 
-    async def _run_async(
-        self,
-        step: plan.Fanout,
-        bundles: list[QueryBundle | None],
-        hits: list[NodeWithScore] | None,
-    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+    async def _run_async(self, step: plan.Fanout, bundles: Bundles, hits: Hits) -> Found:
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
         if len(todo) == 1:  # one search: no task, no semaphore
@@ -508,9 +508,7 @@ class TransformRetriever(BaseRetriever):
             outcomes[i] = outcome
         return self._split(specs, outcomes)
 
-    def _split(
-        self, specs: Sequence[SearchSpec], outcomes: list[Any]
-    ) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+    def _split(self, specs: Sequence[SearchSpec], outcomes: list[Any]) -> Found:
         lists: list[list[NodeWithScore]] = []
         weights: list[float] = []
         errors: list[str] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._checks import is_number
 from ._llm import is_local
 
 LOCAL_START_S = 10.0
@@ -40,7 +41,7 @@ POLICY = (
 
 
 def _positive(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         return None
     return float(value) if math.isfinite(value) and value > 0 else None
 

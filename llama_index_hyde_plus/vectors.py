@@ -178,13 +178,14 @@ class DocVectors:
         return found
 
     def _from_store(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
+        from .stores.choice import vector_store_kind
+
         store = getattr(self.retriever, "_vector_store", None)
-        kind = type(store).__name__
-        kinds = {cls.__name__ for cls in type(store).__mro__}  # subclasses count too
+        kind = vector_store_kind(store)
         try:
-            if "FaissVectorStore" in kinds:
+            if kind == "faiss":
                 return self._faiss(store, nodes)
-            if "MilvusVectorStore" in kinds:
+            if kind == "milvus":
                 return self._milvus(store, nodes)
         except Exception as exc:  # a store that cannot say: re-embed instead
             logger.debug("reading vectors from %s failed (%s); re-embedding", kind, exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from llama_index_hyde_plus._llm import LLMTimeoutError, complete
+from llama_index_hyde_plus._llm import CallOptions, LLMTimeoutError, complete
 from llama_index_hyde_plus.local import local_llm
 
 
@@ -21,6 +21,6 @@ keep = SlowTeardown()
 llm = local_llm(max_tokens=1500, n_parallel=1, seed=1)
 llm.warm_up()
 try:
-    complete(llm, "Write a very long essay about the history of rivers.", timeout=0.3)
+    complete(llm, "Write a very long essay about the history of rivers.", CallOptions(timeout=0.3))
 except LLMTimeoutError:
     print("timed out", flush=True)

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus.chunking import Chunking, split_documents, tokenizer_for
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.indexing import build_faiss_index, load_faiss_index
 from llama_index_hyde_plus.readers import read_documents
+from llama_index_hyde_plus.stores.faiss import build_faiss_index, load_faiss_index
 
 runner = CliRunner()
 SENTENCE = "The harbour crane lifts containers onto the night train. "

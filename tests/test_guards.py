@@ -65,7 +65,7 @@ async def test_faiss_receives_the_query_weighted_vector(
         embed_model.vector(Q), [embed_model.vector(P1), embed_model.vector(P2)], w
     )
     np.testing.assert_allclose(query.query_embedding, want, atol=1e-6)
-    assert result.transform.query_weight == w
+    assert result.transform.search_options["query_weight"] == w
     if use_async:
         assert llm.sync_calls == 0
 
@@ -145,7 +145,7 @@ def test_a_keyword_retriever_receives_the_keyword_text_with_the_question_repeate
     assert retriever.search_type == "keyword"
     result = retriever.search(Q)
     [bundle] = base.bundles
-    assert bundle.query_str == result.transform.keyword_text()
+    assert bundle.query_str == result.transform.searches()[0].text
     assert bundle.query_str.count(Q) >= 2 and bundle.query_str.endswith(P1)
     assert bundle.embedding is None
 
@@ -183,9 +183,7 @@ def test_keyword_weight_defaults_to_query_weight() -> None:
 
 
 def test_query_weight_one_without_an_embedder_embeds_the_question_alone() -> None:
-    result = TransformResult(
-        query=Q, method="hyde", queries=(Q,), hypothetical=(P1,), query_weight=1.0
-    )
+    result = HyDE(ScriptedLLM([P1]), query_weight=1.0).transform(Q)
     assert result.embedding_strs == (Q,)
 
 
@@ -196,9 +194,8 @@ def test_embedding_strs_fallback_repeats_the_question_to_its_share(
     w: float, n: int, share: float
 ) -> None:
     passages = tuple(f"passage {i}" for i in range(n))
-    result = TransformResult(
-        query=Q, method="hyde", queries=(Q,), hypothetical=passages, query_weight=w
-    )
+    result = HyDE(ScriptedLLM(list(passages)), query_weight=w, num_passages=n).transform(Q)
+    assert result.hypothetical == passages
     strs = result.embedding_strs
     assert strs[:n] == passages and set(strs[n:]) == {Q}
     assert strs.count(Q) / len(strs) == pytest.approx(share)
@@ -206,13 +203,12 @@ def test_embedding_strs_fallback_repeats_the_question_to_its_share(
 
 def test_embedding_strs_without_a_weight_are_the_papers_mean_or_passages_only() -> None:
     with_q = TransformResult(query=Q, method="hyde", queries=(Q,), hypothetical=(P1, P2))
-    assert with_q.embedding_strs == (P1, P2, Q) and with_q.dense_query_weight == pytest.approx(
-        1 / 3
-    )
+    assert with_q.embedding_strs == (P1, P2, Q)
+    assert with_q.searches()[0].query_weight == pytest.approx(1 / 3)
     without = TransformResult(
         query=Q, method="hyde", queries=(Q,), hypothetical=(P1,), include_query=False
     )
-    assert without.embedding_strs == (P1,) and without.dense_query_weight == 0.0
+    assert without.embedding_strs == (P1,) and without.searches()[0].query_weight == 0.0
 
 
 # -- rerank instead of replace ------------------------------------------------------------
@@ -422,9 +418,11 @@ def test_search_options_share_one_cached_generation() -> None:
     HyDE(llm, cache=cache, query_weight=0.3).transform(Q)
     other = HyDE(llm, cache=cache, query_weight=0.9, keyword_weight=0.1, gate=0.5).transform(Q)
     assert len(llm.prompts) == 1 and other.cached
-    assert (other.query_weight, other.keyword_weight) == (0.9, 0.1)
+    assert other.search_options == {"query_weight": 0.9, "keyword_weight": 0.1}
+    assert other.searches()[0].query_weight == 0.9
     plain_mean = HyDE(llm, cache=cache, include_query=True).transform(Q)
-    assert plain_mean.cached and plain_mean.query_weight is None and plain_mean.include_query
+    assert plain_mean.cached and plain_mean.search_options == {} and plain_mean.include_query
+    assert plain_mean.searches()[0].query_weight == pytest.approx(1 / 2)
 
 
 def test_grounding_is_part_of_the_cache_key() -> None:
@@ -630,8 +628,7 @@ def test_result_round_trips_the_new_fields() -> None:
         method="hyde",
         queries=(Q,),
         hypothetical=(P1,),
-        query_weight=0.6,
-        keyword_weight=0.2,
+        search_options={"query_weight": 0.6, "keyword_weight": 0.2},
         original_weight=3.0,
         skipped="gate said no",
     )
@@ -646,14 +643,24 @@ def test_result_defaults_are_left_out_of_the_dict_and_restored() -> None:
     data = result.to_dict()
     assert not {"query_weight", "keyword_weight", "original_weight", "skipped"} & set(data)
     back = TransformResult.from_dict(data)
-    assert back == result and back.original_weight == 1.0 and back.query_weight is None
+    assert back == result and back.original_weight == 1.0 and back.search_options == {}
 
 
 def test_hyde_search_spec_carries_passages_and_weight() -> None:
     result = HyDE(ScriptedLLM([P1]), query_weight=0.4, keyword_weight=0.5).transform(Q)
     [spec] = result.searches()
     assert spec.passages == (P1,) and spec.query == Q and spec.query_weight == 0.4
-    assert spec.text == keyword_query(Q, [P1], 0.5) == result.keyword_text()
+    assert spec.text == keyword_query(Q, [P1], 0.5)
+    assert result.search_options == {"query_weight": 0.4, "keyword_weight": 0.5}
+
+
+def test_a_result_with_passages_and_no_specs_is_searched_with_the_papers_mean() -> None:
+    """A user's passage transform that fills no ``specs`` still searches its passages
+    (the question and passages averaged), never the question alone."""
+    result = TransformResult(query=Q, method="mine", queries=(Q,), hypothetical=(P1,))
+    [spec] = result.searches()
+    assert spec.passages == (P1,) and spec.query_weight == pytest.approx(0.5)
+    assert spec.embedding_strs == (P1, Q) and spec.text == f"{Q}\n\n{P1}"
 
 
 @pytest.mark.parametrize("options", [{"gate": 0.2}, {"strategy": "rerank"}, {"grounded": 2}])

@@ -20,12 +20,9 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus._files import STAGING_MARKER, write_our_file
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.index_folder import CURRENT_LINK, DATA_MARKER, read_meta
-from llama_index_hyde_plus.indexing import (
-    EmbeddingMismatchError,
-    build_faiss_index,
-    load_faiss_index,
-)
+from llama_index_hyde_plus.stores.faiss import build_faiss_index, load_faiss_index
+from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK, DATA_MARKER, read_meta
+from llama_index_hyde_plus.stores.nodes import EmbeddingMismatchError
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
 runner = CliRunner()
@@ -339,7 +336,7 @@ def test_the_default_storage_context_cannot_read_a_cli_index(cli_index: Path) ->
 
 def test_a_chunk_id_that_is_another_documents_id_is_an_error() -> None:
     from llama_index_hyde_plus.chunking import Chunking
-    from llama_index_hyde_plus.indexing import nodes_from_documents
+    from llama_index_hyde_plus.stores.nodes import nodes_from_documents
 
     long = Document(text="A sentence about ferries. " * 40, id_="guide")
     clash = Document(text="A short one.", id_="guide#2")

@@ -14,7 +14,13 @@ from llama_index.llms.openai import OpenAI
 from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
-from llama_index_hyde_plus._llm import LLMTimeoutError, acomplete, complete, has_native_async
+from llama_index_hyde_plus._llm import (
+    CallOptions,
+    LLMTimeoutError,
+    acomplete,
+    complete,
+    has_native_async,
+)
 from llama_index_hyde_plus.reliability import RetryPolicy
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM
 
@@ -76,12 +82,12 @@ def test_explicit_callback_manager_on_the_transform_is_used(
 
 def test_sync_timeout_raises_llm_timeout_error() -> None:
     with pytest.raises(LLMTimeoutError):
-        complete(ScriptedLLM([HANG]), "p", timeout=0.1)
+        complete(ScriptedLLM([HANG]), "p", CallOptions(timeout=0.1))
 
 
 async def test_async_timeout_cancels_the_call() -> None:
     with pytest.raises(LLMTimeoutError):
-        await acomplete(ScriptedLLM([HANG]), "p", timeout=0.1)
+        await acomplete(ScriptedLLM([HANG]), "p", CallOptions(timeout=0.1))
 
 
 @pytest.mark.parametrize("use_async", [False, True])
@@ -173,7 +179,7 @@ async def test_asearch_with_a_blocking_llm_keeps_the_loop_running_and_times_out(
 
 
 async def test_a_blocking_llm_answers_on_the_async_path_in_a_thread() -> None:
-    reply = await acomplete(BlockingLLM(delay=0.05), "p", timeout=5)
+    reply = await acomplete(BlockingLLM(delay=0.05), "p", CallOptions(timeout=5))
     assert reply.text == "Enterprise renewals slipped."
 
 

@@ -17,7 +17,6 @@ from llama_index.core.base.llms.types import ChatMessage
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
 from llama_index_hyde_plus.cli import DEMO_PROMPT, demo_corpus_path
-from llama_index_hyde_plus.indexing import build_faiss_index, load_faiss_index
 from llama_index_hyde_plus.local import (
     LocalEmbedding,
     LocalLLM,
@@ -25,6 +24,7 @@ from llama_index_hyde_plus.local import (
     local_embedding,
     local_llm,
 )
+from llama_index_hyde_plus.stores.faiss import build_faiss_index, load_faiss_index
 
 from .conftest import LoopTicks
 
@@ -167,15 +167,15 @@ def _long_prompt_llm() -> LocalLLM:
 async def test_a_timed_out_local_call_stops_generating(use_async: bool) -> None:
     """With one slot, a follow-up call only starts once the timed-out one has stopped:
     it would wait for ~1500 tokens if llama.cpp kept generating."""
-    from llama_index_hyde_plus._llm import LLMTimeoutError, acomplete, complete
+    from llama_index_hyde_plus._llm import CallOptions, LLMTimeoutError, acomplete, complete
 
     llm = _long_prompt_llm()
     prompt = "Write a very long, detailed essay about the history of rivers and canals."
     with pytest.raises(LLMTimeoutError):
         if use_async:
-            await acomplete(llm, prompt, timeout=0.5)
+            await acomplete(llm, prompt, CallOptions(timeout=0.5))
         else:
-            complete(llm, prompt, timeout=0.5)
+            complete(llm, prompt, CallOptions(timeout=0.5))
     start = time.monotonic()
     reply = await asyncio.to_thread(llm.complete, "Say hi.", max_tokens=2)
     assert reply.text is not None and time.monotonic() - start < 6

@@ -8,8 +8,8 @@ import pytest
 from llama_index.core.schema import MetadataMode, TextNode
 from pydantic import PrivateAttr
 
-from llama_index_hyde_plus.indexing import embed_nodes
 from llama_index_hyde_plus.local.embedding import LocalEmbedding, length_batches, usable_cores
+from llama_index_hyde_plus.stores.nodes import embed_nodes
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
 LONG = " ".join(

@@ -19,13 +19,13 @@ from llama_index.core.schema import QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import Decompose, HyDE, MultiQuery, StepBack, TransformRetriever
-from llama_index_hyde_plus.indexing import EmbeddingMismatchError
-from llama_index_hyde_plus.milvus import (
+from llama_index_hyde_plus.stores.milvus import (
     build_milvus_index,
     hybrid_retriever,
     load_milvus_index,
     read_milvus_meta,
 )
+from llama_index_hyde_plus.stores.nodes import EmbeddingMismatchError
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
 
 from .conftest import DOCS
@@ -437,7 +437,7 @@ def test_a_fan_out_over_the_hybrid_retriever_keeps_its_top_k(tmp_path: Path) -> 
 def test_stored_vectors_are_read_from_the_hybrid_retriever_not_re_embedded(
     milvus_index: tuple[str, VectorStoreIndex],
 ) -> None:
-    from llama_index_hyde_plus.milvus import hybrid_retriever
+    from llama_index_hyde_plus.stores.milvus import hybrid_retriever
     from llama_index_hyde_plus.vectors import DocVectors
 
     _, index = milvus_index

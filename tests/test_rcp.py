@@ -20,7 +20,6 @@ from llama_index.core import Document, VectorStoreIndex
 from typer.testing import CliRunner
 
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.indexing import build_faiss_index
 from llama_index_hyde_plus.rcp import (
     MAX_BATCH,
     MAX_N,
@@ -28,6 +27,7 @@ from llama_index_hyde_plus.rcp import (
     build_server,
 )
 from llama_index_hyde_plus.rcp_http import RcpHttpServer
+from llama_index_hyde_plus.stores.faiss import build_faiss_index
 from llama_index_hyde_plus.testing import echo_llm
 
 from .conftest import DOCS, Served

@@ -28,7 +28,7 @@ def test_secret_options_and_uri_credentials_are_hidden() -> None:
     assert redact_uri("index.db") == "index.db"
 
 
-@pytest.mark.parametrize("form", [["--token", "s3cret"], ["--token=s3cret"]])
+@pytest.mark.parametrize("form", [["--milvus-token", "s3cret"], ["--milvus-token=s3cret"]])
 def test_eval_records_no_token_in_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: list[str]
 ) -> None:
@@ -42,7 +42,7 @@ def test_eval_records_no_token_in_results(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     recorded = json.loads((out / "results.json").read_text())["command"]
-    assert "--token" in recorded and "s3cret" not in recorded
+    assert "--milvus-token" in recorded and "s3cret" not in recorded
     assert "s3cret" not in (out / "results.md").read_text()
     assert "s3cret" not in (out / "results.json").read_text()
 
@@ -51,13 +51,13 @@ def test_tune_report_records_no_token(tmp_path: Path, monkeypatch: pytest.Monkey
     report, config = tmp_path / "sweep.md", tmp_path / "tuned.json"
     args = [
         *("tune", "--dataset", str(TINY), "--split", "test", "-t", "rocchio"),
-        *("--grid", "alpha=1.0", "--embed", "local", "--token", "s3cret"),
+        *("--grid", "alpha=1.0", "--embed", "local", "--milvus-token", "s3cret"),
         *("--out", str(config), "--report", str(report), "--cache-dir", str(tmp_path / "c")),
     ]
     monkeypatch.setattr(sys, "argv", ["hyde-plus", *args])
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "--token" in report.read_text() and "s3cret" not in report.read_text()
+    assert "--milvus-token" in report.read_text() and "s3cret" not in report.read_text()
     assert "s3cret" not in config.read_text()
 
 
@@ -67,3 +67,21 @@ def test_a_milvus_location_hides_the_password_in_its_uri() -> None:
     store = MilvusStore("https://root:s3cret@milvus.example:19530", token="s3cret2")
     assert "s3cret" not in store.location and "milvus.example:19530" in store.location
     assert "s3cret" not in store.describe()
+
+
+@pytest.mark.parametrize("command", ["query", "index", "eval", "tune", "serve"])
+def test_milvus_token_is_one_flag_with_one_meaning(command: str) -> None:
+    """``--milvus-token`` is the Milvus token on every command that opens a store;
+    ``--token`` is only ``serve``'s own bearer secret, never the Milvus one."""
+    shown = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+    assert "--milvus-token" in shown
+    token_lines = [line for line in shown.splitlines() if "--token " in line]
+    if command == "serve":
+        assert len(token_lines) == 1 and "Bearer" in token_lines[0]
+    else:
+        assert token_lines == []
+
+
+def test_query_refuses_the_old_token_flag(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["query", "q", "--uri", str(tmp_path / "m.db"), "--token", "x"])
+    assert result.exit_code != 0 and "--token" in result.output

@@ -9,8 +9,8 @@ from pathlib import Path
 from llama_index.core import Document, StorageContext, load_index_from_storage
 from llama_index.vector_stores.faiss import FaissVectorStore
 
-from llama_index_hyde_plus.index_folder import CURRENT_LINK, read_meta
 from llama_index_hyde_plus.stores import FaissStore
+from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK, read_meta
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
 VERSIONS = [

@@ -105,3 +105,66 @@ def test_a_store_build_keeps_one_node_per_document_unless_asked_to_chunk(tmp_pat
     assert meta["chunks"] == info.chunks and meta["chunking"]["chunk_size"] == 100
     ids = set(chunked.load(EMBED).index_struct.nodes_dict.values())
     assert "long" not in ids and {"long#1", "long#2", "pto"} <= ids
+
+
+# -- one place chooses a store (#21) ------------------------------------------------------
+def test_every_store_kind_has_one_class_and_back() -> None:
+    from llama_index_hyde_plus.stores import STORE_KINDS
+    from llama_index_hyde_plus.stores.choice import store_classes
+
+    classes = store_classes()
+    assert tuple(classes) == STORE_KINDS
+    assert all(cls.kind == kind for kind, cls in classes.items())
+
+
+def test_vector_store_kind_knows_subclasses_and_nothing_else() -> None:
+    from llama_index.vector_stores.faiss import FaissVectorStore
+
+    from llama_index_hyde_plus.stores.choice import vector_store_kind
+
+    class Mine(FaissVectorStore):
+        pass
+
+    assert vector_store_kind(Mine.__new__(Mine)) == "faiss"
+    assert vector_store_kind(object()) is None and vector_store_kind(None) is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"store": None, "uri": None, "path": None}, "--out is needed"),
+        ({"store": None, "uri": "m.db", "path": Path("x")}, "--out is for the FAISS"),
+        ({"store": "faiss", "uri": "m.db", "path": Path("x")}, "--uri is for the Milvus"),
+        ({"store": "milvus", "uri": None, "path": None}, "needs --uri"),
+        ({"store": "chroma", "uri": None, "path": Path("x")}, "--store must be one of"),
+    ],
+)
+def test_store_kind_names_the_flags_that_disagree(flags: dict, message: str) -> None:
+    from llama_index_hyde_plus.stores import store_kind
+
+    with pytest.raises(ValueError, match=message):
+        store_kind(flags["store"], flags["uri"], path=flags["path"], path_flag="--out")
+
+
+def test_make_store_builds_the_kind_store_kind_chose(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.stores import FaissStore, make_store, store_kind
+
+    kind = store_kind(None, None, path=tmp_path, path_flag="--out")
+    store = make_store(kind, path=tmp_path, uri=None)
+    assert isinstance(store, FaissStore) and store.path == tmp_path
+
+
+def test_kind_at_maps_a_folder_or_a_uri_to_its_store(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.stores import kind_at
+
+    built = tmp_path / "idx"
+    FaissStore(built).build(
+        [Document(text=t, id_=i) for i, t in DOCS.items()],
+        DeterministicEmbedding(dim=16),
+        embed_spec="test",
+        max_length=64,
+    )
+    assert kind_at(built) == "faiss" and FaissStore.recognises(built)
+    assert kind_at(tmp_path / "not-yet") == "faiss"  # a new folder: the folder default
+    assert kind_at(uri="hybrid.db") == "milvus"
+    assert not FaissStore.recognises(tmp_path)

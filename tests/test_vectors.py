@@ -248,7 +248,7 @@ def test_doc_vectors_re_embed_when_the_store_fails() -> None:
 def test_doc_vectors_are_read_from_the_clis_faiss_index_not_re_embedded(tmp_path: Path) -> None:
     from llama_index.core import Document
 
-    from llama_index_hyde_plus.indexing import build_faiss_index, load_faiss_index
+    from llama_index_hyde_plus.stores.faiss import build_faiss_index, load_faiss_index
 
     embed = DeterministicEmbedding()
     docs = [Document(text=t, id_=i) for i, t in DOCS.items()]

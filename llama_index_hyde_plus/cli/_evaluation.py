@@ -12,6 +12,7 @@ from typing import Any
 from rich.progress import Progress
 
 from ..models import MissingExtraError, require_extra
+from ..stores import open_store, store_kind
 from ._console import err, fail, task
 
 
@@ -72,7 +73,7 @@ class SearchChoice:
 
     store: str | None
     uri: str | None
-    token: str | None
+    milvus_token: str | None
     cache_dir: Path | None
     top_k: int
     hyde_prompt: str | None
@@ -82,8 +83,6 @@ class SearchChoice:
     @property
     def kind(self) -> str:
         """The store kind; a `ValueError` naming the flags when they disagree."""
-        from ..stores import store_kind
-
         return store_kind(self.store, self.uri)
 
     def check_index(self, docs: Any, models: ModelChoice) -> None:
@@ -98,8 +97,8 @@ class SearchChoice:
             )
         if self.uri is not None or self.kind != "faiss":
             raise ValueError("--index is a FAISS index folder; leave out --store/--uri with it")
-        from ..index_folder import read_meta
         from ..models import concrete_embedding_spec
+        from ..stores.faiss_folder import read_meta
 
         wanted = {
             "--chunk-size": docs.chunk_size,
@@ -126,8 +125,8 @@ class SearchChoice:
             "hyde_prompt": self.hyde_prompt,
             "store": self.kind,
             "milvus_uri": self.uri,
-            "milvus_token": self.token or "",
-            "index_store": None if self.index is None else _faiss_store(self.index),
+            "milvus_token": self.milvus_token or "",
+            "index_store": None if self.index is None else open_store(index=self.index),
             "standin": models.standin(),
         }
 
@@ -142,12 +141,6 @@ def standin_for(models: ModelChoice, source: Any) -> Any:
             "(generated questions need a real --llm)"
         )
     return standin
-
-
-def _faiss_store(path: Path) -> Any:
-    from ..stores import FaissStore
-
-    return FaissStore(path)
 
 
 def index_mismatches(meta: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
@@ -191,7 +184,7 @@ def bars(progress: Progress, unit: str, show: bool = True) -> Callable[[str, int
 
 def command_line(name: str) -> str | None:
     """The command as typed, for the report (None when run from Python), with every
-    secret hidden (`redact_argv`: ``--token``, passwords in a URI)."""
+    secret hidden (`redact_argv`: ``--milvus-token``, passwords in a URI)."""
     from .._redact import redact_argv
 
     if len(sys.argv) <= 2:

@@ -29,7 +29,10 @@ Timeout = Annotated[
 ]
 Uri = Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL (hybrid search).")]
 Collection = Annotated[str, typer.Option(help="Milvus collection name.")]
-Token = Annotated[str | None, typer.Option(help="Milvus cluster token.", envvar="MILVUS_TOKEN")]
+MilvusToken = Annotated[
+    str | None,
+    typer.Option("--milvus-token", help="Milvus cluster token.", envvar="MILVUS_TOKEN"),
+]
 IndexPath = Annotated[Path | None, typer.Option("--index", "-i", help="FAISS index folder.")]
 StoreKind = Annotated[
     str | None,

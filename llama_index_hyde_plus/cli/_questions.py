@@ -101,8 +101,8 @@ def docs_choice(
 
 def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
     from ..chunking import Chunking
-    from ..indexing import prepare_nodes
     from ..readers import read_folder
+    from ..stores.nodes import prepare_nodes
     from .index import print_skipped
 
     contents = read_folder(choice.docs)

@@ -108,7 +108,7 @@ def eval_cmd(
     cache_dir: opt.CacheDir = None,
     store: opt.StoreKind = None,
     uri: opt.Uri = None,
-    token: opt.Token = None,
+    milvus_token: opt.MilvusToken = None,
     config_files: Configs = None,
     verbose: opt.Verbose = False,
 ) -> None:
@@ -120,7 +120,7 @@ def eval_cmd(
     require_eval_extra("hyde-plus eval")
     setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
+    where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
     started, phases = time.perf_counter(), dict[str, float]()

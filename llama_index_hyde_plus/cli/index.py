@@ -11,11 +11,11 @@ from llama_index.core import Document
 from rich.markup import escape
 
 from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, Chunking
-from ..indexing import IndexInfo, check_batch_size
 from ..readers import Skipped
-from ..stores import FaissStore, MilvusStore, Store, store_kind
+from ..stores import Store, make_store, store_kind
+from ..stores.nodes import IndexInfo, check_batch_size
 from ._console import console, err, progress_bar, reported, setup_logging, task
-from ._options import Collection, Embed, StoreKind, Token, Uri, Verbose
+from ._options import Collection, Embed, MilvusToken, StoreKind, Uri, Verbose
 
 
 def build_store(
@@ -70,15 +70,8 @@ def print_skipped(skipped: Sequence[Skipped]) -> None:
 def _target(
     store: str | None, out: Path | None, uri: str | None, collection: str, token: str
 ) -> Store:
-    kind = store_kind(store, uri)
-    if kind == "faiss":
-        if out is None:
-            raise ValueError("--out is needed for the FAISS store")
-        return FaissStore(out)
-    if out is not None:
-        raise ValueError("--out is for the FAISS store; Milvus takes --uri")
-    assert uri is not None
-    return MilvusStore(uri, collection=collection, token=token)
+    kind = store_kind(store, uri, path=out, path_flag="--out")
+    return make_store(kind, path=out, uri=uri, collection=collection, token=token)
 
 
 def index(
@@ -94,7 +87,7 @@ def index(
     store: StoreKind = None,
     uri: Uri = None,
     collection: Collection = "hyde_plus",
-    token: Token = None,
+    milvus_token: MilvusToken = None,
     embed: Embed = "auto",
     max_length: Annotated[int, typer.Option(help="Max tokens per text (local model).")] = 256,
     batch_size: Annotated[int, typer.Option(help="Texts per embedding batch.")] = 64,
@@ -115,7 +108,7 @@ def index(
     with reported():
         chunking.check(max_length)
         check_batch_size(batch_size)
-        target = _target(store, out, uri, collection, token or "")
+        target = _target(store, out, uri, collection, milvus_token or "")
         target.check_target(docs)
         contents = read_folder(docs)
         print_skipped(contents.skipped)

@@ -33,10 +33,10 @@ from ._options import (
     Count,
     IndexPath,
     Llm,
+    MilvusToken,
     NumPassages,
     Temperature,
     Timeout,
-    Token,
     Uri,
     Verbose,
 )
@@ -65,7 +65,28 @@ def transform_options(
     ``name`` takes, by what the class says of itself; a flag it does not take is
     named in a warning, not silently dropped."""
     cls = transform_class(name)
-    given = {
+    given = flags(n, num_passages, temperature, timeout, include_query, prompt)
+    takes = set(cls.option_names())
+    options = {k: v for k, v in given.items() if v is not None and k in takes}
+    ignored = sorted(k for k, v in given.items() if v is not None and k not in takes)
+    if ignored:
+        named = ", ".join("--" + k.replace("_", "-") for k in ignored)
+        err.print(f"[yellow]warning:[/] {name} takes no {named}; ignored", soft_wrap=True)
+    if prompt == "":
+        raise ValueError("--prompt is empty; give a template with {query} or leave it out")
+    return options
+
+
+def flags(
+    n: int | None,
+    num_passages: int | None,
+    temperature: float | None,
+    timeout: float | None,
+    include_query: bool | None,
+    prompt: str | None,
+) -> dict[str, Any]:
+    """The transform flags `query` and `transform` share, by option name."""
+    return {
         "n": n,
         "num_passages": num_passages,
         "temperature": temperature,
@@ -73,15 +94,6 @@ def transform_options(
         "include_query": include_query,
         "prompt": prompt,
     }
-    takes = set(cls.option_names())
-    options = {k: v for k, v in given.items() if v is not None and k in takes}
-    ignored = sorted(k for k, v in given.items() if v is not None and k not in takes)
-    if ignored:
-        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
-        err.print(f"[yellow]warning:[/] {name} takes no {flags}; ignored", soft_wrap=True)
-    if prompt == "":
-        raise ValueError("--prompt is empty; give a template with {query} or leave it out")
-    return options
 
 
 def _search(
@@ -218,7 +230,7 @@ def query(
     index_path: IndexPath = None,
     uri: Uri = None,
     collection: Collection = "hyde_plus",
-    token: Token = None,
+    milvus_token: MilvusToken = None,
     embed: Annotated[
         str | None, typer.Option(help="Embedding model (default: as recorded at indexing).")
     ] = None,
@@ -255,16 +267,11 @@ def query(
             transform = transform_class(transform).method  # "HyDE", "multiquery" forgiven
         except ValueError:
             check_choice("--transform", transform, TRANSFORMS)
-    options = {
-        "n": n,
-        "num_passages": num_passages,
-        "temperature": temperature,
-        "timeout": timeout,
-        "include_query": include_query,
-        "prompt": prompt,
-    }
+    options = flags(n, num_passages, temperature, timeout, include_query, prompt)
     with reported():
-        store = open_store(index=index_path, uri=uri, collection=collection, token=token or "")
+        store = open_store(
+            index=index_path, uri=uri, collection=collection, token=milvus_token or ""
+        )
         depth = top_k * GROUP_POOL if group_by_file else top_k
         with working("Loading the index and the embedding model"):
             retriever = store.open(depth, embed=embed)
@@ -316,15 +323,8 @@ def transform_cmd(
     setup_logging(verbose)
     check_choice("--method", method, METHODS)
     with reported():
-        options = transform_options(
-            method,
-            n=n,
-            num_passages=num_passages,
-            temperature=temperature,
-            timeout=timeout,
-            include_query=include_query,
-            prompt=prompt,
-        )
+        given = flags(n, num_passages, temperature, timeout, include_query, prompt)
+        options = transform_options(method, **given)
         model = resolve_llm(llm)
         transformer = build(method, model, options)
         with working(f"{method}: {describe_llm(model)} is writing"):

@@ -14,7 +14,7 @@ from rich.panel import Panel
 from ..stores import Store, open_store
 from ..timeouts import POLICY, describe_timeout
 from ._console import err, fail, reported, setup_logging, warm_up
-from ._options import Collection, IndexPath, Uri, Verbose
+from ._options import Collection, IndexPath, MilvusToken, Uri, Verbose
 
 
 def is_loopback(host: str) -> bool:
@@ -111,10 +111,7 @@ def serve(
     index_path: IndexPath = None,
     uri: Uri = None,
     collection: Collection = "hyde_plus",
-    milvus_token: Annotated[
-        str | None,
-        typer.Option("--milvus-token", help="Milvus cluster token.", envvar="MILVUS_TOKEN"),
-    ] = None,
+    milvus_token: MilvusToken = None,
     stdio: Annotated[
         bool, typer.Option("--stdio", help="Serve one client on stdin/stdout.")
     ] = False,

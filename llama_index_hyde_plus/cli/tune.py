@@ -87,41 +87,49 @@ def tune(
     cache_dir: opt.CacheDir = None,
     store: opt.StoreKind = None,
     uri: opt.Uri = None,
-    token: opt.Token = None,
+    milvus_token: opt.MilvusToken = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Sweep a transform's search options on a training split (or on questions written
     from your --docs) and write the winner: the simplest configuration within
     --tolerance points of the best. Each query is generated once and reused."""
-    from ..evaluation.tune import run_tune, write_config
+    from ..evaluation.tune import write_config
 
     require_eval_extra("hyde-plus tune")
     setup_logging(verbose)
     name, split = transform.strip().lower(), split if docs is None else "generated"
     _check(name, split, tolerance, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
-    where = SearchChoice(store, uri, token, cache_dir, top_k, hyde_prompt, index)
+    where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
     outputs = (("--out", out), ("--report", report))
     configs, ds, embed_model, model = _load(
         source, where, models, name, grid, split, limit, outputs
     )
-    with progress_bar() as progress, reported():
-        sweep = progress.add_task("configurations", total=None, rate="")
-        result = run_tune(
-            ds,
-            name,
-            llm=model,
-            split=split,
-            grid=configs,
-            tolerance=tolerance / 100,
-            progress=bars(progress, "q/s", show=verbose),
-            on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
-            **where.runner_kwargs(models, embed_model),
-        )
+    options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
+    result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
+    with reported():
         path = write_config(result, out)
     _show(result, path, report, questions_dir if docs is not None else None)
+
+
+def _sweep(
+    ds: Any, name: str, options: dict[str, Any], runner: dict[str, Any], verbose: bool
+) -> Any:
+    """`run_tune` with progress bars: one per configuration, and the queries'."""
+    from ..evaluation.tune import run_tune
+
+    with progress_bar() as progress, reported():
+        sweep = progress.add_task("configurations", total=None, rate="")
+        return run_tune(
+            ds,
+            name,
+            progress=bars(progress, "q/s", show=verbose),
+            on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
+            **options,
+            **runner,
+        )
 
 
 def _load(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from llama_index.core import Document
 
+from .._checks import is_int
 from .._files import json_lines, sha256_file
 
 
@@ -44,7 +45,7 @@ def _text(row: dict[str, object], key: str, path: Path, lineno: int) -> str:
     """A string field (an integer id is taken as its digits); null, lists and objects
     are errors rather than their Python repr."""
     value = row[key]
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
+    if not (isinstance(value, str) or is_int(value)):
         raise BeirFormatError(
             f"{path.name}:{lineno}: '{key}' must be a string, not {type(value).__name__}"
         )

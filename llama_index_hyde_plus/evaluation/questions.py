@@ -197,9 +197,8 @@ async def generate_questions(
     async def one(chunk: TextNode) -> tuple[str, int]:
         async with gate:
             try:
-                reply = await _llm.acomplete(
-                    llm, _prompt(prompt, chunk.get_content()), timeout=timeout
-                )
+                options = _llm.CallOptions(timeout=timeout)
+                reply = await _llm.acomplete(llm, _prompt(prompt, chunk.get_content()), options)
             except Exception as exc:
                 return f"\x00{type(exc).__name__}: {exc}", 0
             finally:

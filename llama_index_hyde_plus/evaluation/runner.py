@@ -24,7 +24,8 @@ from llama_index.core.llms import LLM
 from .._suggest import did_you_mean
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
-from ..stores import Store, store_for
+from ..stores import FaissStore, Store, store_for
+from ..stores.choice import store_classes
 from ..transforms._listing import QueryListTransform
 from ..transforms.factory import build
 from ..transforms.registry import (
@@ -306,7 +307,7 @@ def eval_store(
 ) -> Store:
     """The store the index of ``ds`` is cached in: a FAISS folder under ``root``, or a
     collection at the Milvus ``uri``."""
-    if kind == "faiss":  # the same folder as `index_cache_dir`
+    if store_classes().get(kind, FaissStore).address == "folder":  # as `index_cache_dir`
         name = corpus_index_name(ds, embed_label)
     else:
         name = re.sub(r"\W", "_", f"{ds.name}_{_corpus_key(ds, embed_label)[:12]}")

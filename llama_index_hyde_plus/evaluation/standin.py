@@ -25,16 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llama_index.core.base.llms.types import (
-    CompletionResponse,
-    CompletionResponseGen,
-    LLMMetadata,
-)
-from llama_index.core.llms import CustomLLM
-from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.schema import NodeWithScore, TextNode
 from pydantic import Field
 
+from .._checks import is_number
+from ..echo import PromptLLM
 from ..transforms.parsing import trim_passage
 from ..usage import sum_usage
 from .beir import BeirDataset
@@ -59,7 +54,7 @@ class StandIn:
     depth: int = WRONG_DEPTH
 
     def __post_init__(self) -> None:
-        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)):
+        if not is_number(self.p):
             raise TypeError("the stand-in's P must be a number")
         if not 0.0 <= float(self.p) <= 1.0:  # NaN fails too
             raise ValueError(f"the stand-in's P must be between 0 and 1, not {self.p}")
@@ -199,50 +194,24 @@ def answer_text(
     return trim_passage(" ".join(ds.document_text(doc_id).split()), characters)
 
 
-class OracleLLM(CustomLLM):
+class OracleLLM(PromptLLM):
     """The stand-in as a LlamaIndex LLM: it finds which question a prompt is about
     (the longest known question the prompt contains) and answers with its drawn text.
-    A prompt about no known question raises, so the transform falls back."""
+    A prompt about no known question raises, so the transform falls back. Costs
+    nothing: reported as a local model's $0."""
 
     answers: dict[str, str] = Field(default_factory=dict)
     model_name: str = Field(default="oracle")
-    is_local: bool = Field(default=True)
-    """Costs nothing: reported as a local model's $0."""
 
     @classmethod
     def class_name(cls) -> str:
         return "OracleLLM"
 
-    @property
-    def metadata(self) -> LLMMetadata:
-        return LLMMetadata(model_name=self.model_name, is_chat_model=False)
-
-    def _answer(self, prompt: str) -> str:
+    def reply(self, prompt: str) -> str:
         for question in sorted(self.answers, key=len, reverse=True):
             if question and question in prompt:
                 return self.answers[question]
         raise ValueError("the stand-in has no answer for this prompt")
-
-    @llm_completion_callback()
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return CompletionResponse(text=self._answer(prompt))
-
-    @llm_completion_callback()
-    async def acomplete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponse:
-        return CompletionResponse(text=self._answer(prompt))
-
-    @llm_completion_callback()
-    def stream_complete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponseGen:
-        text = self._answer(prompt)
-
-        def gen() -> CompletionResponseGen:
-            yield CompletionResponse(text=text, delta=text)
-
-        return gen()
 
 
 def oracle_llm(

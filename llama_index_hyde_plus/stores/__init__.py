@@ -8,15 +8,19 @@ RCP server take any `Store`.
 
 from __future__ import annotations
 
-from .base import STORE_KINDS, Store, open_store, store_for, store_kind
+from .base import Store
+from .choice import STORE_KINDS, STORES, kind_at, make_store, open_store, store_for, store_kind
 from .faiss import FaissStore
 from .milvus import MilvusStore
 
 __all__ = [
+    "STORES",
     "STORE_KINDS",
     "FaissStore",
     "MilvusStore",
     "Store",
+    "kind_at",
+    "make_store",
     "open_store",
     "store_for",
     "store_kind",

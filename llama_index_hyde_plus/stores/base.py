@@ -1,4 +1,4 @@
-"""The `Store` interface and how a store is chosen from command-line options."""
+"""The `Store` interface: what every store builds, records, loads and searches."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
+from .._checks import is_int
+
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
 
     from ..chunking import Chunking
-    from ..indexing import IndexInfo, ProgressFn, TotalFn
-
-STORE_KINDS: tuple[str, ...] = ("faiss", "milvus")
-"""The ``--store`` choices."""
+    from .nodes import IndexInfo, ProgressFn, TotalFn
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,26 @@ class Store(ABC):
     modes: ClassVar[tuple[str, ...]]
     search: ClassVar[str]
     """The search it runs, in words (``dense``, ``BM25 + dense``)."""
+    title: ClassVar[str]
+    """Its name in messages (``FAISS``, ``Milvus``)."""
+    address: ClassVar[str]
+    """``"folder"`` (``--out`` / ``--index``) or ``"uri"`` (``--uri``): how it is found."""
+    address_help: ClassVar[str] = ""
+    """What the address is, in words, for a message that asks for it."""
+    vector_store_class: ClassVar[str]
+    """The name of the LlamaIndex vector store class its indexes use (a subclass
+    counts too): how `vector_store_kind` tells which store a retriever searches."""
+
+    @classmethod
+    @abstractmethod
+    def at(cls, *, path: Path | None, uri: str | None, collection: str | None, token: str) -> Store:
+        """The store at ``path`` (a folder) or ``uri`` (a URI, ``collection``, ``token``),
+        whichever this kind uses (`make_store`)."""
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        """Whether the folder ``path`` holds an index of this store (`kind_at`)."""
+        return False
 
     @property
     @abstractmethod
@@ -116,7 +135,7 @@ class Store(ABC):
         meta = self.meta() or {}
         recorded, _, length = str(meta.get("embed") or "auto").partition("@")
         max_length = meta.get("max_length") or (int(length) if length.isdecimal() else 256)
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        if not is_int(max_length) or max_length < 1:
             raise ValueError(
                 f"the index at {self.location} records max_length {max_length!r:.40}, not a "
                 "whole number of tokens: it is damaged; rebuild it with `hyde-plus index`"
@@ -129,55 +148,3 @@ class Store(ABC):
 
     def describe(self) -> str:
         return f"{self.kind} ({', '.join(self.modes)}) at {self.location}"
-
-
-def open_store(
-    *,
-    index: Path | None = None,
-    uri: str | None = None,
-    collection: str | None = None,
-    token: str = "",
-) -> Store:
-    """The store a search names: a FAISS ``index`` folder or a Milvus ``uri`` (exactly
-    one; a `ValueError` otherwise)."""
-    from .faiss import FaissStore
-    from .milvus import DEFAULT_COLLECTION, MilvusStore
-
-    if (index is None) == (uri is None):
-        raise ValueError("give exactly one of --index (FAISS) and --uri (Milvus)")
-    if uri is not None:
-        return MilvusStore(uri, collection=collection or DEFAULT_COLLECTION, token=token)
-    assert index is not None
-    return FaissStore(index)
-
-
-def store_kind(store: str | None, uri: str | None) -> str:
-    """The store the flags name: ``--store``, else Milvus when a ``--uri`` is given,
-    else FAISS; a `ValueError` naming the flags when they disagree."""
-    kind = store or ("milvus" if uri else "faiss")
-    if kind not in STORE_KINDS:
-        raise ValueError(f"--store must be one of {', '.join(STORE_KINDS)}, not {kind!r}")
-    if kind == "milvus" and not uri:
-        raise ValueError("--store milvus needs --uri (a Milvus Lite file path or a URL)")
-    if kind == "faiss" and uri:
-        raise ValueError("--uri is for the Milvus store; drop --store faiss or --uri")
-    return kind
-
-
-def store_for(
-    kind: str,
-    name: str,
-    *,
-    root: Path,
-    uri: str | None = None,
-    token: str = "",
-) -> Store:
-    """A store of ``kind`` for the corpus called ``name``: a FAISS folder under
-    ``root/indexes``, or collection ``name`` at Milvus ``uri`` (needed for milvus)."""
-    from .faiss import FaissStore
-    from .milvus import MilvusStore
-
-    if store_kind(kind, uri if kind == "milvus" else None) == "faiss":
-        return FaissStore(root / "indexes" / name)
-    assert uri is not None
-    return MilvusStore(uri, collection=name, token=token)

@@ -1,19 +1,167 @@
-"""`FaissStore`: a FAISS index folder on disk (dense search), built by `indexing`."""
+"""`FaissStore`: a FAISS index folder on disk (dense search, the embedded default).
+
+An index folder holds LlamaIndex's storage files, the FAISS index, and
+``hyde_plus.json`` recording how it was embedded, so a query embeds the same way; its
+layout, and how a build replaces one without losing anything, is `faiss_folder`.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from llama_index.core import Document, VectorStoreIndex
+from llama_index.core import Document, StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
+from ..chunking import Chunking
 from .base import BuildSettings, Store
+from .faiss_folder import (
+    META_FILE,
+    check_index_target,
+    data_folder,
+    read_meta,
+    rebuild_hint,
+    write_index,
+)
+from .nodes import (
+    IndexInfo,
+    ProgressFn,
+    TotalFn,
+    check_embedding_model,
+    dimension_error,
+    embed_nodes,
+    embedding_model_name,
+    prepare_nodes,
+)
 
-if TYPE_CHECKING:
-    from ..indexing import IndexInfo
+
+def build_faiss_index(
+    documents: Sequence[Document],
+    embed_model: BaseEmbedding,
+    out: Path,
+    *,
+    embed_spec: str,
+    max_length: int,
+    batch_size: int = 64,
+    progress: ProgressFn | None = None,
+    chunking: Chunking | None = None,
+    total: TotalFn | None = None,
+) -> IndexInfo:
+    """Embed ``documents`` (one node each, or chunks with ``chunking``) into a FAISS
+    inner-product index at ``out``."""
+    import faiss
+    from llama_index.vector_stores.faiss import FaissVectorStore
+
+    out = check_index_target(out)
+    start = time.perf_counter()
+    nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
+    if total is not None:
+        total(len(nodes))
+    embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
+    dim = len(nodes[0].embedding or [])
+    store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(dim))
+    storage = StorageContext.from_defaults(vector_store=store)
+    index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
+    seconds = time.perf_counter() - start
+
+    info = IndexInfo(str(out), len(documents), dim, embed_spec, max_length, seconds, len(nodes))
+    meta = {
+        "format": 2,
+        "documents": info.documents,
+        "chunks": info.chunks,
+        "chunking": chunk_meta,
+        "dim": dim,
+        "embed": embed_spec,
+        "embed_model": embedding_model_name(embed_model),
+        "max_length": max_length,
+        "build_seconds": round(seconds, 3),
+    }
+    write_index(out, index.storage_context, meta)
+    return info
+
+
+def _checked_faiss_store(faiss_index: Any, where: str) -> Any:
+    """A `FaissVectorStore` whose queries check the embedding dimension first (FAISS
+    itself aborts with a bare assertion)."""
+    from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryResult
+    from llama_index.vector_stores.faiss import FaissVectorStore
+
+    class CheckedFaissVectorStore(FaissVectorStore):
+        def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+            got = len(query.query_embedding or [])
+            if got != faiss_index.d:
+                raise dimension_error(where, int(faiss_index.d), got)
+            return super().query(query, **kwargs)
+
+    return CheckedFaissVectorStore(faiss_index=faiss_index)  # type: ignore[call-arg]
+
+
+def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex:
+    """Load an index written by `build_faiss_index`.
+
+    A `ValueError` names what is wrong (a missing or truncated file, a corrupt
+    metadata file, another embedding model than the one it was built with)."""
+    import faiss
+
+    path = path.expanduser()
+    meta = read_meta(path)
+    check_embedding_model(f"the index at {path}", meta, embed_model)
+    data = data_folder(path, meta)
+    vectors = data / "default__vector_store.json"
+    for required in ("docstore.json", "index_store.json", vectors.name):
+        if not (data / required).is_file():
+            raise ValueError(f"the index at {path} has no {data / required}; {rebuild_hint(path)}")
+    try:
+        faiss_index = faiss.read_index(str(vectors))
+    except RuntimeError as exc:
+        raise ValueError(
+            f"the vector store {vectors} is unreadable (truncated or corrupt); {rebuild_hint(path)}"
+        ) from exc
+    store = _checked_faiss_store(faiss_index, f"the index at {path}")
+    try:
+        storage = StorageContext.from_defaults(vector_store=store, persist_dir=str(data))
+        index = load_index_from_storage(storage, embed_model=embed_model)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"the index files in {data} are unreadable ({exc}); {rebuild_hint(path)}"
+        ) from exc
+    assert isinstance(index, VectorStoreIndex)
+    if faiss_index.ntotal != len(index.index_struct.nodes_dict):
+        raise ValueError(
+            f"the vector store {vectors} holds {faiss_index.ntotal} vectors but the index "
+            f"lists {len(index.index_struct.nodes_dict)} documents; {rebuild_hint(path)}"
+        )
+    _check_docstore(index, data / "docstore.json", path)
+    return index
+
+
+def _check_docstore(index: VectorStoreIndex, docstore: Path, path: Path) -> None:
+    """A `ValueError` when the document store lacks a node the index lists (a
+    ``docstore.json`` emptied to ``{}`` or ``[]`` loads, then fails every search)."""
+    ids = list(index.index_struct.nodes_dict.values())
+    try:
+        missing = sum(not index.docstore.document_exists(node_id) for node_id in ids)
+    except Exception as exc:  # a docstore.json of the wrong shape fails inside LlamaIndex
+        raise ValueError(
+            f"the document store {docstore} is unreadable ({type(exc).__name__}); "
+            f"{rebuild_hint(path)}"
+        ) from exc
+    if missing:
+        raise ValueError(
+            f"the document store {docstore} lacks {missing} of the {len(ids)} documents the "
+            f"index lists; {rebuild_hint(path)}"
+        )
+
+
+def load_index(path: Path | str, embed: str | None = None) -> VectorStoreIndex:
+    """The FAISS index folder ``path`` (as `hyde-plus index` writes it) as a LlamaIndex
+    ``VectorStoreIndex``, with the embedding model recorded at indexing (or ``embed``,
+    a model spec such as ``openai:text-embedding-3-small``), so queries embed alike."""
+    store = FaissStore(path)
+    return store.load(store.embedding_model(embed))
 
 
 class FaissStore(Store):
@@ -22,40 +170,45 @@ class FaissStore(Store):
     kind: ClassVar[str] = "faiss"
     modes: ClassVar[tuple[str, ...]] = ("dense",)
     search: ClassVar[str] = "dense"
+    title: ClassVar[str] = "FAISS"
+    address: ClassVar[str] = "folder"
+    address_help: ClassVar[str] = "an index folder"
+    vector_store_class: ClassVar[str] = "FaissVectorStore"
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path).expanduser()
+
+    @classmethod
+    def at(
+        cls, *, path: Path | None, uri: str | None, collection: str | None, token: str
+    ) -> FaissStore:
+        assert path is not None, "a FAISS store is a folder"
+        return cls(path)
+
+    @classmethod
+    def recognises(cls, path: Path) -> bool:
+        return (Path(path).expanduser() / META_FILE).is_file()
 
     @property
     def location(self) -> str:
         return str(self.path)
 
     def check_target(self, docs: Path | None = None) -> None:
-        from ..index_folder import check_index_target
-
         check_index_target(self.path, docs)
 
     def _build(
         self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
     ) -> IndexInfo:
-        from ..indexing import build_faiss_index
-
         return build_faiss_index(documents, embed_model, self.path, **settings.as_kwargs())
 
     def meta(self) -> dict[str, Any] | None:
-        from ..index_folder import META_FILE, read_meta
-
         return read_meta(self.path) if (self.path / META_FILE).is_file() else None
 
     def embedding_model(self, embed: str | None = None) -> BaseEmbedding:
-        from ..index_folder import read_meta
-
         read_meta(self.path)  # a missing or damaged index is named before any model loads
         return super().embedding_model(embed)
 
     def load(self, embed_model: BaseEmbedding) -> VectorStoreIndex:
-        from ..indexing import load_faiss_index
-
         return load_faiss_index(self.path, embed_model)
 
     def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:

@@ -1,24 +1,414 @@
-"""`MilvusStore`: a hybrid (BM25 full-text + dense) Milvus collection, built by
-`llama_index_hyde_plus.milvus`, in a Milvus Lite file or on a cluster."""
+"""Hybrid (BM25 + dense) search on Milvus: Milvus Lite from a local file, or a cluster.
+
+The same code serves both: a ``uri`` that is a file path runs Milvus Lite in-process
+(``milvus-lite``, no server), a ``http(s)://`` URI (and ``token``) talks to a Milvus
+cluster or Zilliz Cloud. The collection has a dense vector field and a sparse field
+filled by Milvus's built-in BM25 function from the text, and hybrid queries are fused
+by Milvus (RRF, k=60, or weighted). With `TransformRetriever`, the dense side gets the
+HyDE embedding and the BM25 side the passage text (query plus passage with
+``include_query=True``). Needs the ``milvus`` extra.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import re
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from llama_index.core import Document, VectorStoreIndex
+from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from ..milvus import DEFAULT_COLLECTION
+from .._redact import redact_uri
+from ..chunking import Chunking
 from .base import BuildSettings, Store
+from .faiss_folder import pause_for_tests
+from .nodes import (
+    EmbeddingMismatchError,
+    IndexInfo,
+    ProgressFn,
+    TotalFn,
+    check_embedding_model,
+    embed_nodes,
+    embedding_model_name,
+    prepare_nodes,
+)
 
-if TYPE_CHECKING:
-    from ..indexing import IndexInfo
+Ranker = Literal["rrf", "weighted"]
+DEFAULT_COLLECTION = "hyde_plus"
 
-__all__ = ["DEFAULT_COLLECTION", "MilvusStore"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
+
+
+def check_collection_name(collection: str) -> str:
+    """``collection`` if Milvus accepts it as a collection or alias name (letters,
+    digits and ``_``, not starting with a digit); else a `ValueError` naming it."""
+    if not isinstance(collection, str) or not _NAME.match(collection):
+        raise ValueError(
+            f"--collection {collection!r} is not a Milvus name: use letters, digits and _, "
+            "starting with a letter or _"
+        )
+    return collection
+
+
+def check_uri(uri: str) -> str:
+    """``uri`` if it can name a Milvus: an ``http(s)://``/``tcp://``/``unix:`` URL, or a
+    Milvus Lite database ending in ``.db``; else a `ValueError`."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ValueError("--uri is needed for the Milvus store (a .db file path or a URL)")
+    if not is_local_uri(uri) or uri.startswith("unix:"):
+        return uri
+    path = Path(uri).expanduser()
+    if path.suffix != ".db":
+        raise ValueError(
+            f"--uri {uri}: a Milvus Lite file must end in .db (or give an http(s):// URL)"
+        )
+    return uri
+
+
+def _is_build_of(name: str, collection: str) -> bool:
+    """Whether ``name`` is one of the physical collections hyde-plus builds behind the
+    alias ``collection`` (``<collection>__`` and 12 hex digits), not merely a name
+    that starts the same way."""
+    return re.fullmatch(re.escape(collection) + r"__[0-9a-f]{12}", name) is not None
+
+
+def is_local_uri(uri: str) -> bool:
+    """A Milvus Lite file (not ``http://``, ``https://`` or ``tcp://``)."""
+    return "://" not in uri
+
+
+def _meta_path(uri: str, collection: str) -> Path | None:
+    return Path(f"{uri}.{collection}.hyde_plus.json") if is_local_uri(uri) else None
+
+
+def milvus_store(
+    uri: str,
+    *,
+    collection: str = DEFAULT_COLLECTION,
+    dim: int | None = None,
+    token: str = "",
+    overwrite: bool = False,
+    ranker: Ranker = "rrf",
+    weights: tuple[float, float] = (1.0, 1.0),
+) -> Any:
+    """A ``MilvusVectorStore`` with a dense field, a BM25 sparse field and hybrid fusion.
+
+    ``ranker="rrf"`` fuses with reciprocal rank fusion (k=60); ``"weighted"`` with
+    ``weights`` (sparse, dense) on normalised scores.
+    """
+    from llama_index.vector_stores.milvus import MilvusVectorStore
+    from llama_index.vector_stores.milvus.utils import BM25BuiltInFunction
+
+    if ranker not in ("rrf", "weighted"):
+        raise ValueError("ranker must be 'rrf' or 'weighted'")
+    if is_local_uri(uri):
+        Path(uri).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    params: dict[str, Any] = {"k": 60} if ranker == "rrf" else {"weights": list(weights)}
+    return MilvusVectorStore(
+        uri=str(Path(uri).expanduser()) if is_local_uri(uri) else uri,
+        token=token,
+        collection_name=collection,
+        dim=dim,
+        overwrite=overwrite,
+        enable_sparse=True,
+        sparse_embedding_function=BM25BuiltInFunction(),
+        hybrid_ranker="RRFRanker" if ranker == "rrf" else "WeightedRanker",
+        hybrid_ranker_params=params,
+    )
+
+
+def build_milvus_index(
+    documents: Sequence[Document],
+    embed_model: BaseEmbedding,
+    uri: str,
+    *,
+    collection: str = DEFAULT_COLLECTION,
+    token: str = "",
+    embed_spec: str = "",
+    max_length: int = 256,
+    batch_size: int = 64,
+    progress: ProgressFn | None = None,
+    chunking: Chunking | None = None,
+    total: TotalFn | None = None,
+) -> VectorStoreIndex:
+    """Embed ``documents`` into a new hybrid collection and switch ``collection`` to it.
+
+    ``collection`` is a Milvus alias of the collection that holds the data
+    (``<collection>__<id>``): the new one is filled beside the old, the alias is moved
+    to it in one step, and only then is the old one dropped, so an interrupted build
+    leaves the old collection serving. Beside a Milvus Lite file, a small JSON records
+    how each collection was embedded (the entry of the new one is written before the
+    switch, so it always describes what the alias points at). ``chunking``, ``total``:
+    as in `build_faiss_index`. A collection called ``collection`` that hyde-plus did
+    not build is never dropped: the build is refused before any embedding."""
+    check_collection_name(collection)
+    _check_name_is_ours(_client(check_uri(uri), token), uri, collection)
+    nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
+    if not nodes:
+        raise ValueError("no documents to index")
+    if total is not None:
+        total(len(nodes))
+    embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
+    dim = len(nodes[0].embedding or [])
+    physical = f"{collection}__{uuid.uuid4().hex[:12]}"
+    store = milvus_store(uri, collection=physical, dim=dim, token=token, overwrite=True)
+    index = VectorStoreIndex(
+        nodes,
+        storage_context=StorageContext.from_defaults(vector_store=store),
+        embed_model=embed_model,
+    )
+    entry = {
+        "documents": len(documents),
+        "chunks": len(nodes),
+        "chunking": chunk_meta,
+        "dim": dim,
+        "embed": embed_spec,
+        "embed_model": embedding_model_name(embed_model),
+        "max_length": max_length,
+        "collection": collection,
+        "physical_collection": physical,
+    }
+    _switch_in(store.client, uri, collection, physical, entry)
+    return index
+
+
+def _switch_in(
+    client: Any, uri: str, collection: str, physical: str, entry: dict[str, Any]
+) -> None:
+    """Record how ``physical`` was built, point the alias ``collection`` at it in one
+    step, then drop the builds it replaced (only ours: `_is_build_of`)."""
+    _update_meta(uri, collection, add={physical: entry})
+    pause_for_tests("milvus")
+    _switch_alias(client, collection, physical)
+    for name in client.list_collections():
+        if _is_build_of(name, collection) and name != physical:
+            client.drop_collection(name)
+    _update_meta(uri, collection, keep={physical})
+
+
+def _switch_alias(client: Any, alias: str, physical: str) -> None:
+    if _alias_target(client, alias) is not None:
+        client.alter_alias(physical, alias)  # atomic: queries see the old or the new
+        return
+    if alias in client.list_collections():
+        # a collection built before aliases were used carries the name itself: it has
+        # to go before the alias can take its name (once, on the first rebuild)
+        client.drop_collection(alias)
+    client.create_alias(physical, alias)
+
+
+def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
+    """A `ValueError` when a collection called ``collection`` exists that is neither an
+    alias of ours nor a collection hyde-plus built before it used aliases (recorded in
+    the metadata file beside a Milvus Lite file): it is someone's data."""
+    if collection not in client.list_collections() or _alias_target(client, collection):
+        return
+    meta = _meta_path(uri, collection)
+    legacy = meta is not None and meta.is_file() and "collections" not in _read_meta_file(meta)
+    if not legacy:
+        raise ValueError(
+            f"{redact_uri(uri)} already has a collection {collection!r} that hyde-plus "
+            "did not build; it is left alone: choose another --collection"
+        )
+
+
+def _alias_target(client: Any, alias: str) -> str | None:
+    """The collection ``alias`` points at (looked up among ``<alias>__*`` collections,
+    since describing a missing alias logs an RPC error)."""
+    for name in client.list_collections():
+        if _is_build_of(name, alias):
+            aliases = client.list_aliases(collection_name=name)
+            if alias in (aliases.get("aliases") or []):
+                return str(name)
+    return None
+
+
+def _resolve(client: Any, collection: str) -> str | None:
+    """The collection that holds the data of ``collection`` (an alias, or a collection
+    built before aliases were used); None when there is none."""
+    target = _alias_target(client, collection)
+    if target is not None:
+        return target
+    return collection if collection in client.list_collections() else None
+
+
+def _read_meta_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(
+            f"{path} is corrupt ({exc}); rebuild the collection with "
+            "`hyde-plus index DIR --store milvus --uri URI`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is corrupt (not a JSON object); rebuild the collection")
+    return data
+
+
+def _update_meta(
+    uri: str,
+    collection: str,
+    *,
+    add: dict[str, dict[str, Any]] | None = None,
+    keep: set[str] | None = None,
+) -> None:
+    """Add entries to (or keep only ``keep`` in) the metadata file, atomically."""
+    path = _meta_path(uri, collection)
+    if path is None:
+        return
+    entries: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            entries = dict(_read_meta_file(path).get("collections") or {})
+        except ValueError:
+            entries = {}  # a corrupt or legacy file is rewritten from scratch
+    entries.update(add or {})
+    if keep is not None:
+        entries = {k: v for k, v in entries.items() if k in keep}
+    pending = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    pending.write_text(json.dumps({"format": 2, "collections": entries}, indent=2))
+    os.replace(pending, path)
+
+
+def _client(uri: str, token: str) -> Any:
+    """A client of ``uri``; a `ValueError` naming the URI when it cannot be opened (an
+    unreachable server, a file that is not a Milvus Lite database)."""
+    from pymilvus import MilvusClient
+
+    local = is_local_uri(uri)
+    try:
+        return MilvusClient(uri=str(Path(uri).expanduser()) if local else uri, token=token)
+    except Exception as exc:
+        what = "is not a Milvus Lite database or is in use" if local else "does not answer"
+        raise ValueError(
+            f"cannot open Milvus at {redact_uri(uri)}: it {what} ({type(exc).__name__})"
+        ) from exc
+
+
+def read_milvus_meta(
+    uri: str, collection: str = DEFAULT_COLLECTION, *, token: str = ""
+) -> dict[str, Any] | None:
+    """How a local collection was embedded (None for a cluster or an unknown file)."""
+    meta = _meta_path(uri, collection)
+    if meta is None or not meta.is_file():
+        return None
+    data = _read_meta_file(meta)
+    if "collections" not in data:
+        return data  # written before aliases were used: one collection, no choice
+    entries = data["collections"] or {}
+    if not isinstance(entries, dict) or not entries:
+        return None
+    if not Path(uri).expanduser().exists():
+        return None
+    physical = _resolve(_client(uri, token), collection)
+    entry = entries.get(physical) if physical else None
+    return dict(entry) if isinstance(entry, dict) else None
+
+
+def load_milvus_index(
+    uri: str,
+    embed_model: BaseEmbedding,
+    *,
+    collection: str = DEFAULT_COLLECTION,
+    token: str = "",
+    ranker: Ranker = "rrf",
+) -> VectorStoreIndex:
+    """Open an existing hybrid collection (loading it into memory if this process has
+    not), checking that ``embed_model`` is the one it was built with."""
+    if is_local_uri(uri) and not Path(uri).expanduser().exists():
+        raise ValueError(
+            f"no Milvus Lite database at {uri}; build one with "
+            "`hyde-plus index DIR --store milvus --uri PATH`"
+        )
+    client = _client(uri, token)
+    physical = _resolve(client, collection)
+    if physical is None:
+        raise ValueError(
+            f"no collection {collection!r} at {redact_uri(uri)}; build it with `hyde-plus "
+            f"index DIR --store milvus --uri {redact_uri(uri)} --collection {collection}`"
+        )
+    where = f"Milvus collection {collection!r} at {redact_uri(uri)}"
+    meta = read_milvus_meta(uri, collection, token=token) or {}
+    dim = _dense_dim(client, physical)
+    if dim is not None:
+        meta.setdefault("dim", dim)
+    check_embedding_model(where, meta, embed_model)
+    from pymilvus.client.types import LoadState
+
+    if client.get_load_state(physical).get("state") != LoadState.Loaded:
+        client.load_collection(physical)  # a new process finds it released
+    store = milvus_store(uri, collection=physical, dim=dim, token=token, ranker=ranker)
+    return VectorStoreIndex.from_vector_store(store, embed_model=embed_model)
+
+
+def _dense_dim(client: Any, physical: str) -> int | None:
+    try:
+        fields = client.describe_collection(physical).get("fields", [])
+    except Exception:
+        return None
+    for f in fields:
+        params = f.get("params") or {}
+        if "dim" in params:
+            return int(params["dim"])
+    return None
+
+
+class MilvusHybridRetriever(BaseRetriever):
+    """Milvus hybrid search (BM25 + dense, fused by Milvus) as a LlamaIndex retriever.
+
+    Its async path runs the synchronous client in a worker thread: pymilvus's async
+    client binds to the first event loop that uses it and fails in any later one (each
+    ``asyncio.run``, each notebook cell), so it is not used.
+    """
+
+    search_type = "hybrid"
+
+    def __init__(self, index: VectorStoreIndex, top_k: int = 10) -> None:
+        super().__init__()
+        self._inner = index.as_retriever(vector_store_query_mode="hybrid", similarity_top_k=top_k)
+
+        self._embed_model = index._embed_model
+        self._vector_store = index.vector_store
+        """Where `DocVectors` reads stored vectors (feedback, the stand-in's copies)."""
+        self._dim = getattr(index.vector_store, "dim", None)
+        self._where = f"Milvus collection {getattr(index.vector_store, 'collection_name', '')!r}"
+        self.similarity_top_k = top_k
+        """How many hits a search returns (what `TransformRetriever` cuts a fan-out to)."""
+
+    def _checked(self, query_bundle: QueryBundle) -> QueryBundle:
+        """Embed the query here (as the inner retriever would) to check its dimension:
+        Milvus itself answers a wrong one with an opaque RPC error."""
+        if query_bundle.embedding is None and query_bundle.embedding_strs:
+            query_bundle.embedding = self._embed_model.get_agg_embedding_from_queries(
+                query_bundle.embedding_strs
+            )
+        got = len(query_bundle.embedding or [])
+        if self._dim and got and got != self._dim:
+            raise EmbeddingMismatchError(
+                f"{self._where} holds {self._dim}-d vectors but the query embedding has "
+                f"{got} dimensions; query with the embedding model it was built with"
+            )
+        return query_bundle
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return self._inner.retrieve(self._checked(query_bundle))
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return await asyncio.to_thread(lambda: self._inner.retrieve(self._checked(query_bundle)))
+
+
+def hybrid_retriever(index: VectorStoreIndex, top_k: int = 10) -> MilvusHybridRetriever:
+    """A retriever that runs Milvus hybrid search (BM25 + dense, fused by Milvus)."""
+    return MilvusHybridRetriever(index, top_k)
 
 
 class MilvusStore(Store):
@@ -28,26 +418,31 @@ class MilvusStore(Store):
     kind: ClassVar[str] = "milvus"
     modes: ClassVar[tuple[str, ...]] = ("hybrid",)
     search: ClassVar[str] = "BM25 + dense"
+    title: ClassVar[str] = "Milvus"
+    address: ClassVar[str] = "uri"
+    address_help: ClassVar[str] = "a Milvus Lite file path or a URL"
+    vector_store_class: ClassVar[str] = "MilvusVectorStore"
 
     def __init__(self, uri: str, *, collection: str = DEFAULT_COLLECTION, token: str = "") -> None:
         from ..models import require_extra
 
         require_extra("milvus", ("pymilvus", "llama_index.vector_stores.milvus"), "--store milvus")
-        from ..milvus import check_collection_name, check_uri
-
         check_uri(uri)
         check_collection_name(collection)
         self.uri, self.collection, self.token = uri, collection, token
 
+    @classmethod
+    def at(
+        cls, *, path: Path | None, uri: str | None, collection: str | None, token: str
+    ) -> MilvusStore:
+        assert uri is not None, "a Milvus store is a URI"
+        return cls(uri, collection=collection or DEFAULT_COLLECTION, token=token)
+
     @property
     def location(self) -> str:
-        from .._redact import redact_uri
-
         return f"collection {self.collection!r} at {redact_uri(self.uri)}"
 
     def check_target(self, docs: Path | None = None) -> None:
-        from ..milvus import is_local_uri
-
         if docs is not None and is_local_uri(self.uri):
             target = Path(self.uri).expanduser().resolve()
             if target == docs.expanduser().resolve() or docs.expanduser().resolve() in (
@@ -58,9 +453,6 @@ class MilvusStore(Store):
     def _build(
         self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
     ) -> IndexInfo:
-        from ..indexing import IndexInfo
-        from ..milvus import build_milvus_index
-
         start = time.perf_counter()
         index = build_milvus_index(
             documents,
@@ -85,18 +477,12 @@ class MilvusStore(Store):
         )
 
     def meta(self) -> dict[str, Any] | None:
-        from ..milvus import read_milvus_meta
-
         return read_milvus_meta(self.uri, self.collection, token=self.token)
 
     def load(self, embed_model: BaseEmbedding) -> VectorStoreIndex:
-        from ..milvus import load_milvus_index
-
         return load_milvus_index(
             self.uri, embed_model, collection=self.collection, token=self.token
         )
 
     def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:
-        from ..milvus import hybrid_retriever
-
         return hybrid_retriever(index, top_k)

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.llms import LLM
 
+from .._checks import check_int, is_number
 from ..usage import Usage
-from .base import MAX_N, TransformResult, check_int
+from .base import MAX_N, TransformResult
 from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
 from .parsing import MAX_QUERY_CHARACTERS, parse_queries, parse_single, trim_passage
@@ -65,7 +66,7 @@ class QueryListTransform(LLMTransform):
         self.include_query = include_query
         self.max_characters = max_characters
         if original_weight is not None:
-            if isinstance(original_weight, bool) or not isinstance(original_weight, (int, float)):
+            if not is_number(original_weight):
                 raise TypeError("original_weight must be a number >= 0")
             if not 0 <= original_weight <= 100:
                 raise ValueError("original_weight must be between 0 and 100")

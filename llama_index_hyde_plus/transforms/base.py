@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -15,35 +14,13 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import QueryBundle
 
+from .._checks import check_int, check_number, is_number
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
-from ..expansion import check_weight, keyword_query
+from ..expansion import check_weight
 from ..fusion import FusionMode
 from ..usage import Usage, sum_usage
 
 logger = logging.getLogger(__name__)
-
-
-def check_int(value: Any, name: str, low: int, high: int | None) -> int:
-    """``value`` if it is an int (not a bool) in ``[low, high]``; else a `TypeError` or
-    a `ValueError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"between {low} and {high}"
-        raise ValueError(f"{name} must be {bound}, not {value}")
-    return value
-
-
-def check_number(value: Any, name: str, low: float, high: float) -> float:
-    """``value`` as a float if it is a finite real number (not a bool) in
-    ``[low, high]``; else a `TypeError` or a `ValueError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-    if not (math.isfinite(value) and low <= value <= high):
-        raise ValueError(
-            f"{name} must be a finite number between {low:g} and {high:g}, not {value!r}"
-        )
-    return float(value)
 
 
 FEEDBACK_WEIGHTS = (1e-6, 1e6)
@@ -119,7 +96,7 @@ class Guards:
             raise ValueError(f"strategy must be 'replace' or 'rerank', not {self.strategy!r}")
         check_weight(self.blend, "blend", allow_none=False)
         if self.gate is not None:
-            if isinstance(self.gate, bool) or not isinstance(self.gate, (int, float)):
+            if not is_number(self.gate):
                 raise TypeError(f"gate must be a number or None, not {type(self.gate).__name__}")
             if not -1.0 <= float(self.gate) <= 1.0:  # NaN fails this too
                 raise ValueError("gate must be a cosine similarity between -1 and 1, or None")
@@ -157,12 +134,15 @@ class TransformResult:
     was made for it, so ``usage`` is zero."""
     generation_usage: Usage | None = None
     """For a cached result, the usage of the call that first generated it."""
-    query_weight: float | None = None
-    """HyDE: the question's share of the dense search vector; None means the paper's
-    plain mean (``1 / (N + 1)`` with ``include_query``, else 0)."""
-    keyword_weight: float | None = None
-    """HyDE: the question's share of the keyword query text (it is repeated to reach
-    it); None means ``query + passage`` with ``include_query``, else the passage."""
+    specs: tuple[SearchSpec, ...] = ()
+    """The searches the transform chose for its output itself (HyDE: one search mixing
+    the question and the passages with its weights). Empty: the default plan, one search
+    per `search_queries`, or the plain mean of question and passages when there are
+    ``hypothetical`` passages. Not in `to_dict`: the transform fills them again on a
+    cache hit."""
+    search_options: dict[str, Any] = field(default_factory=dict, hash=False)
+    """The transform's own search options, as it reports them (HyDE: ``query_weight``,
+    ``keyword_weight``). Shown in `to_dict`; the search follows ``specs``, not these."""
     original_weight: float = 1.0
     """Fan-out: the fusion weight of the question's own list (paraphrases count 1)."""
     skipped: str | None = None
@@ -201,51 +181,21 @@ class TransformResult:
 
     @property
     def embedding_strs(self) -> tuple[str, ...]:
-        """Strings whose embeddings average into one search vector (HyDE), or the
-        search queries (other methods), as LlamaIndex's ``custom_embedding_strs``."""
-        if self.hypothetical:
-            w = self.dense_query_weight
-            if w <= 0:
-                return self.hypothetical
-            if w >= 1:
-                return (self.query,)
-            if self.query_weight is None:
-                return (*self.hypothetical, self.query)
-            # no embedder at hand (LlamaIndex averages these equally): repeat the
-            # question so its share of the mean is close to query_weight
-            n = len(self.hypothetical)
-            repeats = max(1, min(n * 8, round(w * n / (1 - w))))
-            return (*self.hypothetical, *([self.query] * repeats))
-        return self.search_queries
-
-    @property
-    def dense_query_weight(self) -> float:
-        """The question's share of the dense vector for HyDE results."""
-        if self.query_weight is not None:
-            return self.query_weight
-        return 1.0 / (len(self.hypothetical) + 1) if self.include_query else 0.0
-
-    def keyword_text(self) -> str:
-        """What keyword and hybrid stores match for a HyDE result."""
-        if self.keyword_weight is not None:
-            return keyword_query(self.query, self.hypothetical, self.keyword_weight)
-        parts = ((self.query,) if self.include_query else ()) + self.hypothetical
-        return "\n\n".join(parts)
+        """Strings whose embeddings average into the search vector (LlamaIndex's
+        ``custom_embedding_strs``): the one search's, else every search's in order."""
+        searches = self.searches()
+        if len(searches) == 1:
+            return searches[0].embedding_strs
+        return tuple(text for spec in searches for text in spec.embedding_strs)
 
     def searches(self) -> list[SearchSpec]:
         """The searches to run, one ranked list each."""
         if self.children:
             return [spec for child in self.children for spec in child.searches()]
+        if self.specs:
+            return list(self.specs)
         if self.hypothetical:
-            return [
-                SearchSpec(
-                    text=self.keyword_text(),
-                    embedding_strs=self.embedding_strs,
-                    passages=self.hypothetical,
-                    query=self.query,
-                    query_weight=self.dense_query_weight,
-                )
-            ]
+            return [self._plain_mean()]
         head = self.query if self.include_query else None
         return [
             SearchSpec(
@@ -255,6 +205,18 @@ class TransformResult:
             )
             for q in self.search_queries
         ]
+
+    def _plain_mean(self) -> SearchSpec:
+        """The passages searched as the HyDE paper does: their mean with the question's
+        (when ``include_query``) as the dense vector, all of them as the keyword text."""
+        head = (self.query,) if self.include_query else ()
+        return SearchSpec(
+            text="\n\n".join(head + self.hypothetical),
+            embedding_strs=(*self.hypothetical, *head),
+            passages=self.hypothetical,
+            query=self.query,
+            query_weight=len(head) / (len(self.hypothetical) + len(head)),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -274,10 +236,7 @@ class TransformResult:
             out["cached"] = True
         if self.generation_usage is not None:
             out["generation_usage"] = self.generation_usage.to_dict()
-        if self.query_weight is not None:
-            out["query_weight"] = self.query_weight
-        if self.keyword_weight is not None:
-            out["keyword_weight"] = self.keyword_weight
+        out.update(self.search_options)
         if self.original_weight != 1.0:
             out["original_weight"] = self.original_weight
         if self.skipped:
@@ -303,16 +262,22 @@ class TransformResult:
             children=tuple(cls.from_dict(c) for c in data.get("children", ())),
             cached=bool(data.get("cached", False)),
             generation_usage=Usage.from_dict(generation) if generation else None,
-            query_weight=_opt_float(data.get("query_weight")),
-            keyword_weight=_opt_float(data.get("keyword_weight")),
+            search_options={k: v for k, v in data.items() if k not in _GENERIC_KEYS},
             original_weight=float(data.get("original_weight", 1.0)),
             skipped=data.get("skipped"),
             defaults=data.get("defaults"),
         )
 
 
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+_GENERIC_KEYS = frozenset(
+    (
+        *("query", "method", "queries", "hypothetical", "include_query", "usage"),
+        *("fallback", "error", "latency_s", "children", "cached", "generation_usage"),
+        *("original_weight", "skipped", "defaults"),
+    )
+)
+"""The keys `TransformResult.to_dict` writes for its own fields; any other key is one
+of the transform's `search_options`."""
 
 
 def _method_name(obj: QueryTransformer) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from .._checks import check_int
 from .base import (
     Guards,
     QueryTransformer,
     TransformResult,
     check_feedback_weight,
-    check_int,
     validate_query,
 )
 

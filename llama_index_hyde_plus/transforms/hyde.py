@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.llms import LLM
 
-from ..expansion import check_weight
+from .._checks import check_int, is_int
+from .._llm import CallOptions
+from ..expansion import check_weight, keyword_query
 from ..usage import Usage
-from .base import Guards, Strategy, TransformResult, check_int
+from .base import Guards, SearchSpec, Strategy, TransformResult
 from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
 from .parsing import dedupe, trim_passage
@@ -289,12 +291,12 @@ class HyDE(LLMTransform):
     def _reply_tokens(self) -> int | None:
         return self.max_tokens
 
-    def _call_kwargs(self) -> dict[str, object]:
-        kwargs = super()._call_kwargs()
+    def _call_options(self) -> CallOptions:
+        options = super()._call_options()
         own = getattr(self.llm, "max_tokens", None)
-        if not (isinstance(own, int) and 0 < own <= self.max_tokens):
-            kwargs["max_tokens"] = self.max_tokens  # lower than the model's own cap
-        return kwargs
+        if not (is_int(own) and 0 < own <= self.max_tokens):
+            options = replace(options, max_tokens=self.max_tokens)  # below the model's cap
+        return options
 
     def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
         if not self.grounded or not context:
@@ -310,17 +312,23 @@ class HyDE(LLMTransform):
         return GROUNDING_PREFIX.format(context=block) + prompt
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
-        return replace(result, **{**self._search_fields(), **changes})
+        return self._styled(replace(result, **changes))
 
-    def _search_fields(self) -> dict[str, Any]:
-        """How the passages are searched, as `TransformResult` fields."""
-        shipped = self.defaults
-        return {
-            "include_query": self.include_query,
-            "query_weight": self.query_weight,
-            "keyword_weight": self.keyword_weight,
-            "defaults": self.generator if shipped is not None else None,
-        }
+    def _styled(self, result: TransformResult) -> TransformResult:
+        """``result`` searched with this instance's options: the question's weights in
+        the one search (`SearchSpec`), reported in ``search_options``."""
+        query_weight, keyword_weight = self.query_weight, self.keyword_weight
+        spec = passage_search(
+            result.query, result.hypothetical, self.include_query, query_weight, keyword_weight
+        )
+        reported = {"query_weight": query_weight, "keyword_weight": keyword_weight}
+        return replace(
+            result,
+            include_query=self.include_query,
+            specs=(spec,) if spec is not None else (),
+            search_options={k: v for k, v in reported.items() if v is not None},
+            defaults=self.generator if self.defaults is not None else None,
+        )
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
         passages = [trim_passage(_ECHO.sub("", r), self.max_characters) for r in replies]
@@ -330,14 +338,54 @@ class HyDE(LLMTransform):
         if len(passages) > 1 and len(dedupe(passages)) < len(passages):
             # identical samples add nothing to the mean; keep the weight honest
             passages = dedupe(passages)
-        return TransformResult(
-            query=query,
-            method=self.method,
-            queries=(query,),
-            hypothetical=tuple(passages),
-            usage=usage,
-            **self._search_fields(),
+        return self._styled(
+            TransformResult(
+                query=query,
+                method=self.method,
+                queries=(query,),
+                hypothetical=tuple(passages),
+                usage=usage,
+            )
         )
+
+
+def passage_search(
+    query: str,
+    passages: tuple[str, ...],
+    include_query: bool,
+    query_weight: float | None,
+    keyword_weight: float | None,
+) -> SearchSpec | None:
+    """The one search for HyDE's ``passages``: the dense vector gives the question
+    ``query_weight`` of the mean, the keyword text repeats it to ``keyword_weight``.
+    None when both are unset: the result's own plain mean (`TransformResult.searches`)."""
+    if not passages or (query_weight is None and keyword_weight is None):
+        return None
+    head = (query,) if include_query else ()
+    if query_weight is None:
+        dense = len(head) / (len(passages) + len(head))
+        strs: tuple[str, ...] = (*passages, *head)
+    else:
+        dense = query_weight
+        strs = _embedding_strs(query, passages, query_weight)
+    if keyword_weight is None:
+        text = "\n\n".join(head + passages)
+    else:
+        text = keyword_query(query, passages, keyword_weight)
+    return SearchSpec(text, strs, passages=passages, query=query, query_weight=dense)
+
+
+def _embedding_strs(query: str, passages: tuple[str, ...], weight: float) -> tuple[str, ...]:
+    """Strings whose plain mean approximates the weighted vector, for a search with no
+    embedder at hand (LlamaIndex averages ``custom_embedding_strs`` equally): the
+    question repeated so its share of the mean is close to ``weight``."""
+    if weight <= 0:
+        return passages
+    if weight >= 1:
+        return (query,)
+    n = len(passages)
+    repeats = max(1, min(n * 8, round(weight * n / (1 - weight))))
+    return (*passages, *([query] * repeats))
 
 
 def _resolve_weight(

@@ -26,6 +26,7 @@ from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
 from .. import _llm
+from .._checks import is_number
 from ..cache import TransformCache, cache_key, holds_objects
 from ..reliability import CircuitOpenError, RetryPolicy
 from ..singleflight import SingleFlight
@@ -173,15 +174,15 @@ class LLMTransform(QueryTransformer):
     def _render(self, query: str, context: Sequence[str] | None = None) -> str:
         return _render_template(self._prompt, query=query, **self._format_vars())
 
-    def _call_kwargs(self) -> dict[str, Any]:
-        return {
-            "temperature": self.temperature,
-            "timeout": self.timeout,
-            "prices": self.prices,
-            "host_callback_manager": self.callback_manager,
-            "retry": self.retry,
-            "breaker": self.breaker,
-        }
+    def _call_options(self) -> _llm.CallOptions:
+        return _llm.CallOptions(
+            temperature=self.temperature,
+            timeout=self.timeout,
+            prices=self.prices,
+            host_callback_manager=self.callback_manager,
+            retry=self.retry,
+            breaker=self.breaker,
+        )
 
     def _params(self) -> dict[str, Any]:
         """Parameters that change the output, for the cache key."""
@@ -323,7 +324,7 @@ class LLMTransform(QueryTransformer):
             return self._fallback(query, [exc], start)
         for _ in range(self._num_calls()):
             try:
-                replies.append(_llm.complete(llm, prompt, **self._call_kwargs()))
+                replies.append(_llm.complete(llm, prompt, self._call_options()))
             except Exception as exc:
                 errors.append(exc)
         return self._finish(query, replies, errors, start)
@@ -337,13 +338,13 @@ class LLMTransform(QueryTransformer):
         outcomes: list[Any]
         if self._num_calls() == 1:  # one call: awaited here, no task to hold
             try:
-                outcomes = [await _llm.acomplete(llm, prompt, **self._call_kwargs())]
+                outcomes = [await _llm.acomplete(llm, prompt, self._call_options())]
             except Exception as exc:
                 outcomes = [exc]
         else:
             outcomes = await asyncio.gather(
                 *(
-                    _llm.acomplete(llm, prompt, **self._call_kwargs())
+                    _llm.acomplete(llm, prompt, self._call_options())
                     for _ in range(self._num_calls())
                 ),
                 return_exceptions=True,
@@ -400,7 +401,7 @@ class LLMTransform(QueryTransformer):
 
 def _number(value: Any, name: str) -> float | None:
     """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+    if value is None or is_number(value):
         return value
     raise TypeError(f"{name} must be a number, not {type(value).__name__}")
 

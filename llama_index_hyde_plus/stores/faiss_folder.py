@@ -28,7 +28,7 @@ from typing import Any
 
 from llama_index.core import StorageContext
 
-from ._files import (
+from .._files import (
     STAGING_MARKER,
     is_marked_staging,
     is_our_file,

@@ -1,0 +1,41 @@
+"""Checks of numeric arguments, written once: a ``bool`` is never a number here
+(``True`` is an ``int`` to Python, but ``top_k=True`` is a mistake, not 1)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeGuard
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """Whether ``value`` is an int and not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """Whether ``value`` is an int or a float and not a bool (NaN and infinity are
+    numbers here: range checks refuse them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_int(value: Any, name: str, low: int, high: int | None) -> int:
+    """``value`` if it is an int (not a bool) in ``[low, high]``; else a `TypeError` or
+    a `ValueError` naming ``name``."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ValueError(f"{name} must be {bound}, not {value}")
+    return value
+
+
+def check_number(value: Any, name: str, low: float, high: float) -> float:
+    """``value`` as a float if it is a finite real number (not a bool) in
+    ``[low, high]``; else a `TypeError` or a `ValueError` naming ``name``."""
+    if not is_number(value):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(
+            f"{name} must be a finite number between {low:g} and {high:g}, not {value!r}"
+        )
+    return float(value)
