@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -240,11 +241,68 @@ async def test_a_set_edited_by_hand_is_never_replaced(tmp_path: Path) -> None:
     with (folder / "queries.jsonl").open("a") as f:
         f.write('{"_id": "mine", "text": "My own question?"}\n')
     assert edited(folder)
-    with pytest.raises(ValueError, match="was edited since it was written; it is kept"):
+    with pytest.raises(
+        ValueError, match=r"was edited since it was written \(queries.jsonl changed\); it is kept"
+    ):
         write_question_set(qset, nodes, folder, {})
     assert "My own question?" in (folder / "queries.jsonl").read_text()
     corpus = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines()]
     assert corpus[0]["title"].startswith("doc")  # the chunk's source file
+
+
+def _edit_manifest(path: Path) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), "note": "checked by Ann"}))
+
+
+@pytest.mark.parametrize(
+    ("name", "edit"),
+    [
+        ("corpus.jsonl", lambda p: p.write_text(p.read_text().replace("team 1 ", "team one "))),
+        ("rejected.jsonl", lambda p: p.write_text('{"chunk": "x", "reason": "mine"}\n')),
+        (
+            "queries.jsonl",
+            lambda p: p.write_text(p.read_text() + '{"_id": "q", "text": "Mine?"}\n'),
+        ),
+        ("qrels/test.tsv", lambda p: p.write_text(p.read_text() + "q\tdoc1.md#1\t1\n")),
+        ("manifest.json", _edit_manifest),
+        ("rejected.jsonl", lambda p: p.unlink()),
+    ],
+)
+def test_an_edit_to_any_file_of_a_set_keeps_it_and_names_the_file(
+    tmp_path: Path, name: str, edit: Callable[[Path], object]
+) -> None:
+    """Regenerating (another seed, say) never replaces a set edited by hand, whichever of
+    its files was edited; the refusal names it and every file stays as the user left it."""
+    from llama_index_hyde_plus.evaluation.questions import SET_FILES, edited
+
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    edit(folder / name)
+    before = {n: (folder / n).read_bytes() for n in SET_FILES if (folder / n).exists()}
+    assert edited(folder) == [name]
+    with pytest.raises(ValueError, match=rf"edited since it was written \({name} changed\)"):
+        write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
+    assert {n: (folder / n).read_bytes() for n in SET_FILES if (folder / n).exists()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["set"]  # no temp folder left
+
+
+def test_an_unchanged_set_is_replaced_even_after_tune_marked_it(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.questions import edited, mark_tuned
+
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    mark_tuned(folder)
+    assert edited(folder) == [] and read_manifest(folder)["tuned"] is True  # type: ignore[index]
+    write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
+    assert read_manifest(folder)["docs"] == "y"  # type: ignore[index]
+
+
+def test_marking_a_set_tuned_does_not_hide_a_hand_edit(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.questions import edited, mark_tuned
+
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    (folder / "corpus.jsonl").write_text("")
+    _edit_manifest(folder / "manifest.json")
+    mark_tuned(folder)
+    assert edited(folder) == ["corpus.jsonl", "manifest.json"]
 
 
 def _one_question_set() -> QuestionSet:
@@ -259,6 +317,8 @@ def _one_question_set() -> QuestionSet:
         {"name": "my web app", "start_url": "/"},
         {"format": 1, "name": "a web app that happens to say format 1"},
         {"format": 1, "files_sha256": "not a digest"},
+        {"format": 1, "files_sha256": "0" * 64},
+        {"format": 1, "files_sha256": {"queries.jsonl": "0" * 64}},
     ],
 )
 def test_a_folder_holding_some_manifest_json_is_not_a_set(

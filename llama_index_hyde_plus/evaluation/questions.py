@@ -384,7 +384,8 @@ def write_beir_folder(
     tmp = make_folder_beside(folder.parent, f".{folder.name}-")
     try:
         _write_files(tmp, chunks, queries, judgments, rejected)
-        _write_manifest(tmp, {"format": SET_FORMAT, **manifest, "files_sha256": _set_digest(tmp)})
+        record = {"format": SET_FORMAT, **manifest}
+        _write_manifest(tmp, {**record, "files_sha256": _digests(tmp, record)})
         _replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -392,24 +393,45 @@ def write_beir_folder(
     return folder
 
 
-def _set_digest(folder: Path) -> str:
-    """A hash of the files a user may edit (the queries and the judgments)."""
+#: Every file a question set holds (relative to its folder); nothing else is deleted.
+SET_FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "rejected.jsonl", "manifest.json")
+_MANIFEST = "manifest.json"
+
+
+def _file_sha256(path: Path) -> str:
+    """The sha256 of a regular file's bytes; "" for anything else (missing, a link, a
+    FIFO: never opened, so nothing blocks)."""
+    if path.is_symlink() or not path.is_file():
+        return ""
     digest = hashlib.sha256()
-    for name in ("queries.jsonl", "qrels/test.tsv"):
-        path = folder / name
-        digest.update(path.read_bytes() if path.is_file() else b"")
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
     return digest.hexdigest()
 
 
-def edited(folder: Path) -> bool:
-    """Whether the set at ``folder`` was changed by hand since it was written."""
+def _record_sha256(record: dict[str, Any]) -> str:
+    """The sha256 of a manifest's fields other than ``files_sha256`` (which cannot hold
+    its own hash), as sorted JSON: a change of any field shows, re-indenting does not."""
+    fields = json.loads(json.dumps({k: v for k, v in record.items() if k != "files_sha256"}))
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _digests(folder: Path, record: dict[str, Any]) -> dict[str, str]:
+    """Each of `SET_FILES` by name, with its sha256 as it is now in ``folder`` (the
+    manifest's: of ``record``, its fields)."""
+    found = {name: _file_sha256(folder / name) for name in SET_FILES if name != _MANIFEST}
+    return {**found, _MANIFEST: _record_sha256(record)}
+
+
+def edited(folder: Path) -> list[str]:
+    """The files of the set at ``folder`` changed (or removed) by hand since it was
+    written, in `SET_FILES` order; empty when none was, or the folder is no set."""
     manifest = read_manifest(folder)
-    recorded = manifest.get("files_sha256") if manifest else None
-    return recorded is not None and recorded != _set_digest(folder.expanduser())
-
-
-#: Every file a question set holds (relative to its folder); nothing else is deleted.
-SET_FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "rejected.jsonl", "manifest.json")
+    if manifest is None:
+        return []
+    now = _digests(folder.expanduser(), manifest)
+    return [name for name in SET_FILES if manifest["files_sha256"][name] != now[name]]
 
 
 def _foreign(folder: Path) -> list[str]:
@@ -455,10 +477,12 @@ def check_set_folder(folder: Path, flag: str = "--questions-dir") -> None:
 def _replace(tmp: Path, folder: Path) -> None:
     """Move the new set ``tmp`` to ``folder``, never over a set edited by hand; the old
     set is moved aside first and only its own files are deleted."""
-    if folder.exists() and edited(folder):
+    changed = edited(folder) if folder.exists() else []
+    if changed:
         raise ValueError(
-            f"the question set in {folder} was edited since it was written; it is kept: "
-            "move it or choose another --questions-dir (use it as it is with --dataset)"
+            f"the question set in {folder} was edited since it was written "
+            f"({', '.join(changed)} changed); it is kept: move it or choose another "
+            "--questions-dir (use it as it is with --dataset)"
         )
     try:
         if folder.is_dir() and any(folder.iterdir()):
@@ -515,8 +539,13 @@ def mark_tuned(folder: Path) -> None:
     """Record in the set's manifest that `tune` chose settings on it (so `eval` on the
     same set can warn that the scores are optimistic)."""
     manifest = read_manifest(folder)
-    if manifest is not None:
-        _write_manifest(folder.expanduser(), {**manifest, "tuned": True})
+    if manifest is None:
+        return
+    recorded = manifest["files_sha256"]
+    record = {**manifest, "tuned": True}
+    if recorded[_MANIFEST] == _record_sha256(manifest):  # a hand edit stays one
+        record["files_sha256"] = {**recorded, _MANIFEST: _record_sha256(record)}
+    _write_manifest(folder.expanduser(), record)
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -524,8 +553,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """The manifest of the question set at ``folder``: None when there is none, it is
-    unreadable, or it lacks a set's own fields (``format`` and ``files_sha256``, which
-    `write_beir_folder` writes): then the folder is no set of ours."""
+    unreadable, or it lacks a set's own fields (``format``, and ``files_sha256``: the
+    sha256 of each of `SET_FILES` by name, which `write_beir_folder` writes): then the
+    folder is no set of ours."""
     path = folder.expanduser() / "manifest.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -533,5 +563,8 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or data.get("format") != SET_FORMAT:
         return None
-    digest = data.get("files_sha256")
-    return data if isinstance(digest, str) and _SHA256.fullmatch(digest) else None
+    digests = data.get("files_sha256")
+    if not isinstance(digests, dict) or sorted(digests) != sorted(SET_FILES):
+        return None
+    ok = all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values())
+    return data if ok else None
