@@ -101,10 +101,11 @@ def is_marked_staging(path: Path) -> bool:
 
 
 @contextmanager
-def locked_folder(folder: Path) -> Iterator[None]:
+def locked_folder(folder: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``folder`` itself while the block runs (no
-    lock file is made, nothing is left behind; a killed holder releases it). Where
-    `fcntl` is missing (Windows) the block runs unlocked."""
+    lock file is made, nothing is left behind; a killed holder releases it);
+    ``on_wait`` is called once if another holder makes it wait. Where `fcntl` is
+    missing (Windows) the block runs unlocked."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
@@ -116,7 +117,12 @@ def locked_folder(folder: Path) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
