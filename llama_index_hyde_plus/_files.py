@@ -101,10 +101,11 @@ def is_marked_staging(path: Path) -> bool:
 
 
 @contextmanager
-def locked_folder(folder: Path) -> Iterator[None]:
+def locked_folder(folder: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``folder`` itself while the block runs (no
-    lock file is made, nothing is left behind; a killed holder releases it). Where
-    `fcntl` is missing (Windows) the block runs unlocked."""
+    lock file is made, nothing is left behind; a killed holder releases it);
+    ``on_wait`` is called once if another holder makes it wait. Where `fcntl` is
+    missing (Windows) the block runs unlocked."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
@@ -116,15 +117,26 @@ def locked_folder(folder: Path) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
 
 
-#: The first line of every Markdown file this tool writes (invisible when rendered):
-#: an existing Markdown output is overwritten only when it starts with it.
-MARKDOWN_MARK = "<!-- written by hyde-plus; it overwrites this file when asked to -->"
+#: The first line of every Markdown file this tool writes (invisible when rendered),
+#: with the sha256 of the rest: an existing Markdown output is overwritten only when it
+#: starts so and the rest is unchanged (not edited by hand since).
+_MARKDOWN_SEAL = "<!-- written by hyde-plus (sha256 {digest}); edit it and it is yours -->\n"
+_MARKDOWN_SEAL_RE = re.compile(
+    rb"<!-- written by hyde-plus \(sha256 ([0-9a-f]{64})\); edit it and it is yours -->\n"
+)
+#: The key every JSON output this tool writes ends with: the sha256 of the rest.
+SEAL_KEY = "hyde_plus_sha256"
 
 
 def check_replaceable(path: Path, what: str, kind: str, ours: Callable[[bytes], bool]) -> None:
@@ -148,18 +160,40 @@ def check_replaceable(path: Path, what: str, kind: str, ours: Callable[[bytes], 
         raise ValueError(refusal)
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sealed_markdown(text: str) -> str:
+    """``text`` under a first-line comment recording its sha256 (see `is_our_markdown`)."""
+    return _MARKDOWN_SEAL.format(digest=_sha256(text.encode("utf-8"))) + text
+
+
 def is_our_markdown(head: bytes) -> bool:
-    """Whether a file starting with ``head`` is Markdown this tool wrote."""
-    return head.startswith(MARKDOWN_MARK.encode())
+    """Whether ``head`` (a whole file) is Markdown `sealed_markdown` wrote, unedited."""
+    match = _MARKDOWN_SEAL_RE.match(head)
+    if match is None:
+        return False
+    return match.group(1).decode() == _sha256(head[match.end() :])
 
 
-def json_object_with(head: bytes, *keys: str) -> bool:
-    """Whether ``head`` is a whole JSON object holding every one of ``keys``."""
+def sealed_json(payload: dict[str, Any]) -> str:
+    """``payload`` as indented JSON ending with `SEAL_KEY`: the sha256 of the rest."""
+    body = json.dumps(payload, indent=2)
+    return json.dumps({**payload, SEAL_KEY: _sha256(body.encode("utf-8"))}, indent=2) + "\n"
+
+
+def is_sealed_json(head: bytes, *keys: str) -> bool:
+    """Whether ``head`` (a whole file) is JSON `sealed_json` wrote, unedited, holding
+    every one of ``keys``."""
     try:
         data = json.loads(head.decode("utf-8"))
     except (ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and all(k in data for k in keys)
+    if not isinstance(data, dict) or not all(k in data for k in keys):
+        return False
+    digest = data.pop(SEAL_KEY, None)
+    return bool(digest == _sha256(json.dumps(data, indent=2).encode("utf-8")))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

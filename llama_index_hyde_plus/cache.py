@@ -130,13 +130,19 @@ def _check_sqlite_file(path: Path) -> None:
         raise ForeignFileError(f"{path} is not a SQLite file; it is left untouched")
 
 
+_COLUMNS = ["key", "value", "created"]
+
+
 def _check_not_foreign(conn: sqlite3.Connection, path: Path) -> None:
-    """A `ForeignFileError` when the database holds tables but not this cache's."""
+    """A `ForeignFileError` unless the database is empty or holds only this cache's
+    table with its columns (and no application id or user version a program set)."""
     names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if names and "results" not in names:
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(results)")]
+    marks = [conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("application_id", "user_version")]
+    if (names and (names != {"results"} or columns != _COLUMNS)) or any(marks):
         raise ForeignFileError(
-            f"{path} is another program's SQLite database ({len(names)} tables, none of "
-            "them this cache's); it is left untouched"
+            f"{path} is another program's SQLite database (tables: "
+            f"{', '.join(sorted(names)) or 'none'}); it is left untouched"
         )
 
 

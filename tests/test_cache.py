@@ -363,3 +363,25 @@ def test_a_cache_gets_what_its_contract_says_dicts_by_default_objects_when_it_ho
     assert isinstance(stored, dict) and stored["hypothetical"] == ["a passage."]
     (held,) = in_process.data.values()
     assert isinstance(held, TransformResult) and held.hypothetical == ("a passage.",)
+
+
+@pytest.mark.parametrize("kind", ["other-columns", "user-version", "application-id"])
+def test_another_programs_database_is_never_changed(tmp_path: Path, kind: str) -> None:
+    """A SQLite file that is not this cache's (a ``results`` table of other columns, or
+    an empty database a program has stamped) is not switched to WAL nor given a table."""
+    path = tmp_path / "transforms.sqlite"
+    other = sqlite3.connect(path)
+    if kind == "other-columns":
+        other.execute("CREATE TABLE results (run TEXT, score REAL)")
+        other.execute("INSERT INTO results VALUES ('a', 1.0)")
+    else:
+        other.execute(f"PRAGMA {kind.replace('-', '_')} = 7")
+    other.commit()
+    other.close()
+    before = path.read_bytes()
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") is None
+    cache.close()
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["transforms.sqlite"]

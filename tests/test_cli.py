@@ -605,6 +605,20 @@ def test_eval_refuses_an_out_folder_holding_results_it_did_not_write(
     assert "Traceback" not in result.output and (out / name).read_text() == "someone else's"
 
 
+def test_eval_refuses_results_in_the_question_set_folder(tmp_path: Path) -> None:
+    docs, sets = _docs(tmp_path), tmp_path / "QQ"
+    for out in (sets, sets / "results"):
+        result = runner.invoke(
+            app,
+            [
+                *("eval", "--docs", str(docs), "--questions-dir", str(sets)),
+                *("--out", str(out), "--llm", "scripted"),
+            ],
+        )
+        assert result.exit_code == 2 and "overlaps --questions-dir" in result.output
+    assert not sets.exists()
+
+
 def test_eval_needs_exactly_one_of_dataset_and_docs(tmp_path: Path) -> None:
     none = runner.invoke(app, ["eval", "--embed", "local"])
     assert none.exit_code == 2 and "exactly one of --dataset" in none.output

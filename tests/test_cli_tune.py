@@ -217,3 +217,47 @@ def test_tune_refuses_outputs_inside_the_documents(tmp_path: Path) -> None:
         assert f"{flag} {path} is inside --docs" in result.output
     assert (docs / "guide.md").read_text().startswith("# Guide")
     assert sorted(p.name for p in docs.iterdir()) == ["guide.md"]
+
+
+def test_a_config_edited_by_hand_is_theirs_and_never_overwritten(tmp_path: Path) -> None:
+    first, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3")
+    assert first.exit_code == 0, first.output  # type: ignore[attr-defined]
+    config = json.loads(out.read_text())
+    config["my_comment"] = "k=3 is what production runs"
+    out.write_text(json.dumps(config, indent=2))
+    before = out.read_bytes()
+    again, _ = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=5")
+    assert again.exit_code == 2, again.output  # type: ignore[attr-defined]
+    assert "is not a config hyde-plus wrote" in again.output  # type: ignore[attr-defined]
+    assert out.read_bytes() == before
+
+
+def test_tune_refuses_one_path_for_out_and_report_before_any_work(tmp_path: Path) -> None:
+    same = tmp_path / "same.x"
+    result, _ = _tune(tmp_path, "--transform", "rocchio", "--report", str(same), "--out", str(same))
+    assert result.exit_code == 2, result.output  # type: ignore[attr-defined]
+    assert "is the --out file" in result.output  # type: ignore[attr-defined]
+    assert not same.exists()
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_before_any_work(tmp_path: Path) -> None:
+    afile = tmp_path / "c7"
+    afile.write_text("mine")
+    for command in (["tune", "-t", "rocchio"], ["eval", "--transforms", "none"]):
+        result = runner.invoke(
+            app,
+            [
+                *command,
+                "--dataset",
+                str(TINY),
+                "--embed",
+                "local",
+                "--cache-dir",
+                str(afile),
+                "--out",
+                str(tmp_path / ("t.json" if command[0] == "tune" else "e")),
+            ],
+        )
+        assert result.exit_code == 2, result.output
+        assert f"--cache-dir {afile} is a file" in result.output
+        assert "Traceback" not in result.output and afile.read_text() == "mine"

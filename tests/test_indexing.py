@@ -4,6 +4,7 @@ serving), clear errors for damaged indexes, and the embedding-model check."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -140,8 +141,11 @@ def test_a_format_1_index_still_loads_and_is_replaced_cleanly(tmp_path: Path) ->
     data.rmdir()
     (out / "hyde_plus.json").write_text(json.dumps({**meta, "format": 1}))
     assert top_id(out, "paid time off") == "pto"
+    legacy = {p.name: p.read_bytes() for p in out.glob("*.json") if p.name != "hyde_plus.json"}
     build(out, NEW)
-    assert not (out / "docstore.json").exists() and top_id(out, "Lisbon office") == "office"
+    assert top_id(out, "Lisbon office") == "office"
+    # the old top-level files are indistinguishable from a user's: they are left as they were
+    assert {n: (out / n).read_bytes() for n in legacy} == legacy
 
 
 def test_a_failed_build_leaves_the_old_index(
@@ -617,3 +621,89 @@ def test_concurrent_builds_of_one_folder_all_succeed_and_leave_one_index(tmp_pat
     )
     ids = set(load_faiss_index(out, EMBED).docstore.docs)
     assert ids in (set(OLD), set(NEW))
+
+
+def test_a_hand_written_meta_naming_a_users_folder_does_not_get_it_deleted(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "idx"
+    mine = out / "data-0123456789ab"
+    mine.mkdir(parents=True)
+    (mine / "docstore.json").write_text('{"my": 1}')
+    meta = {"format": 2, "dim": 64, "embed": "det", "data": mine.name}
+    (out / "hyde_plus.json").write_text(json.dumps(meta))
+    build(out, NEW)
+    assert (mine / "docstore.json").read_text() == '{"my": 1}'
+    assert top_id(out, "disk encryption") == "laptops"
+
+
+def test_a_format_1_lookalike_keeps_its_storage_files(tmp_path: Path) -> None:
+    """A LlamaIndex save folder with a three-key ``hyde_plus.json`` (copied from an old
+    index, say) is replaced as an index, but its top-level files are never deleted."""
+    out = tmp_path / "app"
+    out.mkdir()
+    for name in ("docstore.json", "default__vector_store.json"):
+        (out / name).write_text(f"user's {name}")
+    (out / "hyde_plus.json").write_text('{"format": 1, "dim": 64, "embed": "det"}')
+    build(out, NEW)
+    assert (out / "docstore.json").read_text() == "user's docstore.json"
+    assert (out / "default__vector_store.json").read_text() == "user's default__vector_store.json"
+
+
+def test_a_users_current_link_to_a_data_named_folder_of_theirs_is_not_replaced(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    mine = out / "data-0123456789ab"
+    mine.mkdir()
+    (mine / "docstore.json").write_text("mine")
+    (out / CURRENT_LINK).unlink()
+    (out / CURRENT_LINK).symlink_to(mine.name)
+    build(out, NEW)
+    assert os.readlink(out / CURRENT_LINK) == mine.name
+    assert (mine / "docstore.json").read_text() == "mine"
+
+
+def test_files_named_like_drafts_but_not_drafts_are_kept(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    note = out / ".hyde_plus.json.deadbeef.tmp"
+    note.write_text("my notes")
+    link = out / ".current.cafebabe.tmp"
+    link.symlink_to(tmp_path)
+    real_draft = out / ".hyde_plus.json.0badf00d.tmp"  # what a killed build leaves
+    real_draft.write_text((out / "hyde_plus.json").read_text())
+    build(out, NEW)
+    assert note.read_text() == "my notes" and os.readlink(link) == str(tmp_path)
+    assert not real_draft.exists()
+
+
+def test_a_build_waiting_for_another_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A build beside one that holds the write lock waits, and says why, instead of
+    hanging silently."""
+    from llama_index_hyde_plus._files import locked_folder
+
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    released = threading.Event()
+
+    def hold() -> None:
+        with locked_folder(tmp_path):
+            released.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    time.sleep(0.2)  # the holder takes the lock first (ordering only, not a timed check)
+    builder = threading.Thread(target=build, args=(tmp_path / "idx",))
+    builder.start()
+    deadline = time.monotonic() + 60
+    while not any("waiting for another" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "no waiting message"
+        time.sleep(0.05)
+    assert builder.is_alive()  # still waiting: nothing written yet
+    released.set()
+    holder.join()
+    builder.join(60)
+    assert top_id(tmp_path / "idx", "paid time off") == "pto"

@@ -448,3 +448,44 @@ def test_stored_vectors_are_read_from_the_hybrid_retriever_not_re_embedded(
     assert docs.source == "milvus"
     for hit, vec in zip(hits, vectors, strict=True):
         np.testing.assert_allclose(vec, EMBED.vector(MILVUS_DOCS[hit.node.node_id]), atol=1e-5)
+
+
+@pytest.mark.parametrize("content", ['{"theme": "dark"}', "{not json", "LINK"])
+def test_a_users_file_where_the_collection_record_goes_is_never_overwritten(
+    tmp_path: Path, content: str
+) -> None:
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    uri = str(tmp_path / "new.db")
+    record = tmp_path / "new.db.kb.hyde_plus.json"
+    if content == "LINK":
+        (tmp_path / "elsewhere.json").write_text('{"format": 2, "collections": {}}')
+        record.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        record.write_text(content)
+    before = record.read_bytes()
+    embedded: list[int] = []
+    with pytest.raises(ValueError, match="is not hyde-plus's record of the collection"):
+        MilvusStore(uri, collection="kb").build(
+            [Document(text="x", id_="x")],
+            EMBED,
+            embed_spec="d",
+            max_length=64,
+            progress=embedded.append,
+        )
+    assert record.read_bytes() == before and embedded == []
+
+
+def test_a_users_folder_named_like_a_database_is_never_written_into(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    folder = tmp_path / "proj.db"
+    folder.mkdir()
+    (folder / "aliases.json").write_text('{"mine": 1}')
+    (folder / "LOCK").write_text("")
+    with pytest.raises(ValueError, match="is a folder that is not a Milvus Lite database"):
+        MilvusStore(str(folder), collection="kb").build(
+            [Document(text="x", id_="x")], EMBED, embed_spec="d", max_length=64
+        )
+    assert sorted(p.name for p in folder.iterdir()) == ["LOCK", "aliases.json"]
+    assert (folder / "aliases.json").read_text() == '{"mine": 1}'

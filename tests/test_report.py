@@ -73,3 +73,21 @@ def test_a_results_file_someone_else_wrote_is_never_overwritten(tmp_path: Path) 
     with pytest.raises(ValueError, match=r"results\.md exists and is not an eval report"):
         write_outputs(res, out)
     assert (out / "results.md").read_text() == "# My own results\n"
+
+
+def test_results_edited_by_hand_are_theirs_and_never_overwritten(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out)
+    md = out / "results.md"
+    md.write_text(md.read_text() + "\nMy analysis: the gain is real.\n")
+    with pytest.raises(ValueError, match=r"results\.md exists and is not an eval report"):
+        write_outputs(res, out)
+    assert md.read_text().endswith("My analysis: the gain is real.\n")
+    md.unlink()
+    data = json.loads((out / "results.json").read_text())
+    data["notes"] = "irreplaceable"
+    (out / "results.json").write_text(json.dumps(data, indent=2))
+    with pytest.raises(ValueError, match=r"results\.json exists and is not eval results"):
+        write_outputs(res, out)
+    assert json.loads((out / "results.json").read_text())["notes"] == "irreplaceable"

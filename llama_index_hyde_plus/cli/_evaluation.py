@@ -86,8 +86,12 @@ class SearchChoice:
         return store_kind(self.store, self.uri)
 
     def check_index(self, docs: Any, models: ModelChoice) -> None:
-        """With ``--index``: a `ValueError` before anything loads unless it is a FAISS
-        index of ``--docs`` (a `DocsChoice`) chunked and embedded as this run asks."""
+        """A `ValueError` before anything loads when ``--cache-dir`` is not a folder;
+        with ``--index``, unless it is a FAISS index of ``--docs`` (a `DocsChoice`)
+        chunked and embedded as this run asks."""
+        root = cache_root(self.cache_dir)
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"--cache-dir {root} is a file, not a folder; give a folder")
         if self.index is None:
             return
         if docs is None:

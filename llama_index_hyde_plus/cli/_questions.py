@@ -67,6 +67,7 @@ class DocsChoice:
         if not self.docs.is_dir():
             raise ValueError(f"--docs must be a folder: {self.docs}")
         docs = self.docs.expanduser().resolve()
+        questions = self.folder.expanduser().resolve()
         for flag, path in (("--questions-dir", self.folder), *outputs):
             if path is None:
                 continue
@@ -75,6 +76,13 @@ class DocsChoice:
                 raise ValueError(
                     f"{flag} {path} is inside --docs {self.docs}: it would overwrite or be "
                     "read as documents; put it outside"
+                )
+            if flag != "--questions-dir" and (
+                target == questions or questions in target.parents or target in questions.parents
+            ):
+                raise ValueError(
+                    f"{flag} {path} overlaps --questions-dir {self.folder}: the question set "
+                    "must hold only its own files; give each its own folder"
                 )
         if self.questions < 1:
             raise ValueError(f"--questions must be >= 1, not {self.questions}")

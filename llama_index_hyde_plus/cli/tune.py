@@ -33,6 +33,8 @@ def _check(name: str, split: str, tolerance: float, out: Path, report: Path | No
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
     with reported():
+        if report is not None and report.expanduser().resolve() == out.expanduser().resolve():
+            raise ValueError(f"--report {report} is the --out file; give each its own path")
         check_writable(out, "--out")
         if report is not None:
             check_writable(report, "--report", "a report", is_our_markdown)
@@ -163,7 +165,7 @@ def _load(
 def _show(result: Any, path: Path, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
-    from .._files import is_our_markdown, write_text_atomic
+    from .._files import is_our_markdown, sealed_markdown, write_text_atomic
     from ..evaluation.report import tune_markdown, tune_table
     from ..evaluation.tune import check_writable
 
@@ -183,5 +185,5 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
     if report is not None:
         with reported():
             report = check_writable(report, "--report", "a report", is_our_markdown)
-        write_text_atomic(report, tune_markdown(result, command_line("tune")))
+        write_text_atomic(report, sealed_markdown(tune_markdown(result, command_line("tune"))))
     console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")

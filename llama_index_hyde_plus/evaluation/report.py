@@ -3,7 +3,6 @@ PNG bar chart."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -11,7 +10,13 @@ from typing import Any
 
 from rich.table import Table
 
-from .._files import MARKDOWN_MARK, check_replaceable, is_our_markdown, json_object_with
+from .._files import (
+    check_replaceable,
+    is_our_markdown,
+    is_sealed_json,
+    sealed_json,
+    sealed_markdown,
+)
 from .metrics import LABELS, MEASURES
 from .runner import EvalResult, TransformReport
 from .tune import TuneResult
@@ -134,7 +139,7 @@ def verdicts(result: EvalResult) -> list[str]:
 
 
 def markdown(result: EvalResult, command: str | None = None) -> str:
-    lines = [MARKDOWN_MARK]
+    lines: list[str] = []
     if command:
         lines += ["```bash", command, "```", ""]
     if result.config.get("stand_in"):
@@ -276,7 +281,7 @@ def _is_our_png(head: bytes) -> bool:
 
 #: How each results file this tool wrote is recognised before it is overwritten.
 _OURS = {
-    "results.json": ("eval results", lambda head: json_object_with(head, "dataset", "results")),
+    "results.json": ("eval results", lambda head: is_sealed_json(head, "dataset", "results")),
     "results.md": ("an eval report", is_our_markdown),
     "results.png": ("an eval chart", _is_our_png),
 }
@@ -314,8 +319,8 @@ def write_outputs(result: EvalResult, out: Path, command: str | None = None) -> 
     if command:
         payload["command"] = command
     paths = [out / name for name in RESULT_FILES]
-    paths[0].write_text(json.dumps(payload, indent=2))
-    paths[1].write_text(markdown(result, command))
+    paths[0].write_text(sealed_json(payload))
+    paths[1].write_text(sealed_markdown(markdown(result, command)))
     bar_chart(result, paths[2])
     return paths
 
@@ -383,7 +388,7 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
 
 
 def tune_markdown(result: TuneResult, command: str | None = None, top: int | None = None) -> str:
-    lines = [MARKDOWN_MARK]
+    lines: list[str] = []
     if command:
         lines += ["```bash", command, "```", ""]
     if result.extra.get("stand_in"):

@@ -7,7 +7,6 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from llama_index.core.llms import LLM
 
-from .._files import check_replaceable, json_object_with, write_text_atomic
+from .._files import check_replaceable, is_sealed_json, sealed_json, write_text_atomic
 from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
@@ -267,13 +266,13 @@ def write_config(result: TuneResult, path: Path) -> Path:
     """Write the winner as JSON to ``path`` (atomically: a temporary file renamed; the
     permissions the umask gives)."""
     path = check_writable(path, "--out")
-    write_text_atomic(path, json.dumps(config_payload(result), indent=2) + "\n")
+    write_text_atomic(path, sealed_json(config_payload(result)))
     return path
 
 
 def is_our_config(head: bytes) -> bool:
     """Whether a file starting with ``head`` is a config `write_config` wrote."""
-    return json_object_with(head, "hyde_plus_config", "transform", "options")
+    return is_sealed_json(head, "hyde_plus_config", "transform", "options")
 
 
 def check_writable(

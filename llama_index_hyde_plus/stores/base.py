@@ -106,7 +106,9 @@ class Store(ABC):
         embed alike) and switch the index to them in one step. With ``chunking`` each
         document is split into chunks (`hyde-plus index`); without, each is one node
         keeping its id (evaluation scores by document id). ``total`` is told the number
-        of texts to embed before ``progress`` counts them (`BuildOptions`)."""
+        of texts to embed before ``progress`` counts them (`BuildOptions`). The target
+        is checked first (`check_target`): nothing is embedded for a refused one."""
+        self.check_target()
         return self._build(documents, embed_model, BuildSettings(**options))
 
     @abstractmethod

@@ -9,9 +9,10 @@ build never leaves a half-written index and never loses the previous one.
 What a build removes, it recognises by more than a name: a folder is replaced only when
 its ``hyde_plus.json`` is one this tool wrote (format, vector size, embedding); a data
 folder or a staging folder is deleted only when it holds this tool's marker naming it
-and nothing but what a build writes; top-level storage files only when the index being
-replaced is the old format 1 that kept them there; ``current`` only when it is a link to
-a data folder. Builds of the same folder's parent are serialised while they write.
+and nothing but what a build writes; a draft only when its content is a draft's; files
+at the top level never (a format-1 index's storage files stay there, unused);
+``current`` is replaced only when it links to one of this tool's data folders (or to
+one gone). Builds in the same parent folder write one at a time, saying so when they wait.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
     are removed on the way. Builds beside each other write one at a time.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
-    with locked_folder(out.parent):
+    waiting = f"waiting for another hyde-plus build in {out.parent} to finish writing"
+    with locked_folder(out.parent, on_wait=lambda: logger.warning("%s", waiting)):
         _clean_stale_builds(out)
         try:
             _write_data(out, storage, meta)
@@ -170,14 +172,14 @@ def _persist(folder: Path, storage: StorageContext) -> None:
 def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
     data = f"data-{uuid.uuid4().hex[:12]}"
     meta = {**meta, "data": data}
-    if out.is_dir() and (old := our_meta(out)) is not None:
+    if out.is_dir() and our_meta(out) is not None:
         _persist(out / data, storage)
         pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
         pending.write_text(json.dumps(meta, indent=2))
         pause_for_tests("faiss")
         os.replace(pending, out / META_FILE)  # the switch
         point_current(out, data)
-        _clean_replaced(out, keep=data, old=old)
+        _clean_replaced(out, keep=data)
         return
     tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
     try:
@@ -211,13 +213,18 @@ def point_current(out: Path, data: str) -> None:
 
 
 def _linked_data(out: Path) -> str | None:
-    """The data folder name ``out/current`` links to, if it is a link to a plain
-    ``data-<12 hex>`` name (what `point_current` makes)."""
+    """The data folder name ``out/current`` links to, if it is what `point_current`
+    makes: a link to a plain ``data-<12 hex>`` name that is one of this tool's data
+    folders (`_is_data_folder`) or no longer exists (its folder was replaced)."""
     link = out / CURRENT_LINK
     if not link.is_symlink():
         return None
     target = os.readlink(link)
-    return target if _DATA_NAME.fullmatch(target) else None
+    if not _DATA_NAME.fullmatch(target):
+        return None
+    folder = out / target
+    gone = not (folder.exists() or folder.is_symlink())
+    return target if gone or _is_data_folder(folder) else None
 
 
 def _staging_prefix(out: Path) -> str:
@@ -234,14 +241,13 @@ def _holds_only(folder: Path, allowed: frozenset[str]) -> bool:
         return False
 
 
-def _is_data_folder(entry: Path, *, named: str | None = None) -> bool:
+def _is_data_folder(entry: Path) -> bool:
     """Whether ``entry`` is a data folder a build wrote: a real folder named
-    ``data-<12 hex>`` holding only storage files and the marker naming it. The one
-    ``named`` by this tool's own metadata may lack the marker (written before it existed)."""
+    ``data-<12 hex>`` holding only storage files and the marker naming it (a folder a
+    hand-written ``hyde_plus.json`` names is not enough)."""
     if not _DATA_NAME.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
         return False
-    marked = is_our_file(entry / DATA_MARKER, entry.name)
-    if not marked and entry.name != named:
+    if not is_our_file(entry / DATA_MARKER, entry.name):
         return False
     return _holds_only(entry, STORAGE_FILES | {DATA_MARKER})
 
@@ -275,10 +281,19 @@ def _unlink_marker(out: Path) -> None:
 
 
 def _is_draft(entry: Path) -> bool:
-    """A metadata draft or a link draft an interrupted build left."""
-    if _META_DRAFT.fullmatch(entry.name):
-        return entry.is_file() and not entry.is_symlink()
-    return bool(_LINK_DRAFT.fullmatch(entry.name)) and entry.is_symlink()
+    """A metadata draft or a link draft an interrupted build left, recognised by its
+    name and its content: a metadata file this tool writes, or a link to a data-folder
+    name."""
+    try:
+        if _META_DRAFT.fullmatch(entry.name):
+            if entry.is_symlink() or not entry.is_file() or entry.stat().st_size > 1 << 16:
+                return False
+            return is_index_meta(json.loads(entry.read_text(encoding="utf-8")))
+        if _LINK_DRAFT.fullmatch(entry.name) and entry.is_symlink():
+            return bool(_DATA_NAME.fullmatch(os.readlink(entry)))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return False
 
 
 def _remove(entry: Path) -> None:
@@ -288,20 +303,16 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
-def _clean_replaced(out: Path, *, keep: str, old: dict[str, Any]) -> None:
-    """After the switch: remove the replaced index's data (its data folder, or for a
-    format-1 index its top-level storage files) and what interrupted builds left."""
-    old_data = old.get("data") if old.get("format") == 2 else None
-    legacy = old.get("format") == 1
+def _clean_replaced(out: Path, *, keep: str) -> None:
+    """After the switch: remove the replaced index's data folder and what interrupted
+    builds left (marked data folders, drafts). Files at the top level are never
+    removed: a format-1 index's storage files there are indistinguishable from a
+    user's, so they stay (harmless; the metadata no longer names them)."""
     for entry in out.iterdir():
         name = entry.name
         if name in (keep, META_FILE):
             continue
-        if (
-            _is_data_folder(entry, named=old_data if isinstance(old_data, str) else None)
-            or _is_draft(entry)
-            or (legacy and name in STORAGE_FILES and entry.is_file() and not entry.is_symlink())
-        ):
+        if _is_data_folder(entry) or _is_draft(entry):
             _remove(entry)
         elif name == STAGING_MARKER:  # a build killed just after renaming its folder in
             _unlink_marker(out)

@@ -29,7 +29,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from .._redact import redact_uri
 from ..chunking import Chunking
 from .base import BuildSettings, Store
-from .faiss_folder import pause_for_tests
+from .faiss_folder import is_index_meta, pause_for_tests
 from .nodes import (
     EmbeddingMismatchError,
     IndexInfo,
@@ -241,6 +241,22 @@ def _resolve(client: Any, collection: str) -> str | None:
     return collection if collection in client.list_collections() else None
 
 
+def _is_our_meta_file(path: Path) -> bool:
+    """Whether ``path`` is absent or the record `_update_meta` writes (format 2 with its
+    collections) or the one a build wrote before aliases (an index's metadata)."""
+    if not (path.exists() or path.is_symlink()):
+        return True
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        data = _read_meta_file(path)
+    except (ValueError, OSError):
+        return False
+    if data.get("format") == 2 and isinstance(data.get("collections"), dict):
+        return True
+    return is_index_meta(data)
+
+
 def _read_meta_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -266,11 +282,10 @@ def _update_meta(
     if path is None:
         return
     entries: dict[str, Any] = {}
+    if not _is_our_meta_file(path):
+        raise ValueError(f"{path} is not hyde-plus's record of the collection; left untouched")
     if path.is_file():
-        try:
-            entries = dict(_read_meta_file(path).get("collections") or {})
-        except ValueError:
-            entries = {}  # a corrupt or legacy file is rewritten from scratch
+        entries = dict(_read_meta_file(path).get("collections") or {})  # legacy: none
     entries.update(add or {})
     if keep is not None:
         entries = {k: v for k, v in entries.items() if k in keep}
@@ -443,12 +458,26 @@ class MilvusStore(Store):
         return f"collection {self.collection!r} at {redact_uri(self.uri)}"
 
     def check_target(self, docs: Path | None = None) -> None:
-        if docs is not None and is_local_uri(self.uri):
-            target = Path(self.uri).expanduser().resolve()
+        if not is_local_uri(self.uri):
+            return
+        target = Path(self.uri).expanduser()
+        if target.is_dir() and any(target.iterdir()) and not (target / "databases").is_dir():
+            raise ValueError(
+                f"--uri {self.uri} is a folder that is not a Milvus Lite database (no "
+                "databases/ in it); refusing to write into it: choose a new .db path"
+            )
+        if docs is not None:
+            target = target.resolve()
             if target == docs.expanduser().resolve() or docs.expanduser().resolve() in (
                 target.parents
             ):
                 raise ValueError(f"--uri {self.uri} is inside the documents folder {docs}")
+        meta = _meta_path(self.uri, self.collection)
+        if meta is not None and not _is_our_meta_file(meta):
+            raise ValueError(
+                f"--uri {self.uri}: {meta} exists and is not hyde-plus's record of the "
+                "collection; refusing to overwrite it: move it, or choose another --collection"
+            )
 
     def _build(
         self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
