@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from enum import Enum
 
-from llama_index.core.schema import NodeWithScore
+from llama_index.core.schema import BaseNode, NodeWithScore
 
 
 class FusionMode(str, Enum):
@@ -59,13 +59,20 @@ def _first_seen(lists: Lists) -> dict[str, tuple[int, NodeWithScore]]:
     return seen
 
 
+def scored(node: BaseNode, score: float | None) -> NodeWithScore:
+    """A new ``NodeWithScore`` without pydantic's validation (both fields are already
+    what it would check): a search makes dozens of these, and validation was most of
+    the cost of fusing."""
+    return NodeWithScore.model_construct(node=node, score=score)
+
+
 def _ranked(
     scores: dict[str, float], seen: dict[str, tuple[int, NodeWithScore]], top_k: int | None
 ) -> list[NodeWithScore]:
     order = sorted(scores, key=lambda nid: (-scores[nid], seen[nid][0]))
     if top_k is not None:
         order = order[:top_k]
-    return [NodeWithScore(node=seen[nid][1].node, score=scores[nid]) for nid in order]
+    return [scored(seen[nid][1].node, scores[nid]) for nid in order]
 
 
 def unique_nodes(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
@@ -131,7 +138,7 @@ def _interleave(lists: Lists, weights: list[float], top_k: int | None) -> list[N
         depth += 1
     if top_k is not None:
         out = out[:top_k]
-    return [NodeWithScore(node=item.node, score=1.0 / pos) for pos, item in enumerate(out, 1)]
+    return [scored(item.node, 1.0 / pos) for pos, item in enumerate(out, 1)]
 
 
 def fuse(

@@ -22,7 +22,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from . import expansion, plan
 from ._checks import check_int, is_int
-from .fusion import FusionMode, fuse, unique_nodes
+from .fusion import FusionMode, fuse, scored, unique_nodes
 from .provenance import summary, tag_nodes
 from .transforms.base import (
     Guards,
@@ -117,7 +117,7 @@ def _has_native(obj: Any, name: str, base: type) -> bool:
 def _copy(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     """Fresh NodeWithScore wrappers (deduplicated by node id), so that scoring
     downstream never touches the wrapped retriever's objects."""
-    return [NodeWithScore(node=item.node, score=item.score) for item in unique_nodes(nodes)]
+    return [scored(item.node, item.score) for item in unique_nodes(nodes)]
 
 
 class TransformRetriever(BaseRetriever):
@@ -496,11 +496,12 @@ class TransformRetriever(BaseRetriever):
             except Exception as exc:
                 outcomes[todo[0]] = exc
             return self._split(specs, outcomes)
-        gate = asyncio.Semaphore(self.max_concurrency)
-        found = await asyncio.gather(
-            *(self._retrieve_one(bundles[i], gate) for i in todo),  # type: ignore[arg-type]
-            return_exceptions=True,
-        )
+        if len(todo) <= self.max_concurrency:  # all at once: no gate to pass
+            searches = [self._asearch_bundle(bundles[i]) for i in todo]  # type: ignore[arg-type]
+        else:
+            gate = asyncio.Semaphore(self.max_concurrency)
+            searches = [self._retrieve_one(bundles[i], gate) for i in todo]  # type: ignore[arg-type]
+        found = await asyncio.gather(*searches, return_exceptions=True)
         for outcome in found:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome
@@ -645,4 +646,4 @@ def _blend(
     sims = [expansion.cosine(v, generated) for v in doc_vectors]
     scores = expansion.blend_scores([float(h.score or 0.0) for h in unique], sims, blend)
     order = expansion.best_first(scores)
-    return [NodeWithScore(node=unique[i].node, score=scores[i]) for i in order]
+    return [scored(unique[i].node, scores[i]) for i in order]

@@ -185,3 +185,12 @@ def test_a_query_with_a_lone_surrogate_is_a_clear_value_error() -> None:
 
     with pytest.raises(ValueError, match="surrogate"):
         validate_query("a \udcff revenue")
+
+
+def test_a_transform_class_without_build_is_refused_when_it_is_made() -> None:
+    from llama_index_hyde_plus.transforms.llm_base import LLMTransform
+
+    with pytest.raises(TypeError, match="must define _build"):
+
+        class Forgetful(LLMTransform):
+            method = "forgetful"

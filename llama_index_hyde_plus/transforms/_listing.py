@@ -72,6 +72,7 @@ class QueryListTransform(LLMTransform):
                 raise ValueError("original_weight must be between 0 and 100")
             original_weight = float(original_weight)
         self._original_weight = original_weight
+        self._rendered_instruction: tuple[object, int, str] | None = None
 
     @property
     def original_weight(self) -> float:
@@ -130,12 +131,22 @@ class QueryListTransform(LLMTransform):
         options: dict[str, Any] = {
             "exclude": exclude,
             "max_characters": self.max_characters,
-            "instruction": self._render(""),
+            "instruction": self._instruction(),
             "question": query,
         }
         if self.DEFAULT_N is None:
             return parse_single(reply, **options)
         return parse_queries(reply, self.n, **options)
+
+    def _instruction(self) -> str:
+        """The prompt rendered without the question (what an echo repeats), rendered
+        once per prompt and ``n`` rather than once per reply."""
+        prompt, n = self._prompt, self.n
+        known = self._rendered_instruction
+        if known is None or known[0] is not prompt or known[1] != n:
+            known = (prompt, n, self._render(""))
+            self._rendered_instruction = known
+        return known[2]
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
         exclude = (query,) if self.parse_excludes_query else ()

@@ -165,21 +165,31 @@ class HyDE(LLMTransform):
         the caller chose the vector (``query_weight`` or ``include_query``)."""
         return self.SHIPPED[self.generator] if self._shipped else None
 
+    def _weights(self) -> tuple[bool, float | None, float | None, Shipped | None]:
+        """``(include_query, query_weight, keyword_weight, defaults)`` in force, the
+        shipped defaults looked up once."""
+        shipped = self.defaults
+        if shipped is not None:
+            query_weight: float | None = shipped.query_weight
+            include = shipped.query_weight > 0
+        else:
+            query_weight, include = self._query_weight, self._include_query
+        keyword = self._keyword_weight if self._keyword_weight is not None else query_weight
+        return include, query_weight, keyword, shipped
+
     @property
     def query_weight(self) -> float | None:
         """The question's share of the dense vector (None: the paper's plain mean)."""
-        shipped = self.defaults
-        return shipped.query_weight if shipped is not None else self._query_weight
+        return self._weights()[1]
 
     @property
     def include_query(self) -> bool:  # type: ignore[override]
-        shipped = self.defaults
-        return shipped.query_weight > 0 if shipped is not None else self._include_query
+        return self._weights()[0]
 
     @property
     def keyword_weight(self) -> float | None:
         """The question's share of the keyword text; the dense weight when unset."""
-        return self._keyword_weight if self._keyword_weight is not None else self.query_weight
+        return self._weights()[2]
 
     @property
     def guards(self) -> Guards:  # type: ignore[override]
@@ -317,17 +327,17 @@ class HyDE(LLMTransform):
     def _styled(self, result: TransformResult) -> TransformResult:
         """``result`` searched with this instance's options: the question's weights in
         the one search (`SearchSpec`), reported in ``search_options``."""
-        query_weight, keyword_weight = self.query_weight, self.keyword_weight
+        include, query_weight, keyword_weight, shipped = self._weights()
         spec = passage_search(
-            result.query, result.hypothetical, self.include_query, query_weight, keyword_weight
+            result.query, result.hypothetical, include, query_weight, keyword_weight
         )
         reported = {"query_weight": query_weight, "keyword_weight": keyword_weight}
         return replace(
             result,
-            include_query=self.include_query,
+            include_query=include,
             specs=(spec,) if spec is not None else (),
             search_options={k: v for k, v in reported.items() if v is not None},
-            defaults=self.generator if self.defaults is not None else None,
+            defaults=self.generator if shipped is not None else None,
         )
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:

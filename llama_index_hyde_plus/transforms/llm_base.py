@@ -10,10 +10,10 @@ warning and yields the original query with ``fallback=True``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 import time
-from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -111,6 +111,7 @@ class LLMTransform(QueryTransformer):
         self.retry = retry if retry is not None else RetryPolicy()
         self.breaker = breaker_from(options, self.method)
         self._flights: SingleFlight[TransformResult] = SingleFlight()
+        self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
 
     @property
     def llm(self) -> LLM:
@@ -122,12 +123,18 @@ class LLMTransform(QueryTransformer):
         """``"small"`` (the bundled SmolLM2-135M) or ``"capable"`` (any other LLM):
         which of the shipped defaults apply when options are left unset. An LLM that
         cannot be resolved (``Settings.llm`` without a key) counts as capable: its call
-        fails and falls back anyway."""
+        fails and falls back anyway. Read once per LLM object (its metadata is rebuilt on
+        every access, and a search asks several times)."""
         try:
             llm = self.llm
         except Exception:
             return "capable"
-        return _llm.generator_kind(llm)
+        known = self._kind_of
+        if known is not None and known[0] is llm:
+            return known[1]
+        kind = _llm.generator_kind(llm)
+        self._kind_of = (llm, kind)
+        return kind
 
     @property
     def timeout(self) -> float | None:
@@ -166,9 +173,19 @@ class LLMTransform(QueryTransformer):
     def _num_calls(self) -> int:
         return 1
 
-    @abstractmethod
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
-        """Build the result from the replies; raise `UnusableReplyError` if none is."""
+        """Build the result from the replies; raise `UnusableReplyError` if none is.
+
+        Every concrete transform defines it (checked when the class is made). It is
+        not abstract on purpose: LlamaIndex wraps implementations of abstract methods
+        in an instrumentation span, and a span around this pure step cost each search
+        more than the step itself (the LLM call and the searches keep theirs)."""
+        raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not inspect.isabstract(cls) and cls._build is LLMTransform._build:
+            raise TypeError(f"{cls.__name__} must define _build(query, replies, usage)")
 
     # -- the call ----------------------------------------------------------------
     def _render(self, query: str, context: Sequence[str] | None = None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 _SENTENCE_END = ".!?"
 _CLOSERS = "\"'”’)]"
@@ -171,15 +172,26 @@ def is_echo(item: str, instruction: str = "", question: str = "") -> bool:
     ``instruction`` text (rendered without the question), at least three words of
     which `ECHO_SHARE` are the instruction's own and none is one of the ``question``'s
     (a query that shares a word with the question is kept)."""
-    if _ECHO.search(item):
-        return True
-    if not instruction:
-        return False
-    words = _words(item)
-    own = _words(instruction) - _words(question)
-    if len(words) < 3 or words & _words(question):
-        return False
-    return len(words & own) >= ECHO_SHARE * len(words)
+    return _echo_test(instruction, question)(item)
+
+
+def _echo_test(instruction: str, question: str) -> Callable[[str], bool]:
+    """`is_echo` for one prompt and question, their words read once (a reply has
+    several items to test)."""
+    asked = _words(question) if instruction else set()
+    own = _words(instruction) - asked if instruction else set()
+
+    def test(item: str) -> bool:
+        if _ECHO.search(item):
+            return True
+        if not instruction:
+            return False
+        words = _words(item)
+        if len(words) < 3 or words & asked:
+            return False
+        return len(words & own) >= ECHO_SHARE * len(words)
+
+    return test
 
 
 def _candidates(text: str, instruction: str, question: str) -> list[str]:
@@ -198,7 +210,8 @@ def _candidates(text: str, instruction: str, question: str) -> list[str]:
             ] or lines
         items = lines
     cleaned = [_clean_item(x) for x in items]
-    return [x for x in cleaned if x and not is_echo(x, instruction, question)]
+    echo = _echo_test(instruction, question)
+    return [x for x in cleaned if x and not echo(x)]
 
 
 def _check_limits(n: int, max_characters: int) -> None:
