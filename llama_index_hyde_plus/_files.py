@@ -197,14 +197,20 @@ def is_sealed_json(head: bytes, *keys: str) -> bool:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it renamed into place,
-    so a reader sees the old file or the new one; the file gets the permissions the
-    umask gives (not `tempfile.mkstemp`'s 0600)."""
+    """Write ``text`` (UTF-8) to ``path`` as `write_bytes_atomic` does."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it renamed into place,
+    so a reader sees the old file or the new one (a kill mid-write leaves the old
+    one whole, and a hard link to the old file keeps its content); the file gets the
+    permissions the umask gives (not `tempfile.mkstemp`'s 0600)."""
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

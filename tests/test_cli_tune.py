@@ -261,3 +261,48 @@ def test_a_cache_dir_that_is_a_file_is_refused_before_any_work(tmp_path: Path) -
         assert result.exit_code == 2, result.output
         assert f"--cache-dir {afile} is a file" in result.output
         assert "Traceback" not in result.output and afile.read_text() == "mine"
+
+
+def test_a_cache_inside_the_documents_is_refused(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("# Guide\nRenewals happen every year in March.\n")
+    for command in (["tune", "-t", "rocchio", "--out", str(tmp_path / "t.json")], ["eval"]):
+        result = runner.invoke(
+            app,
+            [
+                *command,
+                "--docs",
+                str(docs),
+                "--llm",
+                "scripted",
+                "--embed",
+                "local",
+                "--cache-dir",
+                str(docs / "cache"),
+            ],
+        )
+        assert result.exit_code == 2, result.output
+        assert "--cache-dir" in result.output and "is inside --docs" in result.output
+    assert sorted(p.name for p in docs.iterdir()) == ["guide.md"]
+
+
+def test_a_refused_tune_leaves_no_output_folder_behind(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            "--dataset",
+            str(TINY),
+            "--split",
+            "nosuch",
+            "-t",
+            "rocchio",
+            "--embed",
+            "local",
+            "--out",
+            str(tmp_path / "t" / "c.json"),
+        ],
+    )
+    assert result.exit_code != 0
+    assert not (tmp_path / "t").exists()

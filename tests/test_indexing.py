@@ -707,3 +707,71 @@ def test_a_build_waiting_for_another_says_so(
     holder.join()
     builder.join(60)
     assert top_id(tmp_path / "idx", "paid time off") == "pto"
+
+
+def test_an_empty_folder_given_as_out_is_filled_in_place(tmp_path: Path) -> None:
+    """The folder itself stays: its permissions (a private 0700 folder stays private),
+    its inode, and a link the user gave as --out keeps pointing at it."""
+    private = tmp_path / "private"
+    private.mkdir()
+    private.chmod(0o700)
+    inode = private.stat().st_ino
+    link = tmp_path / "lnk"
+    link.symlink_to(private)
+    build(link)
+    assert private.stat().st_mode & 0o777 == 0o700 and private.stat().st_ino == inode
+    assert link.is_symlink() and top_id(link, "paid time off") == "pto"
+
+
+def test_a_first_build_into_an_empty_folder_killed_mid_write_can_be_built_again(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "idx"
+    out.mkdir()
+    stale = out / "data-00000000beef"  # what the killed build left: a marked data folder
+    stale.mkdir()
+    write_our_file(stale / DATA_MARKER, stale.name)
+    (stale / "docstore.json").write_text("{}")
+    build(out)
+    assert not stale.exists() and top_id(out, "paid time off") == "pto"
+
+
+def test_current_follows_rebuilds_even_with_notes_in_the_data_folder(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    (out / CURRENT_LINK / "notes.txt").write_text("my notes")
+    old = os.readlink(out / CURRENT_LINK)
+    build(out, NEW)
+    assert os.readlink(out / CURRENT_LINK) == read_meta(out)["data"] != old
+    assert (out / old / "notes.txt").read_text() == "my notes"  # kept, with the old data
+
+
+def test_a_current_folder_left_by_copytree_is_kept_and_the_warning_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    base = tmp_path / "base"
+    build(base)
+    copy = tmp_path / "copy"
+    shutil.copytree(base, copy)  # follows links: current becomes a real folder
+    build(copy, NEW)
+    assert (copy / CURRENT_LINK).is_dir() and not (copy / CURRENT_LINK).is_symlink()
+    assert any("cp -r" in r.getMessage() for r in caplog.records)
+
+
+def test_a_folder_created_under_out_during_the_build_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index_hyde_plus.stores import faiss_folder
+
+    out = tmp_path / "racey"
+
+    def someone_fills_it(stage: str) -> None:
+        out.mkdir()
+        (out / "user.txt").write_text("mine")
+
+    monkeypatch.setattr(faiss_folder, "pause_for_tests", someone_fills_it)
+    with pytest.raises(ValueError, match="was created by someone else while this build ran"):
+        build(out)
+    assert [p.name for p in out.iterdir()] == ["user.txt"]
+    assert not list(tmp_path.glob(".racey.build-*"))

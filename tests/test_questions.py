@@ -383,3 +383,14 @@ def test_a_link_or_a_file_as_the_set_folder_is_refused_and_kept(tmp_path: Path) 
     with pytest.raises(ValueError, match="is a file, not a folder"):
         write_question_set(_one_question_set(), chunks(), file, {"docs": "y"})
     assert read_manifest(real)["docs"] == "x" and file.read_text() == "mine"  # type: ignore[index]
+
+
+def test_an_empty_folder_for_a_set_is_filled_in_place(tmp_path: Path) -> None:
+    private = tmp_path / "qpriv"
+    private.mkdir()
+    private.chmod(0o700)
+    inode = private.stat().st_ino
+    folder = write_question_set(_one_question_set(), chunks(), private, {"docs": "x"})
+    assert private.stat().st_mode & 0o777 == 0o700 and private.stat().st_ino == inode
+    assert read_manifest(folder)["docs"] == "x"  # type: ignore[index]
+    assert [p.name for p in tmp_path.iterdir()] == ["qpriv"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,19 @@ def test_results_edited_by_hand_are_theirs_and_never_overwritten(tmp_path: Path)
     with pytest.raises(ValueError, match=r"results\.json exists and is not eval results"):
         write_outputs(res, out)
     assert json.loads((out / "results.json").read_text())["notes"] == "irreplaceable"
+
+
+def test_a_re_run_replaces_results_atomically_so_hard_links_keep_the_old_run(
+    tmp_path: Path,
+) -> None:
+    res = result(tmp_path)
+    out, archive = tmp_path / "out", tmp_path / "archive"
+    write_outputs(res, out, command="first run")
+    archive.mkdir()
+    for name in ("results.json", "results.md", "results.png"):
+        os.link(out / name, archive / name)
+    before = {p.name: p.read_bytes() for p in archive.iterdir()}
+    write_outputs(res, out, command="second run")
+    assert {p.name: p.read_bytes() for p in archive.iterdir()} == before
+    assert "second run" in (out / "results.md").read_text()
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -164,7 +164,7 @@ def _prepare(
         where.kind  # noqa: B018 - flags are checked before anything loads
         specs = _specs(transforms, config_files)
         standin_for(models, source)
-        source.check(models.max_length, (("--out", out),))
+        source.check(models.max_length, (("--out", out), ("--cache-dir", where.cache_dir)))
         check_results_folder(out)
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm

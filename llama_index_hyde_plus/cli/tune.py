@@ -105,7 +105,7 @@ def tune(
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
-    outputs = (("--out", out), ("--report", report))
+    outputs = (("--out", out), ("--report", report), ("--cache-dir", cache_dir))
     configs, ds, embed_model, model = _load(
         source, where, models, name, grid, split, limit, outputs
     )
@@ -165,9 +165,9 @@ def _load(
 def _show(result: Any, path: Path, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
-    from .._files import is_our_markdown, sealed_markdown, write_text_atomic
+    from .._files import is_our_markdown, sealed_markdown
     from ..evaluation.report import tune_markdown, tune_table
-    from ..evaluation.tune import check_writable
+    from ..evaluation.tune import check_writable, write_output
 
     if question_set is not None:
         from ..evaluation.questions import mark_tuned
@@ -185,5 +185,5 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
     if report is not None:
         with reported():
             report = check_writable(report, "--report", "a report", is_our_markdown)
-        write_text_atomic(report, sealed_markdown(tune_markdown(result, command_line("tune"))))
+        write_output(report, sealed_markdown(tune_markdown(result, command_line("tune"))))
     console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")

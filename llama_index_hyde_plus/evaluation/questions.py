@@ -491,6 +491,8 @@ def _replace(tmp: Path, folder: Path) -> None:
             os.replace(folder, aside)
             os.replace(tmp, folder)
             _remove_set(aside)
+        elif folder.is_dir():  # an empty folder (or a link to one): filled in place
+            _fill(tmp, folder)
         else:
             os.replace(tmp, folder)
     except OSError as exc:
@@ -498,6 +500,16 @@ def _replace(tmp: Path, folder: Path) -> None:
             f"could not write the question set {folder} ({exc.strerror}): is another run "
             "writing it at the same time? Run one at a time or use another --questions-dir"
         ) from exc
+
+
+def _fill(tmp: Path, folder: Path) -> None:
+    """Move the new set's entries from ``tmp`` into the empty ``folder``, the manifest
+    last (a set is a set only with it), so the folder keeps its permissions and a
+    link to it stays a link."""
+    entries = sorted(tmp.iterdir(), key=lambda p: p.name == "manifest.json")
+    for entry in entries:
+        os.replace(entry, folder / entry.name)
+    tmp.rmdir()
 
 
 def _remove_set(folder: Path) -> None:

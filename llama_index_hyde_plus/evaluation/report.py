@@ -3,6 +3,7 @@ PNG bar chart."""
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
@@ -16,6 +17,8 @@ from .._files import (
     is_sealed_json,
     sealed_json,
     sealed_markdown,
+    write_bytes_atomic,
+    write_text_atomic,
 )
 from .metrics import LABELS, MEASURES
 from .runner import EvalResult, TransformReport
@@ -265,8 +268,10 @@ def bar_chart(result: EvalResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig = chart(result)
-    fig.savefig(path, metadata={"Software": PNG_SOFTWARE})
+    png = io.BytesIO()
+    fig.savefig(png, format="png", metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
+    write_bytes_atomic(path, png.getvalue())
 
 
 RESULT_FILES = ("results.json", "results.md", "results.png")
@@ -312,15 +317,17 @@ def check_results_folder(out: Path) -> Path:
 
 
 def write_outputs(result: EvalResult, out: Path, command: str | None = None) -> list[Path]:
-    """Write ``results.json``, ``results.md`` and ``results.png`` into ``out``."""
+    """Write ``results.json``, ``results.md`` and ``results.png`` into ``out``, each
+    replaced atomically (a kill mid-write leaves the old file; a hard link to it
+    keeps the old run)."""
     out = check_results_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     payload = result.to_dict()
     if command:
         payload["command"] = command
     paths = [out / name for name in RESULT_FILES]
-    paths[0].write_text(sealed_json(payload))
-    paths[1].write_text(sealed_markdown(markdown(result, command)))
+    write_text_atomic(paths[0], sealed_json(payload))
+    write_text_atomic(paths[1], sealed_markdown(markdown(result, command)))
     bar_chart(result, paths[2])
     return paths
 

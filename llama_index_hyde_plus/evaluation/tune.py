@@ -266,7 +266,7 @@ def write_config(result: TuneResult, path: Path) -> Path:
     """Write the winner as JSON to ``path`` (atomically: a temporary file renamed; the
     permissions the umask gives)."""
     path = check_writable(path, "--out")
-    write_text_atomic(path, sealed_json(config_payload(result)))
+    write_output(path, sealed_json(config_payload(result)))
     return path
 
 
@@ -279,17 +279,25 @@ def check_writable(
     path: Path, what: str, kind: str = "a config", ours: Callable[[bytes], bool] = is_our_config
 ) -> Path:
     """``path`` (expanded) if a file can be written there: not a folder, absent or a
-    file this tool wrote (``ours``: a tune config by default), and its parent is a
-    writable folder (created if missing). Else a `ValueError` naming ``what``."""
+    file this tool wrote (``ours``: a tune config by default), and its nearest existing
+    ancestor a writable folder (missing folders are made only when the file is
+    written: a run refused later leaves nothing). Else a `ValueError` naming ``what``."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise ValueError(f"{what} must be a file path, not a folder: {path}")
     check_replaceable(path, what, kind, ours)
-    parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"{what}: cannot create the folder {parent} ({exc.strerror})") from exc
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise ValueError(f"{what}: cannot write in {parent}")
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{what}: cannot write in {existing}")
     return path
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, making its missing folders first."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the folder {path.parent} ({exc.strerror})") from exc
+    write_text_atomic(path, text)

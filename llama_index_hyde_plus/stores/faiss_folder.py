@@ -17,6 +17,7 @@ one gone). Builds in the same parent folder write one at a time, saying so when 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -114,7 +115,7 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
                 f"--out {out} is the documents folder or contains it; "
                 "write the index to a separate folder"
             )
-    if target.is_dir() and any(target.iterdir()) and our_meta(target) is None:
+    if target.is_dir() and any(target.iterdir()) and not _replaceable(target):
         what = (
             f"its {META_FILE} is not one hyde-plus wrote"
             if (target / META_FILE).exists() or (target / META_FILE).is_symlink()
@@ -125,6 +126,24 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
             "refusing to replace it: choose a new or empty folder"
         )
     return target
+
+
+def _replaceable(folder: Path) -> bool:
+    """Whether a build may write into the non-empty ``folder``: an index this tool
+    wrote, or a folder holding nothing but what a build killed before its switch
+    leaves (marked data folders, drafts, the ``current`` link to one of them)."""
+    if our_meta(folder) is not None:
+        return True
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return False
+    return all(
+        _is_data_folder(e)
+        or _is_draft(e)
+        or (e.name == CURRENT_LINK and _linked_data(folder) is not None)
+        for e in entries
+    )
 
 
 def pause_for_tests(stage: str) -> None:
@@ -152,6 +171,7 @@ def write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
     out.parent.mkdir(parents=True, exist_ok=True)
     waiting = f"waiting for another hyde-plus build in {out.parent} to finish writing"
     with locked_folder(out.parent, on_wait=lambda: logger.warning("%s", waiting)):
+        check_index_target(out)  # again, now that no other build runs: it may have changed
         _clean_stale_builds(out)
         try:
             _write_data(out, storage, meta)
@@ -172,7 +192,8 @@ def _persist(folder: Path, storage: StorageContext) -> None:
 def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
     data = f"data-{uuid.uuid4().hex[:12]}"
     meta = {**meta, "data": data}
-    if out.is_dir() and our_meta(out) is not None:
+    if out.is_dir():  # ours, empty, or a killed build's leftovers (`check_index_target`)
+        # filled in place: the folder itself (its permissions, a link to it) stays
         _persist(out / data, storage)
         pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
         pending.write_text(json.dumps(meta, indent=2))
@@ -187,7 +208,15 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
         point_current(tmp, data)
         pause_for_tests("faiss")
-        os.rename(tmp, out)  # out is absent or an empty folder: both are replaced atomically
+        try:
+            os.rename(tmp, out)  # out is still absent: it appears whole
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            raise ValueError(
+                f"{out} was created by someone else while this build ran; it is left as "
+                "it is and nothing was written: build again, or choose another --out"
+            ) from exc
         _unlink_marker(out)
     finally:
         if _is_our_staging(tmp):
@@ -201,7 +230,14 @@ def point_current(out: Path, data: str) -> None:
     file, folder or link) is left alone, with a warning."""
     link = out / CURRENT_LINK
     if (link.exists() or link.is_symlink()) and _linked_data(out) is None:
-        logger.warning("%s is not this tool's link; the stable path was not updated", link)
+        what = "a link" if link.is_symlink() else "a folder" if link.is_dir() else "a file"
+        logger.warning(
+            "%s is %s this build did not make (a copy made with copytree? copy indexes "
+            "with `cp -r`, which keeps links): it is left alone and still shows the old "
+            "data; remove it and rebuild to get the stable path back",
+            link,
+            what,
+        )
         return
     pending = out / f".{CURRENT_LINK}.{uuid.uuid4().hex[:8]}.tmp"
     try:
@@ -214,8 +250,8 @@ def point_current(out: Path, data: str) -> None:
 
 def _linked_data(out: Path) -> str | None:
     """The data folder name ``out/current`` links to, if it is what `point_current`
-    makes: a link to a plain ``data-<12 hex>`` name that is one of this tool's data
-    folders (`_is_data_folder`) or no longer exists (its folder was replaced)."""
+    makes: a link to a plain ``data-<12 hex>`` name holding this tool's marker naming
+    it (your notes put inside it do not change that), or no longer there."""
     link = out / CURRENT_LINK
     if not link.is_symlink():
         return None
@@ -224,7 +260,8 @@ def _linked_data(out: Path) -> str | None:
         return None
     folder = out / target
     gone = not (folder.exists() or folder.is_symlink())
-    return target if gone or _is_data_folder(folder) else None
+    marked = not folder.is_symlink() and is_our_file(folder / DATA_MARKER, target)
+    return target if gone or marked else None
 
 
 def _staging_prefix(out: Path) -> str:
