@@ -489,3 +489,93 @@ def test_a_users_folder_named_like_a_database_is_never_written_into(tmp_path: Pa
         )
     assert sorted(p.name for p in folder.iterdir()) == ["LOCK", "aliases.json"]
     assert (folder / "aliases.json").read_text() == '{"mine": 1}'
+
+
+def _small_docs() -> list[Document]:
+    return [Document(text=DOCS[k], id_=k) for k in ("pto", "office")]
+
+
+def test_a_rebuild_drops_only_its_own_builds_and_keeps_one_the_user_pinned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    client = MilvusClient(uri)
+    [first] = client.list_collections()
+    mine = "hyde_plus__0123456789ab"  # named like a build, but the user's
+    client.create_collection(mine, dimension=4)
+    client.insert(mine, [{"id": 1, "vector": [0.5] * 4}])
+    client.create_alias(first, "prod")
+    with caplog.at_level(logging.WARNING):
+        build_milvus_index(_small_docs(), EMBED, uri)
+    assert client.query(mine, filter="id >= 0", output_fields=["id"]) == [{"id": 1}]
+    assert client.describe_alias("prod")["collection_name"] == first
+    assert first in caplog.text and "prod" in caplog.text
+    index = load_milvus_index(uri, EMBED)  # the alias moved to the new build
+    assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
+    client.drop_alias("prod")  # unpinned, the old build is ours to drop on the next build
+    build_milvus_index(_small_docs(), EMBED, uri)
+    assert first not in client.list_collections() and mine in client.list_collections()
+
+
+def test_a_collection_name_that_is_a_users_alias_is_refused_before_any_embedding(
+    tmp_path: Path,
+) -> None:
+    from pymilvus import MilvusClient
+
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    uri = str(tmp_path / "a.db")
+    client = MilvusClient(uri)
+    client.create_collection("mycol", dimension=4)
+    client.create_alias("mycol", "docs")
+    embedded: list[int] = []
+    with pytest.raises(ValueError, match=r"alias 'docs' .*that hyde-plus did not make"):
+        MilvusStore(uri, collection="docs").build(
+            _small_docs(), EMBED, embed_spec="d", max_length=64, progress=embedded.append
+        )
+    assert embedded == [] and client.list_collections() == ["mycol"]
+    assert client.describe_alias("docs")["collection_name"] == "mycol"
+
+
+def test_a_build_that_fails_after_creating_its_collection_drops_it_and_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from pymilvus import MilvusClient
+
+    uri, flag = str(tmp_path / "race.db"), tmp_path / "paused"
+    monkeypatch.setenv("HYDE_PLUS_TEST_PAUSE_BEFORE_SWITCH", str(flag))
+    client = MilvusClient(uri)
+
+    def user_takes_the_name() -> None:  # while the build waits to switch its alias in
+        while not flag.exists():
+            time.sleep(0.05)
+        client.create_collection("mycol", dimension=4)
+        client.create_alias("mycol", "kb")
+        flag.unlink()
+
+    user = threading.Thread(target=user_takes_the_name)
+    user.start()
+    try:
+        with pytest.raises(Exception, match="kb"):
+            build_milvus_index(_small_docs(), EMBED, uri, collection="kb")
+    finally:
+        user.join()
+    assert client.list_collections() == ["mycol"]
+    record = json.loads(Path(f"{uri}.kb.hyde_plus.json").read_text())
+    assert record["collections"] == {}
+
+
+def test_a_trailing_slash_names_the_same_database_and_record(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    MilvusStore(f"{tmp_path / 'm.db'}/").build(_small_docs(), EMBED, embed_spec="d", max_length=64)
+    assert (tmp_path / "m.db.hyde_plus.hyde_plus.json").is_file()
+    assert not list((tmp_path / "m.db").glob("*hyde_plus.json"))
+    meta = MilvusStore(str(tmp_path / "m.db")).meta()
+    assert meta is not None and meta["documents"] == 2
+    assert MilvusStore(f"{tmp_path / 'm.db'}//").meta() == meta

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -44,6 +45,8 @@ from .nodes import (
 Ranker = Literal["rrf", "weighted"]
 DEFAULT_COLLECTION = "hyde_plus"
 
+logger = logging.getLogger(__name__)
+
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
 
@@ -61,7 +64,9 @@ def check_collection_name(collection: str) -> str:
 
 def check_uri(uri: str) -> str:
     """``uri`` if it can name a Milvus: an ``http(s)://``/``tcp://``/``unix:`` URL, or a
-    Milvus Lite database ending in ``.db``; else a `ValueError`."""
+    Milvus Lite database ending in ``.db``; else a `ValueError`. A local path comes back
+    normalised (``m.db/``, ``m.db//`` and ``./m.db`` are ``m.db``), so one database has
+    one record file beside it, never one inside its folder."""
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError("--uri is needed for the Milvus store (a .db file path or a URL)")
     if not is_local_uri(uri) or uri.startswith("unix:"):
@@ -71,7 +76,7 @@ def check_uri(uri: str) -> str:
         raise ValueError(
             f"--uri {uri}: a Milvus Lite file must end in .db (or give an http(s):// URL)"
         )
-    return uri
+    return str(Path(uri))
 
 
 def _is_build_of(name: str, collection: str) -> bool:
@@ -148,10 +153,14 @@ def build_milvus_index(
     leaves the old collection serving. Beside a Milvus Lite file, a small JSON records
     how each collection was embedded (the entry of the new one is written before the
     switch, so it always describes what the alias points at). ``chunking``, ``total``:
-    as in `build_faiss_index`. A collection called ``collection`` that hyde-plus did
-    not build is never dropped: the build is refused before any embedding."""
+    as in `build_faiss_index`. A collection or alias called ``collection`` that
+    hyde-plus did not make is never touched: the build is refused before any embedding.
+    A build that fails before the switch drops the collection it made (and its record
+    entry); a successful one drops only the builds it replaced (`_drop_replaced`)."""
     check_collection_name(collection)
-    _check_name_is_ours(_client(check_uri(uri), token), uri, collection)
+    uri = check_uri(uri)
+    client = _client(uri, token)
+    _check_name_is_ours(client, uri, collection)
     nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
     if not nodes:
         raise ValueError("no documents to index")
@@ -159,13 +168,6 @@ def build_milvus_index(
         total(len(nodes))
     embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
     dim = len(nodes[0].embedding or [])
-    physical = f"{collection}__{uuid.uuid4().hex[:12]}"
-    store = milvus_store(uri, collection=physical, dim=dim, token=token, overwrite=True)
-    index = VectorStoreIndex(
-        nodes,
-        storage_context=StorageContext.from_defaults(vector_store=store),
-        embed_model=embed_model,
-    )
     entry = {
         "documents": len(documents),
         "chunks": len(nodes),
@@ -175,24 +177,96 @@ def build_milvus_index(
         "embed_model": embedding_model_name(embed_model),
         "max_length": max_length,
         "collection": collection,
-        "physical_collection": physical,
     }
-    _switch_in(store.client, uri, collection, physical, entry)
+    return _fill_and_switch(client, nodes, embed_model, (uri, collection, token), entry)
+
+
+def _fill_and_switch(
+    client: Any,
+    nodes: Sequence[Any],
+    embed_model: BaseEmbedding,
+    where: tuple[str, str, str],
+    entry: dict[str, Any],
+) -> VectorStoreIndex:
+    """Write ``nodes`` into a new ``<collection>__<id>``, record it, move the alias
+    ``collection`` to it, then drop the builds it replaced. Any failure before the
+    alias moved drops the new collection and its record entry (`_discard`). ``where``:
+    the URI, the collection (alias) and the token."""
+    uri, collection, token = where
+    before = _resolve(client, collection)
+    physical = f"{collection}__{uuid.uuid4().hex[:12]}"
+    entry = {**entry, "physical_collection": physical}
+    try:
+        store = milvus_store(uri, collection=physical, dim=entry["dim"], token=token)
+        index = VectorStoreIndex(
+            nodes,
+            storage_context=StorageContext.from_defaults(vector_store=store),
+            embed_model=embed_model,
+        )
+        _update_meta(uri, collection, add={physical: entry})
+        pause_for_tests("milvus")
+        _switch_alias(client, collection, physical)
+    except BaseException:
+        _discard(client, uri, collection, physical, before)
+        raise
+    _drop_replaced(client, uri, collection, physical, before)
     return index
 
 
-def _switch_in(
-    client: Any, uri: str, collection: str, physical: str, entry: dict[str, Any]
+def _discard(client: Any, uri: str, collection: str, physical: str, before: str | None) -> None:
+    """Best effort after a failed build: drop ``physical`` (ours: this build made it)
+    and its record entry, unless it is what ``collection`` now serves, or the only data
+    left (the legacy collection ``before`` was dropped but the alias not made)."""
+    try:
+        now = _resolve(client, collection)
+        if now == physical or (now is None and before is not None):
+            return
+        if physical in client.list_collections():
+            client.drop_collection(physical)
+        _update_meta(uri, collection, drop={physical})
+    except Exception as exc:  # the build's own error is the one to report
+        logger.warning("could not clean up the failed build %s: %s", physical, exc)
+
+
+def _drop_replaced(
+    client: Any, uri: str, collection: str, physical: str, before: str | None
 ) -> None:
-    """Record how ``physical`` was built, point the alias ``collection`` at it in one
-    step, then drop the builds it replaced (only ours: `_is_build_of`)."""
-    _update_meta(uri, collection, add={physical: entry})
-    pause_for_tests("milvus")
-    _switch_alias(client, collection, physical)
-    for name in client.list_collections():
-        if _is_build_of(name, collection) and name != physical:
-            client.drop_collection(name)
-    _update_meta(uri, collection, keep={physical})
+    """Drop the builds ``physical`` replaced: those the record beside a Milvus Lite file
+    lists (the previous one and any interrupted ones), or, on a server (no record), the
+    one the alias pointed at ``before``. A build that carries an alias other than
+    ``collection`` is the user's pin: it is kept (and stays recorded), with a warning."""
+    recorded = _recorded_builds(uri, collection)
+    candidates = recorded if recorded is not None else ({before} if before else set())
+    existing = set(client.list_collections())
+    pinned: set[str] = set()
+    for name in sorted(candidates - {physical}):
+        if name not in existing or not _is_build_of(name, collection):
+            continue
+        others = set(client.list_aliases(collection_name=name).get("aliases") or [])
+        if others - {collection}:
+            pinned.add(name)
+            logger.warning(
+                "kept the replaced build %s of collection %r: it carries the alias(es) %s "
+                "(drop them and the next build removes it)",
+                name,
+                collection,
+                ", ".join(sorted(others - {collection})),
+            )
+            continue
+        client.drop_collection(name)
+    _update_meta(uri, collection, keep={physical} | pinned)
+
+
+def _recorded_builds(uri: str, collection: str) -> set[str] | None:
+    """The physical collections the record beside a Milvus Lite file lists as builds of
+    ``collection`` (None on a server, which has no record)."""
+    path = _meta_path(uri, collection)
+    if path is None:
+        return None
+    if not path.is_file():
+        return set()
+    entries = _read_meta_file(path).get("collections") or {}
+    return {str(k) for k in entries} if isinstance(entries, dict) else set()
 
 
 def _switch_alias(client: Any, alias: str, physical: str) -> None:
@@ -207,10 +281,18 @@ def _switch_alias(client: Any, alias: str, physical: str) -> None:
 
 
 def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
-    """A `ValueError` when a collection called ``collection`` exists that is neither an
-    alias of ours nor a collection hyde-plus built before it used aliases (recorded in
-    the metadata file beside a Milvus Lite file): it is someone's data."""
-    if collection not in client.list_collections() or _alias_target(client, collection):
+    """A `ValueError` when ``collection`` is an alias of a collection hyde-plus did not
+    build, or a collection that is neither an alias of ours nor one hyde-plus built
+    before it used aliases (recorded in the metadata file beside a Milvus Lite file):
+    it is someone's data."""
+    target = _alias_of(client, collection)
+    if target is not None and not _is_build_of(target, collection):
+        raise ValueError(
+            f"{redact_uri(uri)} already has an alias {collection!r} (of collection "
+            f"{target!r}) that hyde-plus did not make; it is left alone: choose another "
+            "--collection"
+        )
+    if collection not in client.list_collections() or target is not None:
         return
     meta = _meta_path(uri, collection)
     legacy = meta is not None and meta.is_file() and "collections" not in _read_meta_file(meta)
@@ -221,15 +303,20 @@ def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
         )
 
 
+def _alias_of(client: Any, alias: str) -> str | None:
+    """The collection the alias ``alias`` points at, whoever made it; None when there
+    is no such alias (checked first, since describing a missing alias logs an RPC
+    error)."""
+    if alias not in (client.list_aliases().get("aliases") or []):
+        return None
+    return str(client.describe_alias(alias)["collection_name"])
+
+
 def _alias_target(client: Any, alias: str) -> str | None:
-    """The collection ``alias`` points at (looked up among ``<alias>__*`` collections,
-    since describing a missing alias logs an RPC error)."""
-    for name in client.list_collections():
-        if _is_build_of(name, alias):
-            aliases = client.list_aliases(collection_name=name)
-            if alias in (aliases.get("aliases") or []):
-                return str(name)
-    return None
+    """The collection ``alias`` points at when it is one of our builds
+    (``<alias>__<id>``); None otherwise."""
+    target = _alias_of(client, alias)
+    return target if target is not None and _is_build_of(target, alias) else None
 
 
 def _resolve(client: Any, collection: str) -> str | None:
@@ -276,8 +363,10 @@ def _update_meta(
     *,
     add: dict[str, dict[str, Any]] | None = None,
     keep: set[str] | None = None,
+    drop: set[str] | None = None,
 ) -> None:
-    """Add entries to (or keep only ``keep`` in) the metadata file, atomically."""
+    """Add entries to (keep only ``keep`` in, remove ``drop`` from) the metadata file,
+    atomically."""
     path = _meta_path(uri, collection)
     if path is None:
         return
@@ -289,6 +378,8 @@ def _update_meta(
     entries.update(add or {})
     if keep is not None:
         entries = {k: v for k, v in entries.items() if k in keep}
+    for name in drop or set():
+        entries.pop(name, None)
     pending = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     pending.write_text(json.dumps({"format": 2, "collections": entries}, indent=2))
     os.replace(pending, path)
@@ -313,6 +404,7 @@ def read_milvus_meta(
     uri: str, collection: str = DEFAULT_COLLECTION, *, token: str = ""
 ) -> dict[str, Any] | None:
     """How a local collection was embedded (None for a cluster or an unknown file)."""
+    uri = check_uri(uri)
     meta = _meta_path(uri, collection)
     if meta is None or not meta.is_file():
         return None
@@ -339,6 +431,7 @@ def load_milvus_index(
 ) -> VectorStoreIndex:
     """Open an existing hybrid collection (loading it into memory if this process has
     not), checking that ``embed_model`` is the one it was built with."""
+    uri = check_uri(uri)
     if is_local_uri(uri) and not Path(uri).expanduser().exists():
         raise ValueError(
             f"no Milvus Lite database at {uri}; build one with "
@@ -442,9 +535,8 @@ class MilvusStore(Store):
         from ..models import require_extra
 
         require_extra("milvus", ("pymilvus", "llama_index.vector_stores.milvus"), "--store milvus")
-        check_uri(uri)
         check_collection_name(collection)
-        self.uri, self.collection, self.token = uri, collection, token
+        self.uri, self.collection, self.token = check_uri(uri), collection, token
 
     @classmethod
     def at(
