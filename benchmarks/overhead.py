@@ -11,7 +11,9 @@ breaker and no LLM timeout on our side (the built-ins have neither); rows (1t) s
 what the default timeout costs on the sync path (a worker thread per LLM call, so the
 caller can stop waiting).
 
-    uv run --frozen python benchmarks/overhead.py [--queries 2000] [--markdown]
+    uv run --frozen python benchmarks/overhead.py [--queries 2000] [--rounds 5] [--markdown]
+
+Rows (1) and (0) alternate ours and the other side ``--rounds`` times and show medians.
 """
 
 from __future__ import annotations
@@ -145,6 +147,23 @@ def per_query_async(make: Callable[[], Any], n: int) -> float:
     return asyncio.run(run())
 
 
+def paired(
+    measure: Callable[[Callable[[], Any], int], float],
+    ours: Callable[[], Any],
+    theirs: Callable[[], Any],
+    n: int,
+    rounds: int,
+) -> tuple[float, float]:
+    """Median per-query seconds of ``ours`` and ``theirs`` over ``rounds`` runs taken
+    alternately (ours, theirs, ours, ...), so load that comes and goes hits both."""
+    mine: list[float] = []
+    other: list[float] = []
+    for _ in range(rounds):
+        mine.append(measure(ours, n))
+        other.append(measure(theirs, n))
+    return statistics.median(mine), statistics.median(other)
+
+
 def concurrent_wall(make: Callable[[], Any], k: int = 64) -> float:
     async def run() -> float:
         r = make()
@@ -172,6 +191,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="alternate runs per row (1); medians shown"
+    )
     parser.epilog = (
         "Rows (0) compare ours with the floor (the last column is floor / ours: 1.0 is "
         "the floor, 0.77 is 1.3x it); row (4) puts a cache hit (hyde-plus column) against "
@@ -188,31 +210,23 @@ def main() -> None:
             (name, f"{ours * scale:,.0f} {unit}", f"{theirs * scale:,.0f} {unit}", theirs / ours)
         )
 
-    add(
-        "(1) HyDE, sync, per query",
-        per_query_sync(ours_hyde, n),
-        per_query_sync(core_hyde, n),
-        "µs",
-        us,
-    )
+    r = args.rounds
+    add("(1) HyDE, sync, per query", *paired(per_query_sync, ours_hyde, core_hyde, n, r), "µs", us)
     add(
         "(1) HyDE, async, per query",
-        per_query_async(ours_hyde, n),
-        per_query_async(core_hyde, n),
+        *paired(per_query_async, ours_hyde, core_hyde, n, r),
         "µs",
         us,
     )
     add(
         f"(1) multi-query n={N}, sync, per query",
-        per_query_sync(ours_multi, n // 4),
-        per_query_sync(core_multi, n // 4),
+        *paired(per_query_sync, ours_multi, core_multi, n // 4, r),
         "µs",
         us,
     )
     add(
         f"(1) multi-query n={N}, async, per query",
-        per_query_async(ours_multi, n // 4),
-        per_query_async(core_multi, n // 4),
+        *paired(per_query_async, ours_multi, core_multi, n // 4, r),
         "µs",
         us,
     )
@@ -246,27 +260,24 @@ def main() -> None:
     )
 
     floors = [
-        ("(0) floor: HyDE, sync", per_query_sync(Floor, n), rows[0]),
-        ("(0) floor: HyDE, async", per_query_async(Floor, n), rows[1]),
+        ("(0) floor: HyDE, sync", paired(per_query_sync, ours_hyde, Floor, n, r)),
+        ("(0) floor: HyDE, async", paired(per_query_async, ours_hyde, Floor, n, r)),
         (
             f"(0) floor: multi-query n={N}, sync",
-            per_query_sync(lambda: Floor(1, N + 1), n // 4),
-            rows[2],
+            paired(per_query_sync, ours_multi, lambda: Floor(1, N + 1), n // 4, r),
         ),
         (
             f"(0) floor: multi-query n={N}, async",
-            per_query_async(lambda: Floor(1, N + 1), n // 4),
-            rows[3],
+            paired(per_query_async, ours_multi, lambda: Floor(1, N + 1), n // 4, r),
         ),
     ]
-    for name, floor, row in floors:
-        ours_us = float(row[1].split()[0].replace(",", ""))
+    for name, (ours_s, floor) in floors:  # measured in pairs too: the same load on both
         rows.append(
             (
                 f"{name} (ours / floor)",
-                f"{ours_us:,.0f} µs",
+                f"{ours_s * us:,.0f} µs",
                 f"{floor * us:,.0f} µs",
-                floor * us / ours_us,
+                floor / ours_s,
             )
         )
     timed = per_query_sync(ours_hyde_timed, n)
