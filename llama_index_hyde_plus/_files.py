@@ -131,9 +131,9 @@ def locked_folder(folder: Path, on_wait: Callable[[], None] | None = None) -> It
 #: The first line of every Markdown file this tool writes (invisible when rendered),
 #: with the sha256 of the rest: an existing Markdown output is overwritten only when it
 #: starts so and the rest is unchanged (not edited by hand since).
-_MARKDOWN_SEAL = "<!-- written by hyde-plus (sha256 {digest}); edit it and it is yours -->\n"
+_MARKDOWN_SEAL = "<!-- written by hyde-plus {by} (sha256 {digest}); edit it and it is yours -->\n"
 _MARKDOWN_SEAL_RE = re.compile(
-    rb"<!-- written by hyde-plus \(sha256 ([0-9a-f]{64})\); edit it and it is yours -->\n"
+    rb"<!-- written by hyde-plus ([a-z]+) \(sha256 ([0-9a-f]{64})\); edit it and it is yours -->\n"
 )
 #: The key every JSON output this tool writes ends with: the sha256 of the rest.
 SEAL_KEY = "hyde_plus_sha256"
@@ -164,17 +164,19 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sealed_markdown(text: str) -> str:
-    """``text`` under a first-line comment recording its sha256 (see `is_our_markdown`)."""
-    return _MARKDOWN_SEAL.format(digest=_sha256(text.encode("utf-8"))) + text
+def sealed_markdown(text: str, by: str) -> str:
+    """``text`` under a first-line comment recording the command that wrote it (``by``:
+    ``eval``, ``tune``) and its sha256 (see `is_our_markdown`)."""
+    return _MARKDOWN_SEAL.format(by=by, digest=_sha256(text.encode("utf-8"))) + text
 
 
-def is_our_markdown(head: bytes) -> bool:
-    """Whether ``head`` (a whole file) is Markdown `sealed_markdown` wrote, unedited."""
+def is_our_markdown(head: bytes, by: str) -> bool:
+    """Whether ``head`` (a whole file) is Markdown `sealed_markdown` wrote for the
+    command ``by``, unedited (one command never overwrites another's report)."""
     match = _MARKDOWN_SEAL_RE.match(head)
-    if match is None:
+    if match is None or match.group(1).decode() != by:
         return False
-    return match.group(1).decode() == _sha256(head[match.end() :])
+    return match.group(2).decode() == _sha256(head[match.end() :])
 
 
 def sealed_json(payload: dict[str, Any]) -> str:

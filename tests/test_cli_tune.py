@@ -306,3 +306,29 @@ def test_a_refused_tune_leaves_no_output_folder_behind(tmp_path: Path) -> None:
     )
     assert result.exit_code != 0
     assert not (tmp_path / "t").exists()
+
+
+def test_tune_never_overwrites_the_report_eval_wrote(tmp_path: Path) -> None:
+    evaluated = runner.invoke(
+        app,
+        [
+            "eval",
+            "--dataset",
+            str(TINY),
+            "--transforms",
+            "none",
+            "--embed",
+            "local",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "ev"),
+        ],
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    theirs = tmp_path / "ev" / "results.md"
+    before = theirs.read_bytes()
+    result, _ = _tune(tmp_path, "--transform", "rocchio", "--report", str(theirs))
+    assert result.exit_code == 2, result.output  # type: ignore[attr-defined]
+    assert "is not a tune report hyde-plus wrote" in result.output  # type: ignore[attr-defined]
+    assert theirs.read_bytes() == before

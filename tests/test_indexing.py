@@ -121,7 +121,7 @@ def test_replacing_an_index_keeps_one_data_folder(tmp_path: Path) -> None:
     first = read_meta(out)["data"]
     stale = out / "data-00000000beef"  # what a build killed while writing leaves
     stale.mkdir()
-    write_our_file(stale / DATA_MARKER, stale.name)
+    write_our_file(stale / DATA_MARKER, f"{stale.name} of index {read_meta(out)['index_id']}")
     build(out, NEW)
     meta = read_meta(out)
     assert meta["data"] != first and meta["documents"] == 2
@@ -723,17 +723,42 @@ def test_an_empty_folder_given_as_out_is_filled_in_place(tmp_path: Path) -> None
     assert link.is_symlink() and top_id(link, "paid time off") == "pto"
 
 
-def test_a_first_build_into_an_empty_folder_killed_mid_write_can_be_built_again(
+def test_a_folder_of_data_folders_without_metadata_is_refused_not_emptied(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "idx"
-    out.mkdir()
-    stale = out / "data-00000000beef"  # what the killed build left: a marked data folder
-    stale.mkdir()
-    write_our_file(stale / DATA_MARKER, stale.name)
-    (stale / "docstore.json").write_text("{}")
+    """Copies of data folders (or what a first build killed in an empty folder left):
+    nothing proves whose they are, so the folder is refused and nothing is deleted."""
+    source = tmp_path / "idx"
+    build(source)
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    shutil.copytree(source / read_meta(source)["data"], backups / read_meta(source)["data"])
+    before = sorted(str(p.relative_to(backups)) for p in backups.rglob("*"))
+    with pytest.raises(ValueError, match="holds data folders only"):
+        build(backups)
+    assert sorted(str(p.relative_to(backups)) for p in backups.rglob("*")) == before
+
+
+def test_a_data_folder_copied_in_from_another_index_is_kept(tmp_path: Path) -> None:
+    other, out = tmp_path / "other", tmp_path / "idx"
+    build(other)
     build(out)
-    assert not stale.exists() and top_id(out, "paid time off") == "pto"
+    copied = out / read_meta(other)["data"]
+    shutil.copytree(other / read_meta(other)["data"], copied)
+    build(out, NEW)
+    build(out)
+    assert copied.is_dir() and (copied / "docstore.json").is_file()
+
+
+def test_an_index_copied_with_cp_r_rebuilds_and_cleans_its_own_data(tmp_path: Path) -> None:
+    base, copy = tmp_path / "base", tmp_path / "copy"
+    build(base)
+    shutil.copytree(base, copy, symlinks=True)  # what `cp -r` does with the link
+    build(copy, NEW)
+    assert sorted(p.name for p in copy.iterdir()) == sorted(
+        [CURRENT_LINK, read_meta(copy)["data"], "hyde_plus.json"]
+    )
+    assert os.readlink(copy / CURRENT_LINK) == read_meta(copy)["data"]
 
 
 def test_current_follows_rebuilds_even_with_notes_in_the_data_folder(tmp_path: Path) -> None:
@@ -775,3 +800,35 @@ def test_a_folder_created_under_out_during_the_build_is_one_clear_error(
         build(out)
     assert [p.name for p in out.iterdir()] == ["user.txt"]
     assert not list(tmp_path.glob(".racey.build-*"))
+
+
+def test_a_full_disk_is_one_error_line_and_the_old_index_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from llama_index.core import StorageContext
+
+    from llama_index_hyde_plus.cli import main
+
+    out = tmp_path / "idx"
+    build(out)
+    before = read_meta(out)["data"]
+
+    def full(self, *a, **k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("Error in faiss::write_index: No space left on device")
+
+    monkeypatch.setattr(StorageContext, "persist", full)
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir()
+    (docs_dir / "a.txt").write_text(NEW["laptops"])
+    argv = ["hyde-plus", "index", str(docs_dir), "--out", str(out), "--embed", "local"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "No space left on device" in err
+    assert "Traceback" not in err
+    monkeypatch.undo()
+    assert read_meta(out)["data"] == before and top_id(out, "paid time off") == "pto"

@@ -394,3 +394,23 @@ def test_an_empty_folder_for_a_set_is_filled_in_place(tmp_path: Path) -> None:
     assert private.stat().st_mode & 0o777 == 0o700 and private.stat().st_ino == inode
     assert read_manifest(folder)["docs"] == "x"  # type: ignore[index]
     assert [p.name for p in tmp_path.iterdir()] == ["qpriv"]
+
+
+def test_an_old_set_that_cannot_be_deleted_only_warns_once_the_new_set_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    real_unlink = Path.unlink
+
+    def stuck(self: Path, missing_ok: bool = False) -> None:
+        if self.name == "queries.jsonl" and ".set-old-" in str(self):
+            raise PermissionError(1, "Operation not permitted", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", stuck)
+    write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
+    assert read_manifest(folder)["docs"] == "y"  # type: ignore[index]
+    assert any("replaced question set stays in" in r.getMessage() for r in caplog.records)

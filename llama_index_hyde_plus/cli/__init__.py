@@ -6,6 +6,7 @@ One module per command group; this one builds the app and registers them.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated
 
 import typer
@@ -68,5 +69,17 @@ models_app.command("list")(models_list)
 
 
 def main() -> None:
+    """The ``hyde-plus`` command. A file-system error (a full disk, a folder or file
+    without write permission) is one ``error:`` line, not a traceback: every write is
+    atomic, so what was there before is whole."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    app()
+    try:
+        app()
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(
+            f"error: {exc.strerror or exc}{where}; what was there before is unchanged "
+            "(writes are atomic): free space or fix the permissions, then run again",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None

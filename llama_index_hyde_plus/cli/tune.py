@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from .._files import is_our_markdown
 from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from ..transforms.registry import TRANSFORMS
 from . import _options as opt
@@ -24,7 +26,6 @@ from ._evaluation import (
 
 
 def _check(name: str, split: str, tolerance: float, out: Path, report: Path | None) -> None:
-    from .._files import is_our_markdown
     from ..evaluation.tune import check_writable
 
     check_choice("--transform", name, TRANSFORMS[1:])
@@ -37,8 +38,11 @@ def _check(name: str, split: str, tolerance: float, out: Path, report: Path | No
             raise ValueError(f"--report {report} is the --out file; give each its own path")
         check_writable(out, "--out")
         if report is not None:
-            check_writable(report, "--report", "a report", is_our_markdown)
+            check_writable(report, "--report", "a tune report", TUNE_REPORT)
 
+
+TUNE_REPORT = partial(is_our_markdown, by="tune")
+"""How an existing ``--report`` is recognised as a tune report hyde-plus wrote."""
 
 TuneTransform = Annotated[
     str, typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS[1:])}.")
@@ -165,7 +169,7 @@ def _load(
 def _show(result: Any, path: Path, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
-    from .._files import is_our_markdown, sealed_markdown
+    from .._files import sealed_markdown
     from ..evaluation.report import tune_markdown, tune_table
     from ..evaluation.tune import check_writable, write_output
 
@@ -184,6 +188,6 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
         )
     if report is not None:
         with reported():
-            report = check_writable(report, "--report", "a report", is_our_markdown)
-        write_output(report, sealed_markdown(tune_markdown(result, command_line("tune"))))
+            report = check_writable(report, "--report", "a tune report", TUNE_REPORT)
+        write_output(report, sealed_markdown(tune_markdown(result, command_line("tune")), "tune"))
     console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -62,6 +63,8 @@ _META = re.compile(
 )
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 _PREFIX = re.compile(r"^\s*(?:[-*•]|\d+[.)]|q(?:uestion)?\s*\d*\s*[:.)-])\s*", re.IGNORECASE)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -484,13 +487,13 @@ def _replace(tmp: Path, folder: Path) -> None:
             f"({', '.join(changed)} changed); it is kept: move it or choose another "
             "--questions-dir (use it as it is with --dataset)"
         )
+    aside = None
     try:
         if folder.is_dir() and any(folder.iterdir()):
             check_set_folder(folder)  # again, just before it is replaced
             aside = make_folder_beside(folder.parent, f".{folder.name}-old-")
             os.replace(folder, aside)
             os.replace(tmp, folder)
-            _remove_set(aside)
         elif folder.is_dir():  # an empty folder (or a link to one): filled in place
             _fill(tmp, folder)
         else:
@@ -500,6 +503,8 @@ def _replace(tmp: Path, folder: Path) -> None:
             f"could not write the question set {folder} ({exc.strerror}): is another run "
             "writing it at the same time? Run one at a time or use another --questions-dir"
         ) from exc
+    if aside is not None:
+        _remove_set(aside)  # the new set is in place: the old one's removal may only warn
 
 
 def _fill(tmp: Path, folder: Path) -> None:
@@ -513,9 +518,14 @@ def _fill(tmp: Path, folder: Path) -> None:
 
 
 def _remove_set(folder: Path) -> None:
-    """Delete the files of a set at ``folder`` and the folder, if nothing else is there."""
-    for name in SET_FILES:
-        (folder / name).unlink(missing_ok=True)
+    """Delete the files of a set at ``folder`` and the folder, if nothing else is there;
+    a file that cannot be deleted leaves the folder where it is, with a warning."""
+    try:
+        for name in SET_FILES:
+            (folder / name).unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("the replaced question set stays in %s (%s)", folder, exc.strerror)
+        return
     for empty in (folder / "qrels", folder):
         try:
             empty.rmdir()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import math
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -285,9 +287,9 @@ def _is_our_png(head: bytes) -> bool:
 
 
 #: How each results file this tool wrote is recognised before it is overwritten.
-_OURS = {
+_OURS: dict[str, tuple[str, Callable[[bytes], bool]]] = {
     "results.json": ("eval results", lambda head: is_sealed_json(head, "dataset", "results")),
-    "results.md": ("an eval report", is_our_markdown),
+    "results.md": ("an eval report", partial(is_our_markdown, by="eval")),
     "results.png": ("an eval chart", _is_our_png),
 }
 
@@ -327,7 +329,7 @@ def write_outputs(result: EvalResult, out: Path, command: str | None = None) -> 
         payload["command"] = command
     paths = [out / name for name in RESULT_FILES]
     write_text_atomic(paths[0], sealed_json(payload))
-    write_text_atomic(paths[1], sealed_markdown(markdown(result, command)))
+    write_text_atomic(paths[1], sealed_markdown(markdown(result, command), "eval"))
     bar_chart(result, paths[2])
     return paths
 

@@ -33,7 +33,6 @@ from llama_index.core import StorageContext
 from .._files import (
     STAGING_MARKER,
     is_marked_staging,
-    is_our_file,
     locked_folder,
     make_folder_beside,
     our_file_name,
@@ -62,6 +61,22 @@ STORAGE_FILES = frozenset(
     }
 )
 _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
+_INDEX_ID = re.compile(r"[0-9a-f]{12}")
+_DATA_LABEL = re.compile(r"(data-[0-9a-f]{12}) of index ([0-9a-f]{12})")
+
+
+def index_id_of(meta: dict[str, Any] | None) -> str | None:
+    """The random id an index keeps across rebuilds (``index_id`` in its metadata),
+    which its data folders' markers name: a data folder copied in from another index
+    names another id and is never taken for this one's."""
+    value = (meta or {}).get("index_id")
+    return value if isinstance(value, str) and _INDEX_ID.fullmatch(value) else None
+
+
+def _data_label(name: str, index_id: str) -> str:
+    return f"{name} of index {index_id}"
+
+
 _META_DRAFT = re.compile(rf"\.{re.escape(META_FILE)}\.[0-9a-f]{{8}}\.tmp")
 _LINK_DRAFT = re.compile(rf"\.{CURRENT_LINK}\.[0-9a-f]{{8}}\.tmp")
 
@@ -121,6 +136,9 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
             if (target / META_FILE).exists() or (target / META_FILE).is_symlink()
             else f"no {META_FILE}"
         )
+        if all(_DATA_NAME.fullmatch(e.name) for e in target.iterdir()):
+            what += "; it holds data folders only: copies, or what a build killed before its "
+            what += "switch left; remove them yourself if they are not needed"
         raise ValueError(
             f"--out {out} is a folder that is neither empty nor a hyde-plus index ({what}); "
             "refusing to replace it: choose a new or empty folder"
@@ -129,21 +147,11 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
 
 
 def _replaceable(folder: Path) -> bool:
-    """Whether a build may write into the non-empty ``folder``: an index this tool
-    wrote, or a folder holding nothing but what a build killed before its switch
-    leaves (marked data folders, drafts, the ``current`` link to one of them)."""
-    if our_meta(folder) is not None:
-        return True
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return False
-    return all(
-        _is_data_folder(e)
-        or _is_draft(e)
-        or (e.name == CURRENT_LINK and _linked_data(folder) is not None)
-        for e in entries
-    )
+    """Whether a build may write into the non-empty ``folder``: only an index this
+    tool wrote. A folder holding data folders and no metadata (copies of data folders,
+    or what a first build killed before its switch left) is not: nothing proves whose
+    they are, so it is refused with what it holds, and the user decides."""
+    return our_meta(folder) is not None
 
 
 def pause_for_tests(stage: str) -> None:
@@ -182,31 +190,37 @@ def write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
             ) from exc
 
 
-def _persist(folder: Path, storage: StorageContext) -> None:
-    """The data folder ``folder``: made, marked as ours, then filled with the storage."""
+def _persist(folder: Path, storage: StorageContext, index_id: str) -> None:
+    """The data folder ``folder``: made, marked as this index's, then filled."""
     folder.mkdir()
-    write_our_file(folder / DATA_MARKER, folder.name)
-    storage.persist(persist_dir=str(folder))
+    write_our_file(folder / DATA_MARKER, _data_label(folder.name, index_id))
+    try:
+        storage.persist(persist_dir=str(folder))
+    except RuntimeError as exc:  # FAISS reports a full disk as a RuntimeError
+        if "No space left" not in str(exc):
+            raise
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder)) from exc
 
 
 def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
     data = f"data-{uuid.uuid4().hex[:12]}"
-    meta = {**meta, "data": data}
-    if out.is_dir():  # ours, empty, or a killed build's leftovers (`check_index_target`)
+    index_id = index_id_of(our_meta(out) if out.is_dir() else None) or uuid.uuid4().hex[:12]
+    meta = {**meta, "data": data, "index_id": index_id}
+    if out.is_dir():  # ours or empty (`check_index_target`)
         # filled in place: the folder itself (its permissions, a link to it) stays
-        _persist(out / data, storage)
+        _persist(out / data, storage, index_id)
         pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
         pending.write_text(json.dumps(meta, indent=2))
         pause_for_tests("faiss")
         os.replace(pending, out / META_FILE)  # the switch
-        point_current(out, data)
-        _clean_replaced(out, keep=data)
+        point_current(out, data, index_id)
+        _clean_replaced(out, keep=data, index_id=index_id)
         return
     tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
     try:
-        _persist(tmp / data, storage)
+        _persist(tmp / data, storage, index_id)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-        point_current(tmp, data)
+        point_current(tmp, data, index_id)
         pause_for_tests("faiss")
         try:
             os.rename(tmp, out)  # out is still absent: it appears whole
@@ -223,13 +237,13 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def point_current(out: Path, data: str) -> None:
+def point_current(out: Path, data: str, index_id: str) -> None:
     """Point ``out/current`` at ``out/data`` in one step: a new relative link is made
     beside it and renamed over it, so a reader sees the old data folder or the new one,
     never a missing link. A ``current`` that is not a link to a data folder (the user's
     file, folder or link) is left alone, with a warning."""
     link = out / CURRENT_LINK
-    if (link.exists() or link.is_symlink()) and _linked_data(out) is None:
+    if (link.exists() or link.is_symlink()) and _linked_data(out, index_id) is None:
         what = "a link" if link.is_symlink() else "a folder" if link.is_dir() else "a file"
         logger.warning(
             "%s is %s this build did not make (a copy made with copytree? copy indexes "
@@ -248,10 +262,11 @@ def point_current(out: Path, data: str) -> None:
         logger.warning("could not link %s to %s (%s)", link, data, exc)
 
 
-def _linked_data(out: Path) -> str | None:
+def _linked_data(out: Path, index_id: str | None) -> str | None:
     """The data folder name ``out/current`` links to, if it is what `point_current`
-    makes: a link to a plain ``data-<12 hex>`` name holding this tool's marker naming
-    it (your notes put inside it do not change that), or no longer there."""
+    makes: a link to a plain ``data-<12 hex>`` name holding this index's marker (your
+    notes put inside it do not change that), or no longer there. With ``index_id``
+    None (a staging folder, checked by its own marker) any index's marker counts."""
     link = out / CURRENT_LINK
     if not link.is_symlink():
         return None
@@ -260,8 +275,19 @@ def _linked_data(out: Path) -> str | None:
         return None
     folder = out / target
     gone = not (folder.exists() or folder.is_symlink())
-    marked = not folder.is_symlink() and is_our_file(folder / DATA_MARKER, target)
-    return target if gone or marked else None
+    return target if gone or _marked(folder, index_id) else None
+
+
+def _marked(folder: Path, index_id: str | None) -> bool:
+    """Whether ``folder`` (a real folder) holds the data marker naming it and
+    ``index_id`` (any index's id when None)."""
+    if folder.is_symlink():
+        return False
+    label = our_file_name(folder / DATA_MARKER)
+    match = _DATA_LABEL.fullmatch(label or "")
+    if match is None or match.group(1) != folder.name:
+        return False
+    return index_id is None or match.group(2) == index_id
 
 
 def _staging_prefix(out: Path) -> str:
@@ -278,13 +304,14 @@ def _holds_only(folder: Path, allowed: frozenset[str]) -> bool:
         return False
 
 
-def _is_data_folder(entry: Path) -> bool:
-    """Whether ``entry`` is a data folder a build wrote: a real folder named
-    ``data-<12 hex>`` holding only storage files and the marker naming it (a folder a
-    hand-written ``hyde_plus.json`` names is not enough)."""
-    if not _DATA_NAME.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+def _is_data_folder(entry: Path, index_id: str | None) -> bool:
+    """Whether ``entry`` is a data folder a build of this index wrote: a real folder
+    named ``data-<12 hex>`` holding only storage files and the marker naming it and
+    ``index_id`` (None: any index's, only inside a verified staging folder). A folder
+    a hand-written ``hyde_plus.json`` names, or one copied from another index, is not."""
+    if not _DATA_NAME.fullmatch(entry.name) or not entry.is_dir():
         return False
-    if not is_our_file(entry / DATA_MARKER, entry.name):
+    if not _marked(entry, index_id):
         return False
     return _holds_only(entry, STORAGE_FILES | {DATA_MARKER})
 
@@ -302,9 +329,9 @@ def _is_our_staging(folder: Path) -> bool:
         name = entry.name
         if name in (STAGING_MARKER, META_FILE) and entry.is_file() and not entry.is_symlink():
             continue
-        if name == CURRENT_LINK and _linked_data(folder) is not None:
+        if name == CURRENT_LINK and _linked_data(folder, None) is not None:
             continue
-        if not _is_data_folder(entry):
+        if not _is_data_folder(entry, None):
             return False
     return True
 
@@ -340,7 +367,7 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
-def _clean_replaced(out: Path, *, keep: str) -> None:
+def _clean_replaced(out: Path, *, keep: str, index_id: str) -> None:
     """After the switch: remove the replaced index's data folder and what interrupted
     builds left (marked data folders, drafts). Files at the top level are never
     removed: a format-1 index's storage files there are indistinguishable from a
@@ -349,7 +376,7 @@ def _clean_replaced(out: Path, *, keep: str) -> None:
         name = entry.name
         if name in (keep, META_FILE):
             continue
-        if _is_data_folder(entry) or _is_draft(entry):
+        if _is_data_folder(entry, index_id) or _is_draft(entry):
             _remove(entry)
         elif name == STAGING_MARKER:  # a build killed just after renaming its folder in
             _unlink_marker(out)
@@ -367,9 +394,12 @@ def _clean_stale_builds(out: Path) -> None:
     meta = our_meta(out) if out.is_dir() else None
     if meta is None:
         return  # not (or no longer) an index this tool wrote: touch nothing
-    in_use = (str(meta.get("data") or ""), _linked_data(out))
+    index_id = index_id_of(meta)  # None for an index built before ids: data folders stay
+    in_use = (str(meta.get("data") or ""), _linked_data(out, index_id))
     for entry in out.iterdir():
-        if entry.name not in in_use and (_is_data_folder(entry) or _is_draft(entry)):
+        if entry.name in in_use:
+            continue
+        if (index_id is not None and _is_data_folder(entry, index_id)) or _is_draft(entry):
             _remove(entry)
 
 
