@@ -48,7 +48,8 @@ def json_lines(
 #: cleaned up as an interrupted build only when it holds this file naming the folder.
 STAGING_MARKER = ".hyde-plus-staging"
 _OUR_TEXT = "written by hyde-plus for {name}; safe to delete with it\n"
-_OUR_PATTERN = re.compile(r"written by hyde-plus for ([^;/\\\n]+); safe to delete with it\n")
+_OUR_PATTERN = re.compile(r"written by hyde-plus for ([^/\n]+); safe to delete with it\n")
+"""A folder name may hold ``;`` or ``\\`` (not ``/``); the last ``; safe...`` ends it."""
 
 
 def write_our_file(path: Path, name: str) -> None:

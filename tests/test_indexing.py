@@ -832,3 +832,14 @@ def test_a_full_disk_is_one_error_line_and_the_old_index_stays(
     assert "Traceback" not in err
     monkeypatch.undo()
     assert read_meta(out)["data"] == before and top_id(out, "paid time off") == "pto"
+
+
+def test_a_folder_name_with_a_semicolon_or_backslash_builds_and_cleans_up(tmp_path: Path) -> None:
+    for name in ("a;b", "c\\d"):
+        out = tmp_path / name
+        build(out)
+        build(out, NEW)
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            [CURRENT_LINK, read_meta(out)["data"], "hyde_plus.json"]
+        )
+        assert not list(tmp_path.glob(f".{name}.build-*"))

@@ -377,7 +377,7 @@ def test_a_collection_hyde_plus_did_not_build_is_never_dropped(tmp_path: Path) -
     client.create_collection("products", dimension=4)
     client.insert("products", [{"id": i, "vector": [0.1 * i] * 4} for i in range(5)])
     docs = [Document(text=t, id_=i) for i, t in DOCS.items()]
-    with pytest.raises(ValueError, match="'products' that hyde-plus did not build"):
+    with pytest.raises(ValueError, match="'products' that is not an alias hyde-plus made"):
         build_milvus_index(docs, EMBED, uri, collection="products")
     assert client.query("products", filter="id >= 0", output_fields=["id"]) != []
     assert client.list_collections() == ["products"]
@@ -579,3 +579,21 @@ def test_a_trailing_slash_names_the_same_database_and_record(tmp_path: Path) -> 
     meta = MilvusStore(str(tmp_path / "m.db")).meta()
     assert meta is not None and meta["documents"] == 2
     assert MilvusStore(f"{tmp_path / 'm.db'}//").meta() == meta
+
+
+def test_an_old_record_file_never_gets_a_users_collection_dropped(tmp_path: Path) -> None:
+    """A record beside the database saying hyde-plus built ``legacy`` before it used
+    aliases (stale, or hand-written) does not make the user's ``legacy`` droppable."""
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "x.db")
+    client = MilvusClient(uri)
+    client.create_collection("legacy", dimension=4)
+    client.insert("legacy", [{"id": 1, "vector": [0.1] * 4}])
+    record = tmp_path / "x.db.legacy.hyde_plus.json"
+    record.write_text('{"format": 1, "dim": 64, "embed": "det", "collection": "legacy"}')
+    docs = [Document(text=t, id_=i) for i, t in DOCS.items()]
+    with pytest.raises(ValueError, match="'legacy' that is not an alias hyde-plus made"):
+        build_milvus_index(docs, EMBED, uri, collection="legacy")
+    assert client.query("legacy", filter="id >= 0", output_fields=["id"]) != []
+    assert client.list_collections() == ["legacy"]

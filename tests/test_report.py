@@ -108,3 +108,24 @@ def test_a_re_run_replaces_results_atomically_so_hard_links_keep_the_old_run(
     assert {p.name: p.read_bytes() for p in archive.iterdir()} == before
     assert "second run" in (out / "results.md").read_text()
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_chart_edited_by_hand_is_theirs_even_with_our_metadata_kept(tmp_path: Path) -> None:
+    """An image editor that keeps the PNG's text chunks but changes pixels makes the
+    chart the user's: the seal records the image data's sha256."""
+    import zlib
+
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out)
+    png = (out / "results.png").read_bytes()
+    i = png.index(b"IDAT") + 4  # flip one byte of the image data, fix the chunk's CRC
+    length = int.from_bytes(png[i - 8 : i - 4], "big")
+    body = bytearray(png[i : i + length])
+    body[len(body) // 2] ^= 0xFF
+    crc = zlib.crc32(b"IDAT" + bytes(body)).to_bytes(4, "big")
+    edited = png[:i] + bytes(body) + crc + png[i + length + 4 :]
+    (out / "results.png").write_bytes(edited)
+    with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
+        write_outputs(res, out)
+    assert (out / "results.png").read_bytes() == edited

@@ -3,9 +3,11 @@ PNG bar chart."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
+import zlib
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -273,7 +275,7 @@ def bar_chart(result: EvalResult, path: Path) -> None:
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
-    write_bytes_atomic(path, png.getvalue())
+    write_bytes_atomic(path, sealed_png(png.getvalue()))
 
 
 RESULT_FILES = ("results.json", "results.md", "results.png")
@@ -282,8 +284,48 @@ PNG_SOFTWARE = "hyde-plus eval"
 only when it carries it."""
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_SEAL_KEY = b"hyde-plus-sha256"
+
+
+def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    """``(type, data)`` of each chunk of the PNG ``data`` ([] if it is not one)."""
+    if not data.startswith(_PNG_SIGNATURE):
+        return []
+    chunks, i = [], len(_PNG_SIGNATURE)
+    while i + 8 <= len(data):
+        length = int.from_bytes(data[i : i + 4], "big")
+        kind, body = data[i + 4 : i + 8], data[i + 8 : i + 8 + length]
+        chunks.append((kind, body))
+        i += 12 + length
+    return chunks
+
+
+def _pixels_sha256(chunks: list[tuple[bytes, bytes]]) -> str:
+    return hashlib.sha256(b"".join(body for kind, body in chunks if kind == b"IDAT")).hexdigest()
+
+
+def sealed_png(data: bytes) -> bytes:
+    """The PNG ``data`` with a text chunk recording the sha256 of its image data, so an
+    edited chart (pixels changed, metadata kept) is not taken for ours."""
+    body = _PNG_SEAL_KEY + b"\x00" + _pixels_sha256(_png_chunks(data)).encode()
+    chunk = (
+        len(body).to_bytes(4, "big")
+        + b"tEXt"
+        + body
+        + zlib.crc32(b"tEXt" + body).to_bytes(4, "big")
+    )
+    end = data.rindex(b"IEND") - 4  # the IEND chunk starts with its length
+    return data[:end] + chunk + data[end:]
+
+
 def _is_our_png(head: bytes) -> bool:
-    return head.startswith(b"\x89PNG\r\n\x1a\n") and PNG_SOFTWARE.encode() in head[:4096]
+    """Whether ``head`` (a whole file) is a chart `bar_chart` wrote, its pixels unedited."""
+    chunks = _png_chunks(head)
+    seals = [body for kind, body in chunks if kind == b"tEXt" and body.startswith(_PNG_SEAL_KEY)]
+    if len(seals) != 1 or PNG_SOFTWARE.encode() not in head[:4096]:
+        return False
+    return seals[0][len(_PNG_SEAL_KEY) + 1 :].decode("ascii", "replace") == _pixels_sha256(chunks)
 
 
 #: How each results file this tool wrote is recognised before it is overwritten.

@@ -273,18 +273,12 @@ def _switch_alias(client: Any, alias: str, physical: str) -> None:
     if _alias_target(client, alias) is not None:
         client.alter_alias(physical, alias)  # atomic: queries see the old or the new
         return
-    if alias in client.list_collections():
-        # a collection built before aliases were used carries the name itself: it has
-        # to go before the alias can take its name (once, on the first rebuild)
-        client.drop_collection(alias)
-    client.create_alias(physical, alias)
+    client.create_alias(physical, alias)  # no collection has the name (checked first)
 
 
 def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
     """A `ValueError` when ``collection`` is an alias of a collection hyde-plus did not
-    build, or a collection that is neither an alias of ours nor one hyde-plus built
-    before it used aliases (recorded in the metadata file beside a Milvus Lite file):
-    it is someone's data."""
+    build, or a collection of that very name (not an alias): it is someone's data."""
     target = _alias_of(client, collection)
     if target is not None and not _is_build_of(target, collection):
         raise ValueError(
@@ -294,13 +288,13 @@ def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
         )
     if collection not in client.list_collections() or target is not None:
         return
-    meta = _meta_path(uri, collection)
-    legacy = meta is not None and meta.is_file() and "collections" not in _read_meta_file(meta)
-    if not legacy:
-        raise ValueError(
-            f"{redact_uri(uri)} already has a collection {collection!r} that hyde-plus "
-            "did not build; it is left alone: choose another --collection"
-        )
+    # a collection that carries the name itself is never dropped, even one an old
+    # record file says hyde-plus built before it used aliases: a record cannot prove it
+    raise ValueError(
+        f"{redact_uri(uri)} already has a collection {collection!r} that is not an alias "
+        "hyde-plus made (yours, or built by a hyde-plus older than aliases); it is left "
+        "alone: drop it yourself or choose another --collection"
+    )
 
 
 def _alias_of(client: Any, alias: str) -> str | None:
