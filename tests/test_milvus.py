@@ -597,3 +597,24 @@ def test_an_old_record_file_never_gets_a_users_collection_dropped(tmp_path: Path
         build_milvus_index(docs, EMBED, uri, collection="legacy")
     assert client.query("legacy", filter="id >= 0", output_fields=["id"]) != []
     assert client.list_collections() == ["legacy"]
+
+
+def test_a_rebuild_keeps_a_build_the_user_added_rows_to(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    client = MilvusClient(uri)
+    [first] = client.list_collections()
+    row = client.query(first, filter="", output_fields=["*"], limit=1)[0]
+    row = {k: v for k, v in row.items() if k != "sparse_embedding"}  # BM25 fills it
+    client.insert(first, [{**row, "id": "user-added-row"}])
+    with caplog.at_level(logging.WARNING):
+        build_milvus_index(_small_docs(), EMBED, uri)
+    assert first in client.list_collections()
+    assert client.query(first, filter='id == "user-added-row"', output_fields=["id"]) != []
+    assert first in caplog.text and "rows added or removed" in caplog.text
+    index = load_milvus_index(uri, EMBED)  # the alias moved to the new build all the same
+    assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"

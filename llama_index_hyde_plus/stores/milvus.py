@@ -236,37 +236,55 @@ def _drop_replaced(
     one the alias pointed at ``before``. A build that carries an alias other than
     ``collection`` is the user's pin: it is kept (and stays recorded), with a warning."""
     recorded = _recorded_builds(uri, collection)
-    candidates = recorded if recorded is not None else ({before} if before else set())
+    candidates = set(recorded) if recorded is not None else ({before} if before else set())
     existing = set(client.list_collections())
     pinned: set[str] = set()
     for name in sorted(candidates - {physical}):
         if name not in existing or not _is_build_of(name, collection):
             continue
-        others = set(client.list_aliases(collection_name=name).get("aliases") or [])
-        if others - {collection}:
+        why = _why_kept(client, name, collection, (recorded or {}).get(name))
+        if why:
             pinned.add(name)
             logger.warning(
-                "kept the replaced build %s of collection %r: it carries the alias(es) %s "
-                "(drop them and the next build removes it)",
+                "kept the replaced build %s of collection %r: %s (the next build removes "
+                "it once that is undone, or drop it yourself)",
                 name,
                 collection,
-                ", ".join(sorted(others - {collection})),
+                why,
             )
             continue
         client.drop_collection(name)
     _update_meta(uri, collection, keep={physical} | pinned)
 
 
-def _recorded_builds(uri: str, collection: str) -> set[str] | None:
+def _why_kept(client: Any, name: str, collection: str, entry: Any) -> str:
+    """Why the replaced build ``name`` must stay ("" when it may go): it carries an
+    alias other than ``collection`` (the user's pin), or it no longer holds the rows
+    its record says this tool wrote (rows added or deleted by the user)."""
+    others = set(client.list_aliases(collection_name=name).get("aliases") or [])
+    if others - {collection}:
+        return f"it carries the alias(es) {', '.join(sorted(others - {collection}))}"
+    wrote = entry.get("chunks") if isinstance(entry, dict) else None
+    if wrote is None:
+        return ""  # a server build without a record: the alias pointed at it, nothing more
+    rows = client.query(collection_name=name, output_fields=["count(*)"])
+    count = rows[0].get("count(*)") if rows else None
+    if count != wrote:
+        return f"it holds {count} rows where this tool wrote {wrote} (rows added or removed)"
+    return ""
+
+
+def _recorded_builds(uri: str, collection: str) -> dict[str, Any] | None:
     """The physical collections the record beside a Milvus Lite file lists as builds of
-    ``collection`` (None on a server, which has no record)."""
+    ``collection``, with what the record says of each (None on a server, which has no
+    record)."""
     path = _meta_path(uri, collection)
     if path is None:
         return None
     if not path.is_file():
-        return set()
+        return {}
     entries = _read_meta_file(path).get("collections") or {}
-    return {str(k) for k in entries} if isinstance(entries, dict) else set()
+    return {str(k): v for k, v in entries.items()} if isinstance(entries, dict) else {}
 
 
 def _switch_alias(client: Any, alias: str, physical: str) -> None:
