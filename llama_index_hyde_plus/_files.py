@@ -161,6 +161,17 @@ def check_replaceable(path: Path, what: str, kind: str, ours: Callable[[bytes], 
         raise ValueError(refusal)
 
 
+def check_creatable(path: Path, what: str) -> None:
+    """A `ValueError` ("``what``: cannot write in ...") unless the nearest existing
+    folder at or above ``path`` is writable: missing folders are made only when
+    something is written, so a run refused later leaves none behind."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{what}: cannot write in {existing}")
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -34,7 +34,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import TextNode
 
 from .. import _llm
-from .._files import make_folder_beside
+from .._files import make_folder_beside, write_text_atomic
 
 QUESTION_PROMPT = (
     "Read the passage and write one question that a user of this document collection "
@@ -554,7 +554,7 @@ def _write_files(
 
 
 def _write_manifest(folder: Path, record: dict[str, Any]) -> None:
-    (folder / "manifest.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_text_atomic(folder / "manifest.json", json.dumps(record, indent=2) + "\n")
 
 
 def mark_tuned(folder: Path) -> None:

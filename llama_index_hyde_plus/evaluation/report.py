@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 import zlib
 from collections.abc import Callable
 from functools import partial
@@ -16,6 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from .._files import (
+    check_creatable,
     check_replaceable,
     is_our_markdown,
     is_sealed_json,
@@ -352,11 +352,7 @@ def check_results_folder(out: Path) -> Path:
             raise ValueError(f"--out {out} holds a folder named {name}; choose another --out")
         kind, ours = _OURS[name]
         check_replaceable(out / name, "--out", kind, ours)
-    existing = out
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: cannot write in {existing}")
+    check_creatable(out, f"--out {out}")
     return out
 
 

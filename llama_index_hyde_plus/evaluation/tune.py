@@ -8,7 +8,6 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from llama_index.core.llms import LLM
 
-from .._files import check_replaceable, is_sealed_json, sealed_json, write_text_atomic
+from .._files import (
+    check_creatable,
+    check_replaceable,
+    is_sealed_json,
+    sealed_json,
+    write_text_atomic,
+)
 from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
@@ -286,11 +291,7 @@ def check_writable(
     if path.is_dir():
         raise ValueError(f"{what} must be a file path, not a folder: {path}")
     check_replaceable(path, what, kind, ours)
-    existing = path.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{what}: cannot write in {existing}")
+    check_creatable(path.parent, what)
     return path
 
 
