@@ -52,8 +52,12 @@ _OUR_PATTERN = re.compile(r"written by hyde-plus for ([^/\n]+); safe to delete w
 """A folder name may hold ``;`` or ``\\`` (not ``/``); the last ``; safe...`` ends it."""
 
 
-def write_our_file(path: Path, name: str) -> None:
-    """Write the marker file ``path`` saying this tool made ``name`` (a folder's name)."""
+def write_our_file(path: Path, name: str, *, replace: bool = False) -> None:
+    """Write the marker file ``path`` saying this tool made ``name`` (a folder's name);
+    with ``replace``, over an existing marker atomically (`write_text_atomic`)."""
+    if replace:
+        write_text_atomic(path, _OUR_TEXT.format(name=name))
+        return
     path.write_text(_OUR_TEXT.format(name=name), encoding="utf-8")
 
 
