@@ -202,7 +202,8 @@ def sealed_json(payload: dict[str, Any]) -> str:
 
 
 def is_sealed_json(head: bytes, *keys: str) -> bool:
-    """Whether ``head`` (a whole file) is JSON `sealed_json` wrote, unedited, holding
+    """Whether ``head`` (a whole file) is JSON `sealed_json` wrote, unedited (byte for
+    byte: even a file re-indented with the same content is the user's now), holding
     every one of ``keys``."""
     try:
         data = json.loads(head.decode("utf-8"))
@@ -211,7 +212,9 @@ def is_sealed_json(head: bytes, *keys: str) -> bool:
     if not isinstance(data, dict) or not all(k in data for k in keys):
         return False
     digest = data.pop(SEAL_KEY, None)
-    return bool(digest == _sha256(json.dumps(data, indent=2).encode("utf-8")))
+    if digest != _sha256(json.dumps(data, indent=2).encode("utf-8")):
+        return False
+    return head == sealed_json(data).encode("utf-8")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

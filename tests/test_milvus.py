@@ -79,6 +79,7 @@ def test_collection_reopens_from_the_file(milvus_index: tuple[str, VectorStoreIn
     uri, _ = milvus_index
     meta = read_milvus_meta(uri, "docs")
     assert meta is not None and meta.pop("physical_collection").startswith("docs__")
+    assert meta.pop("content_sha256").startswith(f"{len(MILVUS_DOCS)}:")
     assert meta == {
         "documents": len(MILVUS_DOCS),
         "chunks": len(MILVUS_DOCS),
@@ -681,17 +682,16 @@ def test_an_alias_moved_to_the_users_collection_named_like_a_build_is_refused(
 
 
 def test_the_cli_refuses_a_users_alias_before_showing_any_progress(tmp_path: Path) -> None:
-    from pymilvus import MilvusClient
-
     uri = str(tmp_path / "a.db")
-    client = MilvusClient(uri)
-    client.create_collection("mycol", dimension=4)
-    client.create_alias("mycol", "docs")
-    client.close()
+    setup = (  # in its own process: Milvus Lite holds the file while a process uses it
+        "import sys; from pymilvus import MilvusClient; c = MilvusClient(sys.argv[1]); "
+        "c.create_collection('mycol', dimension=4); c.create_alias('mycol', 'docs')"
+    )
+    subprocess.run([sys.executable, "-c", setup, uri], check=True, timeout=180)
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.txt").write_text("hello")
     proc = _cli("index", str(folder), "--uri", uri, "--collection", "docs", "--embed", "local")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "did not make" in proc.stderr and "Embedding" not in proc.stderr
     assert "Loading the embedding model" not in proc.stderr

@@ -281,7 +281,7 @@ def _why_kept(client: Any, name: str, collection: str, entry: Any) -> str:
 
 
 #: Rows read at a time by `content_digest`.
-_DIGEST_BATCH = 1000
+_DIGEST_BATCH = 5000
 
 
 def content_digest(client: Any, name: str) -> str:
@@ -292,20 +292,27 @@ def content_digest(client: Any, name: str) -> str:
     user upserted or replaced one for one is kept. Reads the whole collection."""
     derived = _derived_fields(client, name)
     total, count = 0, 0
-    with _quiet("pymilvus.orm.iterator"):  # it warns that Lite has no server timestamp
-        rows = client.query_iterator(name, batch_size=_DIGEST_BATCH, filter="", output_fields=["*"])
-        try:
-            while batch := rows.next():
-                for row in batch:
-                    kept = {k: v for k, v in row.items() if k not in derived}
-                    text = json.dumps(kept, sort_keys=True, default=str).encode("utf-8")
-                    total = (total + int.from_bytes(hashlib.sha256(text).digest(), "big")) % (
-                        1 << 256
-                    )
-                    count += 1
-        finally:
-            rows.close()
-    return f"{count}:{total:064x}"
+    loaded = client.get_load_state(name)["state"].name == "Loaded"
+    if not loaded:  # a build whose process was killed: released when Lite restarted
+        client.load_collection(name)
+    try:
+        with _quiet("pymilvus.orm.iterator"):  # it warns that Lite has no server clock
+            rows = client.query_iterator(
+                name, batch_size=_DIGEST_BATCH, filter="", output_fields=["*"]
+            )
+            try:
+                while batch := rows.next():
+                    for row in batch:
+                        kept = {k: v for k, v in row.items() if k not in derived}
+                        text = json.dumps(kept, sort_keys=True, default=str).encode("utf-8")
+                        total += int.from_bytes(hashlib.sha256(text).digest(), "big")
+                        count += 1
+            finally:
+                rows.close()
+    finally:
+        if not loaded:
+            client.release_collection(name)
+    return f"{count}:{total % (1 << 256):064x}"
 
 
 def _derived_fields(client: Any, name: str) -> set[str]:
