@@ -52,8 +52,12 @@ _OUR_PATTERN = re.compile(r"written by hyde-plus for ([^/\n]+); safe to delete w
 """A folder name may hold ``;`` or ``\\`` (not ``/``); the last ``; safe...`` ends it."""
 
 
-def write_our_file(path: Path, name: str) -> None:
-    """Write the marker file ``path`` saying this tool made ``name`` (a folder's name)."""
+def write_our_file(path: Path, name: str, *, replace: bool = False) -> None:
+    """Write the marker file ``path`` saying this tool made ``name`` (a folder's name);
+    with ``replace``, over an existing marker atomically (`write_text_atomic`)."""
+    if replace:
+        write_text_atomic(path, _OUR_TEXT.format(name=name))
+        return
     path.write_text(_OUR_TEXT.format(name=name), encoding="utf-8")
 
 
@@ -198,7 +202,8 @@ def sealed_json(payload: dict[str, Any]) -> str:
 
 
 def is_sealed_json(head: bytes, *keys: str) -> bool:
-    """Whether ``head`` (a whole file) is JSON `sealed_json` wrote, unedited, holding
+    """Whether ``head`` (a whole file) is JSON `sealed_json` wrote, unedited (byte for
+    byte: even a file re-indented with the same content is the user's now), holding
     every one of ``keys``."""
     try:
         data = json.loads(head.decode("utf-8"))
@@ -207,7 +212,9 @@ def is_sealed_json(head: bytes, *keys: str) -> bool:
     if not isinstance(data, dict) or not all(k in data for k in keys):
         return False
     digest = data.pop(SEAL_KEY, None)
-    return bool(digest == _sha256(json.dumps(data, indent=2).encode("utf-8")))
+    if digest != _sha256(json.dumps(data, indent=2).encode("utf-8")):
+        return False
+    return head == sealed_json(data).encode("utf-8")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -843,3 +843,36 @@ def test_a_folder_name_with_a_semicolon_or_backslash_builds_and_cleans_up(tmp_pa
             [CURRENT_LINK, read_meta(out)["data"], "hyde_plus.json"]
         )
         assert not list(tmp_path.glob(f".{name}.build-*"))
+
+
+@pytest.mark.parametrize("change", ["edited", "removed"])
+def test_a_data_folder_whose_files_the_user_changed_is_kept_on_rebuild(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    out = tmp_path / "idx"
+    build(out)
+    old = out / read_meta(out)["data"]
+    docstore = old / "docstore.json"
+    if change == "edited":
+        docstore.write_text(docstore.read_text().replace("paid time off", "paid leave"))
+    else:
+        (old / "graph_store.json").unlink()
+    build(out, NEW)
+    build(out)  # and again: the stale clean-up keeps it too
+    assert old.is_dir()
+    if change == "edited":
+        assert "paid leave" in docstore.read_text()
+    assert any(old.name in r.getMessage() and "changed" in r.getMessage() for r in caplog.records)
+    assert top_id(out, "paid time off") == "pto"  # the index itself moved on
+
+
+def test_an_unchanged_data_folder_is_still_removed_on_rebuild(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    old = out / read_meta(out)["data"]
+    build(out, NEW)
+    assert not old.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [CURRENT_LINK, read_meta(out)["data"], "hyde_plus.json"]
+    )

@@ -79,6 +79,7 @@ def test_collection_reopens_from_the_file(milvus_index: tuple[str, VectorStoreIn
     uri, _ = milvus_index
     meta = read_milvus_meta(uri, "docs")
     assert meta is not None and meta.pop("physical_collection").startswith("docs__")
+    assert meta.pop("content_sha256").startswith(f"{len(MILVUS_DOCS)}:")
     assert meta == {
         "documents": len(MILVUS_DOCS),
         "chunks": len(MILVUS_DOCS),
@@ -618,3 +619,79 @@ def test_a_rebuild_keeps_a_build_the_user_added_rows_to(
     assert first in caplog.text and "rows added or removed" in caplog.text
     index = load_milvus_index(uri, EMBED)  # the alias moved to the new build all the same
     assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
+
+
+@pytest.mark.parametrize("change", ["upserted", "replaced"])
+def test_a_rebuild_keeps_a_build_whose_rows_the_user_changed_in_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    """Same row count, other rows: an upsert of one row, or a delete and an insert of
+    another one for one."""
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    client = MilvusClient(uri)
+    [first] = client.list_collections()
+    row = client.query(first, filter='id == "pto"', output_fields=["*"])[0]
+    row = {k: v for k, v in row.items() if k != "sparse_embedding"}  # BM25 fills it
+    if change == "upserted":
+        client.upsert(first, [{**row, "text": "Employees receive thirty days of leave."}])
+    else:
+        client.delete(first, filter='id == "pto"')
+        client.insert(first, [{**row, "id": "users-own-row"}])
+    with caplog.at_level(logging.WARNING):
+        build_milvus_index(_small_docs(), EMBED, uri)
+    assert first in client.list_collections()
+    assert first in caplog.text and "not the ones this tool wrote" in caplog.text
+    index = load_milvus_index(uri, EMBED)  # the alias moved to the new build all the same
+    assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
+
+
+def test_a_rebuild_drops_its_unchanged_previous_build(tmp_path: Path) -> None:
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    client = MilvusClient(uri)
+    [first] = client.list_collections()
+    build_milvus_index(_small_docs(), EMBED, uri)
+    assert first not in client.list_collections() and len(client.list_collections()) == 1
+
+
+def test_an_alias_moved_to_the_users_collection_named_like_a_build_is_refused(
+    tmp_path: Path,
+) -> None:
+    from pymilvus import MilvusClient
+
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    client = MilvusClient(uri)
+    mine = "hyde_plus__0123456789ab"  # the user's, named like a build
+    client.create_collection(mine, dimension=4)
+    client.insert(mine, [{"id": 1, "vector": [0.5] * 4}])
+    client.alter_alias(mine, "hyde_plus")
+    with pytest.raises(ValueError, match=r"not one the record .* lists"):
+        MilvusStore(uri).check_target()
+    with pytest.raises(ValueError, match=r"not one the record .* lists"):
+        build_milvus_index(_small_docs(), EMBED, uri)
+    assert client.describe_alias("hyde_plus")["collection_name"] == mine
+    assert len(client.list_collections()) == 2
+
+
+def test_the_cli_refuses_a_users_alias_before_showing_any_progress(tmp_path: Path) -> None:
+    uri = str(tmp_path / "a.db")
+    setup = (  # in its own process: Milvus Lite holds the file while a process uses it
+        "import sys; from pymilvus import MilvusClient; c = MilvusClient(sys.argv[1]); "
+        "c.create_collection('mycol', dimension=4); c.create_alias('mycol', 'docs')"
+    )
+    subprocess.run([sys.executable, "-c", setup, uri], check=True, timeout=180)
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello")
+    proc = _cli("index", str(folder), "--uri", uri, "--collection", "docs", "--embed", "local")
+    assert proc.returncode == 2
+    assert "did not make" in proc.stderr and "Embedding" not in proc.stderr
+    assert "Loading the embedding model" not in proc.stderr

@@ -94,6 +94,20 @@ def test_results_edited_by_hand_are_theirs_and_never_overwritten(tmp_path: Path)
     assert json.loads((out / "results.json").read_text())["notes"] == "irreplaceable"
 
 
+def test_results_re_indented_by_hand_are_theirs_even_with_the_same_content(
+    tmp_path: Path,
+) -> None:
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out)
+    results = out / "results.json"
+    reformatted = json.dumps(json.loads(results.read_text()), indent=4)
+    results.write_text(reformatted)
+    with pytest.raises(ValueError, match=r"results\.json exists and is not eval results"):
+        write_outputs(res, out)
+    assert results.read_text() == reformatted
+
+
 def test_a_re_run_replaces_results_atomically_so_hard_links_keep_the_old_run(
     tmp_path: Path,
 ) -> None:

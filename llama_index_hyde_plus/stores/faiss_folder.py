@@ -18,6 +18,7 @@ one gone). Builds in the same parent folder write one at a time, saying so when 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -62,7 +63,9 @@ STORAGE_FILES = frozenset(
 )
 _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
 _INDEX_ID = re.compile(r"[0-9a-f]{12}")
-_DATA_LABEL = re.compile(r"(data-[0-9a-f]{12}) of index ([0-9a-f]{12})")
+_DATA_LABEL = re.compile(
+    r"(data-[0-9a-f]{12}) of index ([0-9a-f]{12})(?:, files sha256 ([0-9a-f]{64}))?"
+)
 
 
 def index_id_of(meta: dict[str, Any] | None) -> str | None:
@@ -73,8 +76,26 @@ def index_id_of(meta: dict[str, Any] | None) -> str | None:
     return value if isinstance(value, str) and _INDEX_ID.fullmatch(value) else None
 
 
-def _data_label(name: str, index_id: str) -> str:
-    return f"{name} of index {index_id}"
+def _data_label(name: str, index_id: str, digest: str | None = None) -> str:
+    label = f"{name} of index {index_id}"
+    return f"{label}, files sha256 {digest}" if digest else label
+
+
+def files_digest(folder: Path) -> str:
+    """The sha256 of the names and contents of the files in ``folder`` other than its
+    marker: recorded in the marker once the storage files are written, so a data
+    folder whose files were edited (or removed) since is recognised as no longer what
+    this tool wrote, and kept."""
+    outer = hashlib.sha256()
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name == DATA_MARKER:
+            continue
+        inner = hashlib.sha256()
+        with entry.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                inner.update(chunk)
+        outer.update(f"{entry.name}\0{inner.hexdigest()}\n".encode())
+    return outer.hexdigest()
 
 
 _META_DRAFT = re.compile(rf"\.{re.escape(META_FILE)}\.[0-9a-f]{{8}}\.tmp")
@@ -200,6 +221,8 @@ def _persist(folder: Path, storage: StorageContext, index_id: str) -> None:
         if "No space left" not in str(exc):
             raise
         raise OSError(errno.ENOSPC, "No space left on device", str(folder)) from exc
+    label = _data_label(folder.name, index_id, files_digest(folder))
+    write_our_file(folder / DATA_MARKER, label, replace=True)
 
 
 def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
@@ -281,13 +304,31 @@ def _linked_data(out: Path, index_id: str | None) -> str | None:
 def _marked(folder: Path, index_id: str | None) -> bool:
     """Whether ``folder`` (a real folder) holds the data marker naming it and
     ``index_id`` (any index's id when None)."""
-    if folder.is_symlink():
-        return False
-    label = our_file_name(folder / DATA_MARKER)
-    match = _DATA_LABEL.fullmatch(label or "")
-    if match is None or match.group(1) != folder.name:
+    match = _marker_of(folder)
+    if match is None:
         return False
     return index_id is None or match.group(2) == index_id
+
+
+def _marker_of(folder: Path) -> re.Match[str] | None:
+    """The parsed data marker of ``folder`` (a real folder) when it names the folder."""
+    if folder.is_symlink():
+        return None
+    match = _DATA_LABEL.fullmatch(our_file_name(folder / DATA_MARKER) or "")
+    return match if match is not None and match.group(1) == folder.name else None
+
+
+def edited_since_written(folder: Path) -> bool:
+    """Whether the files of the data folder ``folder`` differ from those its marker
+    recorded when the build finished writing them (a marker without the record, from
+    a build killed while writing or from an older hyde-plus, proves nothing: False)."""
+    match = _marker_of(folder)
+    if match is None or match.group(3) is None:
+        return False
+    try:
+        return files_digest(folder) != match.group(3)
+    except OSError:
+        return True
 
 
 def _staging_prefix(out: Path) -> str:
@@ -313,7 +354,7 @@ def _is_data_folder(entry: Path, index_id: str | None) -> bool:
         return False
     if not _marked(entry, index_id):
         return False
-    return _holds_only(entry, STORAGE_FILES | {DATA_MARKER})
+    return _holds_only(entry, STORAGE_FILES | {DATA_MARKER}) and not edited_since_written(entry)
 
 
 def _is_our_staging(folder: Path) -> bool:
@@ -380,6 +421,12 @@ def _clean_replaced(out: Path, *, keep: str, index_id: str) -> None:
             _remove(entry)
         elif name == STAGING_MARKER:  # a build killed just after renaming its folder in
             _unlink_marker(out)
+        elif _marked(entry, index_id) and edited_since_written(entry):
+            logger.warning(
+                "kept %s: its files were changed since hyde-plus wrote them, so they are "
+                "yours now (the index no longer uses them); remove it when not needed",
+                entry,
+            )
 
 
 def _clean_stale_builds(out: Path) -> None:

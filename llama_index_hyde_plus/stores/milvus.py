@@ -12,13 +12,15 @@ HyDE embedding and the BM25 side the passage text (query plus passage with
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -203,6 +205,7 @@ def _fill_and_switch(
             storage_context=StorageContext.from_defaults(vector_store=store),
             embed_model=embed_model,
         )
+        entry["content_sha256"] = content_digest(client, physical)
         _update_meta(uri, collection, add={physical: entry})
         pause_for_tests("milvus")
         _switch_alias(client, collection, physical)
@@ -271,7 +274,63 @@ def _why_kept(client: Any, name: str, collection: str, entry: Any) -> str:
     count = rows[0].get("count(*)") if rows else None
     if count != wrote:
         return f"it holds {count} rows where this tool wrote {wrote} (rows added or removed)"
+    digest = entry.get("content_sha256")
+    if isinstance(digest, str) and content_digest(client, name) != digest:
+        return "its rows are not the ones this tool wrote (rows edited, or replaced one for one)"
     return ""
+
+
+#: Rows read at a time by `content_digest`.
+_DIGEST_BATCH = 5000
+
+
+def content_digest(client: Any, name: str) -> str:
+    """A digest of every row of the collection ``name`` (all fields but those Milvus
+    derives, such as the BM25 sparse vector), independent of row order: the sum of
+    each row's sha256 modulo 2**256, and the row count. Recorded when a build is
+    written and compared before a replaced build is dropped, so a build whose rows the
+    user upserted or replaced one for one is kept. Reads the whole collection."""
+    derived = _derived_fields(client, name)
+    total, count = 0, 0
+    loaded = client.get_load_state(name)["state"].name == "Loaded"
+    if not loaded:  # a build whose process was killed: released when Lite restarted
+        client.load_collection(name)
+    try:
+        with _quiet("pymilvus.orm.iterator"):  # it warns that Lite has no server clock
+            rows = client.query_iterator(
+                name, batch_size=_DIGEST_BATCH, filter="", output_fields=["*"]
+            )
+            try:
+                while batch := rows.next():
+                    for row in batch:
+                        kept = {k: v for k, v in row.items() if k not in derived}
+                        text = json.dumps(kept, sort_keys=True, default=str).encode("utf-8")
+                        total += int.from_bytes(hashlib.sha256(text).digest(), "big")
+                        count += 1
+            finally:
+                rows.close()
+    finally:
+        if not loaded:
+            client.release_collection(name)
+    return f"{count}:{total % (1 << 256):064x}"
+
+
+def _derived_fields(client: Any, name: str) -> set[str]:
+    """The fields of ``name`` Milvus fills itself (function outputs such as BM25)."""
+    fields = client.describe_collection(name).get("fields") or []
+    return {str(f.get("name")) for f in fields if f.get("is_function_output")}
+
+
+@contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Silence the warnings of ``logger_name`` for the duration."""
+    target = logging.getLogger(logger_name)
+    level = target.level
+    target.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        target.setLevel(level)
 
 
 def _recorded_builds(uri: str, collection: str) -> dict[str, Any] | None:
@@ -303,6 +362,15 @@ def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
             f"{redact_uri(uri)} already has an alias {collection!r} (of collection "
             f"{target!r}) that hyde-plus did not make; it is left alone: choose another "
             "--collection"
+        )
+    recorded = _recorded_builds(uri, collection)
+    if target is not None and recorded is not None and target not in recorded:
+        raise ValueError(
+            f"{redact_uri(uri)} has an alias {collection!r} pointing at {target!r}, which "
+            f"is named like a hyde-plus build but is not one the record "
+            f"{_meta_path(uri, collection)} lists (your collection, or a build whose "
+            "record was removed); it is left alone: move or drop the alias yourself, or "
+            "choose another --collection"
         )
     if collection not in client.list_collections() or target is not None:
         return
@@ -562,8 +630,17 @@ class MilvusStore(Store):
         return f"collection {self.collection!r} at {redact_uri(self.uri)}"
 
     def check_target(self, docs: Path | None = None) -> None:
+        """The `Store.check_target` checks, and that ``collection`` is not a name the
+        user's own collection or alias has (asked of the database when it exists, so the
+        refusal comes before the embedding model loads)."""
         if not is_local_uri(self.uri):
+            _check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
             return
+        self._check_local(docs)
+        if Path(self.uri).expanduser().exists():
+            _check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
+
+    def _check_local(self, docs: Path | None) -> None:
         target = Path(self.uri).expanduser()
         if target.is_dir() and any(target.iterdir()) and not (target / "databases").is_dir():
             raise ValueError(
