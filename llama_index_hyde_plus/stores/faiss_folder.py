@@ -477,8 +477,7 @@ def _clean_replaced(out: Path, *, keep: str, index_id: str) -> None:
             _unlink_marker(out)
         elif _marked(entry, index_id) and (why := why_not_unedited(entry)):
             logger.warning(
-                "kept %s: %s; the index no longer uses it: remove it when not needed "
-                "(rm -r %s)",
+                "kept %s: %s; the index no longer uses it: remove it when not needed (rm -r %s)",
                 entry,
                 why,
                 shlex.quote(str(entry)),
