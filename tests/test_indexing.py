@@ -121,7 +121,8 @@ def test_replacing_an_index_keeps_one_data_folder(tmp_path: Path) -> None:
     first = read_meta(out)["data"]
     stale = out / "data-00000000beef"  # what a build killed while writing leaves
     stale.mkdir()
-    write_our_file(stale / DATA_MARKER, f"{stale.name} of index {read_meta(out)['index_id']}")
+    index_id = read_meta(out)["index_id"]
+    write_our_file(stale / DATA_MARKER, f"{stale.name} of index {index_id}, being written")
     build(out, NEW)
     meta = read_meta(out)
     assert meta["data"] != first and meta["documents"] == 2
@@ -876,3 +877,89 @@ def test_an_unchanged_data_folder_is_still_removed_on_rebuild(tmp_path: Path) ->
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [CURRENT_LINK, read_meta(out)["data"], "hyde_plus.json"]
     )
+
+
+def test_a_first_build_killed_in_an_existing_empty_folder_is_cleaned_by_the_next(
+    tmp_path: Path,
+) -> None:
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir()
+    (docs_dir / "a.txt").write_text(OLD["pto"])
+    out = tmp_path / "index"
+    out.mkdir()
+    proc, _ = start_paused_index(tmp_path, [str(docs_dir), "--out", str(out), "--embed", "local"])
+    kill(proc)
+    left = sorted(p.name for p in out.iterdir())
+    assert any(n.startswith("data-") for n in left) and any(n.endswith(".tmp") for n in left)
+    build(out)  # what the killed build left is recognised and removed, not refused
+    assert top_id(out, "paid time off") == "pto"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [CURRENT_LINK, read_meta(out)["data"], "hyde_plus.json"]
+    )
+
+
+def _being_written(folder: Path, index_id: str, files: dict[str, str]) -> None:
+    """What a build killed while writing the storage files leaves (marker first)."""
+    folder.mkdir()
+    write_our_file(folder / DATA_MARKER, f"{folder.name} of index {index_id}, being written")
+    for name, text in files.items():
+        (folder / name).write_text(text)
+
+
+def test_a_data_folder_left_being_written_is_removed_but_one_beside_other_files_is_kept(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    index_id = read_meta(out)["index_id"]
+    partial = out / "data-0123456789ab"
+    _being_written(partial, index_id, {"docstore.json": "{"})
+    build(out, NEW)
+    assert not partial.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _being_written(empty / "data-0123456789ab", "ba9876543210", {"docstore.json": "{"})
+    (empty / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="neither empty nor a hyde-plus index"):
+        build(empty)
+    assert (empty / "notes.txt").read_text() == "mine"
+    assert (empty / "data-0123456789ab" / "docstore.json").read_text() == "{"
+
+
+def test_data_folders_an_older_hyde_plus_wrote_are_kept_since_edits_cannot_be_ruled_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    out = tmp_path / "idx"
+    build(out)
+    meta = read_meta(out)
+    old = out / meta["data"]
+    write_our_file(old / DATA_MARKER, f"{old.name} of index {meta['index_id']}", replace=True)
+    docstore = old / "docstore.json"
+    docstore.write_text(docstore.read_text().replace("paid time off", "paid leave"))
+    build(out, NEW)
+    build(out)
+    assert "paid leave" in docstore.read_text()
+    assert any("older hyde-plus" in r.getMessage() for r in caplog.records)
+
+
+def test_keys_added_by_hand_to_the_metadata_survive_a_rebuild(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    meta = read_meta(out)
+    (out / "hyde_plus.json").write_text(json.dumps({**meta, "owner_notes": "ask Ana"}))
+    build(out, NEW)
+    rebuilt = read_meta(out)
+    assert rebuilt["owner_notes"] == "ask Ana" and rebuilt["data"] != meta["data"]
+    assert rebuilt["index_id"] == meta["index_id"]
+
+
+def test_an_index_inside_the_documents_folder_is_refused(tmp_path: Path) -> None:
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir()
+    (docs_dir / "a.txt").write_text(OLD["pto"])
+    result = runner.invoke(
+        app, ["index", str(docs_dir), "--out", str(docs_dir / "idx"), "--embed", "local"]
+    )
+    assert result.exit_code != 0 and "inside the documents folder" in result.output
+    assert sorted(p.name for p in docs_dir.iterdir()) == ["a.txt"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llama_index.core import Document
 
 from llama_index_hyde_plus import HyDE, MultiQuery
 from llama_index_hyde_plus.evaluation import run_eval
@@ -205,6 +206,43 @@ def test_each_seed_searches_an_index_without_its_drawn_documents_built_without_e
         assert all(not gone & set(j) for j in qrels.values())
     assert len(embed._texts) == embedded_once  # type: ignore[attr-defined]
     assert reports[0].label == "none" and 0 < info["questions"] <= len(TOPICS)
+
+
+def test_with_the_users_index_each_seed_still_searches_without_its_drawn_documents(
+    tmp_path: Path,
+) -> None:
+    """``--index`` gives the session the user's index of the whole corpus; a seed's
+    reduced set must still be searched in an index without its drawn documents."""
+    from llama_index_hyde_plus.stores import FaissStore
+
+    ds = dataset()
+    embed = DeterministicEmbedding(dim=128)
+    store = FaissStore(tmp_path / "my-index")
+    docs = [Document(text=text, id_=d) for d, (_, text) in ds.corpus.items()]  # as --docs
+    store.build(docs, embed, embed_spec="det", max_length=256)
+    session = EvalSession(
+        ds,
+        embed_model=embed,
+        embed_label="det-128",
+        cache_root=tmp_path,
+        top_k=50,
+        index_store=store,
+    )
+    leaked: list[set[str]] = []
+
+    def score_all(child: EvalSession, llm_for: Any) -> list[Any]:
+        gone = set(ds.corpus) - set(child.ds.corpus)
+        found = {
+            n.node.node_id
+            for text in child.ds.queries.values()
+            for n in child.base_retriever().retrieve(text)
+        }
+        leaked.append(gone & found)
+        return [child.score("none", _none())]
+
+    run_standin(session, StandIn(0.5, (0, 1)), score_all)
+    session.close()
+    assert leaked == [set(), set()]
 
 
 def _none() -> Any:

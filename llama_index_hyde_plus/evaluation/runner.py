@@ -505,8 +505,10 @@ class EvalSession:
     def derived(self, ds: BeirDataset, vectors: Mapping[str, Sequence[float]]) -> EvalSession:
         """A session over ``ds`` (a subset of this one's corpus) in its own store,
         built from ``vectors`` (this index's stored ones: nothing is embedded again),
-        sharing this session's embedder; stand-in answers are not cached."""
-        session = EvalSession(ds, **{**self._options, "vectors": vectors, "use_cache": False})
+        sharing this session's embedder; stand-in answers are not cached. Never the
+        user's ``index_store``: it holds the whole corpus, the documents left out too."""
+        options = {**self._options, "vectors": vectors, "use_cache": False, "index_store": None}
+        session = EvalSession(ds, **options)
         session.embedder = self.embedder
         return session
 

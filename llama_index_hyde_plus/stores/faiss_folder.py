@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import time
 import uuid
@@ -64,7 +65,15 @@ STORAGE_FILES = frozenset(
 _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
 _INDEX_ID = re.compile(r"[0-9a-f]{12}")
 _DATA_LABEL = re.compile(
-    r"(data-[0-9a-f]{12}) of index ([0-9a-f]{12})(?:, files sha256 ([0-9a-f]{64}))?"
+    r"(data-[0-9a-f]{12}) of index ([0-9a-f]{12})"
+    r"(?:, files sha256 ([0-9a-f]{64})|(, being written))?"
+)
+_WRITING = ", being written"
+#: The keys a build writes into ``hyde_plus.json`` (any other key is the user's and is
+#: carried over to the next build's metadata).
+META_KEYS = frozenset(
+    {"format", "documents", "chunks", "chunking", "dim", "embed", "embed_model"}
+    | {"max_length", "build_seconds", "data", "index_id"}
 )
 
 
@@ -77,8 +86,10 @@ def index_id_of(meta: dict[str, Any] | None) -> str | None:
 
 
 def _data_label(name: str, index_id: str, digest: str | None = None) -> str:
+    """The marker text of a data folder: ``being written`` until its files are, then
+    the sha256 of them (a marker with neither was written by an older hyde-plus)."""
     label = f"{name} of index {index_id}"
-    return f"{label}, files sha256 {digest}" if digest else label
+    return f"{label}, files sha256 {digest}" if digest else label + _WRITING
 
 
 def files_digest(folder: Path) -> str:
@@ -137,7 +148,8 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
 
     The target must be absent, an empty folder, or an index this tool wrote (see
     `our_meta`): anything else could be someone's files, and a build replaces the
-    folder's contents. It may not be the documents folder ``docs`` or a folder above it.
+    folder's contents. It may not be the documents folder ``docs``, a folder above it,
+    or one inside it.
     """
     target = out.expanduser().resolve()
     if target.exists() and not target.is_dir():
@@ -150,6 +162,12 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
             raise ValueError(
                 f"--out {out} is the documents folder or contains it; "
                 "write the index to a separate folder"
+            )
+        if source in target.parents:
+            raise ValueError(
+                f"--out {out} is inside the documents folder {docs}: the next build would "
+                "list the index's own files among the documents; write the index to a "
+                "separate folder"
             )
     if target.is_dir() and any(target.iterdir()) and not _replaceable(target):
         what = (
@@ -168,11 +186,38 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
 
 
 def _replaceable(folder: Path) -> bool:
-    """Whether a build may write into the non-empty ``folder``: only an index this
-    tool wrote. A folder holding data folders and no metadata (copies of data folders,
-    or what a first build killed before its switch left) is not: nothing proves whose
-    they are, so it is refused with what it holds, and the user decides."""
-    return our_meta(folder) is not None
+    """Whether a build may write into the non-empty ``folder``: an index this tool
+    wrote, or a folder holding nothing but what a first build killed before its switch
+    left (`killed_first_build`). A folder holding copies of data folders and no
+    metadata is not: nothing proves whose they are, so it is refused with what it
+    holds, and the user decides."""
+    return our_meta(folder) is not None or bool(killed_first_build(folder))
+
+
+def killed_first_build(folder: Path) -> list[Path]:
+    """The entries of ``folder`` (no ``hyde_plus.json``) when every one is what a
+    first build killed before its switch left there: metadata drafts, and data folders
+    still marked ``being written`` (never in use) or complete and named, with their
+    index id, by one of those drafts. Else (anything else in it, or nothing) []."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    drafts = [e for e in entries if _is_draft(e)]
+    named = set()
+    for draft in drafts:
+        meta = json.loads(draft.read_text(encoding="utf-8")) if not draft.is_symlink() else {}
+        named.add((str(meta.get("data")), index_id_of(meta)))
+    for entry in entries:
+        if entry in drafts:
+            continue
+        match = _marker_of(entry) if _DATA_NAME.fullmatch(entry.name) else None
+        if match is None or not _holds_only(entry, STORAGE_FILES | {DATA_MARKER}):
+            return []
+        ours = match.group(4) or (entry.name, match.group(2)) in named
+        if not ours or why_not_unedited(entry):
+            return []
+    return entries
 
 
 def pause_for_tests(stage: str) -> None:
@@ -227,8 +272,10 @@ def _persist(folder: Path, storage: StorageContext, index_id: str) -> None:
 
 def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
     data = f"data-{uuid.uuid4().hex[:12]}"
-    index_id = index_id_of(our_meta(out) if out.is_dir() else None) or uuid.uuid4().hex[:12]
-    meta = {**meta, "data": data, "index_id": index_id}
+    old = (our_meta(out) if out.is_dir() else None) or {}
+    index_id = index_id_of(old) or uuid.uuid4().hex[:12]
+    yours = {k: v for k, v in old.items() if k not in META_KEYS}  # notes added by hand
+    meta = {**yours, **meta, "data": data, "index_id": index_id}
     if out.is_dir():  # ours or empty (`check_index_target`)
         # filled in place: the folder itself (its permissions, a link to it) stays
         _persist(out / data, storage, index_id)
@@ -318,17 +365,24 @@ def _marker_of(folder: Path) -> re.Match[str] | None:
     return match if match is not None and match.group(1) == folder.name else None
 
 
-def edited_since_written(folder: Path) -> bool:
-    """Whether the files of the data folder ``folder`` differ from those its marker
-    recorded when the build finished writing them (a marker without the record, from
-    a build killed while writing or from an older hyde-plus, proves nothing: False)."""
+def why_not_unedited(folder: Path) -> str:
+    """Why the marked data folder ``folder`` cannot be taken for exactly what a build
+    wrote ("" when it can): its files differ from the sha256 its marker recorded when
+    the build finished writing them, or its marker (an older hyde-plus's) recorded
+    none. A folder still marked ``being written`` was never in use: ""."""
     match = _marker_of(folder)
-    if match is None or match.group(3) is None:
-        return False
+    if match is None or match.group(4):
+        return ""
+    if match.group(3) is None:
+        return (
+            "it was written by an older hyde-plus, which recorded no checksum of its "
+            "files, so edits cannot be ruled out"
+        )
     try:
-        return files_digest(folder) != match.group(3)
-    except OSError:
-        return True
+        same = files_digest(folder) == match.group(3)
+    except OSError as exc:
+        return f"its files cannot be read ({exc})"
+    return "" if same else "its files were changed since hyde-plus wrote them"
 
 
 def _staging_prefix(out: Path) -> str:
@@ -354,7 +408,7 @@ def _is_data_folder(entry: Path, index_id: str | None) -> bool:
         return False
     if not _marked(entry, index_id):
         return False
-    return _holds_only(entry, STORAGE_FILES | {DATA_MARKER}) and not edited_since_written(entry)
+    return _holds_only(entry, STORAGE_FILES | {DATA_MARKER}) and not why_not_unedited(entry)
 
 
 def _is_our_staging(folder: Path) -> bool:
@@ -421,11 +475,12 @@ def _clean_replaced(out: Path, *, keep: str, index_id: str) -> None:
             _remove(entry)
         elif name == STAGING_MARKER:  # a build killed just after renaming its folder in
             _unlink_marker(out)
-        elif _marked(entry, index_id) and edited_since_written(entry):
+        elif _marked(entry, index_id) and (why := why_not_unedited(entry)):
             logger.warning(
-                "kept %s: its files were changed since hyde-plus wrote them, so they are "
-                "yours now (the index no longer uses them); remove it when not needed",
+                "kept %s: %s; the index no longer uses it: remove it when not needed (rm -r %s)",
                 entry,
+                why,
+                shlex.quote(str(entry)),
             )
 
 
@@ -439,8 +494,10 @@ def _clean_stale_builds(out: Path) -> None:
             if entry.name.startswith(prefix) and _is_our_staging(entry):
                 shutil.rmtree(entry, ignore_errors=True)
     meta = our_meta(out) if out.is_dir() else None
-    if meta is None:
-        return  # not (or no longer) an index this tool wrote: touch nothing
+    if meta is None:  # not (or no longer) an index this tool wrote: touch nothing but
+        for entry in killed_first_build(out) if out.is_dir() else []:  # a first build's
+            _remove(entry)
+        return
     index_id = index_id_of(meta)  # None for an index built before ids: data folders stay
     in_use = (str(meta.get("data") or ""), _linked_data(out, index_id))
     for entry in out.iterdir():
