@@ -514,7 +514,7 @@ def test_a_rebuild_drops_only_its_own_builds_and_keeps_one_the_user_pinned(
     assert client.query(mine, filter="id >= 0", output_fields=["id"]) == [{"id": 1}]
     assert client.describe_alias("prod")["collection_name"] == first
     assert first in caplog.text and "prod" in caplog.text
-    assert f"MilvusClient({uri!r}).drop_collection({first!r})" in caplog.text  # how to drop it
+    assert f'MilvusClient("{uri}").drop_collection("{first}")' in caplog.text  # how to drop it
     index = load_milvus_index(uri, EMBED)  # the alias moved to the new build
     assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
     client.drop_alias("prod")  # unpinned, the old build is ours to drop on the next build
@@ -645,7 +645,7 @@ def test_a_rebuild_keeps_a_build_whose_rows_the_user_changed_in_place(
         build_milvus_index(_small_docs(), EMBED, uri)
     assert first in client.list_collections()
     assert first in caplog.text and "not the ones this tool wrote" in caplog.text
-    assert f".drop_collection({first!r})" in caplog.text
+    assert f'.drop_collection("{first}")' in caplog.text
     index = load_milvus_index(uri, EMBED)  # the alias moved to the new build all the same
     assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
 
@@ -721,7 +721,7 @@ def test_a_rebuild_keeps_a_build_recorded_without_a_row_digest(
         build_milvus_index(_small_docs(), EMBED, uri)
     assert first in client.list_collections()
     assert "recorded by an older hyde-plus" in caplog.text
-    assert f"MilvusClient({uri!r}).drop_collection({first!r})" in caplog.text
+    assert f'MilvusClient("{uri}").drop_collection("{first}")' in caplog.text
     assert first in json.loads(record.read_text())["collections"]  # still ours to judge
 
 
@@ -837,7 +837,7 @@ def test_a_damaged_or_missing_record_never_locks_the_collection_out(
     assert first in client.list_collections()  # no record proves it ours: kept
     assert client.describe_alias("hyde_plus")["collection_name"] != first
     assert "the alias 'hyde_plus' pointed at" in caplog.text and first in caplog.text
-    assert f".drop_collection({first!r})" in caplog.text
+    assert f'.drop_collection("{first}")' in caplog.text
     assert first not in json.loads(record.read_text())["collections"]
 
 

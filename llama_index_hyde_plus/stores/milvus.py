@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -82,8 +83,9 @@ def check_uri(uri: str) -> str:
         # a Milvus Lite database is a folder (databases/, collections/, LOCK): this is
         # someone's file (an SQLite .db, say), which Milvus Lite would trip over
         raise ValueError(
-            f"--uri {uri} is a file, not a Milvus Lite database (a folder); it is left "
-            "alone: choose a new .db path"
+            f"--uri {uri} is a file, not a Milvus Lite database (a folder; a file is "
+            "someone's data, or a database of Milvus Lite 2.x, which this one cannot "
+            "open); it is left alone: choose a new .db path"
         )
     return str(Path(uri))
 
@@ -99,10 +101,11 @@ def drop_command(uri: str, name: str) -> str:
     """The one-line command that drops the collection ``name`` at ``uri``: no hyde-plus
     command drops a collection, so every message about one it keeps says how."""
     where = str(Path(uri).expanduser()) if is_local_uri(uri) else redact_uri(uri)
-    return (
-        f'python -c "from pymilvus import MilvusClient; '
-        f'MilvusClient({where!r}).drop_collection({name!r})"'
+    code = (  # JSON strings are Python strings; the shell quoting survives any path
+        "from pymilvus import MilvusClient; "
+        f"MilvusClient({json.dumps(where)}).drop_collection({json.dumps(name)})"
     )
+    return f"python -c {shlex.quote(code)}"
 
 
 def is_local_uri(uri: str) -> bool:
@@ -592,10 +595,10 @@ def unreadable_reason(uri: str, exc: BaseException) -> str:
 
 
 @contextmanager
-def readable(uri: str, collection: str) -> Iterator[None]:
+def readable(uri: str, collection: str, doing: str = "cannot read") -> Iterator[None]:
     """Turn an error of Milvus itself (``MilvusException``: a collection it cannot load
-    or search) into a `ValueError` naming the URI, the collection and Milvus's message,
-    so a command reports it in one line."""
+    or search, or, ``doing="could not write"``, build) into a `ValueError` naming the
+    URI, the collection and Milvus's message, so a command reports it in one line."""
     from pymilvus.exceptions import MilvusException
 
     try:
@@ -603,7 +606,7 @@ def readable(uri: str, collection: str) -> Iterator[None]:
             yield
     except MilvusException as exc:
         raise ValueError(
-            f"Milvus cannot read collection {collection!r} at {redact_uri(uri)}: "
+            f"Milvus {doing} collection {collection!r} at {redact_uri(uri)}: "
             f"{unreadable_reason(uri, exc)}"
         ) from exc
 
@@ -813,14 +816,15 @@ class MilvusStore(Store):
         self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
     ) -> IndexInfo:
         start = time.perf_counter()
-        index = build_milvus_index(
-            documents,
-            embed_model,
-            self.uri,
-            collection=self.collection,
-            token=self.token,
-            **settings.as_kwargs(),
-        )
+        with readable(self.uri, self.collection, "could not write"):  # a full disk, say
+            index = build_milvus_index(
+                documents,
+                embed_model,
+                self.uri,
+                collection=self.collection,
+                token=self.token,
+                **settings.as_kwargs(),
+            )
         meta = self.meta() or {}
         chunks = int(meta.get("chunks") or len(index.index_struct.nodes_dict) or len(documents))
         dim = int(meta.get("dim") or len(embed_model.get_query_embedding("dimension probe")))
