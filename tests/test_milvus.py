@@ -400,7 +400,7 @@ def test_building_one_collection_leaves_a_longer_named_one_alone(tmp_path: Path)
         ("folder", "hyde_plus", "must end in .db"),
         ("ok.db", "", "is not a Milvus name"),
         ("ok.db", "a/b", "is not a Milvus name"),
-        ("text.db", "hyde_plus", "cannot open Milvus at"),
+        ("text.db", "hyde_plus", "is a file, not a Milvus Lite database"),
     ],
 )
 def test_a_bad_uri_or_collection_is_refused_before_any_embedding(
@@ -514,6 +514,7 @@ def test_a_rebuild_drops_only_its_own_builds_and_keeps_one_the_user_pinned(
     assert client.query(mine, filter="id >= 0", output_fields=["id"]) == [{"id": 1}]
     assert client.describe_alias("prod")["collection_name"] == first
     assert first in caplog.text and "prod" in caplog.text
+    assert f'MilvusClient("{uri}").drop_collection("{first}")' in caplog.text  # how to drop it
     index = load_milvus_index(uri, EMBED)  # the alias moved to the new build
     assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
     client.drop_alias("prod")  # unpinned, the old build is ours to drop on the next build
@@ -644,6 +645,7 @@ def test_a_rebuild_keeps_a_build_whose_rows_the_user_changed_in_place(
         build_milvus_index(_small_docs(), EMBED, uri)
     assert first in client.list_collections()
     assert first in caplog.text and "not the ones this tool wrote" in caplog.text
+    assert f'.drop_collection("{first}")' in caplog.text
     index = load_milvus_index(uri, EMBED)  # the alias moved to the new build all the same
     assert hybrid_retriever(index, 1).retrieve("Lisbon office")[0].node.node_id == "office"
 
@@ -695,3 +697,166 @@ def test_the_cli_refuses_a_users_alias_before_showing_any_progress(tmp_path: Pat
     assert proc.returncode == 2
     assert "did not make" in proc.stderr and "Embedding" not in proc.stderr
     assert "Loading the embedding model" not in proc.stderr
+
+
+def test_a_rebuild_keeps_a_build_recorded_without_a_row_digest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older hyde-plus recorded the row count only: a build whose rows the user then
+    upserted one for one cannot be told from an unedited one, so it is kept."""
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    record = Path(f"{uri}.hyde_plus.hyde_plus.json")
+    data = json.loads(record.read_text())
+    [first] = data["collections"]
+    del data["collections"][first]["content_sha256"]  # as an older hyde-plus wrote it
+    record.write_text(json.dumps(data))
+    client = MilvusClient(uri)
+    row = client.query(first, filter='id == "pto"', output_fields=["*"])[0]
+    row = {k: v for k, v in row.items() if k != "sparse_embedding"}  # BM25 fills it
+    client.upsert(first, [{**row, "text": "Employees receive thirty days of leave."}])
+    with caplog.at_level(logging.WARNING):
+        build_milvus_index(_small_docs(), EMBED, uri)
+    assert first in client.list_collections()
+    assert "recorded by an older hyde-plus" in caplog.text
+    assert f'MilvusClient("{uri}").drop_collection("{first}")' in caplog.text
+    assert first in json.loads(record.read_text())["collections"]  # still ours to judge
+
+
+_KILLED_MID_INSERT = """
+import os, sys
+from llama_index.core import Document
+from llama_index.vector_stores.milvus import MilvusVectorStore
+from llama_index_hyde_plus.stores.milvus import build_milvus_index
+from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+add = MilvusVectorStore.add
+def killed(self, nodes, **kwargs):  # the first rows written, then kill -9
+    add(self, nodes[:1], **kwargs)
+    os._exit(9)
+MilvusVectorStore.add = killed
+docs = [Document(text=f"document number {i}", id_=str(i)) for i in range(3)]
+build_milvus_index(docs, DeterministicEmbedding(dim=256), sys.argv[1])
+"""
+
+
+def test_a_build_killed_while_writing_rows_is_dropped_by_the_next_build(tmp_path: Path) -> None:
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "m.db")
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_MID_INSERT, uri], capture_output=True, timeout=180
+    )
+    assert killed.returncode == 9, killed.stderr
+    record = json.loads(Path(f"{uri}.hyde_plus.hyde_plus.json").read_text())["collections"]
+    [orphan] = record
+    assert record[orphan]["writing"] is True
+    build_milvus_index(_small_docs(), EMBED, uri)
+    client = MilvusClient(uri)
+    assert orphan not in client.list_collections() and len(client.list_collections()) == 1
+    record = json.loads(Path(f"{uri}.hyde_plus.hyde_plus.json").read_text())["collections"]
+    [(built, entry)] = record.items()
+    assert built == client.describe_alias("hyde_plus")["collection_name"]
+    assert "writing" not in entry and entry["chunks"] == 2 and entry["content_sha256"]
+
+
+def test_a_record_that_cannot_be_written_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pymilvus import MilvusClient
+
+    uri = str(tmp_path / "m.db")
+    replace = os.replace
+
+    def full_disk(src: str, dst: str) -> None:
+        if str(dst).endswith(".hyde_plus.json"):
+            raise OSError(28, "No space left on device")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        build_milvus_index(_small_docs(), EMBED, uri)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert MilvusClient(uri).list_collections() == []  # nothing built without a record
+
+
+@pytest.mark.local
+def test_an_index_file_a_full_disk_left_empty_is_one_error_and_a_rebuild_keeps_the_build(
+    tmp_path: Path,
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "pto.txt").write_text(MILVUS_DOCS["pto"])
+    (docs / "lunch.txt").write_text(MILVUS_DOCS["lunch"])
+    uri = str(tmp_path / "m.db")
+    env = {**os.environ, "COLUMNS": "2000"}  # log lines unwrapped
+    args = ["--uri", uri, "--embed", "local"]
+    assert _cli("index", str(docs), *args, env=env).returncode == 0
+    assert _fresh_query_ids(uri, "hyde_plus")  # loaded once: its index file is written
+    [idx] = list(Path(uri).rglob("*.idx"))
+    [first] = json.loads(Path(f"{uri}.hyde_plus.hyde_plus.json").read_text())["collections"]
+    open(idx, "w").close()  # what a full disk leaves (no Milvus Lite running now)
+    found = _cli("query", "paid time off", "--uri", uri, "-t", "none", env=env)
+    assert found.returncode == 2 and "Traceback" not in found.stderr
+    [line] = [x for x in found.stderr.splitlines() if x.strip()]
+    assert line.startswith("error: Milvus cannot read collection 'hyde_plus'")
+    assert "No data left in file" in line and str(idx) in line and "full disk" in line
+    rebuilt = _cli("index", str(docs), *args, env=env)
+    assert rebuilt.returncode == 0 and "Traceback" not in rebuilt.stderr
+    assert f"kept the replaced build {first}" in rebuilt.stderr
+    assert "Milvus cannot read it (No data left in file" in rebuilt.stderr
+    assert first in json.loads(Path(f"{uri}.hyde_plus.hyde_plus.json").read_text())["collections"]
+    assert sorted(_fresh_query_ids(uri, "hyde_plus")) == ["lunch.txt", "pto.txt"]
+    assert idx.stat().st_size == 0  # never deleted for the user
+
+
+def test_a_damaged_or_missing_record_never_locks_the_collection_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pymilvus import MilvusClient
+
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    record = Path(f"{uri}.hyde_plus.hyde_plus.json")
+    [first] = json.loads(record.read_text())["collections"]
+    record.write_text(record.read_text()[:60])  # truncated
+    with pytest.raises(ValueError, match=r"is corrupt .*: move it aside"):
+        read_milvus_meta(uri)  # what `query` reads
+    with pytest.raises(ValueError, match="move it aside"):
+        MilvusStore(uri).check_target()  # what `index` checks
+    record.rename(tmp_path / "record.bad")
+    MilvusStore(uri).check_target()
+    with caplog.at_level(logging.WARNING):
+        build_milvus_index(_small_docs(), EMBED, uri)
+    client = MilvusClient(uri)
+    assert first in client.list_collections()  # no record proves it ours: kept
+    assert client.describe_alias("hyde_plus")["collection_name"] != first
+    assert "the alias 'hyde_plus' pointed at" in caplog.text and first in caplog.text
+    assert f'.drop_collection("{first}")' in caplog.text
+    assert first not in json.loads(record.read_text())["collections"]
+
+
+def test_a_rebuild_keeps_the_keys_the_user_added_to_the_record(tmp_path: Path) -> None:
+    uri = str(tmp_path / "m.db")
+    build_milvus_index(_small_docs(), EMBED, uri)
+    record = Path(f"{uri}.hyde_plus.hyde_plus.json")
+    record.write_text(json.dumps({**json.loads(record.read_text()), "owner": "data team"}))
+    build_milvus_index(_small_docs(), EMBED, uri)
+    assert json.loads(record.read_text())["owner"] == "data team"
+
+
+def test_a_uri_that_is_a_users_file_is_one_error_before_milvus_lite_starts(
+    tmp_path: Path,
+) -> None:
+    users = tmp_path / "app.db"
+    users.write_bytes(b"SQLite format 3\x00")
+    proc = _cli("query", "q", "--uri", str(users), "-t", "none")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"error: --uri {users} is a file")
+    assert "Traceback" not in proc.stderr and "FileExistsError" not in proc.stderr
+    assert users.read_bytes() == b"SQLite format 3\x00"

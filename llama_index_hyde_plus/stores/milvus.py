@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -78,6 +79,14 @@ def check_uri(uri: str) -> str:
         raise ValueError(
             f"--uri {uri}: a Milvus Lite file must end in .db (or give an http(s):// URL)"
         )
+    if (path.exists() or path.is_symlink()) and not path.is_dir():
+        # a Milvus Lite database is a folder (databases/, collections/, LOCK): this is
+        # someone's file (an SQLite .db, say), which Milvus Lite would trip over
+        raise ValueError(
+            f"--uri {uri} is a file, not a Milvus Lite database (a folder; a file is "
+            "someone's data, or a database of Milvus Lite 2.x, which this one cannot "
+            "open); it is left alone: choose a new .db path"
+        )
     return str(Path(uri))
 
 
@@ -86,6 +95,17 @@ def _is_build_of(name: str, collection: str) -> bool:
     alias ``collection`` (``<collection>__`` and 12 hex digits), not merely a name
     that starts the same way."""
     return re.fullmatch(re.escape(collection) + r"__[0-9a-f]{12}", name) is not None
+
+
+def drop_command(uri: str, name: str) -> str:
+    """The one-line command that drops the collection ``name`` at ``uri``: no hyde-plus
+    command drops a collection, so every message about one it keeps says how."""
+    where = str(Path(uri).expanduser()) if is_local_uri(uri) else redact_uri(uri)
+    code = (  # JSON strings are Python strings; the shell quoting survives any path
+        "from pymilvus import MilvusClient; "
+        f"MilvusClient({json.dumps(where)}).drop_collection({json.dumps(name)})"
+    )
+    return f"python -c {shlex.quote(code)}"
 
 
 def is_local_uri(uri: str) -> bool:
@@ -191,13 +211,17 @@ def _fill_and_switch(
     entry: dict[str, Any],
 ) -> VectorStoreIndex:
     """Write ``nodes`` into a new ``<collection>__<id>``, record it, move the alias
-    ``collection`` to it, then drop the builds it replaced. Any failure before the
+    ``collection`` to it, then drop the builds it replaced. The record lists the build
+    (marked ``writing``) before its collection is created, so a build killed while
+    writing rows leaves no collection the next build does not know to drop; the entry
+    is completed (row count, digest) before the alias moves. Any failure before the
     alias moved drops the new collection and its record entry (`_discard`). ``where``:
     the URI, the collection (alias) and the token."""
     uri, collection, token = where
     before = _resolve(client, collection)
     physical = f"{collection}__{uuid.uuid4().hex[:12]}"
     entry = {**entry, "physical_collection": physical}
+    _update_meta(uri, collection, add={physical: {**entry, "writing": True}})
     try:
         store = milvus_store(uri, collection=physical, dim=entry["dim"], token=token)
         index = VectorStoreIndex(
@@ -235,47 +259,88 @@ def _drop_replaced(
     client: Any, uri: str, collection: str, physical: str, before: str | None
 ) -> None:
     """Drop the builds ``physical`` replaced: those the record beside a Milvus Lite file
-    lists (the previous one and any interrupted ones), or, on a server (no record), the
-    one the alias pointed at ``before``. A build that carries an alias other than
-    ``collection`` is the user's pin: it is kept (and stays recorded), with a warning."""
+    lists (the previous one, interrupted ones, and ones still marked ``writing``: never
+    served), or, on a server (no record), the one the alias pointed at ``before``. A
+    build `_why_kept` gives a reason for (or that cannot be read) is kept and stays
+    recorded, with a warning saying how to drop it. A collection the alias pointed at
+    that no record lists (the record was moved away) is kept and left unrecorded."""
     recorded = _recorded_builds(uri, collection)
     candidates = set(recorded) if recorded is not None else ({before} if before else set())
     existing = set(client.list_collections())
-    pinned: set[str] = set()
+    kept: set[str] = set()
     for name in sorted(candidates - {physical}):
         if name not in existing or not _is_build_of(name, collection):
             continue
-        why = _why_kept(client, name, collection, (recorded or {}).get(name))
+        entry = recorded.get(name) if recorded is not None else None
+        why = _drop_unless_kept(client, uri, name, collection, entry, local=recorded is not None)
         if why:
-            pinned.add(name)
+            kept.add(name)
             logger.warning(
-                "kept the replaced build %s of collection %r: %s (the next build removes "
-                "it once that is undone, or drop it yourself)",
+                "kept the replaced build %s of collection %r: %s; drop it yourself when "
+                "you no longer need it: %s",
                 name,
                 collection,
                 why,
+                drop_command(uri, name),
             )
-            continue
-        client.drop_collection(name)
-    _update_meta(uri, collection, keep={physical} | pinned)
+    if recorded is not None and before and before not in recorded and before in existing:
+        logger.warning(
+            "kept the collection %s that the alias %r pointed at: no hyde-plus record "
+            "lists it (the record %s was missing), so it may be yours; drop it yourself "
+            "when you no longer need it: %s",
+            before,
+            collection,
+            _meta_path(uri, collection),
+            drop_command(uri, before),
+        )
+    _update_meta(uri, collection, keep={physical} | kept)
 
 
-def _why_kept(client: Any, name: str, collection: str, entry: Any) -> str:
+def _drop_unless_kept(
+    client: Any, uri: str, name: str, collection: str, entry: Any, *, local: bool
+) -> str:
+    """Drop the replaced build ``name`` unless `_why_kept` says why not; that reason
+    ("" when dropped). A build Milvus cannot read or drop is kept, with Milvus's error
+    as the reason, so one damaged build never fails the build that replaced it."""
+    try:
+        with _untraced():
+            why = _why_kept(client, name, collection, entry, local=local)
+        if not why:
+            client.drop_collection(name)
+        return why
+    except Exception as exc:
+        return f"Milvus cannot read it ({unreadable_reason(uri, exc)})"
+
+
+def _why_kept(client: Any, name: str, collection: str, entry: Any, *, local: bool) -> str:
     """Why the replaced build ``name`` must stay ("" when it may go): it carries an
-    alias other than ``collection`` (the user's pin), or it no longer holds the rows
-    its record says this tool wrote (rows added or deleted by the user)."""
+    alias other than ``collection`` (the user's pin), or its record entry (``local``:
+    a Milvus Lite record; a server has none) cannot prove its rows are the ones this
+    tool wrote: rows added, deleted or edited, or an entry of an older hyde-plus that
+    kept no digest. An entry still marked ``writing`` is a build that never served."""
     others = set(client.list_aliases(collection_name=name).get("aliases") or [])
     if others - {collection}:
-        return f"it carries the alias(es) {', '.join(sorted(others - {collection}))}"
-    wrote = entry.get("chunks") if isinstance(entry, dict) else None
-    if wrote is None:
+        return (
+            f"it carries the alias(es) {', '.join(sorted(others - {collection}))} (the "
+            "next build removes it once you drop them)"
+        )
+    if not local:
         return ""  # a server build without a record: the alias pointed at it, nothing more
+    if not isinstance(entry, dict):
+        return "its record entry is damaged, so edits to its rows cannot be ruled out"
+    if entry.get("writing") is True:
+        return ""  # recorded before its rows were written, never switched in
+    wrote, digest = entry.get("chunks"), entry.get("content_sha256")
+    if not isinstance(digest, str):
+        return (
+            "it was recorded by an older hyde-plus that kept no digest of its rows, so "
+            "edits to its rows cannot be ruled out"
+        )
     rows = client.query(collection_name=name, output_fields=["count(*)"])
     count = rows[0].get("count(*)") if rows else None
     if count != wrote:
         return f"it holds {count} rows where this tool wrote {wrote} (rows added or removed)"
-    digest = entry.get("content_sha256")
-    if isinstance(digest, str) and content_digest(client, name) != digest:
+    if content_digest(client, name) != digest:
         return "its rows are not the ones this tool wrote (rows edited, or replaced one for one)"
     return ""
 
@@ -321,6 +386,26 @@ def _derived_fields(client: Any, name: str) -> set[str]:
     return {str(f.get("name")) for f in fields if f.get("is_function_output")}
 
 
+#: The loggers of pymilvus and Milvus Lite that log each failed call with a traceback
+#: before the error is raised (and reported by us in one line).
+_TRACING_LOGGERS = ("pymilvus.decorators", "milvus_lite.adapter.grpc.servicer")
+
+
+@contextmanager
+def _untraced() -> Iterator[None]:
+    """Hold back the tracebacks `_TRACING_LOGGERS` log for a failed call while in the
+    block (a filter of its own per use, so overlapping uses in threads are safe)."""
+    hold: logging.Filter = logging.Filter("-")  # a name no record has: drops them all
+    targets = [logging.getLogger(name) for name in _TRACING_LOGGERS]
+    for target in targets:
+        target.addFilter(hold)
+    try:
+        yield
+    finally:
+        for target in targets:
+            target.removeFilter(hold)
+
+
 @contextmanager
 def _quiet(logger_name: str) -> Iterator[None]:
     """Silence the warnings of ``logger_name`` for the duration."""
@@ -364,6 +449,10 @@ def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
             "--collection"
         )
     recorded = _recorded_builds(uri, collection)
+    meta = _meta_path(uri, collection)
+    if meta is not None and not (meta.exists() or meta.is_symlink()):
+        recorded = None  # no record at all (moved away, a copied database): the build
+        # goes ahead and keeps the collection the alias pointed at (`_drop_replaced`)
     if target is not None and recorded is not None and target not in recorded:
         raise ValueError(
             f"{redact_uri(uri)} has an alias {collection!r} pointing at {target!r}, which "
@@ -428,13 +517,19 @@ def _read_meta_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(
-            f"{path} is corrupt ({exc}); rebuild the collection with "
-            "`hyde-plus index DIR --store milvus --uri URI`"
-        ) from exc
+        raise ValueError(_corrupt(path, str(exc))) from exc
     if not isinstance(data, dict):
-        raise ValueError(f"{path} is corrupt (not a JSON object); rebuild the collection")
+        raise ValueError(_corrupt(path, "not a JSON object"))
     return data
+
+
+def _corrupt(path: Path, why: str) -> str:
+    """What to do about a damaged record: what `hyde-plus index` then accepts."""
+    return (
+        f"{path} is corrupt ({why}): move it aside (say to {path.name}.bad) and rebuild "
+        "with `hyde-plus index DIR --store milvus` and the same --uri and --collection; "
+        "the rebuild keeps the collection served until now, for you to drop"
+    )
 
 
 def _update_meta(
@@ -450,19 +545,70 @@ def _update_meta(
     path = _meta_path(uri, collection)
     if path is None:
         return
-    entries: dict[str, Any] = {}
+    data: dict[str, Any] = {}
     if not _is_our_meta_file(path):
         raise ValueError(f"{path} is not hyde-plus's record of the collection; left untouched")
     if path.is_file():
-        entries = dict(_read_meta_file(path).get("collections") or {})  # legacy: none
+        data = _read_meta_file(path)
+        if "collections" not in data:
+            data = {}  # written before aliases: it describes no build of ours
+    entries = dict(data.get("collections") or {})
     entries.update(add or {})
     if keep is not None:
         entries = {k: v for k, v in entries.items() if k in keep}
     for name in drop or set():
         entries.pop(name, None)
-    pending = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    pending.write_text(json.dumps({"format": 2, "collections": entries}, indent=2))
-    os.replace(pending, path)
+    text = json.dumps({**data, "format": 2, "collections": entries}, indent=2)  # keeps
+    pending = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # the user's keys
+    try:
+        pending.write_text(text, encoding="utf-8")
+        os.replace(pending, path)
+    except BaseException:
+        pending.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
+
+
+#: Milvus Lite's message for an index file cut short (a full disk leaves one empty).
+_SHORT_FILE = "No data left in file"
+
+
+def unreadable_reason(uri: str, exc: BaseException) -> str:
+    """Milvus's message in ``exc`` (a ``MilvusException``'s own, without its code),
+    and, when Milvus Lite found a file cut short, the empty ``*.idx`` files under the
+    database at ``uri``: index files a full disk left empty, which Milvus Lite rebuilds
+    on load once they are removed (hyde-plus never deletes them itself)."""
+    message = str(getattr(exc, "message", "") or exc)
+    if _SHORT_FILE not in message or not is_local_uri(uri):
+        return message
+    folder = Path(uri).expanduser()
+    empty = sorted(p for p in folder.rglob("*.idx") if p.is_file() and p.stat().st_size == 0)
+    if not empty:
+        return message
+    shown = ", ".join(str(p) for p in empty[:5]) + (
+        f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+    )
+    return (
+        f"{message}; these index files are empty: {shown}. They are index files a full "
+        "disk left empty; Milvus Lite rebuilds them from the data on load if you remove "
+        "them (only those files)"
+    )
+
+
+@contextmanager
+def readable(uri: str, collection: str, doing: str = "cannot read") -> Iterator[None]:
+    """Turn an error of Milvus itself (``MilvusException``: a collection it cannot load
+    or search, or, ``doing="could not write"``, build) into a `ValueError` naming the
+    URI, the collection and Milvus's message, so a command reports it in one line."""
+    from pymilvus.exceptions import MilvusException
+
+    try:
+        with _untraced():
+            yield
+    except MilvusException as exc:
+        raise ValueError(
+            f"Milvus {doing} collection {collection!r} at {redact_uri(uri)}: "
+            f"{unreadable_reason(uri, exc)}"
+        ) from exc
 
 
 def _client(uri: str, token: str) -> Any:
@@ -568,7 +714,10 @@ class MilvusHybridRetriever(BaseRetriever):
         self._vector_store = index.vector_store
         """Where `DocVectors` reads stored vectors (feedback, the stand-in's copies)."""
         self._dim = getattr(index.vector_store, "dim", None)
-        self._where = f"Milvus collection {getattr(index.vector_store, 'collection_name', '')!r}"
+        name = str(getattr(index.vector_store, "collection_name", ""))
+        self._where = f"Milvus collection {name!r}"
+        self.where = (str(getattr(index.vector_store, "uri", "") or ""), name)
+        """The URI and collection named when Milvus fails a search (`readable`)."""
         self.similarity_top_k = top_k
         """How many hits a search returns (what `TransformRetriever` cuts a fan-out to)."""
 
@@ -588,10 +737,11 @@ class MilvusHybridRetriever(BaseRetriever):
         return query_bundle
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return self._inner.retrieve(self._checked(query_bundle))
+        with readable(*self.where):
+            return self._inner.retrieve(self._checked(query_bundle))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return await asyncio.to_thread(lambda: self._inner.retrieve(self._checked(query_bundle)))
+        return await asyncio.to_thread(self._retrieve, query_bundle)
 
 
 def hybrid_retriever(index: VectorStoreIndex, top_k: int = 10) -> MilvusHybridRetriever:
@@ -657,21 +807,24 @@ class MilvusStore(Store):
         if meta is not None and not _is_our_meta_file(meta):
             raise ValueError(
                 f"--uri {self.uri}: {meta} exists and is not hyde-plus's record of the "
-                "collection; refusing to overwrite it: move it, or choose another --collection"
+                "collection (or is damaged); refusing to overwrite it: move it aside and run "
+                "again (the collection served until now is then kept, for you to drop), or "
+                "choose another --collection"
             )
 
     def _build(
         self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings
     ) -> IndexInfo:
         start = time.perf_counter()
-        index = build_milvus_index(
-            documents,
-            embed_model,
-            self.uri,
-            collection=self.collection,
-            token=self.token,
-            **settings.as_kwargs(),
-        )
+        with readable(self.uri, self.collection, "could not write"):  # a full disk, say
+            index = build_milvus_index(
+                documents,
+                embed_model,
+                self.uri,
+                collection=self.collection,
+                token=self.token,
+                **settings.as_kwargs(),
+            )
         meta = self.meta() or {}
         chunks = int(meta.get("chunks") or len(index.index_struct.nodes_dict) or len(documents))
         dim = int(meta.get("dim") or len(embed_model.get_query_embedding("dimension probe")))
@@ -690,9 +843,12 @@ class MilvusStore(Store):
         return read_milvus_meta(self.uri, self.collection, token=self.token)
 
     def load(self, embed_model: BaseEmbedding) -> VectorStoreIndex:
-        return load_milvus_index(
-            self.uri, embed_model, collection=self.collection, token=self.token
-        )
+        with readable(self.uri, self.collection):
+            return load_milvus_index(
+                self.uri, embed_model, collection=self.collection, token=self.token
+            )
 
     def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:
-        return hybrid_retriever(index, top_k)
+        retriever = hybrid_retriever(index, top_k)
+        retriever.where = (self.uri, self.collection)
+        return retriever
