@@ -684,3 +684,15 @@ def test_eval_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path) -> N
     assert result.exit_code == 2 and "--out" in result.output and "is a file" in result.output
     assert "nDCG@10" not in result.output and not (tmp_path / "cache").exists()
     assert out.read_text() == "mine"
+
+
+def test_demo_refuses_a_users_out_folder_before_loading_models_or_showing_progress(
+    tmp_path: Path,
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("years of work")
+    result = runner.invoke(app, ["demo", "--out", str(mine)])
+    assert result.exit_code != 0 and "neither empty nor a hyde-plus index" in result.output
+    assert "Embedding" not in result.output and "Loading" not in result.output
+    assert [p.name for p in mine.iterdir()] == ["thesis.txt"]

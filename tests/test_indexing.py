@@ -963,3 +963,57 @@ def test_an_index_inside_the_documents_folder_is_refused(tmp_path: Path) -> None
     )
     assert result.exit_code != 0 and "inside the documents folder" in result.output
     assert sorted(p.name for p in docs_dir.iterdir()) == ["a.txt"]
+
+
+@pytest.mark.parametrize("odd", ["fifo", "link to /dev/zero"])
+def test_a_fifo_or_endless_link_in_the_old_data_folder_never_hangs_a_rebuild(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, odd: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    out = tmp_path / "idx"
+    build(out)
+    old = out / read_meta(out)["data"]
+    if odd == "fifo":
+        os.mkfifo(old / "notes")
+    else:
+        (old / "zero").symlink_to("/dev/zero")
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (build(out, NEW), done.set()), daemon=True)
+    worker.start()
+    worker.join(timeout=300)  # a hang guard, not a timing: a build takes ~1 s
+    assert done.is_set(), "the rebuild hung on the FIFO or link"
+    assert old.is_dir() and top_id(out, "disk encryption") == "laptops"
+    assert any(old.name in r.getMessage() for r in caplog.records)
+
+
+def test_a_first_build_that_fails_before_its_switch_leaves_the_empty_folder_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    out = tmp_path / "idx"
+    out.mkdir()
+    real = Path.write_text
+
+    def full_disk_at_the_draft(self: Path, data: str, *args: Any, **kwargs: Any) -> int:
+        if self.name.startswith(".hyde_plus.json.") and self.name.endswith(".tmp"):
+            self.open("w").close()  # a full disk leaves the file it was writing empty
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk_at_the_draft)
+    with pytest.raises(OSError, match="No space left"):
+        build(out)
+    monkeypatch.undo()
+    assert list(out.iterdir()) == []
+    build(out)
+    assert top_id(out, "paid time off") == "pto"
+
+
+def test_a_refused_folder_names_the_leftovers_of_an_interrupted_build(tmp_path: Path) -> None:
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    _being_written(folder / "data-0123456789ab", "ba9876543210", {"docstore.json": "{"})
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"interrupted hyde-plus build left \(data-0123456789ab\)"):
+        build(folder)

@@ -860,3 +860,47 @@ def test_a_uri_that_is_a_users_file_is_one_error_before_milvus_lite_starts(
     assert proc.stderr.strip().startswith(f"error: --uri {users} is a file")
     assert "Traceback" not in proc.stderr and "FileExistsError" not in proc.stderr
     assert users.read_bytes() == b"SQLite format 3\x00"
+
+
+def test_a_query_never_turns_a_users_folder_into_a_database(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    folder = tmp_path / "notes.db"
+    folder.mkdir()
+    (folder / "aliases.json").write_text('{"mine": 1}')
+    with pytest.raises(ValueError, match="not a Milvus Lite database"):
+        load_milvus_index(str(folder), EMBED)
+    with pytest.raises(ValueError, match="not a Milvus Lite database"):
+        MilvusStore(str(folder))
+    empty = tmp_path / "empty.db"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no Milvus Lite database"):
+        load_milvus_index(str(empty), EMBED)
+    assert sorted(p.name for p in folder.iterdir()) == ["aliases.json"]
+    assert (folder / "aliases.json").read_text() == '{"mine": 1}'
+    assert list(empty.iterdir()) == []
+
+
+def test_every_spelling_of_one_database_shares_one_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index_hyde_plus.stores import MilvusStore
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    build_milvus_index(_small_docs(), EMBED, "~/real.db")  # expanded, record beside it
+    (tmp_path / "link.db").symlink_to("real.db")
+    build_milvus_index(_small_docs(), EMBED, str(tmp_path / "link.db"))
+    build_milvus_index(_small_docs(), EMBED, "real.db/")
+    records = sorted(p.name for p in tmp_path.rglob("*.hyde_plus.json"))
+    assert records == ["real.db.hyde_plus.hyde_plus.json"]
+    assert not (tmp_path / "~").exists()
+    assert MilvusStore("link.db").meta() == MilvusStore("~/real.db").meta() is not None
+
+
+def test_a_missing_parent_folder_of_the_database_is_created(tmp_path: Path) -> None:
+    uri = tmp_path / "new" / "deeper" / "m.db"
+    build_milvus_index(_small_docs(), EMBED, str(uri))
+    assert (uri / "databases").is_dir()
+    hits = hybrid_retriever(load_milvus_index(str(uri), EMBED), 1).retrieve("Lisbon office")
+    assert hits[0].node.node_id == "office"

@@ -166,3 +166,17 @@ def test_eval_flags_a_configuration_that_changes_nothing(tmp_path: Path) -> None
     said = verdicts(result)
     assert "identical to none on every query" in said[0]
     assert "identical to none" not in said[1]
+
+
+def test_a_cached_index_that_cannot_be_read_is_built_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ds = load_beir(TINY)
+    kwargs = dict(embed_model=DeterministicEmbedding(dim=64), embed_label="det-64")
+    first = run_eval(ds, ["none"], llm=None, cache_root=tmp_path, **kwargs)  # type: ignore[arg-type]
+    [vector_store] = (tmp_path / "indexes").glob("*/current/default__vector_store.json")
+    vector_store.write_bytes(vector_store.read_bytes()[:100])  # damaged
+    with caplog.at_level("WARNING"):
+        again = run_eval(ds, ["none"], llm=None, cache_root=tmp_path, **kwargs)  # type: ignore[arg-type]
+    assert not again.index_cached and "building it again" in caplog.text
+    assert again.reports[0].scores == first.reports[0].scores

@@ -73,7 +73,17 @@ def user_errors() -> tuple[type[Exception], ...]:
     """Errors the user can fix, printed as one ``error:`` line instead of a traceback."""
     import openai
 
-    return (ValueError, ModelNotAvailableError, MissingExtraError, openai.OpenAIError)
+    errors: tuple[type[Exception], ...] = (
+        ValueError,
+        ModelNotAvailableError,
+        MissingExtraError,
+        openai.OpenAIError,
+    )
+    try:  # a Milvus error not turned into a ValueError yet (the milvus extra)
+        from pymilvus.exceptions import MilvusException
+    except ImportError:
+        return errors
+    return (*errors, MilvusException)
 
 
 def describe_error(exc: Exception) -> str:
@@ -86,6 +96,8 @@ def describe_error(exc: Exception) -> str:
             f"the OpenAI request failed ({type(exc).__name__}: {exc}); check the network and "
             "OPENAI_API_KEY, or use local models"
         )
+    if type(exc).__name__ == "MilvusException":
+        return f"Milvus failed: {getattr(exc, 'message', '') or exc}"
     return str(exc)
 
 

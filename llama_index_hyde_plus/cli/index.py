@@ -28,11 +28,13 @@ def build_store(
     chunking: Chunking | None = None,
 ) -> IndexInfo:
     """Load the embedding model named ``embed`` and build ``store`` with a progress bar
-    (of chunks once the documents are split, with ``chunking``)."""
+    (of chunks once the documents are split, with ``chunking``). The target is checked
+    before the model loads or any bar shows (`Store.check_target`)."""
     from ..models import concrete_embedding_spec, resolve_embedding
 
     if chunking is not None:
         chunking.check(max_length)  # before the model loads
+    store.check_target()
     spec = concrete_embedding_spec(embed)
     with err.status("Loading the embedding model..."):
         embed_model = resolve_embedding(spec, max_length=max_length)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 _ALIAS = re.compile(r"^(?P<name>[a-z-]+?)(?:-n(?P<n>\d+))?(?P<q>\+q)?$")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -327,10 +330,17 @@ def cached_index(
 ) -> tuple[VectorStoreIndex, float, bool]:
     """``(index, build seconds, reused)``: the index of ``ds`` in ``store``, reused
     when it was built from the same corpus and embedding, else built (from
-    ``vectors``, each document's stored vector, when given: no embedding)."""
+    ``vectors``, each document's stored vector, when given: no embedding). A cached
+    index that cannot be read (a damaged file) is built again, with a warning: it is
+    a cache, not the user's index."""
     meta = store.meta()
     if meta is not None and meta.get("embed") == embed_label:
-        return store.load(embed_model), 0.0, True
+        try:
+            return store.load(embed_model), 0.0, True
+        except ValueError as exc:
+            logger.warning(
+                "the cached index %s cannot be read (%s); building it again", store.location, exc
+            )
     docs = ds.documents()
     what = "Embedding corpus"
     if vectors is not None:  # an index's own vectors, reused: nothing is embedded again

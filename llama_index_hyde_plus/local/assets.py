@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -238,14 +237,3 @@ def ensure(asset: Asset, *, download: bool | None = None, root: Path | None = No
         raise ModelNotAvailableError(
             f"{exc}. {PULL_HINT}, or point the matching HYDE_PLUS_* variable at your own file."
         ) from exc
-
-
-def remove_partial(root: Path | None = None) -> None:
-    """Delete leftovers of interrupted pulls (hidden temp files)."""
-    folder = (root or cache_dir()) / "models"
-    if folder.is_dir():
-        for leftover in folder.glob(".*.*"):
-            if leftover.is_file():
-                leftover.unlink(missing_ok=True)
-            elif leftover.is_dir():  # pragma: no cover
-                shutil.rmtree(leftover, ignore_errors=True)

@@ -101,6 +101,9 @@ def files_digest(folder: Path) -> str:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name == DATA_MARKER:
             continue
+        if entry.is_symlink() or not entry.is_file():  # never opened: a FIFO blocks,
+            outer.update(f"{entry.name}\0not a regular file\n".encode())  # /dev/zero
+            continue  # never ends; a build writes neither
         inner = hashlib.sha256()
         with entry.open("rb") as handle:
             while chunk := handle.read(1 << 20):
@@ -178,11 +181,26 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
         if all(_DATA_NAME.fullmatch(e.name) for e in target.iterdir()):
             what += "; it holds data folders only: copies, or what a build killed before its "
             what += "switch left; remove them yourself if they are not needed"
+        elif left := _leftovers(target):
+            what += (
+                f"; beside other files it holds what an interrupted hyde-plus build left "
+                f"({', '.join(left)}): remove those yourself, or move the other files out"
+            )
         raise ValueError(
             f"--out {out} is a folder that is neither empty nor a hyde-plus index ({what}); "
             "refusing to replace it: choose a new or empty folder"
         )
     return target
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """The names of the metadata drafts and marked data folders in ``folder`` (hidden
+    ones too), for a refusal to name."""
+    return sorted(
+        e.name
+        for e in folder.iterdir()
+        if _is_draft(e) or (_DATA_NAME.fullmatch(e.name) and _marker_of(e) is not None)
+    )
 
 
 def _replaceable(folder: Path) -> bool:
@@ -277,14 +295,7 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
     yours = {k: v for k, v in old.items() if k not in META_KEYS}  # notes added by hand
     meta = {**yours, **meta, "data": data, "index_id": index_id}
     if out.is_dir():  # ours or empty (`check_index_target`)
-        # filled in place: the folder itself (its permissions, a link to it) stays
-        _persist(out / data, storage, index_id)
-        pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
-        pending.write_text(json.dumps(meta, indent=2))
-        pause_for_tests("faiss")
-        os.replace(pending, out / META_FILE)  # the switch
-        point_current(out, data, index_id)
-        _clean_replaced(out, keep=data, index_id=index_id)
+        _switch_in_place(out, storage, meta)
         return
     tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
     try:
@@ -305,6 +316,27 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
     finally:
         if _is_our_staging(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _switch_in_place(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
+    """Fill ``out`` in place (the folder itself, its permissions, a link to it, stay):
+    the new data folder, then the metadata draft renamed over ``hyde_plus.json`` (the
+    switch). A failure before the switch (a full disk) removes the new data folder and
+    the draft again, so the folder is as it was, never left half-filled."""
+    data, index_id = str(meta["data"]), str(meta["index_id"])
+    pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        _persist(out / data, storage, index_id)
+        pending.write_text(json.dumps(meta, indent=2))
+        pause_for_tests("faiss")
+        os.replace(pending, out / META_FILE)  # the switch
+    except BaseException:
+        pending.unlink(missing_ok=True)
+        if _holds_only(out / data, STORAGE_FILES | {DATA_MARKER}):  # made by this call
+            shutil.rmtree(out / data, ignore_errors=True)  # and never in use
+        raise
+    point_current(out, data, index_id)
+    _clean_replaced(out, keep=data, index_id=index_id)
 
 
 def point_current(out: Path, data: str, index_id: str) -> None:

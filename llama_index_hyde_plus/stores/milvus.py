@@ -68,8 +68,11 @@ def check_collection_name(collection: str) -> str:
 def check_uri(uri: str) -> str:
     """``uri`` if it can name a Milvus: an ``http(s)://``/``tcp://``/``unix:`` URL, or a
     Milvus Lite database ending in ``.db``; else a `ValueError`. A local path comes back
-    normalised (``m.db/``, ``m.db//`` and ``./m.db`` are ``m.db``), so one database has
-    one record file beside it, never one inside its folder."""
+    absolute, with ``~`` expanded and links resolved (``m.db/``, ``./m.db``, ``~/m.db``
+    and a link to it are one path), so one database has one record file beside it,
+    never one inside its folder, whatever the spelling. An existing folder that holds
+    files but no ``databases/`` is someone's, not a Milvus Lite database: refused, so
+    no command (not even a query) lets Milvus Lite write into it."""
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError("--uri is needed for the Milvus store (a .db file path or a URL)")
     if not is_local_uri(uri) or uri.startswith("unix:"):
@@ -87,7 +90,19 @@ def check_uri(uri: str) -> str:
             "someone's data, or a database of Milvus Lite 2.x, which this one cannot "
             "open); it is left alone: choose a new .db path"
         )
-    return str(Path(uri))
+    if path.is_dir() and any(path.iterdir()) and not (path / "databases").is_dir():
+        raise ValueError(
+            f"--uri {uri} is a folder that is not a Milvus Lite database (no databases/ in "
+            "it); it is left alone: choose a new .db path"
+        )
+    return str(path.resolve())
+
+
+def is_database(uri: str) -> bool:
+    """Whether the local ``uri`` (checked by `check_uri`) holds a Milvus Lite database
+    (its ``databases/`` folder): a query never opens anything else, since Milvus Lite
+    would create a database there."""
+    return (Path(uri) / "databases").is_dir()
 
 
 def _is_build_of(name: str, collection: str) -> bool:
@@ -181,6 +196,8 @@ def build_milvus_index(
     entry); a successful one drops only the builds it replaced (`_drop_replaced`)."""
     check_collection_name(collection)
     uri = check_uri(uri)
+    if is_local_uri(uri):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)  # as `--out` does for FAISS
     client = _client(uri, token)
     _check_name_is_ours(client, uri, collection)
     nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
@@ -458,8 +475,10 @@ def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
             f"{redact_uri(uri)} has an alias {collection!r} pointing at {target!r}, which "
             f"is named like a hyde-plus build but is not one the record "
             f"{_meta_path(uri, collection)} lists (your collection, or a build whose "
-            "record was removed); it is left alone: move or drop the alias yourself, or "
-            "choose another --collection"
+            "record was lost); it is left alone. If it is a hyde-plus build, move that "
+            "record aside and build again: the build moves the alias and keeps "
+            f"{target!r} for you to drop ({drop_command(uri, target)}); else choose "
+            "another --collection"
         )
     if collection not in client.list_collections() or target is not None:
         return
@@ -640,7 +659,7 @@ def read_milvus_meta(
     entries = data["collections"] or {}
     if not isinstance(entries, dict) or not entries:
         return None
-    if not Path(uri).expanduser().exists():
+    if not is_database(uri):
         return None
     physical = _resolve(_client(uri, token), collection)
     entry = entries.get(physical) if physical else None
@@ -658,7 +677,7 @@ def load_milvus_index(
     """Open an existing hybrid collection (loading it into memory if this process has
     not), checking that ``embed_model`` is the one it was built with."""
     uri = check_uri(uri)
-    if is_local_uri(uri) and not Path(uri).expanduser().exists():
+    if is_local_uri(uri) and not is_database(uri):
         raise ValueError(
             f"no Milvus Lite database at {uri}; build one with "
             "`hyde-plus index DIR --store milvus --uri PATH`"
@@ -787,22 +806,14 @@ class MilvusStore(Store):
             _check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
             return
         self._check_local(docs)
-        if Path(self.uri).expanduser().exists():
+        if is_database(self.uri):
             _check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
 
     def _check_local(self, docs: Path | None) -> None:
-        target = Path(self.uri).expanduser()
-        if target.is_dir() and any(target.iterdir()) and not (target / "databases").is_dir():
-            raise ValueError(
-                f"--uri {self.uri} is a folder that is not a Milvus Lite database (no "
-                "databases/ in it); refusing to write into it: choose a new .db path"
-            )
-        if docs is not None:
-            target = target.resolve()
-            if target == docs.expanduser().resolve() or docs.expanduser().resolve() in (
-                target.parents
-            ):
-                raise ValueError(f"--uri {self.uri} is inside the documents folder {docs}")
+        target = Path(self.uri)  # absolute, links resolved, checked (`check_uri`)
+        source = docs.expanduser().resolve() if docs is not None else None
+        if source is not None and (target == source or source in target.parents):
+            raise ValueError(f"--uri {self.uri} is inside the documents folder {docs}")
         meta = _meta_path(self.uri, self.collection)
         if meta is not None and not _is_our_meta_file(meta):
             raise ValueError(
