@@ -238,6 +238,28 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def write_all_atomic(files: list[tuple[Path, bytes]]) -> None:
+    """Write every ``(path, data)`` through a temporary file beside it, and rename them
+    into place only once all are written: a full disk (or an error) while writing
+    leaves every old file as it was and no temporary file behind; only a kill between
+    the renames (which need no space) can leave some replaced. Files get the
+    permissions the umask gives."""
+    pending: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            pending.append((tmp, path))
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+    except BaseException:
+        for tmp, _ in pending:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in pending:
+        os.replace(tmp, path)
+
+
 def read_regular_bytes(path: Path) -> bytes:
     """The bytes of the regular file ``path`` (a link to one is followed); a
     `ValueError` for anything else. Opened non-blocking and checked on the open file,

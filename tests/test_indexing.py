@@ -1017,3 +1017,27 @@ def test_a_refused_folder_names_the_leftovers_of_an_interrupted_build(tmp_path: 
     (folder / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"interrupted hyde-plus build left \(data-0123456789ab\)"):
         build(folder)
+
+
+@pytest.mark.parametrize("rollback", [False, True])
+def test_an_old_data_folder_put_back_into_the_index_is_kept_on_rebuild(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, rollback: bool
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    out, copy = tmp_path / "idx", tmp_path / "idx-v1"
+    build(out)
+    shutil.copytree(out, copy, symlinks=True)  # `cp -r`: the same index id
+    build(out, NEW)
+    old = os.readlink(copy / CURRENT_LINK)
+    shutil.move(str(copy / old), str(out / old))  # the user puts v1 back
+    shutil.rmtree(copy)
+    if rollback:
+        (out / "rollback").symlink_to(old)
+        os.replace(out / "rollback", out / CURRENT_LINK)
+    build(out)
+    assert (out / old / "docstore.json").is_file()
+    assert any(
+        old in r.getMessage() and "did not replace" in r.getMessage() for r in caplog.records
+    )
+    build(out, NEW)  # and again
+    assert (out / old / "docstore.json").is_file()

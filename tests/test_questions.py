@@ -337,6 +337,30 @@ def test_a_folder_holding_some_manifest_json_is_not_a_set(
     assert [p.name for p in tmp_path.iterdir()] == ["app"]
 
 
+def test_a_fifo_named_manifest_json_never_blocks_and_is_not_a_set(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    folder = tmp_path / "qf"
+    folder.mkdir()
+    os.mkfifo(folder / "manifest.json")
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            write_question_set(_one_question_set(), chunks(), folder, {"docs": "x"})
+            outcome.append(None)
+        except BaseException as exc:  # the refusal, reported below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=write, daemon=True)
+    worker.start()
+    worker.join(timeout=300)  # a hang guard, not a timing: the refusal is immediate
+    assert outcome and isinstance(outcome[0], ValueError), "blocked on the FIFO"
+    assert "is not a question set written by hyde-plus" in str(outcome[0])
+    assert [p.name for p in folder.iterdir()] == ["manifest.json"]
+
+
 def test_a_set_holding_a_users_file_is_not_replaced(tmp_path: Path) -> None:
     folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
     (folder / "notes.txt").write_text("mine")

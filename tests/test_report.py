@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -143,3 +144,46 @@ def test_a_chart_edited_by_hand_is_theirs_even_with_our_metadata_kept(tmp_path: 
     with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
         write_outputs(res, out)
     assert (out / "results.png").read_bytes() == edited
+
+
+def test_a_chart_the_user_added_a_note_to_is_theirs(tmp_path: Path) -> None:
+    """A text chunk (a comment, a caption) or a gamma chunk added after the image data
+    makes the chart the user's too: the seal covers every chunk, not the pixels alone."""
+    import zlib
+
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out)
+    png = (out / "results.png").read_bytes()
+    body = b"Comment\x00MY NOTES"
+    chunk = len(body).to_bytes(4, "big") + b"tEXt" + body
+    chunk += zlib.crc32(b"tEXt" + body).to_bytes(4, "big")
+    end = png.rindex(b"IEND") - 4
+    noted = png[:end] + chunk + png[end:]
+    (out / "results.png").write_bytes(noted)
+    with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
+        write_outputs(res, out)
+    assert (out / "results.png").read_bytes() == noted
+
+
+def test_a_full_disk_while_writing_results_leaves_the_old_run_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out, command="first run")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_open = os.open
+
+    def full_at_the_chart(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(path).name.startswith(".results.png."):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_at_the_chart)
+    with pytest.raises(OSError, match="No space left"):
+        write_outputs(res, out, command="second run")
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no run mixed, no .tmp

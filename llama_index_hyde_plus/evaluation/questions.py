@@ -34,7 +34,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import TextNode
 
 from .. import _llm
-from .._files import make_folder_beside, write_text_atomic
+from .._files import make_folder_beside, read_regular_bytes, write_text_atomic
 
 QUESTION_PROMPT = (
     "Read the passage and write one question that a user of this document collection "
@@ -580,7 +580,7 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     folder is no set of ours."""
     path = folder.expanduser() / "manifest.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_bytes(path).decode("utf-8"))  # a FIFO never blocks
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("format") != SET_FORMAT:

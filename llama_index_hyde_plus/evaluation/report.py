@@ -21,8 +21,7 @@ from .._files import (
     is_sealed_json,
     sealed_json,
     sealed_markdown,
-    write_bytes_atomic,
-    write_text_atomic,
+    write_all_atomic,
 )
 from .metrics import LABELS, MEASURES
 from .runner import EvalResult, TransformReport
@@ -267,15 +266,15 @@ def chart(result: EvalResult) -> Any:
     return fig
 
 
-def bar_chart(result: EvalResult, path: Path) -> None:
-    """Write `chart` of ``result`` to ``path`` (PNG)."""
+def bar_chart(result: EvalResult) -> bytes:
+    """`chart` of ``result`` as a sealed PNG (`sealed_png`)."""
     import matplotlib.pyplot as plt
 
     fig = chart(result)
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
-    write_bytes_atomic(path, sealed_png(png.getvalue()))
+    return sealed_png(png.getvalue())
 
 
 RESULT_FILES = ("results.json", "results.md", "results.png")
@@ -301,14 +300,21 @@ def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
     return chunks
 
 
-def _pixels_sha256(chunks: list[tuple[bytes, bytes]]) -> str:
-    return hashlib.sha256(b"".join(body for kind, body in chunks if kind == b"IDAT")).hexdigest()
+def _chunks_sha256(chunks: list[tuple[bytes, bytes]]) -> str:
+    """The sha256 of every chunk (type, length and data) but the seal itself."""
+    digest = hashlib.sha256()
+    for kind, body in chunks:
+        if kind == b"tEXt" and body.startswith(_PNG_SEAL_KEY + b"\x00"):
+            continue
+        digest.update(kind + len(body).to_bytes(4, "big") + body)
+    return digest.hexdigest()
 
 
 def sealed_png(data: bytes) -> bytes:
-    """The PNG ``data`` with a text chunk recording the sha256 of its image data, so an
-    edited chart (pixels changed, metadata kept) is not taken for ours."""
-    body = _PNG_SEAL_KEY + b"\x00" + _pixels_sha256(_png_chunks(data)).encode()
+    """The PNG ``data`` with a text chunk recording the sha256 of all its other chunks,
+    so an edited chart (pixels changed, a note, a colour profile or gamma added, the
+    metadata kept) is not taken for ours."""
+    body = _PNG_SEAL_KEY + b"\x00" + _chunks_sha256(_png_chunks(data)).encode()
     chunk = (
         len(body).to_bytes(4, "big")
         + b"tEXt"
@@ -320,12 +326,13 @@ def sealed_png(data: bytes) -> bytes:
 
 
 def _is_our_png(head: bytes) -> bool:
-    """Whether ``head`` (a whole file) is a chart `bar_chart` wrote, its pixels unedited."""
+    """Whether ``head`` (a whole file) is a chart `bar_chart` wrote, unedited (every
+    chunk as written)."""
     chunks = _png_chunks(head)
     seals = [body for kind, body in chunks if kind == b"tEXt" and body.startswith(_PNG_SEAL_KEY)]
     if len(seals) != 1 or PNG_SOFTWARE.encode() not in head[:4096]:
         return False
-    return seals[0][len(_PNG_SEAL_KEY) + 1 :].decode("ascii", "replace") == _pixels_sha256(chunks)
+    return seals[0][len(_PNG_SEAL_KEY) + 1 :].decode("ascii", "replace") == _chunks_sha256(chunks)
 
 
 #: How each results file this tool wrote is recognised before it is overwritten.
@@ -357,18 +364,21 @@ def check_results_folder(out: Path) -> Path:
 
 
 def write_outputs(result: EvalResult, out: Path, command: str | None = None) -> list[Path]:
-    """Write ``results.json``, ``results.md`` and ``results.png`` into ``out``, each
-    replaced atomically (a kill mid-write leaves the old file; a hard link to it
-    keeps the old run)."""
+    """Write ``results.json``, ``results.md`` and ``results.png`` into ``out``, all or
+    none (`write_all_atomic`: a full disk or a kill mid-write leaves the old run whole,
+    never two runs mixed; a hard link to an old file keeps it)."""
     out = check_results_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     payload = result.to_dict()
     if command:
         payload["command"] = command
     paths = [out / name for name in RESULT_FILES]
-    write_text_atomic(paths[0], sealed_json(payload))
-    write_text_atomic(paths[1], sealed_markdown(markdown(result, command), "eval"))
-    bar_chart(result, paths[2])
+    contents = [
+        sealed_json(payload).encode("utf-8"),
+        sealed_markdown(markdown(result, command), "eval").encode("utf-8"),
+        bar_chart(result),
+    ]
+    write_all_atomic(list(zip(paths, contents, strict=True)))
     return paths
 
 

@@ -324,6 +324,9 @@ def _switch_in_place(out: Path, storage: StorageContext, meta: dict[str, Any]) -
     switch). A failure before the switch (a full disk) removes the new data folder and
     the draft again, so the folder is as it was, never left half-filled."""
     data, index_id = str(meta["data"]), str(meta["index_id"])
+    # only what the metadata names is replaced; a data folder `current` was pointed at
+    # by hand (a rollback to a copy put back) is kept
+    replaced = {str((our_meta(out) or {}).get("data") or "")} - {""}
     pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         _persist(out / data, storage, index_id)
@@ -336,7 +339,7 @@ def _switch_in_place(out: Path, storage: StorageContext, meta: dict[str, Any]) -
             shutil.rmtree(out / data, ignore_errors=True)  # and never in use
         raise
     point_current(out, data, index_id)
-    _clean_replaced(out, keep=data, index_id=index_id)
+    _clean_replaced(out, keep=data, index_id=index_id, replaced=replaced)
 
 
 def point_current(out: Path, data: str, index_id: str) -> None:
@@ -494,26 +497,62 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
-def _clean_replaced(out: Path, *, keep: str, index_id: str) -> None:
-    """After the switch: remove the replaced index's data folder and what interrupted
-    builds left (marked data folders, drafts). Files at the top level are never
-    removed: a format-1 index's storage files there are indistinguishable from a
-    user's, so they stay (harmless; the metadata no longer names them)."""
+def _clean_replaced(out: Path, *, keep: str, index_id: str, replaced: set[str]) -> None:
+    """After the switch: remove the data folder(s) the index used before it
+    (``replaced``) and what interrupted builds left (`_removable`: partial data
+    folders, ones a draft names, the drafts). A complete data folder of this index that
+    nothing names (a copy put back, a rollback) is kept, as is an edited one, with a
+    warning. Files at the top level are never removed: a format-1 index's storage
+    files there are indistinguishable from a user's, so they stay (harmless; the
+    metadata no longer names them)."""
+    named = replaced | _draft_names(out)
     for entry in out.iterdir():
         name = entry.name
         if name in (keep, META_FILE):
             continue
-        if _is_data_folder(entry, index_id) or _is_draft(entry):
+        if _removable(entry, index_id, named) or _is_draft(entry):
             _remove(entry)
         elif name == STAGING_MARKER:  # a build killed just after renaming its folder in
             _unlink_marker(out)
-        elif _marked(entry, index_id) and (why := why_not_unedited(entry)):
+        elif _marked(entry, index_id):
+            why = why_not_unedited(entry) or (
+                "a complete data folder of this index that this build did not replace "
+                "(a copy put back?)"
+            )
             logger.warning(
                 "kept %s: %s; the index no longer uses it: remove it when not needed (rm -r %s)",
                 entry,
                 why,
                 shlex.quote(str(entry)),
             )
+
+
+def _removable(entry: Path, index_id: str | None, named: set[str]) -> bool:
+    """Whether the data folder ``entry`` (not in use) is one a build may delete: one of
+    this index's, exactly as a build left it (`_is_data_folder`), and either still
+    marked ``being written`` (never in use) or one of ``named`` (what the index used
+    before this build, or what a draft of a killed build names)."""
+    if index_id is None or not _is_data_folder(entry, index_id):
+        return False
+    match = _marker_of(entry)
+    return bool(match and match.group(4)) or entry.name in named
+
+
+def _draft_names(out: Path) -> set[str]:
+    """The data folders the drafts in ``out`` name (what builds killed before their
+    switch were about to switch to)."""
+    names: set[str] = set()
+    for entry in out.iterdir():
+        if not _is_draft(entry):
+            continue
+        if entry.is_symlink():
+            names.add(os.readlink(entry))
+            continue
+        try:
+            names.add(str(json.loads(entry.read_text(encoding="utf-8")).get("data")))
+        except (OSError, ValueError):
+            continue
+    return names
 
 
 def _clean_stale_builds(out: Path) -> None:
@@ -532,10 +571,11 @@ def _clean_stale_builds(out: Path) -> None:
         return
     index_id = index_id_of(meta)  # None for an index built before ids: data folders stay
     in_use = (str(meta.get("data") or ""), _linked_data(out, index_id))
+    named = _draft_names(out)
     for entry in out.iterdir():
         if entry.name in in_use:
             continue
-        if (index_id is not None and _is_data_folder(entry, index_id)) or _is_draft(entry):
+        if _removable(entry, index_id, named) or _is_draft(entry):
             _remove(entry)
 
 
