@@ -1041,3 +1041,13 @@ def test_an_old_data_folder_put_back_into_the_index_is_kept_on_rebuild(
     )
     build(out, NEW)  # and again
     assert (out / old / "docstore.json").is_file()
+
+
+def test_an_unparsable_metadata_file_is_not_called_a_leftover(tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build(out)
+    meta = out / "hyde_plus.json"
+    meta.write_text(meta.read_text().replace('"format": 2,', '"format": 2, // note'))
+    with pytest.raises(ValueError, match="cannot be parsed") as refused:
+        build(out, NEW)
+    assert "interrupted" not in str(refused.value)

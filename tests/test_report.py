@@ -187,3 +187,15 @@ def test_a_full_disk_while_writing_results_leaves_the_old_run_whole(
         write_outputs(res, out, command="second run")
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no run mixed, no .tmp
+
+
+def test_a_few_bytes_appended_to_the_chart_make_it_theirs(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    out = tmp_path / "out"
+    write_outputs(res, out)
+    with (out / "results.png").open("ab") as chart:
+        chart.write(b"MINE")  # fewer bytes than a chunk header
+    tagged = (out / "results.png").read_bytes()
+    with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
+        write_outputs(res, out)
+    assert (out / "results.png").read_bytes() == tagged

@@ -332,6 +332,9 @@ def _is_our_png(head: bytes) -> bool:
     seals = [body for kind, body in chunks if kind == b"tEXt" and body.startswith(_PNG_SEAL_KEY)]
     if len(seals) != 1 or PNG_SOFTWARE.encode() not in head[:4096]:
         return False
+    whole = len(_PNG_SIGNATURE) + sum(12 + len(body) for _, body in chunks)
+    if whole != len(head) or chunks[-1][0] != b"IEND":  # bytes appended after IEND
+        return False
     return seals[0][len(_PNG_SEAL_KEY) + 1 :].decode("ascii", "replace") == _chunks_sha256(chunks)
 
 

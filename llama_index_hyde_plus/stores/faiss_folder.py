@@ -174,14 +174,15 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
             )
     if target.is_dir() and any(target.iterdir()) and not _replaceable(target):
         what = (
-            f"its {META_FILE} is not one hyde-plus wrote"
+            f"its {META_FILE} is not one hyde-plus wrote or cannot be parsed (if you edited "
+            "it, undo the edit or move it aside)"
             if (target / META_FILE).exists() or (target / META_FILE).is_symlink()
             else f"no {META_FILE}"
         )
         if all(_DATA_NAME.fullmatch(e.name) for e in target.iterdir()):
             what += "; it holds data folders only: copies, or what a build killed before its "
             what += "switch left; remove them yourself if they are not needed"
-        elif left := _leftovers(target):
+        elif not (target / META_FILE).exists() and (left := _leftovers(target)):
             what += (
                 f"; beside other files it holds what an interrupted hyde-plus build left "
                 f"({', '.join(left)}): remove those yourself, or move the other files out"
