@@ -227,15 +227,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     so a reader sees the old file or the new one (a kill mid-write leaves the old
     one whole, and a hard link to the old file keeps its content); the file gets the
     permissions the umask gives (not `tempfile.mkstemp`'s 0600)."""
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_all_atomic([(path, data)])
 
 
 def write_all_atomic(files: list[tuple[Path, bytes]]) -> None:
@@ -252,12 +244,12 @@ def write_all_atomic(files: list[tuple[Path, bytes]]) -> None:
             pending.append((tmp, path))
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
+        for tmp, path in pending:
+            os.replace(tmp, path)
     except BaseException:
         for tmp, _ in pending:
-            tmp.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)  # those renamed already are gone: no-op
         raise
-    for tmp, path in pending:
-        os.replace(tmp, path)
 
 
 def read_regular_bytes(path: Path) -> bytes:

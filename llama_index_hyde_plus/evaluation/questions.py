@@ -34,7 +34,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import TextNode
 
 from .. import _llm
-from .._files import make_folder_beside, read_regular_bytes, write_text_atomic
+from .._files import make_folder_beside, read_regular_bytes, sha256_file, write_text_atomic
 
 QUESTION_PROMPT = (
     "Read the passage and write one question that a user of this document collection "
@@ -406,11 +406,7 @@ def _file_sha256(path: Path) -> str:
     FIFO: never opened, so nothing blocks)."""
     if path.is_symlink() or not path.is_file():
         return ""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_file(path)
 
 
 def _record_sha256(record: dict[str, Any]) -> str:
