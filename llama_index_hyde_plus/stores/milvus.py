@@ -21,7 +21,7 @@ import shlex
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -378,7 +378,8 @@ def content_digest(client: Any, name: str) -> str:
     if not loaded:  # a build whose process was killed: released when Lite restarted
         client.load_collection(name)
     try:
-        with _quiet("pymilvus.orm.iterator"):  # it warns that Lite has no server clock
+        # the iterator warns that Milvus Lite has no server clock: held back
+        with _held_back(("pymilvus.orm.iterator",), below=logging.ERROR):
             rows = client.query_iterator(
                 name, batch_size=_DIGEST_BATCH, filter="", output_fields=["*"]
             )
@@ -408,12 +409,22 @@ def _derived_fields(client: Any, name: str) -> set[str]:
 _TRACING_LOGGERS = ("pymilvus.decorators", "milvus_lite.adapter.grpc.servicer")
 
 
-@contextmanager
-def _untraced() -> Iterator[None]:
+def _untraced() -> AbstractContextManager[None]:
     """Hold back the tracebacks `_TRACING_LOGGERS` log for a failed call while in the
-    block (a filter of its own per use, so overlapping uses in threads are safe)."""
-    hold: logging.Filter = logging.Filter("-")  # a name no record has: drops them all
-    targets = [logging.getLogger(name) for name in _TRACING_LOGGERS]
+    block."""
+    return _held_back(_TRACING_LOGGERS, below=logging.CRITICAL + 1)
+
+
+@contextmanager
+def _held_back(names: Sequence[str], *, below: int) -> Iterator[None]:
+    """Drop the records under level ``below`` that the loggers ``names`` log while in
+    the block: a filter of its own per use (no logger's level is changed), so
+    overlapping uses in threads are safe."""
+
+    def hold(record: logging.LogRecord) -> bool:
+        return record.levelno >= below
+
+    targets = [logging.getLogger(name) for name in names]
     for target in targets:
         target.addFilter(hold)
     try:
@@ -421,18 +432,6 @@ def _untraced() -> Iterator[None]:
     finally:
         for target in targets:
             target.removeFilter(hold)
-
-
-@contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    """Silence the warnings of ``logger_name`` for the duration."""
-    target = logging.getLogger(logger_name)
-    level = target.level
-    target.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        target.setLevel(level)
 
 
 def _recorded_builds(uri: str, collection: str) -> dict[str, Any] | None:
