@@ -38,6 +38,7 @@ from .._files import (
     locked_folder,
     make_folder_beside,
     our_file_name,
+    sha256_file,
     write_our_file,
 )
 
@@ -104,11 +105,7 @@ def files_digest(folder: Path) -> str:
         if entry.is_symlink() or not entry.is_file():  # never opened: a FIFO blocks,
             outer.update(f"{entry.name}\0not a regular file\n".encode())  # /dev/zero
             continue  # never ends; a build writes neither
-        inner = hashlib.sha256()
-        with entry.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                inner.update(chunk)
-        outer.update(f"{entry.name}\0{inner.hexdigest()}\n".encode())
+        outer.update(f"{entry.name}\0{sha256_file(entry)}\n".encode())
     return outer.hexdigest()
 
 
@@ -222,19 +219,14 @@ def killed_first_build(folder: Path) -> list[Path]:
         entries = list(folder.iterdir())
     except OSError:
         return []
-    drafts = [e for e in entries if _is_draft(e)]
-    named = set()
-    for draft in drafts:
-        meta = json.loads(draft.read_text(encoding="utf-8")) if not draft.is_symlink() else {}
-        named.add((str(meta.get("data")), index_id_of(meta)))
+    drafted = _drafted(folder)
     for entry in entries:
-        if entry in drafts:
+        if _is_draft(entry):
             continue
         match = _marker_of(entry) if _DATA_NAME.fullmatch(entry.name) else None
-        if match is None or not _holds_only(entry, STORAGE_FILES | {DATA_MARKER}):
+        if match is None or not _is_data_folder(entry, match.group(2)):
             return []
-        ours = match.group(4) or (entry.name, match.group(2)) in named
-        if not ours or why_not_unedited(entry):
+        if not (match.group(4) or (entry.name, match.group(2)) in drafted):
             return []
     return entries
 
@@ -296,7 +288,9 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
     yours = {k: v for k, v in old.items() if k not in META_KEYS}  # notes added by hand
     meta = {**yours, **meta, "data": data, "index_id": index_id}
     if out.is_dir():  # ours or empty (`check_index_target`)
-        _switch_in_place(out, storage, meta)
+        # only what the metadata names is replaced; a data folder `current` was pointed
+        # at by hand (a rollback to a copy put back) is kept
+        _switch_in_place(out, storage, meta, replaced={str(old.get("data") or "")} - {""})
         return
     tmp = make_folder_beside(out.parent, _staging_prefix(out), marked=True)
     try:
@@ -319,15 +313,15 @@ def _write_data(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _switch_in_place(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
+def _switch_in_place(
+    out: Path, storage: StorageContext, meta: dict[str, Any], *, replaced: set[str]
+) -> None:
     """Fill ``out`` in place (the folder itself, its permissions, a link to it, stay):
     the new data folder, then the metadata draft renamed over ``hyde_plus.json`` (the
-    switch). A failure before the switch (a full disk) removes the new data folder and
-    the draft again, so the folder is as it was, never left half-filled."""
+    switch), then the data folders ``replaced`` are cleaned up. A failure before the
+    switch (a full disk) removes the new data folder and the draft again, so the folder
+    is as it was, never left half-filled."""
     data, index_id = str(meta["data"]), str(meta["index_id"])
-    # only what the metadata names is replaced; a data folder `current` was pointed at
-    # by hand (a rollback to a copy put back) is kept
-    replaced = {str((our_meta(out) or {}).get("data") or "")} - {""}
     pending = out / f".{META_FILE}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         _persist(out / data, storage, index_id)
@@ -533,27 +527,34 @@ def _removable(entry: Path, index_id: str | None, named: set[str]) -> bool:
     this index's, exactly as a build left it (`_is_data_folder`), and either still
     marked ``being written`` (never in use) or one of ``named`` (what the index used
     before this build, or what a draft of a killed build names)."""
-    if index_id is None or not _is_data_folder(entry, index_id):
-        return False
-    match = _marker_of(entry)
-    return bool(match and match.group(4)) or entry.name in named
+    match = _marker_of(entry) if index_id is not None else None
+    if match is None or not (match.group(4) or entry.name in named):
+        return False  # decided before `_is_data_folder` reads (hashes) the files
+    return _is_data_folder(entry, index_id)
 
 
 def _draft_names(out: Path) -> set[str]:
     """The data folders the drafts in ``out`` name (what builds killed before their
     switch were about to switch to)."""
-    names: set[str] = set()
+    return {name for name, _ in _drafted(out)}
+
+
+def _drafted(out: Path) -> set[tuple[str, str | None]]:
+    """``(data folder, index id)`` for each draft in ``out``: what a metadata draft
+    names, with its index id; what a link draft points at (no id)."""
+    found: set[tuple[str, str | None]] = set()
     for entry in out.iterdir():
         if not _is_draft(entry):
             continue
         if entry.is_symlink():
-            names.add(os.readlink(entry))
+            found.add((os.readlink(entry), None))
             continue
         try:
-            names.add(str(json.loads(entry.read_text(encoding="utf-8")).get("data")))
+            meta = json.loads(entry.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-    return names
+        found.add((str(meta.get("data")), index_id_of(meta)))
+    return found
 
 
 def _clean_stale_builds(out: Path) -> None:
