@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -496,15 +497,23 @@ def _small_docs() -> list[Document]:
     return [Document(text=DOCS[k], id_=k) for k in ("pto", "office")]
 
 
-def test_a_rebuild_drops_only_its_own_builds_and_keeps_one_the_user_pinned(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def _built_once(tmp_path: Path) -> tuple[str, Any, str]:
+    """A first build of `_small_docs` at ``tmp_path/m.db``: the URI, a client of it and
+    the build's physical collection."""
     from pymilvus import MilvusClient
 
     uri = str(tmp_path / "m.db")
     build_milvus_index(_small_docs(), EMBED, uri)
     client = MilvusClient(uri)
     [first] = client.list_collections()
+    return uri, client, first
+
+
+def test_a_rebuild_drops_only_its_own_builds_and_keeps_one_the_user_pinned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+
+    uri, client, first = _built_once(tmp_path)
     mine = "hyde_plus__0123456789ab"  # named like a build, but the user's
     client.create_collection(mine, dimension=4)
     client.insert(mine, [{"id": 1, "vector": [0.5] * 4}])
@@ -604,12 +613,8 @@ def test_an_old_record_file_never_gets_a_users_collection_dropped(tmp_path: Path
 def test_a_rebuild_keeps_a_build_the_user_added_rows_to(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from pymilvus import MilvusClient
 
-    uri = str(tmp_path / "m.db")
-    build_milvus_index(_small_docs(), EMBED, uri)
-    client = MilvusClient(uri)
-    [first] = client.list_collections()
+    uri, client, first = _built_once(tmp_path)
     row = client.query(first, filter="", output_fields=["*"], limit=1)[0]
     row = {k: v for k, v in row.items() if k != "sparse_embedding"}  # BM25 fills it
     client.insert(first, [{**row, "id": "user-added-row"}])
@@ -628,12 +633,8 @@ def test_a_rebuild_keeps_a_build_whose_rows_the_user_changed_in_place(
 ) -> None:
     """Same row count, other rows: an upsert of one row, or a delete and an insert of
     another one for one."""
-    from pymilvus import MilvusClient
 
-    uri = str(tmp_path / "m.db")
-    build_milvus_index(_small_docs(), EMBED, uri)
-    client = MilvusClient(uri)
-    [first] = client.list_collections()
+    uri, client, first = _built_once(tmp_path)
     row = client.query(first, filter='id == "pto"', output_fields=["*"])[0]
     row = {k: v for k, v in row.items() if k != "sparse_embedding"}  # BM25 fills it
     if change == "upserted":
@@ -651,12 +652,8 @@ def test_a_rebuild_keeps_a_build_whose_rows_the_user_changed_in_place(
 
 
 def test_a_rebuild_drops_its_unchanged_previous_build(tmp_path: Path) -> None:
-    from pymilvus import MilvusClient
 
-    uri = str(tmp_path / "m.db")
-    build_milvus_index(_small_docs(), EMBED, uri)
-    client = MilvusClient(uri)
-    [first] = client.list_collections()
+    uri, client, first = _built_once(tmp_path)
     build_milvus_index(_small_docs(), EMBED, uri)
     assert first not in client.list_collections() and len(client.list_collections()) == 1
 

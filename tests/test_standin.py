@@ -188,12 +188,7 @@ def test_each_seed_searches_an_index_without_its_drawn_documents_built_without_e
     seen: list[tuple[set[str], set[str], dict[str, dict[str, int]]]] = []
 
     def score_all(child: EvalSession, llm_for: Any) -> list[Any]:
-        gone = set(ds.corpus) - set(child.ds.corpus)
-        found = {
-            n.node.node_id
-            for text in child.ds.queries.values()
-            for n in child.base_retriever().retrieve(text)
-        }
+        gone, found = _drawn_and_found(ds, child)
         seen.append((gone, found, child.ds.qrels))
         assert isinstance(llm_for("hyde"), OracleLLM)
         return [child.score("none", _none())]
@@ -231,18 +226,24 @@ def test_with_the_users_index_each_seed_still_searches_without_its_drawn_documen
     leaked: list[set[str]] = []
 
     def score_all(child: EvalSession, llm_for: Any) -> list[Any]:
-        gone = set(ds.corpus) - set(child.ds.corpus)
-        found = {
-            n.node.node_id
-            for text in child.ds.queries.values()
-            for n in child.base_retriever().retrieve(text)
-        }
+        gone, found = _drawn_and_found(ds, child)
         leaked.append(gone & found)
         return [child.score("none", _none())]
 
     run_standin(session, StandIn(0.5, (0, 1)), score_all)
     session.close()
     assert leaked == [set(), set()]
+
+
+def _drawn_and_found(ds: BeirDataset, child: EvalSession) -> tuple[set[str], set[str]]:
+    """The documents a seed's reduced set lost, and those its questions retrieve."""
+    gone = set(ds.corpus) - set(child.ds.corpus)
+    found = {
+        n.node.node_id
+        for text in child.ds.queries.values()
+        for n in child.base_retriever().retrieve(text)
+    }
+    return gone, found
 
 
 def _none() -> Any:
