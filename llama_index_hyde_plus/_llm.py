@@ -16,28 +16,35 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
+from ._workers import DaemonWorkers
 from .reliability import (
     NO_RETRY,
     CircuitBreaker,
     CircuitOpenError,
     LLMTimeoutError,
+    Outcome,
+    Permit,
     RetryPolicy,
+    as_failure,
+    counts_against_provider,
     is_transient,
+    propagates,
 )
-
-__all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete"]
-from ._workers import DaemonWorkers
 from .usage import ModelPrice, Usage, usage_for_call
 
+__all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete", "complete_all"]
+
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 #: Set by `complete` for the thread that runs an attempt: the event is set when the
@@ -169,24 +176,58 @@ def _reply(
 
 
 class _Attempts:
-    """The retry driver shared by `complete` and `acomplete`: the breaker is consulted
-    before and told after every attempt, transient failures are retried per ``retry``,
-    and ``timeout`` bounds the whole call, retries included."""
+    """The retry driver shared by `complete` and `acomplete` (the paths only do I/O).
+
+    Used as ``with attempts:`` around one call's attempts: entering takes a breaker
+    permit (`CircuitOpenError` when there is none), leaving settles it exactly once, as
+    a success, a failure (when an attempt failed in a way that
+    `counts_against_provider`), or released: cancelled, interrupted, a bad request, or
+    the LLM not called at all. A call counts once, whatever its retries. Transient
+    failures are retried per ``retry``; ``timeout`` bounds the whole call, retries
+    included. ``in_task``: the attempts run on the async path (see `propagates`)."""
 
     def __init__(
-        self, retry: RetryPolicy, breaker: CircuitBreaker | None, timeout: float | None
+        self,
+        retry: RetryPolicy,
+        breaker: CircuitBreaker | None,
+        timeout: float | None,
+        *,
+        in_task: bool = False,
     ) -> None:
         self.retry, self.breaker, self.timeout = retry, breaker, timeout
+        self.in_task = in_task
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.attempt = 0
+        self._permit: Permit | None = None
+        self._counted = False  # an attempt failed in a way the breaker counts
+
+    def __enter__(self) -> _Attempts:
+        if self.breaker is not None:
+            self._permit = self.breaker.acquire()
+            if self._permit is None:
+                raise CircuitOpenError(
+                    f"circuit breaker for {self.breaker.name} is open; not calling the LLM"
+                )
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        permit, self._permit = self._permit, None
+        if self.breaker is None or permit is None:
+            return
+        outcome: Outcome
+        if exc is None:
+            outcome = "success"
+        elif propagates(exc, in_task=self.in_task):
+            outcome = "released"
+        elif self._counted or counts_against_provider(exc):
+            outcome = "failure"
+        else:
+            outcome = "released"
+        self.breaker.settle(permit, outcome)
 
     def budget(self) -> float | None:
-        """Seconds the next attempt may take (None: unbounded); raises when the breaker
-        is open or the time is up."""
-        if self.breaker is not None and not self.breaker.allow():
-            raise CircuitOpenError(
-                f"circuit breaker for {self.breaker.name} is open; not calling the LLM"
-            )
+        """Seconds the next attempt may take (None: unbounded); raises `LLMTimeoutError`
+        when the time is up."""
         if self.deadline is None:
             return None
         remaining = self.deadline - time.monotonic()
@@ -197,20 +238,24 @@ class _Attempts:
     def timed_out(self) -> LLMTimeoutError:
         return LLMTimeoutError(f"LLM did not answer within {self.timeout:g}s")
 
-    def succeeded(self) -> None:
-        if self.breaker is not None:
-            self.breaker.record_success()
-
-    def failed(self, exc: Exception) -> float:
-        """Record the failure; the pause before the next attempt, or ``exc`` raised
-        when it is not worth retrying (not transient, retries or time used up)."""
-        if self.breaker is not None:
-            self.breaker.record_failure()
-        if self.attempt >= self.retry.max_retries or not is_transient(exc):
+    def failed(self, exc: BaseException) -> float:
+        """The pause before the next attempt, after ``exc``. Raises ``exc`` itself when
+        it must propagate (`propagates`); else, when it is not worth retrying (not
+        transient, retries or time used up, or the breaker opened meanwhile), the
+        failure as an ``Exception``: a non-Exception error from the provider
+        (gevent's ``Timeout``...) becomes an `LLMCallError`."""
+        if propagates(exc, in_task=self.in_task):
             raise exc
+        if counts_against_provider(exc):
+            self._counted = True
         pause = self.retry.delay(self.attempt)
-        if self.deadline is not None and time.monotonic() + pause >= self.deadline:
-            raise exc
+        if (
+            self.attempt >= self.retry.max_retries
+            or not is_transient(exc)
+            or (self.deadline is not None and time.monotonic() + pause >= self.deadline)
+            or (self._permit == "call" and self.breaker is not None and self.breaker.is_open())
+        ):
+            raise as_failure(exc)
         self.attempt += 1
         logger.info(
             "transient LLM error (%s: %s); retry %d of %d in %.2fs",
@@ -226,12 +271,13 @@ class _Attempts:
 def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
     """Blocking completion, made as ``options`` say (`CallOptions`).
 
-    The timeout bounds the whole call, retries included: each attempt runs in a daemon
-    thread and `LLMTimeoutError` is raised when the budget runs out (the thread is
-    abandoned, and told through `CANCEL_EVENT` so an LLM that can stop generating
-    does). A lazily loaded local model is loaded before the clock starts. Transient
-    errors are retried per ``options.retry``; its breaker is consulted before and told
-    after every attempt."""
+    The timeout bounds the whole call, retries included: each attempt runs on an LLM
+    worker thread (`WORKERS`) and `LLMTimeoutError` is raised when the budget runs out
+    (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that can stop
+    generating does). A lazily loaded local model is loaded before the clock starts.
+    Transient errors are retried per ``options.retry``; its breaker hears of the call
+    once. Every failure raises an ``Exception``; only what `propagates` escapes as
+    itself."""
     kwargs = options.llm_kwargs()
 
     def call() -> CompletionResponse:
@@ -240,69 +286,105 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
     if _needs_loading(llm):
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
-    attempts = _Attempts(options.retry, options.breaker, options.timeout)
-    while True:
-        budget = attempts.budget()
-        try:
-            response = call() if budget is None else _call_with_timeout(call, budget, attempts)
-        except Exception as exc:
-            time.sleep(attempts.failed(exc))
-            continue
-        attempts.succeeded()
-        break
+    with _Attempts(options.retry, options.breaker, options.timeout) as attempts:
+        while True:
+            budget = attempts.budget()
+            try:
+                response = call() if budget is None else _call_with_timeout(call, budget, attempts)
+                break
+            except BaseException as exc:
+                time.sleep(attempts.failed(exc))
     _report_to_host(_missing_handlers(llm, options.host_callback_manager), prompt, response)
     return _reply(llm, prompt, response, options.prices)
 
 
-#: The threads sync calls with a timeout run on (reused; see `_workers`).
+#: The threads blocking LLM calls run on when they must be abandoned on timeout: the
+#: sync path with a timeout, and the async path of an LLM without native async.
 WORKERS = DaemonWorkers()
+#: The threads `complete_all` runs its calls' retry loops on (each waits on `WORKERS`
+#: at most until its deadline, so there is no cap).
+CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call")
 
 
-def _call_with_timeout(call: Any, timeout: float, attempts: _Attempts) -> CompletionResponse:
-    """``call()`` on a worker thread; `LLMTimeoutError` after ``timeout`` seconds (the
-    attempt is told through `CANCEL_EVENT`, which is set in the worker's context)."""
-    cancel = threading.Event()
+def complete_all(
+    llm: LLM, prompt: str, options: CallOptions, n: int
+) -> list[LLMReply | BaseException]:
+    """``n`` blocking completions at once, as the async path gathers them: each is a
+    `complete` (its own retries, all with the same deadline since they start together)
+    and the list holds, in order, each reply or what its call raised. The first runs in
+    the caller's thread, the others on `CALLERS`; a lazily loaded model is loaded once,
+    before any starts."""
+    if _needs_loading(llm):
+        getattr(llm, "warm_up")()  # noqa: B009
+    jobs = [CALLERS.submit(partial(complete, llm, prompt, options)) for _ in range(n - 1)]
+    outcomes: list[LLMReply | BaseException] = []
+    try:
+        outcomes.append(complete(llm, prompt, options))
+    except Exception as exc:
+        outcomes.append(exc)
+    for job in jobs:
+        job.done.wait()
+        try:
+            outcomes.append(job.result())
+        except BaseException as exc:
+            outcomes.append(exc)
+    return outcomes
 
-    def attempt() -> Any:
+
+def _telling(cancel: threading.Event, call: Callable[[], T]) -> Callable[[], T]:
+    """``call`` with `CANCEL_EVENT` set to ``cancel`` (in the worker's context)."""
+
+    def attempt() -> T:
         CANCEL_EVENT.set(cancel)
         return call()
 
-    box, done = WORKERS.submit(attempt)
-    if not done.wait(timeout):
-        cancel.set()
+    return attempt
+
+
+def _call_with_timeout(call: Any, timeout: float, attempts: _Attempts) -> CompletionResponse:
+    """``call()`` on an LLM worker thread; `LLMTimeoutError` after ``timeout`` seconds
+    (the attempt is told through `CANCEL_EVENT` and its thread abandoned)."""
+    cancel = threading.Event()
+    job = WORKERS.submit(_telling(cancel, call))
+    answered = False
+    try:
+        answered = job.done.wait(timeout)
+    finally:  # not answered in time, or interrupted while waiting (Ctrl-C)
+        if not answered:
+            cancel.set()
+            job.abandon()
+    if not answered:
         raise attempts.timed_out()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return job.result()  # type: ignore[no-any-return]
 
 
 async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
     """Async completion: the async twin of `complete`; an overrun attempt is cancelled.
 
     An LLM with native async runs ``llm.acomplete``; one that only implements the
-    blocking ``complete`` (LlamaIndex's `CustomLLM` default ``acomplete``) runs it in a
-    worker thread, so the event loop keeps running and the timeout holds (the thread is
-    abandoned and told through `CANCEL_EVENT`). A lazily loaded local model is loaded
-    (in a thread) before the clock starts."""
+    blocking ``complete`` (LlamaIndex's `CustomLLM` default ``acomplete``) runs it on an
+    LLM worker thread (`WORKERS`, not the loop's default executor), so the event loop
+    keeps running and the timeout holds (the thread is abandoned and told through
+    `CANCEL_EVENT`). A lazily loaded local model is loaded (in a thread) before the
+    clock starts. The task's own cancellation propagates; any other failure raises an
+    ``Exception``."""
     if _needs_loading(llm):
         await asyncio.to_thread(getattr(llm, "warm_up"))  # noqa: B009
     native = has_native_async(llm)
     kwargs = options.llm_kwargs()
-    attempts = _Attempts(options.retry, options.breaker, options.timeout)
-    while True:
-        budget = attempts.budget()
-        cancel = None if native else threading.Event()  # only a thread needs telling
-        if cancel is None:
-            coro = llm.acomplete(prompt, **kwargs)
-        else:
-            coro = _in_thread(llm, prompt, kwargs, cancel)
-        try:
-            response = await _bounded(coro, budget, cancel, attempts)
-        except Exception as exc:
-            await asyncio.sleep(attempts.failed(exc))
-            continue
-        attempts.succeeded()
-        break
+    with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
+        while True:
+            budget = attempts.budget()
+            cancel = None if native else threading.Event()  # only a thread needs telling
+            if cancel is None:
+                coro = llm.acomplete(prompt, **kwargs)
+            else:
+                coro = _in_thread(llm, prompt, kwargs, cancel)
+            try:
+                response = await _bounded(coro, budget, cancel, attempts)
+                break
+            except BaseException as exc:
+                await asyncio.sleep(attempts.failed(exc))
     _report_to_host(_missing_handlers(llm, options.host_callback_manager), prompt, response)
     return _reply(llm, prompt, response, options.prices)
 
@@ -310,31 +392,79 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
 async def _bounded(
     coro: Any, budget: float | None, cancel: threading.Event | None, attempts: _Attempts
 ) -> CompletionResponse:
-    """Await one attempt within ``budget`` seconds; on overrun it is cancelled and
-    ``cancel`` set (for an attempt running in a thread)."""
+    """Await one attempt within ``budget`` seconds; on overrun it is cancelled, ``cancel``
+    set (for an attempt running in a thread) and `LLMTimeoutError` raised. Only our
+    deadline is reported as ours: a provider's own ``TimeoutError`` stays its own."""
     if budget is None:
         return await coro  # type: ignore[no-any-return]
-    try:
-        if sys.version_info >= (3, 11):  # a deadline on this task: no task, no extra hop
-            async with asyncio.timeout(budget):
+    if sys.version_info >= (3, 11):
+        deadline = asyncio.timeout(budget)  # on this task: no task, no extra hop
+        try:
+            async with deadline:
                 return await coro  # type: ignore[no-any-return]
-        return await asyncio.wait_for(coro, budget)
-    except asyncio.TimeoutError as exc:
-        if cancel is not None:
-            cancel.set()
-        raise attempts.timed_out() from exc
+        except BaseException as exc:
+            if not deadline.expired() or propagates(exc, in_task=True):
+                raise
+            if cancel is not None:
+                cancel.set()
+            raise attempts.timed_out() from exc
+    return await _wait_within(coro, budget, cancel, attempts)
+
+
+async def _wait_within(
+    coro: Any, budget: float, cancel: threading.Event | None, attempts: _Attempts
+) -> CompletionResponse:
+    """`_bounded` for Python 3.10 (no ``asyncio.timeout``): the attempt as a task, waited
+    on for ``budget`` seconds, so that our deadline (the wait ran out) is never confused
+    with a ``TimeoutError`` the provider raised."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.wait((task,), timeout=budget)
+    except BaseException:  # our own cancellation
+        _drop(task)
+        raise
+    if task.done():
+        return task.result()  # type: ignore[no-any-return]
+    _drop(task)
+    if cancel is not None:
+        cancel.set()
+    raise attempts.timed_out()
+
+
+def _drop(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` without waiting for it; whatever it ends with is discarded."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def _in_thread(
     llm: LLM, prompt: str, kwargs: dict[str, Any], cancel: threading.Event
 ) -> CompletionResponse:
-    """``llm.complete`` in a worker thread; cancelling the await sets ``cancel``."""
-    ctx = contextvars.copy_context()
-    ctx.run(CANCEL_EVENT.set, cancel)
+    """``llm.complete`` on an LLM worker thread (`WORKERS`); cancelling the await sets
+    ``cancel`` and abandons the thread."""
     loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(None, lambda: ctx.run(llm.complete, prompt, **kwargs))
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(_resolve, woken)
+
+    job = WORKERS.submit(_telling(cancel, partial(llm.complete, prompt, **kwargs)), wake)
     try:
-        return await future
-    except asyncio.CancelledError:
+        await woken
+    except BaseException:
         cancel.set()
+        job.abandon()
         raise
+    try:
+        return job.result()  # type: ignore[no-any-return]
+    except Exception:
+        raise
+    except BaseException as exc:
+        if propagates(exc):  # a CancelledError from the thread is never this task's
+            raise
+        raise as_failure(exc) from exc
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

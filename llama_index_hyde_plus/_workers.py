@@ -1,11 +1,19 @@
-"""`DaemonWorkers`: reusable daemon threads for blocking calls that may be abandoned.
+"""`DaemonWorkers`: a bounded pool of reusable daemon threads for blocking LLM calls
+that may be abandoned.
 
-A sync LLM call with a timeout runs in a worker thread so the caller can stop waiting.
+A blocking LLM call with a timeout (the sync path, and the async path of an LLM that
+only implements ``complete``) runs on a worker thread so the caller can stop waiting.
+The pool is the LLM calls' own, never the event loop's default executor: a provider
+that hangs can only use up these threads, and the SQLite cache reads, sync retrievers
+and embedders the async path hands to ``asyncio.to_thread`` keep theirs.
+
 Starting a thread per call costs more than the rest of a search's orchestration, so
-finished workers wait for the next call instead of exiting. They are daemon threads:
-a call abandoned on timeout never keeps the interpreter from exiting. A worker still
-busy with an abandoned call is simply not reused until it returns; when no worker is
-idle a new one starts, and at most ``max_idle`` idle workers are kept.
+finished workers wait for the next call instead of exiting (at most ``max_idle`` of
+them). They are daemon threads: a call abandoned on timeout never keeps the
+interpreter from exiting. A worker still busy with an abandoned call is not reused
+until it returns; at most ``max_busy`` calls run at once, and a call beyond that fails
+at once with `WorkersBusyError` (the transform falls back) rather than starting yet
+another thread for a provider that does not answer.
 """
 
 from __future__ import annotations
@@ -16,45 +24,107 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-_Job = tuple[Callable[[], Any], dict[str, Any], threading.Event]
+from .reliability import LLMNotCalledError
+
+MAX_BUSY = 32
+"""Blocking LLM calls that may run at once (`DaemonWorkers.max_busy`). The calls wait
+on the network or on a local model, not on this CPU, so the bound is not the core
+count: 32 is the most threads ``ThreadPoolExecutor`` starts by default, more calls at
+once than one API key is usually allowed (higher concurrency is a rate-limit error
+anyway), and small enough that a hung provider holds a bounded number of threads."""
+
+
+class WorkersBusyError(LLMNotCalledError):
+    """Every LLM worker thread is busy: the LLM was not called."""
+
+
+class Job:
+    """One call on a worker: ``done`` is set once it returned or raised."""
+
+    __slots__ = ("_error", "_on_done", "_value", "abandoned", "call", "done")
+
+    def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None) -> None:
+        self.call = call
+        self.done = threading.Event()
+        self.abandoned = False
+        self._on_done = on_done
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def result(self) -> Any:
+        """What the call returned; what it raised is raised (call when ``done``)."""
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def abandon(self) -> None:
+        """The caller stopped waiting (its timeout ran out): counted as overrun."""
+        self.abandoned = True
 
 
 class DaemonWorkers:
-    """Runs callables on reusable daemon threads (see the module docstring)."""
+    """Runs callables on reusable daemon threads (see the module docstring);
+    ``max_busy=None`` for no bound."""
 
-    def __init__(self, max_idle: int = 16, name: str = "hyde-plus-llm") -> None:
+    def __init__(
+        self, max_busy: int | None = MAX_BUSY, max_idle: int = 16, name: str = "hyde-plus-llm"
+    ) -> None:
+        if max_busy is not None and max_busy < 1:
+            raise ValueError("max_busy must be >= 1")
+        self.max_busy = max_busy
         self.max_idle = max_idle
         self.name = name
-        self._idle: list[queue.SimpleQueue[_Job | None]] = []
+        self._idle: list[queue.SimpleQueue[Job | None]] = []
+        self._running: set[Job] = set()
         self._lock = threading.Lock()
 
-    def submit(self, call: Callable[[], Any]) -> tuple[dict[str, Any], threading.Event]:
-        """Start ``call`` in the caller's context; returns ``(box, done)``: when ``done``
-        is set, ``box`` holds ``"value"`` or ``"error"``."""
+    def submit(self, call: Callable[[], Any], on_done: Callable[[], object] | None = None) -> Job:
+        """Start ``call`` in the caller's context; ``on_done()`` runs on the worker when
+        it ends (what it raises is ignored). Raises `WorkersBusyError` when
+        ``max_busy`` calls are running."""
         ctx = contextvars.copy_context()
-        box: dict[str, Any] = {}
-        done = threading.Event()
+        job = Job(lambda: ctx.run(call), on_done)
         with self._lock:
+            if self.max_busy is not None and len(self._running) >= self.max_busy:
+                overran = sum(1 for j in self._running if j.abandoned)
+                raise WorkersBusyError(
+                    f"all {self.max_busy} LLM worker threads are busy ({overran} with calls "
+                    "that overran their timeout); not calling the LLM"
+                )
+            self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
         if inbox is None:
             inbox = queue.SimpleQueue()
-            threading.Thread(target=self._work, args=(inbox,), name=self.name, daemon=True).start()
-        inbox.put((lambda: ctx.run(call), box, done))
-        return box, done
+            try:
+                threading.Thread(
+                    target=self._work, args=(inbox,), name=self.name, daemon=True
+                ).start()
+            except BaseException:
+                with self._lock:
+                    self._running.discard(job)
+                raise
+        inbox.put(job)
+        return job
 
-    def _work(self, inbox: queue.SimpleQueue[_Job | None]) -> None:
+    def _work(self, inbox: queue.SimpleQueue[Job | None]) -> None:
         while True:
             job = inbox.get()
             if job is None:
                 return
-            call, box, done = job
             try:
-                box["value"] = call()
+                job._value = job.call()
             except BaseException as exc:
-                box["error"] = exc
-            finally:
-                done.set()
-            del job, call, box, done
+                job._error = exc
+            with self._lock:
+                self._running.discard(job)  # free before anyone hears it is done
+            job.done.set()
+            if job._on_done is not None:
+                try:
+                    job._on_done()
+                except Exception:  # the waiter is gone (its event loop closed)
+                    pass
+            job.call = job._on_done = _dropped  # hold nothing of a finished call
+            del job
             with self._lock:
                 if len(self._idle) >= self.max_idle:
                     return
@@ -64,3 +134,12 @@ class DaemonWorkers:
         """How many workers wait for a call."""
         with self._lock:
             return len(self._idle)
+
+    def busy(self) -> int:
+        """How many calls are running (abandoned ones included)."""
+        with self._lock:
+            return len(self._running)
+
+
+def _dropped() -> None:
+    """What a finished `Job` holds instead of its call."""

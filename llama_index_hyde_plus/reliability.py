@@ -1,21 +1,26 @@
 """Retries for transient provider errors, and a circuit breaker.
 
 `RetryPolicy` retries only what a retry can fix: rate limits (429), server errors
-(5xx) and dropped connections, with full-jitter exponential backoff, inside the
-transform's ``timeout``. Bad requests (4xx other than 408/409/429), authentication
-errors and our own timeouts are never retried.
+(5xx), dropped connections and a provider's own timeouts, with full-jitter exponential
+backoff, inside the transform's ``timeout``. Bad requests (4xx other than
+408/409/425/429), authentication errors and our own timeouts are never retried.
 
 `CircuitBreaker` stops calling a provider that keeps failing: after
-``failure_threshold`` consecutive failures it opens, and for ``cooldown_s`` every
+``failure_threshold`` consecutive failed calls it opens, and for ``cooldown_s`` every
 transform falls back at once instead of waiting on a dead provider; then one call
 probes (half-open) and closes the breaker if it succeeds. Each change of state is
-logged once.
+logged once. The breaker hears of each call once, whatever its retries, and only of
+what says something about the provider's health (`counts_against_provider`).
+
+`propagates` is the one rule for what a "never raises" layer lets through.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,8 +33,36 @@ class LLMTimeoutError(TimeoutError):
     """The LLM did not answer within the transform's ``timeout`` (never retried)."""
 
 
+class LLMNotCalledError(RuntimeError):
+    """The LLM was not called (its breaker is open, or no worker thread was free): not
+    a call, so the breaker does not count it."""
+
+
+class CircuitOpenError(LLMNotCalledError):
+    """The breaker is open: the LLM was not called."""
+
+
+class LLMCallError(RuntimeError):
+    """The LLM raised an error that is not an ``Exception`` (gevent's ``Timeout``, a
+    ``CancelledError`` from a blocking provider): a failed call like any other, wrapped
+    so that every ``except Exception`` above sees it. ``error`` (also ``__cause__``) is
+    what the LLM raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        text = str(error)
+        super().__init__(f"the LLM raised {type(error).__name__}" + (f": {text}" if text else ""))
+        self.error = error
+
+
 BreakerState = Literal["closed", "open", "half-open"]
+Permit = Literal["call", "probe"]
+"""What `CircuitBreaker.acquire` grants: an ordinary call, or the one half-open probe."""
+Outcome = Literal["success", "failure", "released"]
+"""How a call ends for the breaker: `CircuitBreaker.settle`."""
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+_HEALTH_STATUS = frozenset({408, 429})
+"""The 4xx statuses that speak of the provider (too slow, too busy), not the request."""
+_ALWAYS_PROPAGATE = (KeyboardInterrupt, SystemExit, GeneratorExit)
 _TRANSIENT_NAMES = frozenset(
     {
         "APIConnectionError",
@@ -60,17 +93,58 @@ def _status_of(exc: BaseException) -> int | None:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying ``exc`` can help: 408/409/425/429/5xx statuses, connection
-    resets and refusals, and the SDK error classes that mean the same (OpenAI's
-    ``RateLimitError``, ``APIConnectionError``...). Our own timeout is not transient."""
+    resets and refusals, a provider's own timeout (``TimeoutError``, as httpx or an SDK
+    raise it), and the SDK error classes that mean the same (OpenAI's
+    ``RateLimitError``, ``APITimeoutError``...). Our own timeout is not transient."""
 
-    if isinstance(exc, LLMTimeoutError):
+    if isinstance(exc, (LLMTimeoutError, LLMNotCalledError)):
         return False
     status = _status_of(exc)
     if status is not None:
         return status in _TRANSIENT_STATUS or 500 <= status < 600
-    if isinstance(exc, (ConnectionError, BrokenPipeError)):
+    if isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
         return True
     return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
+
+
+def counts_against_provider(exc: BaseException) -> bool:
+    """Whether a call that failed with ``exc`` speaks of the provider's health, so the
+    breaker counts it: anything but a refused request (a 4xx status other than 408 and
+    429: the request itself was bad, forbidden, too large, conflicting or too early,
+    which says nothing of the provider; 409 and 425 are retried all the same) and a
+    call that was never made (`LLMNotCalledError`). Our own timeout counts."""
+    if isinstance(exc, LLMNotCalledError):
+        return False
+    status = _status_of(exc)
+    return status is None or not 400 <= status < 500 or status in _HEALTH_STATUS
+
+
+def as_failure(exc: BaseException) -> Exception:
+    """A failed call's error as an ``Exception``: ``exc`` itself, or an `LLMCallError`
+    wrapping it (for a failure that `propagates` says is one)."""
+    if isinstance(exc, Exception):
+        return exc
+    wrapped = LLMCallError(exc)
+    wrapped.__cause__ = exc
+    return wrapped
+
+
+def propagates(exc: BaseException, *, in_task: bool = False) -> bool:
+    """Whether ``exc`` must propagate rather than count as a failed LLM call: always
+    for ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit``; for a
+    ``CancelledError`` only on the async path (``in_task``) when the running task is
+    itself being cancelled (on Python 3.10, which cannot tell, always on that path).
+    Anything else an LLM raises (any ``Exception``, gevent's ``Timeout``, a
+    ``CancelledError`` from a blocking provider or one our task was not sent) is a
+    failed call: the transform falls back."""
+    if isinstance(exc, _ALWAYS_PROPAGATE):
+        return True
+    if not isinstance(exc, asyncio.CancelledError) or not in_task:
+        return False
+    if sys.version_info < (3, 11):
+        return True
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 @dataclass(frozen=True)
@@ -97,13 +171,19 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(max_retries=0)
 
 
-class CircuitOpenError(RuntimeError):
-    """The breaker is open: the LLM was not called."""
-
-
 class CircuitBreaker:
     """Consecutive-failure circuit breaker shared by every call of one transform
-    (thread- and async-safe). ``state`` is ``"closed"``, ``"open"`` or ``"half-open"``."""
+    (thread- and async-safe). ``state`` is ``"closed"``, ``"open"`` or ``"half-open"``.
+
+    A call takes a permit (`acquire`: ``"call"``, ``"probe"`` for the one half-open
+    probe, or None: do not call) and settles it exactly once (`settle`): a success
+    closes the breaker, a failure counts (and a failed probe reopens it), and a call
+    that ends with no verdict on the provider (cancelled, interrupted, or refused as a
+    bad request) is ``"released"``: it is not counted, and a released probe frees the
+    half-open slot, so the next call probes. Only the probe's own permit settles the
+    probe: a call that began before the breaker opened and ends during the probe is
+    counted like any other. `allow`, `record_success` and `record_failure` are the
+    same for a caller that does not keep its permit."""
 
     def __init__(
         self, failure_threshold: int = 5, cooldown_s: float = 30.0, *, name: str = "llm"
@@ -141,37 +221,64 @@ class CircuitBreaker:
             level = logging.INFO if state == "closed" else logging.WARNING
             logger.log(level, "circuit breaker for %s is now %s (%s)", self.name, state, reason)
 
-    def allow(self) -> bool:
-        """May a call go ahead now? In half-open state only one probe at a time."""
+    def acquire(self) -> Permit | None:
+        """A permit for one call, to be settled once (`settle`); None while open, and
+        in half-open state while the one probe is out."""
         with self._lock:
             if self._state == "closed":
-                return True
+                return "call"
             if self._state == "open":
                 if not self._cooled_down():
-                    return False
+                    return None
                 self._set("half-open", f"probing after {self.cooldown_s:g}s")
             if self._probing:
-                return False
+                return None
             self._probing = True
-            return True
+            return "probe"
 
-    def record_success(self) -> None:
+    def settle(self, permit: Permit, outcome: Outcome) -> None:
+        """The end of the call ``permit`` was acquired for (class docstring)."""
         with self._lock:
-            self._failures = 0
-            self._probing = False
-            self._set("closed", "a call succeeded")
-
-    def record_failure(self) -> None:
-        with self._lock:
+            probe = permit == "probe"
+            if probe:
+                self._probing = False
+            if outcome == "released":
+                return
+            if outcome == "success":
+                self._failures = 0
+                self._set("closed", "a call succeeded")
+                return
             self._failures += 1
-            was_probe = self._probing
-            self._probing = False
-            if self._state == "half-open" or was_probe:
+            if probe and self._state == "half-open":
                 self._opened_at = time.monotonic()
                 self._set("open", "the probe failed")
             elif self._state == "closed" and self._failures >= self.failure_threshold:
                 self._opened_at = time.monotonic()
                 self._set("open", f"{self._failures} consecutive failures")
+
+    def is_open(self) -> bool:
+        """Open and still cooling down: calls are refused."""
+        return self.state == "open"
+
+    def allow(self) -> bool:
+        """May a call go ahead now? In half-open state only one probe at a time."""
+        return self.acquire() is not None
+
+    def _held(self) -> Permit:
+        with self._lock:
+            return "probe" if self._probing or self._state == "half-open" else "call"
+
+    def record_success(self) -> None:
+        """Settle the probe, if one is out, else a call, as a success."""
+        self.settle(self._held(), "success")
+
+    def record_failure(self) -> None:
+        """Settle the probe, if one is out (or due), else a call, as a failure."""
+        self.settle(self._held(), "failure")
+
+    def release(self) -> None:
+        """Free the half-open slot without counting (a probe that gave no verdict)."""
+        self.settle("probe", "released")
 
     def reset(self) -> None:
         with self._lock:

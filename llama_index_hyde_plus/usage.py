@@ -128,6 +128,19 @@ def _get(obj: Any, key: str) -> Any:
     return getattr(obj, key, None)
 
 
+MAX_TOKENS_PER_CALL = 100_000_000
+"""More tokens than any model reads or writes in one call (context windows are a few
+million at most): a larger count is not a count."""
+
+
+def _token_count(value: Any) -> int | None:
+    """``value`` when it can be a provider's token count: an ``int`` (not a bool) from 0
+    to `MAX_TOKENS_PER_CALL`; else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKENS_PER_CALL else None
+
+
 def provider_token_counts(
     raw: Any, additional_kwargs: Mapping[str, Any] | None = None
 ) -> tuple[int, int] | None:
@@ -135,7 +148,9 @@ def provider_token_counts(
 
     Reads OpenAI/llama.cpp (``usage.prompt_tokens``/``completion_tokens``) and
     Anthropic-style (``usage.input_tokens``/``output_tokens``) shapes, from a dict or
-    an SDK object, falling back to LlamaIndex's ``additional_kwargs``.
+    an SDK object, falling back to LlamaIndex's ``additional_kwargs``. A pair is taken
+    only when both are sane counts (`_token_count`): a negative, huge, boolean or
+    non-integer count is no report, and the caller estimates instead.
     """
     candidates: list[Any] = []
     if raw is not None:
@@ -152,7 +167,8 @@ def provider_token_counts(
         completion = _get(usage, "completion_tokens")
         if completion is None:
             completion = _get(usage, "output_tokens")
-        if isinstance(prompt, int) and isinstance(completion, int):
+        prompt, completion = _token_count(prompt), _token_count(completion)
+        if prompt is not None and completion is not None:
             return prompt, completion
     return None
 

@@ -69,16 +69,19 @@ def test_echoed_passage_label_is_removed() -> None:
 def test_num_passages_makes_that_many_calls_and_keeps_each_passage() -> None:
     llm = ScriptedLLM(["one passage.", "two passage.", "three passage."])
     result = HyDE(llm, num_passages=3, temperature=0.7).transform(Q)
-    assert result.hypothetical == ("one passage.", "two passage.", "three passage.")
+    # the calls run at once: which call gets which scripted reply is theirs to race
+    assert sorted(result.hypothetical) == ["one passage.", "three passage.", "two passage."]
     assert result.usage.calls == 3
     assert [kw.get("temperature") for kw in llm.call_kwargs] == [0.7, 0.7, 0.7]
 
 
 def test_include_query_joins_embedding_strs_and_keyword_text() -> None:
     result = HyDE(ScriptedLLM(["p1.", "p2."]), num_passages=2, include_query=True).transform(Q)
-    assert result.embedding_strs == ("p1.", "p2.", Q)
+    first, second = result.hypothetical  # the calls run at once, in either order
+    assert {first, second} == {"p1.", "p2."}
+    assert result.embedding_strs == (first, second, Q)
     [search] = result.searches()
-    assert search.text == f"{Q}\n\np1.\n\np2."
+    assert search.text == f"{Q}\n\n{first}\n\n{second}"
 
 
 def test_without_include_query_keyword_text_is_only_the_passage() -> None:

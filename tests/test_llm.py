@@ -23,6 +23,7 @@ from llama_index_hyde_plus._llm import (
 )
 from llama_index_hyde_plus.reliability import RetryPolicy
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM
+from llama_index_hyde_plus.usage import provider_token_counts, usage_for_call
 
 from .conftest import LoopTicks
 from .openai_stub import openai_stub
@@ -190,3 +191,24 @@ async def test_loading_a_lazy_model_does_not_count_against_the_timeout(use_async
     result = await hyde.atransform("q") if use_async else hyde.transform("q")
     assert not result.fallback, result.error
     assert llm.loaded
+
+
+@pytest.mark.parametrize("bad", [-5, 10**30, True, False, 1.5, 1e30, "12", None])
+def test_only_sane_provider_token_counts_are_taken(bad: Any) -> None:
+    raw = {"usage": {"prompt_tokens": bad, "completion_tokens": 3}}
+    assert provider_token_counts(raw) is None
+    assert provider_token_counts(None, {"prompt_tokens": 4, "completion_tokens": bad}) is None
+    usage = usage_for_call(
+        prompt="four words of prompt",
+        completion="two words",
+        raw=raw,
+        additional_kwargs=None,
+        model=None,
+        local=False,
+    )
+    assert usage.usage_source == "estimated" and usage.input_tokens > 0
+
+
+def test_sane_provider_token_counts_are_taken() -> None:
+    raw = {"usage": {"prompt_tokens": 0, "completion_tokens": 1_000_000}}
+    assert provider_token_counts(raw) == (0, 1_000_000)

@@ -91,7 +91,7 @@ def test_hyde_passages_and_a_fallback_reach_the_response(faiss_index: VectorStor
     info = transform_of(RetrieverQueryEngine.from_args(retriever, llm=answer).query(Q))
     assert info is not None and info["method"] == "hyde" and info["hypothetical"] == [PASSAGE]
 
-    broken = HyDE(ScriptedLLM([TimeoutError("slow"), TimeoutError("slow")]), include_query=True)
+    broken = HyDE(ScriptedLLM([TimeoutError("slow")] * 6), include_query=True)  # retried
     retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=1), broken)
     info = transform_of(RetrieverQueryEngine.from_args(retriever, llm=answer).query(Q))
     assert info is not None and info["fallback"] is True

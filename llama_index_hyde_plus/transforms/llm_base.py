@@ -331,20 +331,23 @@ class LLMTransform(QueryTransformer):
         return self.llm, self._render(query, context)
 
     def _generate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
-        """The LLM calls one after another (`_agenerate` runs them concurrently)."""
+        """The LLM calls; several run at once under one deadline (`_llm.complete_all`),
+        as `_agenerate` gathers them, so ``timeout`` bounds the whole generation."""
         start = time.perf_counter()
-        replies: list[_llm.LLMReply] = []
-        errors: list[BaseException] = []
         try:
             llm, prompt = self._prompt_for(query, context)
         except Exception as exc:
             return self._fallback(query, [exc], start)
-        for _ in range(self._num_calls()):
+        outcomes: list[_llm.LLMReply | BaseException]
+        n = self._num_calls()
+        if n == 1:
             try:
-                replies.append(_llm.complete(llm, prompt, self._call_options()))
+                outcomes = [_llm.complete(llm, prompt, self._call_options())]
             except Exception as exc:
-                errors.append(exc)
-        return self._finish(query, replies, errors, start)
+                outcomes = [exc]
+        else:
+            outcomes = _llm.complete_all(llm, prompt, self._call_options(), n)
+        return self._finish(query, outcomes, start)
 
     async def _agenerate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
         start = time.perf_counter()
@@ -352,7 +355,7 @@ class LLMTransform(QueryTransformer):
             llm, prompt = self._prompt_for(query, context)
         except Exception as exc:
             return self._fallback(query, [exc], start)
-        outcomes: list[Any]
+        outcomes: list[_llm.LLMReply | BaseException]
         if self._num_calls() == 1:  # one call: awaited here, no task to hold
             try:
                 outcomes = [await _llm.acomplete(llm, prompt, self._call_options())]
@@ -366,28 +369,34 @@ class LLMTransform(QueryTransformer):
                 ),
                 return_exceptions=True,
             )
-        replies = [o for o in outcomes if isinstance(o, _llm.LLMReply)]
-        errors: list[BaseException] = []
-        for o in outcomes:
-            if isinstance(o, BaseException):
-                if not isinstance(o, Exception):
-                    raise o  # cancellation and friends are not failures to hide
-                errors.append(o)
-        return self._finish(query, replies, errors, start)
+        return self._finish(query, outcomes, start)
 
     def _finish(
         self,
         query: str,
-        replies: list[_llm.LLMReply],
-        errors: list[BaseException],
+        outcomes: Sequence[_llm.LLMReply | BaseException],
         start: float,
     ) -> TransformResult:
+        """The result from the calls' outcomes (replies, or what the calls raised).
+
+        The call layer raises an ``Exception`` for every failed call, so anything else
+        (an interrupt, an exit, a cancellation) is re-raised here, never hidden. Of the
+        failures, the first that reached the LLM is reported (a call the breaker
+        skipped says less than the call that failed)."""
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome
+        replies = [o for o in outcomes if isinstance(o, _llm.LLMReply)]
+        errors = sorted(
+            (o for o in outcomes if isinstance(o, Exception)),
+            key=lambda e: isinstance(e, CircuitOpenError),
+        )
         usage = sum_usage([r.usage for r in replies])
         texts = [r.text for r in replies if r.text and r.text.strip()]
         if not texts:
             if not errors:
                 errors = [UnusableReplyError("the LLM returned an empty reply")]
-            return self._fallback(query, errors, start, usage)
+            return self._fallback(query, list(errors), start, usage)
         try:
             result = self._build(query, texts, usage)
         except UnusableReplyError as exc:

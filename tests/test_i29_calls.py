@@ -1,0 +1,451 @@
+"""Issue #29, the call layer: the breaker's half-open slot, single-flight cancellation,
+the LLM worker pool, what the breaker counts, non-Exception errors, timeout accounting
+and provider token counts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from llama_index.core.base.llms.types import CompletionResponse, LLMMetadata
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from pydantic import PrivateAttr
+
+from llama_index_hyde_plus import HyDE, TransformRetriever, _llm
+from llama_index_hyde_plus._llm import CallOptions, LLMTimeoutError, acomplete, complete
+from llama_index_hyde_plus._workers import DaemonWorkers
+from llama_index_hyde_plus.reliability import (
+    NO_RETRY,
+    CircuitBreaker,
+    CircuitOpenError,
+    RetryPolicy,
+    is_transient,
+)
+from llama_index_hyde_plus.testing import HANG, ScriptedLLM, StaticRetriever
+
+from .conftest import DOCS
+
+Q = "Why did revenue drop?"
+FAST = RetryPolicy(max_retries=2, base_delay_s=0.01, max_delay_s=0.02)
+
+
+class StatusError(Exception):
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"HTTP {status_code}")
+        self.status_code = status_code
+
+
+class GeventTimeout(BaseException):
+    """Like ``gevent.Timeout``: a BaseException a blocking provider may raise."""
+
+
+class StuckLLM(CustomLLM):
+    """Only a blocking ``complete``, which never answers until ``release()`` (then it
+    raises): a hung provider whose calls overrun every timeout."""
+
+    _release: Any = PrivateAttr(default_factory=threading.Event)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _calls: int = PrivateAttr(default=0)
+    _active: int = PrivateAttr(default=0)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="stuck")
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def release(self) -> None:
+        self._release.set()
+        deadline = time.monotonic() + 10
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        with self._lock:
+            self._calls += 1
+            self._active += 1
+        try:
+            self._release.wait(60)
+            raise RuntimeError("released")
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@pytest.fixture
+def stuck() -> Iterator[StuckLLM]:
+    llm = StuckLLM()
+    try:
+        yield llm
+    finally:
+        llm.release()
+
+
+@pytest.fixture
+def own_pool(monkeypatch: pytest.MonkeyPatch) -> DaemonWorkers:
+    """A fresh LLM worker pool with the default cap, so hung calls of one test never
+    take the workers of another."""
+    pool = DaemonWorkers()
+    monkeypatch.setattr(_llm, "WORKERS", pool)
+    return pool
+
+
+def opened(breaker: CircuitBreaker) -> CircuitBreaker:
+    """``breaker`` opened by one failure, its cooldown already over (half-open)."""
+    breaker.record_failure()
+    time.sleep(breaker.cooldown_s + 0.02)
+    assert breaker.state == "half-open"
+    return breaker
+
+
+# -- 1. the half-open probe is a slot that is always released ------------------------
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])  # in the caller's thread / in a worker
+def test_an_interrupted_probe_frees_the_half_open_slot_sync(timeout: float | None) -> None:
+    breaker = opened(CircuitBreaker(failure_threshold=1, cooldown_s=0.05))
+    llm = ScriptedLLM([KeyboardInterrupt(), "A passage."])
+    hyde = HyDE(llm, timeout=timeout, retry=NO_RETRY, breaker=breaker)
+    with pytest.raises(KeyboardInterrupt):
+        hyde.transform(Q)
+    assert breaker.state == "half-open"  # not counted
+    result = hyde.transform(Q)  # the next call probes
+    assert not result.fallback, result.error
+    assert breaker.state == "closed" and len(llm.prompts) == 2
+
+
+def test_a_probe_interrupted_in_a_thread_frees_the_half_open_slot() -> None:
+    breaker = opened(CircuitBreaker(failure_threshold=1, cooldown_s=0.05))
+    llm = ScriptedLLM([SystemExit(3), "A passage."])
+    hyde = HyDE(llm, retry=NO_RETRY, breaker=breaker)
+    raised: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            hyde.transform(Q)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    assert [type(e) for e in raised] == [SystemExit]
+    assert not hyde.transform(Q).fallback and breaker.state == "closed"
+
+
+async def test_a_cancelled_probe_frees_the_half_open_slot_async() -> None:
+    breaker = opened(CircuitBreaker(failure_threshold=1, cooldown_s=0.05))
+    llm = ScriptedLLM([HANG, HANG, "A passage."])
+    hyde = HyDE(llm, timeout=None, retry=NO_RETRY, breaker=breaker)
+    task = asyncio.create_task(hyde.atransform(Q))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert breaker.state == "half-open"
+    with pytest.raises(asyncio.TimeoutError):  # a caller's own deadline: a cancellation too
+        await asyncio.wait_for(hyde.atransform(Q), 0.05)
+    assert breaker.state == "half-open"
+    result = await hyde.atransform(Q)
+    assert not result.fallback, result.error
+    assert breaker.state == "closed" and len(llm.prompts) == 3
+
+
+def test_a_released_permit_lets_the_next_call_probe() -> None:
+    breaker = opened(CircuitBreaker(failure_threshold=1, cooldown_s=0.05))
+    permit = breaker.acquire()
+    assert permit == "probe" and breaker.acquire() is None
+    breaker.settle(permit, "released")
+    assert breaker.state == "half-open" and breaker.consecutive_failures == 1
+    assert breaker.acquire() == "probe"
+
+
+def test_a_late_call_failing_does_not_settle_the_probe() -> None:
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=0.05)
+    early = breaker.acquire()
+    breaker.settle(breaker.acquire(), "failure")  # another call opens it
+    time.sleep(0.07)
+    probe = breaker.acquire()
+    breaker.settle(early, "failure")  # the early call ends during the probe
+    assert probe == "probe" and breaker.state == "half-open" and breaker.acquire() is None
+    breaker.settle(probe, "success")
+    assert breaker.state == "closed"
+
+
+# -- 3. blocking LLM calls run on a bounded pool of their own -------------------------
+
+
+async def test_hung_blocking_calls_leave_the_default_executor_free(
+    stuck: StuckLLM, own_pool: DaemonWorkers
+) -> None:
+    hyde = HyDE(stuck, timeout=0.05, retry=NO_RETRY, breaker=None)
+    results = await asyncio.gather(*(hyde.atransform(f"{Q} {i}") for i in range(40)))
+    assert all(r.fallback for r in results)
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
+    retriever = TransformRetriever(
+        StaticRetriever(DOCS, default=["pto"]), HyDE(stuck, timeout=0.3, breaker=None)
+    )
+    found = await asyncio.wait_for(retriever.asearch(Q), 3)
+    assert found.nodes and found.transform.fallback
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_exhausted_llm_pool_falls_back_at_once(
+    stuck: StuckLLM, monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    monkeypatch.setattr(_llm, "WORKERS", DaemonWorkers(max_busy=2))
+    hyde = HyDE(stuck, timeout=0.05, retry=FAST, breaker=None)
+    for _ in range(2):
+        result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+        assert "LLMTimeoutError" in (result.error or "")
+    start = time.monotonic()
+    result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert result.fallback and "all 2 LLM worker threads are busy" in (result.error or "")
+    assert "2 with calls that overran their timeout" in (result.error or "")
+    assert time.monotonic() - start < 0.05 + 1.0 and stuck.calls == 2  # not even tried
+
+
+def test_the_pool_cap_counts_busy_workers_and_frees_them_when_they_return() -> None:
+    pool = DaemonWorkers(max_busy=1)
+    gate = threading.Event()
+    first = pool.submit(gate.wait)
+    with pytest.raises(RuntimeError, match="all 1 LLM worker threads are busy"):
+        pool.submit(lambda: None)
+    gate.set()
+    assert first.done.wait(5)
+    deadline = time.monotonic() + 5
+    while pool.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = pool.submit(lambda: "ok")
+    assert second.done.wait(5) and second.result() == "ok"
+
+
+# -- 8. what the breaker counts --------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 409, 413, 422, 425])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_bad_requests_do_not_open_the_breaker(status: int, use_async: bool) -> None:
+    breaker = CircuitBreaker(failure_threshold=2, cooldown_s=60)
+    llm = ScriptedLLM(respond=None)
+    llm.add_replies(*[StatusError(status)] * 15)
+    hyde = HyDE(llm, retry=FAST, breaker=breaker)
+    for _ in range(5):
+        result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+        assert result.fallback and str(status) in (result.error or "")
+    assert breaker.state == "closed" and breaker.consecutive_failures == 0
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 503])
+def test_provider_health_errors_open_the_breaker(status: int) -> None:
+    breaker = CircuitBreaker(failure_threshold=2, cooldown_s=60)
+    hyde = HyDE(ScriptedLLM([StatusError(status)] * 2), retry=NO_RETRY, breaker=breaker)
+    for _ in range(2):
+        assert hyde.transform(Q).fallback
+    assert breaker.state == "open"
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_call_counts_once_whatever_its_retries(use_async: bool) -> None:
+    breaker = CircuitBreaker(failure_threshold=5, cooldown_s=60)
+    llm = ScriptedLLM([StatusError(503)] * 6)
+    hyde = HyDE(llm, retry=FAST, breaker=breaker)
+    for _ in range(2):
+        result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+        assert result.fallback
+    assert len(llm.prompts) == 6  # 2 calls x 3 attempts
+    assert breaker.state == "closed" and breaker.consecutive_failures == 2
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_our_timeout_counts_and_a_skipped_call_does_not(use_async: bool) -> None:
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=60)
+    hyde = HyDE(ScriptedLLM([HANG]), timeout=0.05, retry=NO_RETRY, breaker=breaker)
+    result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert "LLMTimeoutError" in (result.error or "") and breaker.state == "open"
+    for _ in range(3):
+        result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+        assert "CircuitOpenError" in (result.error or "")
+    assert breaker.consecutive_failures == 1
+
+
+def test_a_success_after_retries_resets_the_count_once() -> None:
+    breaker = CircuitBreaker(failure_threshold=2, cooldown_s=60)
+    llm = ScriptedLLM([StatusError(503), StatusError(503), "A passage.", StatusError(503)])
+    hyde = HyDE(llm, retry=FAST, breaker=breaker)
+    assert not hyde.transform(Q).fallback
+    assert breaker.consecutive_failures == 0
+    assert HyDE(llm, retry=NO_RETRY, breaker=breaker).transform(Q).fallback
+    assert breaker.state == "closed" and breaker.consecutive_failures == 1
+
+
+# -- 11. non-Exception errors from the LLM -------------------------------------------
+
+
+class OnlyBlocking(CustomLLM):
+    """A blocking-only LLM that raises ``error`` once, then answers."""
+
+    _errors: list[BaseException] = PrivateAttr(default_factory=list)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="only-blocking")
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        if self._errors:
+            raise self._errors.pop(0)
+        return CompletionResponse(text="A passage.")
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def raising(error: BaseException) -> OnlyBlocking:
+    llm = OnlyBlocking()
+    llm._errors.append(error)
+    return llm
+
+
+@pytest.mark.parametrize("make", [GeventTimeout, asyncio.CancelledError])
+@pytest.mark.parametrize("timeout", [None, 5.0])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_base_exception_from_a_blocking_llm_is_a_failed_call(
+    make: type[BaseException], timeout: float | None, use_async: bool
+) -> None:
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=60)
+    retriever = TransformRetriever(
+        StaticRetriever(DOCS, default=["pto"]),
+        HyDE(raising(make()), timeout=timeout, retry=NO_RETRY, breaker=breaker),
+    )
+    found = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert found.nodes and found.transform.fallback
+    assert make.__name__ in (found.transform.error or "")
+    assert breaker.state == "open"  # a provider failure counts
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="3.10 cannot tell whose cancellation it is: propagates"
+)
+async def test_a_cancelled_error_from_a_native_async_llm_is_a_failed_call() -> None:
+    hyde = HyDE(ScriptedLLM([asyncio.CancelledError(), "A passage."]), retry=NO_RETRY)
+    result = await hyde.atransform(Q)  # our task is not being cancelled
+    assert result.fallback and "CancelledError" in (result.error or "")
+    assert not (await hyde.atransform(Q)).fallback
+
+
+@pytest.mark.parametrize("make", [KeyboardInterrupt, SystemExit, GeneratorExit])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_interrupts_and_exits_still_propagate(
+    make: type[BaseException], use_async: bool
+) -> None:
+    hyde = HyDE(raising(make()), timeout=5.0, retry=NO_RETRY)
+    with pytest.raises(make):
+        await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    with pytest.raises(make):
+        complete(raising(make()), "p")
+
+
+async def test_a_multi_call_transform_hides_a_provider_cancelled_error() -> None:
+    llm = ScriptedLLM([asyncio.CancelledError(), "One.", "Two."])
+    result = await HyDE(llm, num_passages=3, retry=NO_RETRY).atransform(Q)
+    assert not result.fallback and len(result.hypothetical) == 2
+    assert "CancelledError" in (result.error or "")
+
+
+def test_a_failed_call_is_reported_before_the_calls_the_breaker_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hyde = HyDE(ScriptedLLM(), num_passages=2)
+    skipped = CircuitOpenError("circuit breaker for hyde is open; not calling the LLM")
+    result = hyde._finish(Q, [skipped, RuntimeError("down")], time.perf_counter())
+    assert result.fallback and result.error == "RuntimeError: down"
+    assert any(r.levelno == logging.WARNING for r in caplog.records)  # not hushed
+
+
+# -- 14. timeout accounting ------------------------------------------------------------
+
+
+def test_the_timeout_bounds_all_passages_on_the_sync_path(
+    stuck: StuckLLM, own_pool: DaemonWorkers
+) -> None:
+    hyde = HyDE(stuck, num_passages=4, timeout=1.0, retry=NO_RETRY, breaker=None)
+    start = time.monotonic()
+    result = hyde.transform(Q)
+    assert result.fallback and "LLMTimeoutError" in (result.error or "")
+    assert time.monotonic() - start < 3.0  # one deadline, not 4 x 1 s
+    assert stuck.calls == 4
+
+
+def test_sync_passages_run_together_and_keep_what_answered() -> None:
+    llm = ScriptedLLM(["One.", HANG, "Three.", "Four."])
+    result = HyDE(llm, num_passages=4, timeout=0.5, retry=NO_RETRY).transform(Q)
+    assert not result.fallback and sorted(result.hypothetical) == ["Four.", "One.", "Three."]
+    assert "LLMTimeoutError" in (result.error or "")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_providers_own_timeout_is_reported_as_its_own(use_async: bool) -> None:
+    llm = ScriptedLLM([TimeoutError("provider read timed out")])
+    hyde = HyDE(llm, timeout=30, retry=NO_RETRY)
+    result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert result.fallback
+    assert result.error == "TimeoutError: provider read timed out"
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_providers_own_timeout_is_retried(use_async: bool) -> None:
+    llm = ScriptedLLM([TimeoutError("provider read timed out"), "A passage."])
+    hyde = HyDE(llm, timeout=30, retry=FAST)
+    result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert not result.fallback and len(llm.prompts) == 2
+    assert is_transient(TimeoutError("x")) and not is_transient(LLMTimeoutError("ours"))
+
+
+async def test_our_deadline_is_reported_only_when_it_expired() -> None:
+    with pytest.raises(LLMTimeoutError, match=r"within 0\.05s"):
+        await acomplete(ScriptedLLM([HANG]), "p", CallOptions(timeout=0.05))
+    with pytest.raises(TimeoutError, match="provider") as info:
+        await acomplete(ScriptedLLM([TimeoutError("provider")]), "p", CallOptions(timeout=5))
+    assert not isinstance(info.value, LLMTimeoutError)
+
+
+async def test_the_python_3_10_deadline_tells_the_two_timeouts_apart() -> None:
+    attempts = _llm._Attempts(NO_RETRY, None, 0.05)
+    with pytest.raises(LLMTimeoutError):
+        await _llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 0.05, None, attempts)
+    with pytest.raises(TimeoutError, match="provider") as info:
+        await _llm._wait_within(
+            ScriptedLLM([TimeoutError("provider")]).acomplete("p"), 5, None, attempts
+        )
+    assert not isinstance(info.value, LLMTimeoutError)
+    reply = await _llm._wait_within(ScriptedLLM(["ok"]).acomplete("p"), 5, None, attempts)
+    assert reply.text == "ok"
+    task = asyncio.create_task(
+        _llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 5, None, attempts)
+    )
+    await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0)
+    assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()} == set()
