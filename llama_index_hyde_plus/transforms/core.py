@@ -37,11 +37,11 @@ _handler: Any = None
 def _listen() -> None:
     """Add, once per process, the instrumentation handler that hands LLM end events
     to the `CoreTransform` running in the current context (and ignores the rest)."""
-    global _handler  # noqa: PLW0603 - one handler per process, as LlamaIndex's are
+    global _handler  # one handler per process, as LlamaIndex's own are
     with _listening:
         if _handler is not None:
             return
-        from llama_index.core.instrumentation import get_dispatcher
+        from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
         from llama_index.core.instrumentation.event_handlers import BaseEventHandler
         from llama_index.core.instrumentation.events import BaseEvent
         from llama_index.core.instrumentation.events.llm import (
