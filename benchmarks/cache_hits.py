@@ -1,0 +1,137 @@
+"""What a cache hit costs, by cache: in process, a SQLite file, a Redis server.
+
+A HyDE search through `TransformRetriever.search` whose rewrite is already cached,
+against the wrapped retriever's own search (the floor) and a miss with a 100 ms LLM.
+The Redis rows start Debian's ``redis-server`` on a free loopback port (or use
+``--redis URI``); they are left out, saying so, when neither is available.
+
+    uv run --frozen --all-extras python benchmarks/cache_hits.py [--hits 500] [--markdown]
+
+Every row is the median of ``--hits`` searches of one question, after one warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.storage.kvstore import SimpleKVStore
+from rich.console import Console
+from rich.table import Table
+
+from llama_index_hyde_plus import HyDE, MemoryCache, SQLiteCache, TransformRetriever
+from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
+
+TEXTS = {f"d{i}": f"document number {i}" for i in range(20)}
+QUESTION = "Why did revenue drop?"
+
+
+def base() -> StaticRetriever:
+    return StaticRetriever(TEXTS, default=[f"d{i}" for i in range(10)])
+
+
+def median_us(run: Callable[[], Any], n: int) -> float:
+    run()  # warm-up: the first search fills the cache
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def searcher(cache: Any, delay: float = 0.0) -> Callable[[], Any]:
+    llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped last quarter.", delay=delay)
+    retriever = TransformRetriever(base(), HyDE(llm, cache=cache, breaker=None))
+    return lambda: retriever.search(QUESTION)
+
+
+@contextlib.contextmanager
+def redis(uri: str | None, folder: Path) -> Iterator[str | None]:
+    if uri is not None:
+        yield uri
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield None
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(folder)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hits", type=int, default=500)
+    parser.add_argument("--redis", default=None, help="a Redis URI (default: start one)")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    rows: list[tuple[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp, redis(args.redis, Path(tmp)) as uri:
+        floor_retriever = base()
+        rows.append(
+            (
+                "plain search (the floor)",
+                median_us(lambda: floor_retriever.retrieve(QUESTION), args.hits),
+            )
+        )
+        rows.append(("hit: MemoryCache", median_us(searcher(MemoryCache()), args.hits)))
+        rows.append(
+            (
+                "hit: SQLiteCache",
+                median_us(searcher(SQLiteCache(Path(tmp) / "c.sqlite")), args.hits),
+            )
+        )
+        rows.append(
+            (
+                "hit: KVStoreCache(SimpleKVStore)",
+                median_us(searcher(KVStoreCache(SimpleKVStore())), args.hits),
+            )
+        )
+        if uri is not None:
+            rows.append(
+                (
+                    "hit: KVStoreCache(Redis)",
+                    median_us(searcher(KVStoreCache.from_uri(uri)), args.hits),
+                )
+            )
+        rows.append(("miss: 100 ms LLM, no cache", median_us(searcher(None, delay=0.1), 20)))
+    floor = rows[0][1]
+    if args.markdown:
+        print("| search | median | x floor |\n| --- | ---: | ---: |")
+        for name, us in rows:
+            print(f"| {name} | {us:,.0f} µs | {us / floor:.1f}x |")
+    else:
+        table = Table(title="Cache hits through TransformRetriever.search (HyDE)")
+        for column in ("search", "median", "x floor"):
+            table.add_column(column, justify="left" if column == "search" else "right")
+        for name, us in rows:
+            table.add_row(name, f"{us:,.0f} µs", f"{us / floor:.1f}x")
+        Console().print(table)
+    if uri is None:
+        print("Redis rows left out: no redis-server on PATH and no --redis URI.")
+
+
+if __name__ == "__main__":
+    main()

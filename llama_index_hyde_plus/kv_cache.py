@@ -1,0 +1,171 @@
+"""`KVStoreCache`: a transform cache on LlamaIndex's own key-value store interface.
+
+Any ``BaseKVStore`` serves (``RedisKVStore`` from ``llama-index-storage-kvstore-redis``,
+``SimpleKVStore``, the MongoDB, Postgres, Firestore... stores): every process that opens
+the same store shares one cache, and a store that outlives the process (Redis) keeps it
+across restarts. So several ``hyde-plus serve`` replicas behind a load balancer pay once
+for a rewrite, not once per replica.
+
+It keeps the guarantees of the other caches: a store that fails (down, timing out,
+refusing a write) is a miss or a skipped write with one warning per outage, never a
+failed search; entries older than ``ttl_s`` are misses; only complete successes reach
+it (the transform decides what is stored).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+from llama_index.core.storage.kvstore.types import BaseKVStore
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COLLECTION = "hyde_plus_transforms"
+"""The collection (a Redis hash) entries are kept in, apart from a docstore's own."""
+
+REDIS_TIMEOUT_S = 2.0
+"""Seconds a Redis opened by `KVStoreCache.from_uri` may take to connect or answer:
+a cache that hangs must not hang the search it was meant to speed up."""
+
+_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+class KVStoreCache:
+    """Transform results in a LlamaIndex ``BaseKVStore`` (thread-safe; shared between
+    processes through the store).
+
+    Each entry is the result's JSON form with the time it was written; a read of an
+    entry older than ``ttl_s`` seconds is a miss (and deletes it). Calls are blocking
+    (the async path of a transform makes them in a worker thread).
+
+    Args:
+        kvstore: the store, e.g. ``RedisKVStore(redis_uri="redis://localhost:6379")``.
+        collection: the collection entries live in (a Redis hash of that name).
+        ttl_s: seconds an entry stays valid; None: until the store drops it.
+    """
+
+    def __init__(
+        self,
+        kvstore: BaseKVStore,
+        *,
+        collection: str = DEFAULT_COLLECTION,
+        ttl_s: float | None = None,
+    ) -> None:
+        if not isinstance(kvstore, BaseKVStore):
+            raise TypeError(
+                f"kvstore must be a LlamaIndex BaseKVStore, not {type(kvstore).__name__}"
+            )
+        if not isinstance(collection, str) or not collection:
+            raise ValueError("collection must be a non-empty string")
+        if ttl_s is not None and (
+            isinstance(ttl_s, bool)
+            or not isinstance(ttl_s, (int, float))
+            or not math.isfinite(ttl_s)
+            or ttl_s <= 0
+        ):
+            raise ValueError("ttl_s must be a number of seconds > 0, or None")
+        self.kvstore = kvstore
+        self.collection = collection
+        self.ttl_s = None if ttl_s is None else float(ttl_s)
+        self._lock = threading.Lock()
+        self._down = False
+
+    @classmethod
+    def from_uri(
+        cls,
+        uri: str,
+        *,
+        collection: str = DEFAULT_COLLECTION,
+        ttl_s: float | None = None,
+        timeout_s: float = REDIS_TIMEOUT_S,
+    ) -> KVStoreCache:
+        """A cache on the Redis server at ``uri`` (``redis://host:port/db``,
+        ``rediss://`` for TLS, ``unix:///path.sock``), whose connect and reply times
+        are bounded by ``timeout_s``. Nothing is sent until the first lookup: a server
+        that is down is a miss then, not an error now. Needs the ``redis`` extra
+        (``llama-index-storage-kvstore-redis``)."""
+        if not isinstance(uri, str) or not uri.startswith(_SCHEMES):
+            raise ValueError(
+                f"uri must be a Redis URL (redis://host:port, rediss://..., unix://...), "
+                f"not {uri!r}"
+            )
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+            raise TypeError("timeout_s must be a number of seconds")
+        if not 0 < timeout_s < 1e6:
+            raise ValueError("timeout_s must be > 0 seconds (and finite)")
+        try:
+            from llama_index.storage.kvstore.redis import RedisKVStore
+        except ImportError as exc:
+            raise ImportError(
+                'a Redis cache needs the redis extra: pip install "llama-index-hyde-plus[redis]"'
+            ) from exc
+        store = RedisKVStore(
+            redis_uri=uri, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        return cls(store, collection=collection, ttl_s=ttl_s)
+
+    def _outage(self, what: str, exc: BaseException) -> None:
+        """Log the first failure of an outage as a warning, the rest at debug level."""
+        with self._lock:
+            first, self._down = not self._down, True
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "transform cache %s failed (%s: %s); continuing without it",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+
+    def _healthy(self) -> None:
+        if self._down:
+            with self._lock:
+                self._down = False
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The stored result's dict form, or None (a miss, an expired entry, a
+        malformed one, or a store that failed)."""
+        try:
+            entry = self.kvstore.get(key, collection=self.collection)
+        except Exception as exc:
+            self._outage("read", exc)
+            return None
+        self._healthy()
+        if not isinstance(entry, dict):
+            return None
+        value, created = entry.get("result"), entry.get("created")
+        if not isinstance(value, dict) or isinstance(created, bool):
+            return None
+        if not isinstance(created, (int, float)):
+            return None
+        if self.ttl_s is not None and time.time() - created > self.ttl_s:
+            self._forget(key)
+            return None
+        return value
+
+    def _forget(self, key: str) -> None:
+        try:
+            self.kvstore.delete(key, collection=self.collection)
+        except Exception as exc:
+            self._outage("delete", exc)
+
+    def set(self, key: str, value: dict[str, Any]) -> None:
+        """Store ``value`` (a result's dict form) under ``key``; a failing store is
+        skipped with a warning."""
+        try:
+            self.kvstore.put(
+                key, {"created": time.time(), "result": value}, collection=self.collection
+            )
+        except Exception as exc:
+            self._outage("write", exc)
+            return
+        self._healthy()
+
+    def __repr__(self) -> str:
+        return (
+            f"KVStoreCache({type(self.kvstore).__name__}, collection={self.collection!r}, "
+            f"ttl_s={self.ttl_s!r})"
+        )

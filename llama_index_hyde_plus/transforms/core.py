@@ -1,0 +1,159 @@
+"""`CoreTransform`: any LlamaIndex core ``BaseQueryTransform`` as a `QueryTransformer`.
+
+So a `TransformRetriever` wraps a user's own core transform, or core's
+``HyDEQueryTransform`` / ``DecomposeQueryTransform``, with this package's fallback,
+usage accounting and events: the core transform's ``run`` is called with the question,
+and the ``QueryBundle`` it returns is searched as core's own ``TransformRetriever``
+would search it (its ``query_str`` as the text, its ``embedding_strs`` averaged into
+the vector). An exception from it becomes a fallback to the question's own search. On
+the async path it runs in a worker thread (core transforms are blocking).
+
+Usage: the LLM calls the core transform makes are read from LlamaIndex's
+instrumentation events (``LLMCompletionEndEvent`` / ``LLMChatEndEvent``) raised while it
+runs, in this context only, and priced like this package's own calls.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from typing import Any
+
+from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
+from llama_index.core.prompts.mixin import PromptMixinType
+from llama_index.core.schema import QueryBundle
+
+from .._llm import is_local, model_name
+from ..usage import Usage, sum_usage, usage_for_call
+from .base import QueryTransformer, SearchSpec, TransformResult
+
+_CALLS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "hyde_plus_core_calls", default=None
+)
+_listening = threading.Lock()
+_handler: Any = None
+
+
+def _listen() -> None:
+    """Add, once per process, the instrumentation handler that hands LLM end events
+    to the `CoreTransform` running in the current context (and ignores the rest)."""
+    global _handler  # one handler per process, as LlamaIndex's own are
+    with _listening:
+        if _handler is not None:
+            return
+        from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+        from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+        from llama_index.core.instrumentation.events import BaseEvent
+        from llama_index.core.instrumentation.events.llm import (
+            LLMChatEndEvent,
+            LLMCompletionEndEvent,
+        )
+
+        class _Collect(BaseEventHandler):
+            @classmethod
+            def class_name(cls) -> str:
+                return "HydePlusCoreTransformUsage"
+
+            def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+                calls = _CALLS.get()
+                if calls is not None and isinstance(
+                    event, (LLMCompletionEndEvent, LLMChatEndEvent)
+                ):
+                    calls.append(event)
+
+        _handler = _Collect()
+        get_dispatcher().add_event_handler(_handler)
+
+
+def _usage_of(events: list[Any], llm: Any) -> Usage:
+    """The usage of the LLM calls in ``events``: a chat call that wraps a completion
+    (a ``CustomLLM`` answering ``chat`` through ``complete``) counts once."""
+    completions: list[tuple[str, str, Any, Any]] = []
+    chats: list[tuple[str, str, Any, Any]] = []
+    for event in events:
+        response = event.response
+        if response is None:
+            continue
+        if hasattr(event, "prompt"):
+            text = response.text or ""
+            completions.append((event.prompt, text, response.raw, response.additional_kwargs))
+        else:
+            prompt = "\n".join(str(m.content or "") for m in event.messages)
+            text = str(response.message.content or "")
+            chats.append((prompt, text, response.raw, response.additional_kwargs))
+    answered = {text for _, text, _, _ in completions}
+    calls = completions + [c for c in chats if c[1] not in answered]
+    name = model_name(llm) if llm is not None else None
+    local = is_local(llm) if llm is not None else False
+    return sum_usage(
+        [
+            usage_for_call(
+                prompt=prompt,
+                completion=text,
+                raw=raw,
+                additional_kwargs=extra,
+                model=name,
+                local=local,
+            )
+            for prompt, text, raw, extra in calls
+        ]
+    )
+
+
+class CoreTransform(QueryTransformer):
+    """A LlamaIndex core ``BaseQueryTransform`` run as this package's transform.
+
+    `TransformRetriever` wraps any core transform in one automatically; build one
+    yourself to compose it (``CoreTransform(core).then(...)`` is refused like any
+    transform that is not a `QueryTransformer` chain stage would be, since a core
+    transform returns one bundle).
+
+    Args:
+        transform: the core transform (``HyDEQueryTransform(llm=...)``, your own
+            subclass...). Its prompts stay reachable through ``get_prompts`` /
+            ``update_prompts`` under the module key ``query_transform``.
+    """
+
+    include_query = True
+
+    def __init__(self, transform: BaseQueryTransform) -> None:
+        if not isinstance(transform, BaseQueryTransform):
+            raise TypeError(
+                f"transform must be a LlamaIndex BaseQueryTransform, not {type(transform).__name__}"
+            )
+        super().__init__()
+        self.core = transform
+
+    @property
+    def method(self) -> str:  # type: ignore[override]
+        return type(self.core).__name__
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {"query_transform": self.core}
+
+    def transform(self, query: str) -> TransformResult:
+        """Run the core transform on ``query``; the bundle it returns as one search."""
+        _listen()
+        calls: list[Any] = []
+        token = _CALLS.set(calls)
+        try:
+            bundle = self.core.run(QueryBundle(query_str=query, custom_embedding_strs=[query]))
+        finally:
+            _CALLS.reset(token)
+        if not isinstance(bundle, QueryBundle):
+            raise TypeError(
+                f"{type(self.core).__name__}.run() must return a QueryBundle, "
+                f"not {type(bundle).__name__}"
+            )
+        text = bundle.query_str.strip() or query
+        strs = tuple(s for s in bundle.embedding_strs if isinstance(s, str) and s.strip())
+        strs = strs or (text,)
+        return TransformResult(
+            query=query,
+            method=self.method,
+            queries=(text,),
+            hypothetical=tuple(s for s in dict.fromkeys(strs) if s not in (query, text)),
+            include_query=False,
+            usage=_usage_of(calls, getattr(self.core, "_llm", None)),
+            specs=(SearchSpec(text=text, embedding_strs=strs),),
+        )
