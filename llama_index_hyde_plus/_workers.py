@@ -11,9 +11,11 @@ Starting a thread per call costs more than the rest of a search's orchestration,
 finished workers wait for the next call instead of exiting (at most ``max_idle`` of
 them). They are daemon threads: a call abandoned on timeout never keeps the
 interpreter from exiting. A worker still busy with an abandoned call is not reused
-until it returns; at most ``max_busy`` calls run at once, and a call beyond that fails
-at once with `WorkersBusyError` (the transform falls back) rather than starting yet
-another thread for a provider that does not answer.
+until it returns. At most ``max_busy`` calls run at once; a call beyond that waits in
+line (FIFO) for a worker, for as long as its caller waits for it (its timeout), and
+one abandoned before it started never runs. Only when every running call has already
+overrun its timeout (the provider hangs) does a new call fail at once, with
+`WorkersBusyError` (the transform falls back), rather than queue behind them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +61,8 @@ class Job:
         return self._value
 
     def abandon(self) -> None:
-        """The caller stopped waiting (its timeout ran out): counted as overrun."""
+        """The caller stopped waiting (its timeout ran out): counted as overrun if it
+        runs, never started if it still waits in line."""
         self.abandoned = True
 
 
@@ -76,21 +80,24 @@ class DaemonWorkers:
         self.name = name
         self._idle: list[queue.SimpleQueue[Job | None]] = []
         self._running: set[Job] = set()
+        self._waiting: deque[Job] = deque()
         self._lock = threading.Lock()
 
     def submit(self, call: Callable[[], Any], on_done: Callable[[], object] | None = None) -> Job:
-        """Start ``call`` in the caller's context; ``on_done()`` runs on the worker when
-        it ends (what it raises is ignored). Raises `WorkersBusyError` when
-        ``max_busy`` calls are running."""
+        """Start ``call`` in the caller's context, or queue it when ``max_busy`` calls
+        are running; ``on_done()`` runs on the worker when it ends (what it raises is
+        ignored). Raises `WorkersBusyError` when every running call overran."""
         ctx = contextvars.copy_context()
         job = Job(lambda: ctx.run(call), on_done)
         with self._lock:
             if self.max_busy is not None and len(self._running) >= self.max_busy:
-                overran = sum(1 for j in self._running if j.abandoned)
-                raise WorkersBusyError(
-                    f"all {self.max_busy} LLM worker threads are busy ({overran} with calls "
-                    "that overran their timeout); not calling the LLM"
-                )
+                if all(j.abandoned for j in self._running):
+                    raise WorkersBusyError(
+                        f"all {self.max_busy} LLM worker threads are busy with calls that "
+                        "overran their timeout; not calling the LLM"
+                    )
+                self._waiting.append(job)  # a worker takes it when it is free
+                return job
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
         if inbox is None:
@@ -106,17 +113,25 @@ class DaemonWorkers:
         inbox.put(job)
         return job
 
+    def _next(self, finished: Job) -> Job | None:
+        """Free ``finished``'s slot and take the next queued call still wanted."""
+        with self._lock:
+            self._running.discard(finished)
+            while self._waiting:
+                job = self._waiting.popleft()
+                if not job.abandoned:
+                    self._running.add(job)
+                    return job
+        return None
+
     def _work(self, inbox: queue.SimpleQueue[Job | None]) -> None:
-        while True:
-            job = inbox.get()
-            if job is None:
-                return
+        job: Job | None = inbox.get()
+        while job is not None:
             try:
                 job._value = job.call()
             except BaseException as exc:
                 job._error = exc
-            with self._lock:
-                self._running.discard(job)  # free before anyone hears it is done
+            following = self._next(job)  # the slot is free before anyone hears it is done
             job.done.set()
             if job._on_done is not None:
                 try:
@@ -124,11 +139,13 @@ class DaemonWorkers:
                 except Exception:  # the waiter is gone (its event loop closed)
                     pass
             job.call = job._on_done = _dropped  # hold nothing of a finished call
-            del job
-            with self._lock:
-                if len(self._idle) >= self.max_idle:
-                    return
-                self._idle.append(inbox)
+            job = following
+            if job is None:
+                with self._lock:
+                    if len(self._idle) >= self.max_idle:
+                        return
+                    self._idle.append(inbox)
+                job = inbox.get()
 
     def idle(self) -> int:
         """How many workers wait for a call."""
@@ -139,6 +156,11 @@ class DaemonWorkers:
         """How many calls are running (abandoned ones included)."""
         with self._lock:
             return len(self._running)
+
+    def queued(self) -> int:
+        """How many calls wait in line for a worker (abandoned ones included)."""
+        with self._lock:
+            return len(self._waiting)
 
 
 def _dropped() -> None:

@@ -219,23 +219,49 @@ async def test_an_exhausted_llm_pool_falls_back_at_once(
     start = time.monotonic()
     result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
     assert result.fallback and "all 2 LLM worker threads are busy" in (result.error or "")
-    assert "2 with calls that overran their timeout" in (result.error or "")
+    assert "calls that overran their timeout" in (result.error or "")
     assert time.monotonic() - start < 0.05 + 1.0 and stuck.calls == 2  # not even tried
 
 
-def test_the_pool_cap_counts_busy_workers_and_frees_them_when_they_return() -> None:
+def test_a_full_pool_queues_healthy_calls_and_refuses_only_behind_overrun_ones() -> None:
     pool = DaemonWorkers(max_busy=1)
     gate = threading.Event()
     first = pool.submit(gate.wait)
-    with pytest.raises(RuntimeError, match="all 1 LLM worker threads are busy"):
-        pool.submit(lambda: None)
+    queued = pool.submit(lambda: "queued")  # the running call is healthy: wait in line
+    assert pool.queued() == 1 and not queued.done.wait(0.1)
     gate.set()
-    assert first.done.wait(5)
+    assert first.done.wait(5) and queued.done.wait(5) and queued.result() == "queued"
+    hang = threading.Event()
+    stuck = pool.submit(hang.wait)
+    given_up = pool.submit(lambda: "never")  # its caller stops waiting before it starts
+    given_up.abandon()
+    stuck.abandon()  # the running call overran: a new call is refused at once
+    with pytest.raises(RuntimeError, match="all 1 LLM worker threads are busy with calls"):
+        pool.submit(lambda: None)
+    hang.set()
+    assert stuck.done.wait(5)
     deadline = time.monotonic() + 5
     while pool.busy() and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert not given_up.done.is_set()  # abandoned in line: never ran
     second = pool.submit(lambda: "ok")
     assert second.done.wait(5) and second.result() == "ok"
+
+
+def test_more_blocking_calls_than_workers_all_answer_within_their_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_llm, "WORKERS", DaemonWorkers(max_busy=2))
+    llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.", delay=0.05)
+    hyde = HyDE(llm, timeout=10, retry=NO_RETRY, breaker=None)
+
+    async def many() -> list[Any]:
+        return list(await asyncio.gather(*(hyde.atransform(f"{Q} {i}") for i in range(12))))
+
+    # ScriptedLLM has native async: force the blocking path the pool serves
+    monkeypatch.setattr(_llm, "has_native_async", lambda model: False)
+    results = asyncio.run(many())
+    assert all(not r.fallback for r in results)
 
 
 # -- 8. what the breaker counts --------------------------------------------------------
