@@ -41,8 +41,9 @@ PROBE = textwrap.dedent(
 
 #: Never imported before a command has checked its arguments.
 HEAVY = {"llama_index", "faiss", "numpy"}
-#: Nor by ``--help`` and ``--version``, which print no styled text.
-HEAVY_OR_RICH = HEAVY | {"rich"}
+#: Nor by ``--help`` and ``--version``, which print no styled text and coerce no value
+#: (typer 0.29 coerces through pydantic, about half of a ``--help``'s time).
+HEAVY_OR_RICH = HEAVY | {"rich", "pydantic"}
 
 
 def _run(args: list[str], cwd: Path) -> tuple[int, str, str, set[str]]:
