@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -208,6 +207,8 @@ def bars(progress: Progress, unit: str, show: bool = True) -> Callable[[str, int
 def command_line(name: str) -> str | None:
     """The command as typed, for the report (None when run from Python), with every
     secret hidden (`redact_argv`: ``--milvus-token``, passwords in a URI)."""
+    import shlex
+
     from .._redact import redact_argv
 
     if len(sys.argv) <= 2:

@@ -8,7 +8,6 @@ from the same chunks, seed, size and model is reused instead of written again.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeAlias
@@ -124,6 +123,8 @@ def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
 
 
 def _fingerprint(nodes: list[Any]) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     for node in nodes:
         digest.update(f"{node.node_id}\x00{node.get_content()}\x00".encode())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -113,6 +112,8 @@ def _searches(
 
 
 def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | None) -> None:
+    import tempfile
+
     wall = time.perf_counter()
     ui.console.rule("[bold]hyde-plus demo")
     ui.console.print(
