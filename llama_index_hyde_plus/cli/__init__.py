@@ -1,18 +1,21 @@
 """The ``hyde-plus`` command: index, query, transform, eval, tune, serve, models, demo.
 
-One module per command group; this one builds the app and registers them.
+One module per command group; this one builds the app and registers them. Building
+the app imports only typer and the light modules of this package: ``--version``,
+``--help`` and argument errors answer before LlamaIndex loads, because each command
+imports what it works with when it runs, after checking its arguments.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from .._version import __version__
-from ._console import setup_logging
 from .demo import DEMO_PROMPT, demo, demo_corpus_path
 from .eval import eval_cmd
 from .index import index
@@ -23,7 +26,23 @@ from .tune import tune
 
 __all__ = ["DEMO_PROMPT", "app", "demo_corpus_path", "main", "models_app"]
 
+
+class _Group(TyperGroup):
+    """A command group whose ``--help`` flag is False when not given, as a flag is.
+
+    typer (0.29) leaves it None, and coerces a None through a pydantic validator: every
+    ``hyde-plus COMMAND --help`` then imported pydantic (about half its time) only to
+    read a flag nobody gave. A bool skips that coercion."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
+
 app = typer.Typer(
+    cls=_Group,
     name="hyde-plus",
     help="Query transformation for LlamaIndex: HyDE, multi-query, step-back, decompose, rewrite.",
     no_args_is_help=True,
@@ -32,7 +51,10 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain help: flags without type tags, one line per option
 )
 models_app = typer.Typer(
-    help="Fetch and list the local default models.", no_args_is_help=True, rich_markup_mode=None
+    cls=_Group,
+    help="Fetch and list the local default models.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(models_app, name="models")
 
@@ -52,9 +74,9 @@ def _start(
         ),
     ] = False,
 ) -> None:
-    """Quiet logging before any command imports a library that logs on import (faiss
-    lists the builds it could not load at INFO); a command's ``-v`` turns INFO on."""
-    setup_logging(verbose=False)
+    """Only ``--version``: each command sets up logging itself, first (`setup_logging`:
+    quiet before a library that logs on import loads; ``-v`` turns INFO on), so that a
+    command's ``--help``, which runs this first, loads no logging handler."""
 
 
 app.command()(index)

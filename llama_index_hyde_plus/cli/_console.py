@@ -1,36 +1,49 @@
-"""What every command shows a person: consoles, logging, errors, progress, tables."""
+"""What every command shows a person: consoles, logging, errors, progress, tables.
+
+Importing this module imports neither rich nor LlamaIndex (``--help`` and argument
+errors answer before either loads): `console` and `err` are made on first use, and each
+function imports what it draws with."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.markup import escape
-from rich.panel import Panel
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
 from .._suggest import did_you_mean
-from ..local.assets import ModelNotAvailableError
-from ..models import MissingExtraError, describe_llm
-from ..retriever import SearchResult
-from ..usage import Usage
 
-console = Console()
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from ..retriever import SearchResult
+    from ..usage import Usage
+
+    console: Console
+    """Standard output."""
+    err: Console
+    """Standard error: progress, warnings, errors."""
+
+
+@functools.cache
+def _made_console(stderr: bool) -> Console:
+    """The console of standard error (``stderr``) or output, made on first use."""
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def __getattr__(name: str) -> Any:
+    """`console` and `err`, made on first use (PEP 562)."""
+    if name in ("console", "err"):
+        return _made_console(name == "err")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: The loggers whose warnings a user sees without ``-v``: ours.
@@ -47,8 +60,13 @@ def own_or_severe(record: logging.LogRecord) -> bool:
 
 def setup_logging(verbose: bool) -> None:
     """Log to stderr: everything from INFO with ``verbose``, else only our warnings and
-    anyone's errors. Replaces whatever handlers a library's import installed."""
-    handler = RichHandler(console=err, show_path=False)
+    anyone's errors. Replaces whatever handlers a library's import installed. Every
+    command calls it first: `console` and `err` are then made anew for this run, in
+    its environment (a console reads ``COLUMNS`` when it is made)."""
+    from rich.logging import RichHandler
+
+    _made_console.cache_clear()
+    handler = RichHandler(console=_made_console(True), show_path=False)
     if not verbose:
         handler.addFilter(own_or_severe)
     logging.basicConfig(
@@ -65,13 +83,18 @@ def setup_logging(verbose: bool) -> None:
 
 def fail(message: str) -> typer.Exit:
     """Print one ``error:`` line; the caller raises the returned exit (code 2)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    from rich.markup import escape
+
+    _made_console(True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors the user can fix, printed as one ``error:`` line instead of a traceback."""
     import openai
+
+    from ..local.assets import ModelNotAvailableError
+    from ..models import MissingExtraError
 
     errors: tuple[type[Exception], ...] = (
         ValueError,
@@ -114,11 +137,13 @@ def reported() -> Iterator[None]:
 def working(description: str) -> Iterator[None]:
     """A spinner with the elapsed time on stderr while a model works (transient: it
     disappears when done), so a slow local model never looks like a hang."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     spinner = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
-        console=err,
+        console=_made_console(True),
         transient=True,
     )
     with spinner:
@@ -127,13 +152,21 @@ def working(description: str) -> Iterator[None]:
 
 
 def progress_bar() -> Progress:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
-        console=err,
+        console=_made_console(True),
         transient=False,
     )
 
@@ -164,6 +197,8 @@ def usage_line(usage: Usage) -> str:
 
 
 def results_table(title: str, result: SearchResult, highlight: str | None = None) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("#", justify="right")
     table.add_column("score", justify="right")
@@ -179,14 +214,16 @@ def results_table(title: str, result: SearchResult, highlight: str | None = None
 
 def print_transform(result: SearchResult) -> None:
     """What the transform wrote: passages as panels, queries as bullets."""
-    t = result.transform
+    from rich.panel import Panel
+
+    out, t = _made_console(False), result.transform
     if t.fallback:
-        console.print(f"[yellow]Transform fell back to the original query:[/] {t.error}")
+        out.print(f"[yellow]Transform fell back to the original query:[/] {t.error}")
     for i, passage in enumerate(t.hypothetical, 1):
-        console.print(Panel(passage, title=f"hypothetical passage {i}", title_align="left"))
+        out.print(Panel(passage, title=f"hypothetical passage {i}", title_align="left"))
     if not t.hypothetical and t.search_queries != (t.query,):
         for q in t.search_queries:
-            console.print(f"  • {q}")
+            out.print(f"  • {q}")
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -200,14 +237,16 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 def warm_up(model: Any) -> None:
     """Load a model that loads lazily (the local LLM) and run one tiny call, so that
     neither counts against the first requests' timeout."""
+    from ..models import describe_llm
+
     load = getattr(model, "warm_up", None)
     if not callable(load):
         return
-    start = time.perf_counter()
-    with err.status(f"Loading {describe_llm(model)}..."):
+    start, stderr = time.perf_counter(), _made_console(True)
+    with stderr.status(f"Loading {describe_llm(model)}..."):
         load()
         try:
             model.complete("Hello", max_tokens=1)
         except Exception as exc:  # the model loaded; a failed probe is not fatal
-            err.print(f"[yellow]warning:[/] warm-up call failed ({type(exc).__name__}: {exc})")
-    err.print(f"{describe_llm(model)} loaded in {time.perf_counter() - start:.1f} s")
+            stderr.print(f"[yellow]warning:[/] warm-up call failed ({type(exc).__name__}: {exc})")
+    stderr.print(f"{describe_llm(model)} loaded in {time.perf_counter() - start:.1f} s")

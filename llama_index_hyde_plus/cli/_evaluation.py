@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.progress import Progress
+from . import _console as ui
+from . import _early as early
+from ._console import fail, task
 
-from ..models import MissingExtraError, require_extra
-from ..stores import open_store, store_kind
-from ._console import err, fail, task
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ModelChoice:
         """``(embedding model, LLM or None)``, with a status line while they load."""
         from ..models import concrete_embedding_spec, resolve_embedding
 
-        with err.status("Loading models..."):
+        with ui.err.status("Loading models..."):
             embed_model = resolve_embedding(
                 concrete_embedding_spec(self.embed), max_length=self.max_length
             )
@@ -83,6 +83,8 @@ class SearchChoice:
     @property
     def kind(self) -> str:
         """The store kind; a `ValueError` naming the flags when they disagree."""
+        from ..stores import store_kind
+
         return store_kind(self.store, self.uri)
 
     def check_index(self, docs: Any, models: ModelChoice) -> None:
@@ -120,6 +122,8 @@ class SearchChoice:
 
     def runner_kwargs(self, models: ModelChoice, embed_model: Any) -> dict[str, Any]:
         """The keyword arguments `run_eval` and `run_tune` share."""
+        from ..stores import open_store
+
         return {
             "embed_model": embed_model,
             "embed_label": models.embed_label,
@@ -170,9 +174,23 @@ def differ_flags(differences: list[str]) -> list[str]:
     return [d.split(" ", 1)[0] for d in differences]
 
 
+#: What ``eval`` and ``tune`` need beyond the base install: the extra and its modules.
+EVAL_EXTRA: tuple[str, tuple[str, ...]] = ("eval", ("ir_measures", "matplotlib"))
+
+
+def find_eval_extra(command: str) -> None:
+    """Refuse ``command`` when a module of the ``eval`` extra is not installed, without
+    importing any (before the arguments are checked; `require_eval_extra` imports)."""
+    with early.refused():
+        early.extra(*EVAL_EXTRA, command)
+
+
 def require_eval_extra(command: str) -> None:
+    """Refuse ``command`` when a module of the ``eval`` extra cannot be imported."""
+    from ..models import MissingExtraError, require_extra
+
     try:
-        require_extra("eval", ("ir_measures", "matplotlib"), command)
+        require_extra(*EVAL_EXTRA, command)
     except MissingExtraError as exc:
         raise fail(str(exc)) from exc
 
@@ -189,6 +207,8 @@ def bars(progress: Progress, unit: str, show: bool = True) -> Callable[[str, int
 def command_line(name: str) -> str | None:
     """The command as typed, for the report (None when run from Python), with every
     secret hidden (`redact_argv`: ``--milvus-token``, passwords in a URI)."""
+    import shlex
+
     from .._redact import redact_argv
 
     if len(sys.argv) <= 2:

@@ -1,4 +1,5 @@
-"""Command-line options that several commands share, declared once (help included)."""
+"""Command-line options that several commands share, declared once (help included).
+Light: imports typer and `_names` only."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..stores import STORE_KINDS
-from ..timeouts import POLICY
+from ._names import STORE_KINDS, TIMEOUT_POLICY
 
 MODEL_HELP = "auto, local or openai[:MODEL]."
 
@@ -25,7 +25,7 @@ EvalLlm = Annotated[
 Embed = Annotated[str, typer.Option(help=MODEL_HELP)]
 Temperature = Annotated[float | None, typer.Option(help="LLM temperature.")]
 Timeout = Annotated[
-    float | None, typer.Option(help=f"Seconds one LLM call may take (default: {POLICY}).")
+    float | None, typer.Option(help=f"Seconds one LLM call may take (default: {TIMEOUT_POLICY}).")
 ]
 Uri = Annotated[str | None, typer.Option(help="Milvus Lite file or cluster URL (hybrid search).")]
 Collection = Annotated[str, typer.Option(help="Milvus collection name.")]

@@ -8,15 +8,14 @@ from the same chunks, seed, size and model is reused instead of written again.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeAlias
 
 import typer
 
-from ._console import console, err, progress_bar, task
+from . import _console as ui
+from ._console import progress_bar, task
 
 Outputs: TypeAlias = tuple[tuple[str, Path | None], ...]
 """What a command writes, as (flag, path): checked against ``--docs``."""
@@ -119,11 +118,13 @@ def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
     nodes, _ = prepare_nodes(contents.documents, embed_model, chunking, max_length)
     if not nodes:
         raise ValueError(f"{choice.docs} has no text to write questions from")
-    err.print(f"{choice.docs}: {len(contents.documents)} documents, {len(nodes)} chunks")
+    ui.err.print(f"{choice.docs}: {len(contents.documents)} documents, {len(nodes)} chunks")
     return nodes
 
 
 def _fingerprint(nodes: list[Any]) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     for node in nodes:
         digest.update(f"{node.node_id}\x00{node.get_content()}\x00".encode())
@@ -152,29 +153,31 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
         manifest = {**made_from, "labels": str(choice.qrels.resolve()), "kept": len(queries)}
-        err.print(f"{len(queries)} labelled questions from {choice.qrels}")
+        ui.err.print(f"{len(queries)} labelled questions from {choice.qrels}")
         return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
     wanted = {**made_from, "questions": choice.questions, "llm": describe_llm(llm)}
     found = read_manifest(choice.folder)
     same = found is not None and all(found.get(k) == v for k, v in wanted.items())
     if same and found is not None and found.get("seed") == choice.seed:
-        err.print(f"Reusing the question set in {choice.folder} ({found.get('kept')} questions)")
+        ui.err.print(f"Reusing the question set in {choice.folder} ({found.get('kept')} questions)")
         if found.get("tuned"):
-            err.print(
+            ui.err.print(
                 "[yellow]warning:[/] `hyde-plus tune` chose its settings on this very set; "
                 "scores of a tuned config here are optimistic (use another --seed or "
                 "--questions-dir to evaluate it)"
             )
         return choice.folder
+    import asyncio
+
     with progress_bar() as progress:
         advance = task(progress, "Writing questions", min(choice.questions, len(nodes)), "q/s")
         qset = asyncio.run(
             generate_questions(nodes, llm, n=choice.questions, seed=choice.seed, progress=advance)
         )
-    console.print(f"Questions: {qset.summary()}")
+    ui.console.print(f"Questions: {qset.summary()}")
     warning = too_few(len(qset.questions))
     if warning is not None:
-        err.print(f"[bold yellow]warning:[/] {warning}")
+        ui.err.print(f"[bold yellow]warning:[/] {warning}")
     return write_question_set(qset, nodes, choice.folder, wanted)
 
 

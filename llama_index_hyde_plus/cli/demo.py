@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..models import require_extra
-from ..retriever import SearchResult, TransformRetriever
-from ..stores import FaissStore
-from ..transforms.registry import make_transform
-from ._console import (
-    console,
-    print_transform,
-    reported,
-    results_table,
-    setup_logging,
-    usage_line,
-    working,
-)
+from . import _console as ui
+from ._console import print_transform, reported, results_table, setup_logging, usage_line, working
 from ._options import Verbose
 from .index import build_store
+
+if TYPE_CHECKING:
+    from ..retriever import SearchResult
+    from ..stores import FaissStore
 
 DEMO_QUESTION = "Why did revenue drop?"
 DEMO_TARGET = "q3-review"
@@ -62,6 +53,8 @@ def demo(
 ) -> None:
     """HyDE end to end on a small shipped corpus, with local models: no key, no server."""
     setup_logging(verbose)
+    from ..models import require_extra
+
     with reported():
         require_extra("local", ("xllamacpp", "fastembed"), "hyde-plus demo")
         _demo(question, num_passages, seed, top_k, out)
@@ -69,13 +62,14 @@ def demo(
 
 def _index(tmp: Path, out: Path | None) -> FaissStore:
     from ..readers import read_documents
+    from ..stores import FaissStore
 
     store = FaissStore(out or tmp / "index")
     folder = tmp / "docs"
     folder.mkdir()
     (folder / "corpus.jsonl").write_text(demo_corpus_path().read_text())
     info = build_store(store, read_documents(folder), embed="local", max_length=256, batch_size=32)
-    console.print(
+    ui.console.print(
         f"Indexed {info.documents} documents in {info.seconds:.1f}s "
         f"({info.docs_per_second:.1f} docs/s).\n"
     )
@@ -87,9 +81,13 @@ def _searches(
 ) -> tuple[SearchResult, SearchResult, SearchResult, SearchResult]:
     """Plain search, the paper's HyDE, HyDE as shipped for this (small) model and as
     shipped for a capable one, all on the same passages."""
+    import asyncio
+
     from ..cache import MemoryCache
     from ..local import local_llm
+    from ..retriever import TransformRetriever
     from ..transforms.hyde import HyDE
+    from ..transforms.registry import make_transform
 
     base, deep = store.open(top_k, embed="local"), store.open(DEMO_CANDIDATES, embed="local")
     with working("Loading the local LLM"):
@@ -114,9 +112,11 @@ def _searches(
 
 
 def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | None) -> None:
+    import tempfile
+
     wall = time.perf_counter()
-    console.rule("[bold]hyde-plus demo")
-    console.print(
+    ui.console.rule("[bold]hyde-plus demo")
+    ui.console.print(
         "Corpus: 28 short documents of Fernhill Analytics, a fictional company.\n"
         "Models: SmolLM2-135M-Instruct (llama.cpp) and all-MiniLM-L6-v2 "
         "(ONNX), on this CPU.\n"
@@ -125,7 +125,7 @@ def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | N
         store = _index(Path(tmp), out)
         plain, paper, guarded, weighted = _searches(store, question, num_passages, seed, top_k)
     _show(question, num_passages, top_k, (plain, paper, guarded, weighted))
-    console.print(f"[dim]Demo wall time {time.perf_counter() - wall:.1f}s.[/]")
+    ui.console.print(f"[dim]Demo wall time {time.perf_counter() - wall:.1f}s.[/]")
 
 
 def _show(
@@ -138,23 +138,23 @@ def _show(
 
     plain, paper, guarded, weighted = results
     small, capable = HyDE.SHIPPED["small"], HyDE.SHIPPED["capable"]
-    console.print(results_table(f"Plain search for {question!r}", plain, DEMO_TARGET))
+    ui.console.print(results_table(f"Plain search for {question!r}", plain, DEMO_TARGET))
     print_transform(paper)
     title = f"HyDE as in the paper (the mean of {num_passages} passages and the question)"
-    console.print(results_table(title, paper, DEMO_TARGET))
+    ui.console.print(results_table(title, paper, DEMO_TARGET))
     title = (
         f"HyDE as shipped for this 135M model (question weight {small.query_weight}, "
         f"gate {small.gate})"
     )
-    console.print(results_table(title, guarded, DEMO_TARGET))
+    ui.console.print(results_table(title, guarded, DEMO_TARGET))
     if guarded.transform.skipped:
-        console.print(f"[dim]Shipped HyDE: {guarded.transform.skipped}[/]")
+        ui.console.print(f"[dim]Shipped HyDE: {guarded.transform.skipped}[/]")
     title = (
         f"HyDE as shipped for a capable model (question weight {capable.query_weight}, "
         "no gate), on the same passages"
     )
-    console.print(results_table(title, weighted, DEMO_TARGET))
-    console.print(
+    ui.console.print(results_table(title, weighted, DEMO_TARGET))
+    ui.console.print(
         f"[dim]HyDE: {usage_line(paper.transform.usage)}; "
         f"{paper.transform.latency_s:.1f}s to write the passages[/]"
     )
@@ -162,7 +162,7 @@ def _show(
         return
     ranks = [_rank_text(r, top_k) for r in results]
     verdict = "[bold green]" if _rank_of(paper, DEMO_TARGET) == 1 else "[bold yellow]"
-    console.print(
+    ui.console.print(
         f"\n{verdict}The Q3 business review (the real answer): plain search {ranks[0]}, "
         f"the paper's HyDE {ranks[1]}, shipped for this model {ranks[2]}, shipped for a "
         f"capable model {ranks[3]}.[/]\n{DEMO_READING}"

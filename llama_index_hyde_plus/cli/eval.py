@@ -7,21 +7,22 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
-from ..evaluation.runner import needs_llm
+from . import _console as ui
+from . import _early as early
 from . import _options as opt
 from . import _questions as q
-from ._console import console, err, progress_bar, reported, setup_logging
+from ._console import progress_bar, reported, setup_logging
 from ._evaluation import (
     ModelChoice,
     SearchChoice,
     bars,
     command_line,
+    find_eval_extra,
     require_eval_extra,
     standin_for,
 )
+from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 
 
 def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
@@ -82,6 +83,17 @@ Configs = Annotated[
 ]
 
 
+def _check_inputs(dataset: Path | None, config_files: list[Path] | None) -> None:
+    """The eval extra and the input paths, checked with no library imported; then the
+    extra's modules imported."""
+    find_eval_extra("hyde-plus eval")
+    with early.refused():
+        early.dataset_folder(dataset)
+        for path in config_files or []:
+            early.config_file(path)
+    require_eval_extra("hyde-plus eval")
+
+
 def eval_cmd(
     dataset: opt.OptDataset = None,
     docs: q.Docs = None,
@@ -115,10 +127,10 @@ def eval_cmd(
     """Score transforms on a BEIR dataset, or on your own documents (--docs, with
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
+    setup_logging(verbose)
+    _check_inputs(dataset, config_files)
     from ..evaluation import run_eval
 
-    require_eval_extra("hyde-plus eval")
-    setup_logging(verbose)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
@@ -159,6 +171,7 @@ def _prepare(
     ``--docs``), timing both into ``phases``: ``(specs, dataset, caveat, embedding
     model, LLM or None)``."""
     from ..evaluation.report import check_results_folder
+    from ..evaluation.runner import needs_llm
 
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
@@ -174,7 +187,7 @@ def _prepare(
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
-    err.print(
+    ui.err.print(
         f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
         f"transforms: {', '.join(s.label for s in specs)}"
     )
@@ -182,15 +195,19 @@ def _prepare(
 
 
 def _show(result: Any, out: Path, note: str | None = None) -> None:
+    from rich.console import Console
+
     from ..evaluation.report import rich_table, verdicts, write_outputs
 
     if result.config.get("stand_in"):
-        err.print(f"[bold yellow]Not a real model.[/] {result.config['stand_in']}.")
-    Console(width=max(console.width, 160)).print(rich_table(result))
+        ui.err.print(f"[bold yellow]Not a real model.[/] {result.config['stand_in']}.")
+    Console(width=max(ui.console.width, 160)).print(rich_table(result))
     for line in verdicts(result):
-        console.print(f"  {line}")
+        ui.console.print(f"  {line}")
     if note is not None:
-        err.print(f"[yellow]About these questions:[/] {note}", soft_wrap=True)
+        ui.err.print(f"[yellow]About these questions:[/] {note}", soft_wrap=True)
     with reported():
         paths = write_outputs(result, out, command_line("eval"))
-    console.print(f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]")
+    ui.console.print(
+        f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
+    )

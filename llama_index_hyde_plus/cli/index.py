@@ -4,18 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from llama_index.core import Document
-from rich.markup import escape
 
-from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, Chunking
-from ..readers import Skipped
-from ..stores import Store, make_store, store_kind
-from ..stores.nodes import IndexInfo, check_batch_size
-from ._console import console, err, progress_bar, reported, setup_logging, task
+from . import _console as ui
+from . import _early as early
+from ._console import progress_bar, reported, setup_logging, task
+from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from ._options import Collection, Embed, MilvusToken, StoreKind, Uri, Verbose
+
+if TYPE_CHECKING:
+    from llama_index.core import Document
+
+    from ..chunking import Chunking
+    from ..readers import Skipped
+    from ..stores import Store
+    from ..stores.nodes import IndexInfo
 
 
 def build_store(
@@ -36,7 +41,7 @@ def build_store(
         chunking.check(max_length)  # before the model loads
     store.check_target()
     spec = concrete_embedding_spec(embed)
-    with err.status("Loading the embedding model..."):
+    with ui.err.status("Loading the embedding model..."):
         embed_model = resolve_embedding(spec, max_length=max_length)
     what = "chunks" if chunking is not None else "docs"
     with progress_bar() as progress:
@@ -60,18 +65,22 @@ SKIPPED_SHOWN = 20
 
 def print_skipped(skipped: Sequence[Skipped]) -> None:
     """What was not indexed and why, on stderr (never silently)."""
+    from rich.markup import escape
+
     if not skipped:
         return
-    err.print(f"[yellow]Skipped {len(skipped)} file(s):[/]")
+    ui.err.print(f"[yellow]Skipped {len(skipped)} file(s):[/]")
     for item in skipped[:SKIPPED_SHOWN]:
-        err.print(f"  {escape(item.path)}: {escape(item.reason)}", soft_wrap=True)
+        ui.err.print(f"  {escape(item.path)}: {escape(item.reason)}", soft_wrap=True)
     if len(skipped) > SKIPPED_SHOWN:
-        err.print(f"  ... and {len(skipped) - SKIPPED_SHOWN} more")
+        ui.err.print(f"  ... and {len(skipped) - SKIPPED_SHOWN} more")
 
 
 def _target(
     store: str | None, out: Path | None, uri: str | None, collection: str, token: str
 ) -> Store:
+    from ..stores import make_store, store_kind
+
     kind = store_kind(store, uri, path=out, path_flag="--out")
     return make_store(kind, path=out, uri=uri, collection=collection, token=token)
 
@@ -103,9 +112,13 @@ def index(
 ) -> None:
     """Split a folder of documents into chunks and embed them into FAISS on disk or a
     hybrid Milvus collection."""
-    from ..readers import read_folder
-
     setup_logging(verbose)
+    with early.refused():
+        early.documents_folder(docs)
+    from ..chunking import Chunking
+    from ..readers import read_folder
+    from ..stores.nodes import check_batch_size
+
     chunking = Chunking(chunk_size, chunk_overlap)
     with reported():
         chunking.check(max_length)
@@ -123,7 +136,7 @@ def index(
             chunking=chunking,
         )
     rate = info.chunks / info.seconds if info.seconds else 0.0
-    console.print(
+    ui.console.print(
         f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into "
         f"[bold]{info.location}[/] ({target.search}, {info.dim}-d, {info.seconds:.1f}s, "
         f"{rate:.1f} chunks/s)",

@@ -6,21 +6,14 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from llama_index.core.schema import NodeWithScore
-from rich.table import Table
 
-from ..retriever import SearchResult, TransformRetriever
-from ..stores import open_store
-from ..transforms.config import load_config
-from ..transforms.factory import build, resolve_name
-from ..transforms.registry import METHODS, TRANSFORMS, transform_class
+from . import _console as ui
+from . import _early as early
 from ._console import (
     check_choice,
-    console,
-    err,
     fail,
     print_transform,
     reported,
@@ -28,6 +21,7 @@ from ._console import (
     usage_line,
     working,
 )
+from ._names import METHODS, TRANSFORMS, transform_name
 from ._options import (
     Collection,
     Count,
@@ -40,6 +34,12 @@ from ._options import (
     Uri,
     Verbose,
 )
+
+if TYPE_CHECKING:
+    from llama_index.core.schema import NodeWithScore
+    from rich.table import Table
+
+    from ..retriever import SearchResult
 
 IncludeQuery = Annotated[
     bool | None,
@@ -64,6 +64,8 @@ def transform_options(
     """The options given on the command line (None: not given) that the transform
     ``name`` takes, by what the class says of itself; a flag it does not take is
     named in a warning, not silently dropped."""
+    from ..transforms.registry import transform_class
+
     cls = transform_class(name)
     given = flags(n, num_passages, temperature, timeout, include_query, prompt)
     takes = set(cls.option_names())
@@ -71,7 +73,7 @@ def transform_options(
     ignored = sorted(k for k, v in given.items() if v is not None and k not in takes)
     if ignored:
         named = ", ".join("--" + k.replace("_", "-") for k in ignored)
-        err.print(f"[yellow]warning:[/] {name} takes no {named}; ignored", soft_wrap=True)
+        ui.err.print(f"[yellow]warning:[/] {name} takes no {named}; ignored", soft_wrap=True)
     if prompt == "":
         raise ValueError("--prompt is empty; give a template with {query} or leave it out")
     return options
@@ -106,6 +108,10 @@ def _search(
     top_k: int,
 ) -> tuple[str, SearchResult]:
     from ..models import describe_llm, resolve_llm
+    from ..retriever import TransformRetriever
+    from ..transforms.config import load_config
+    from ..transforms.factory import build, resolve_name
+    from ..transforms.registry import transform_class
 
     config = load_config(config_file) if config_file is not None else None
     try:
@@ -178,6 +184,8 @@ TEXT_LINES = 3
 def _results_table(title: str, rows: list[Row], group_by_file: bool, width: int) -> Table:
     """Rank, score, source and as much text as ``width`` columns leave room for (the
     source takes at most a third of them)."""
+    from rich.table import Table
+
     sources = [file_of(row.item) if group_by_file else source_of(row.item) for row in rows]
     source_width = min(max((len(x) for x in sources), default=6), max(12, width // 3))
     table = Table(title=title, title_justify="left", expand=True)
@@ -211,7 +219,7 @@ def _print_json(result: SearchResult, rows: list[Row], group_by_file: bool) -> N
         "results": results,
         "latency_s": result.latency_s,
     }
-    console.print_json(json.dumps(payload, default=str))
+    ui.console.print_json(json.dumps(payload, default=str))
 
 
 #: With ``--group-by-file``, the search fetches this many times ``--top-k`` chunks, so
@@ -264,9 +272,14 @@ def query(
         raise fail(f"--top-k must be at least 1, not {top_k}")
     if transform is not None:
         try:
-            transform = transform_class(transform).method  # "HyDE", "multiquery" forgiven
+            transform = transform_name(transform)  # "HyDE", "multiquery" forgiven
         except ValueError:
             check_choice("--transform", transform, TRANSFORMS)
+    with early.refused():
+        early.store_address(index_path, uri)
+        early.config_file(config_file)
+    from ..stores import open_store
+
     options = flags(n, num_passages, temperature, timeout, include_query, prompt)
     with reported():
         store = open_store(
@@ -298,9 +311,9 @@ def _show(
     print_transform(result)
     what = " files" if group_by_file else ""
     title = f"Top {top_k}{what} for {question!r} ({transform})"
-    console.print(_results_table(title, rows, group_by_file, console.width))
+    ui.console.print(_results_table(title, rows, group_by_file, ui.console.width))
     cost = f"{usage_line(result.transform.usage)}; " if result.transform.usage.calls else ""
-    console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
+    ui.console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
 
 
 def transform_cmd(
@@ -318,10 +331,11 @@ def transform_cmd(
     verbose: Verbose = False,
 ) -> None:
     """Print what a transform makes of a question, as JSON."""
-    from ..models import describe_llm, resolve_llm
-
     setup_logging(verbose)
     check_choice("--method", method, METHODS)
+    from ..models import describe_llm, resolve_llm
+    from ..transforms.factory import build
+
     with reported():
         given = flags(n, num_passages, temperature, timeout, include_query, prompt)
         options = transform_options(method, **given)

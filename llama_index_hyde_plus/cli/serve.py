@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.panel import Panel
 
-from ..stores import Store, open_store
-from ..timeouts import POLICY, describe_timeout
-from ._console import err, fail, reported, setup_logging, warm_up
+from . import _console as ui
+from . import _early as early
+from ._console import fail, reported, setup_logging, warm_up
+from ._names import TIMEOUT_POLICY
 from ._options import Collection, IndexPath, MilvusToken, Uri, Verbose
+
+if TYPE_CHECKING:
+    import socket
+
+    from ..stores import Store
 
 
 def is_loopback(host: str) -> bool:
@@ -52,10 +56,12 @@ def _check_flags(
 
 def _bind(host: str, port: int, token: str | None) -> socket.socket:
     """The listening socket, bound before anything loads (a busy port fails fast)."""
+    from rich.panel import Panel
+
     from ..rcp_http import ServeError, bind_socket
 
     if not is_loopback(host) and token is None:
-        err.print(
+        ui.err.print(
             Panel(
                 f"Serving on [bold]{host}[/] WITHOUT a token: anyone who can reach this "
                 "address can call the server and spend your LLM budget. Set --token "
@@ -130,7 +136,7 @@ def serve(
     ] = "auto",
     timeout: Annotated[
         float | None,
-        typer.Option(help=f"Seconds per LLM call before falling back (default: {POLICY})."),
+        typer.Option(help=f"Seconds per LLM call before falling back (default: {TIMEOUT_POLICY})."),
     ] = None,
     max_inflight: Annotated[
         int, typer.Option(help="HTTP requests served at once; more get 503 / -32010.")
@@ -149,9 +155,16 @@ def serve(
     --index or a Milvus --uri (omit both: transform only)."""
     setup_logging(verbose)
     _check_flags(stdio, http, token, timeout, max_inflight)
+    with early.refused():
+        if index_path is not None or uri is not None:
+            early.store_address(index_path, uri)
+        for path in config_files or []:
+            early.config_file(path)
     sock = _bind(host, http, token) if http is not None else None
     store = None
     if index_path is not None or uri is not None:
+        from ..stores import open_store
+
         with reported():
             store = open_store(
                 index=index_path, uri=uri, collection=collection, token=milvus_token or ""
@@ -172,6 +185,7 @@ def _run(
     from ..models import describe_llm
     from ..rcp import build_server, serve_stdio
     from ..rcp_http import Limits, RcpHttpServer
+    from ..timeouts import describe_timeout
 
     name = describe_llm(service.llm)
     what = (
@@ -180,7 +194,7 @@ def _run(
         f"timeout: {describe_timeout(service.llm, service.timeout)}"
     )
     if sock is None:
-        err.print(f"RCP server on stdio ({what})")
+        ui.err.print(f"RCP server on stdio ({what})")
         try:
             serve_stdio(build_server(service))
         except KeyboardInterrupt:
@@ -192,11 +206,11 @@ def _run(
         token=token,
         limits=Limits(max_inflight=max_inflight),
     )
-    err.print(
+    ui.err.print(
         f"RCP server on {server.url} ({what}{', token required' if token else ''}); Ctrl-C to stop"
     )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
-    err.print("stopped")
+    ui.err.print("stopped")

@@ -7,32 +7,39 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from .._files import is_our_markdown
-from ..chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
-from ..transforms.registry import TRANSFORMS
+from . import _console as ui
+from . import _early as early
 from . import _options as opt
 from . import _questions as q
-from ._console import check_choice, console, err, fail, progress_bar, reported, setup_logging
+from ._console import check_choice, fail, progress_bar, reported, setup_logging
 from ._evaluation import (
     ModelChoice,
     SearchChoice,
     bars,
     command_line,
+    find_eval_extra,
     require_eval_extra,
     standin_for,
 )
+from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
 
 
-def _check(name: str, split: str, tolerance: float, out: Path, report: Path | None) -> None:
-    from ..evaluation.tune import check_writable
-
+def _check_flags(name: str, tolerance: float, dataset: Path | None) -> None:
+    """The checks that need no library (before `require_eval_extra` imports)."""
     check_choice("--transform", name, TRANSFORMS[1:])
-    if split.strip().lower() == "test":  # ("generated" for --docs: no real test split)
-        err.print("[bold yellow]warning:[/] tuning on the test split; report on another split")
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
+    with early.refused():
+        early.dataset_folder(dataset)
+
+
+def _check(name: str, split: str, out: Path, report: Path | None) -> None:
+    from ..evaluation.tune import check_writable
+
+    if split.strip().lower() == "test":  # ("generated" for --docs: no real test split)
+        ui.err.print("[bold yellow]warning:[/] tuning on the test split; report on another split")
     with reported():
         if report is not None and report.expanduser().resolve() == out.expanduser().resolve():
             raise ValueError(f"--report {report} is the --out file; give each its own path")
@@ -99,12 +106,14 @@ def tune(
     """Sweep a transform's search options on a training split (or on questions written
     from your --docs) and write the winner: the simplest configuration within
     --tolerance points of the best. Each query is generated once and reused."""
+    setup_logging(verbose)
+    find_eval_extra("hyde-plus tune")
+    name, split = transform.strip().lower(), split if docs is None else "generated"
+    _check_flags(name, tolerance, dataset)
+    require_eval_extra("hyde-plus tune")
     from ..evaluation.tune import write_config
 
-    require_eval_extra("hyde-plus tune")
-    setup_logging(verbose)
-    name, split = transform.strip().lower(), split if docs is None else "generated"
-    _check(name, split, tolerance, out, report)
+    _check(name, split, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
@@ -162,13 +171,15 @@ def _load(
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
     what = split if note is None else "generated questions"
-    err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
+    ui.err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
     return configs, ds, embed_model, model if needs_llm(name) else None
 
 
 def _show(result: Any, path: Path, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
+    from rich.console import Console
+
     from .._files import sealed_markdown
     from ..evaluation.report import tune_markdown, tune_table
     from ..evaluation.tune import check_writable, write_output
@@ -178,11 +189,11 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
 
         mark_tuned(question_set)
     if result.extra.get("stand_in"):
-        err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
-    Console(width=max(console.width, 120)).print(tune_table(result))
-    console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
+        ui.err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
+    Console(width=max(ui.console.width, 120)).print(tune_table(result))
+    ui.console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
     if (result.winner.delta_vs_none or 0.0) < 0:
-        err.print(
+        ui.err.print(
             "[bold yellow]warning:[/] the chosen configuration scores below `none` on this "
             "split; searching without this transform is the safer choice here"
         )
@@ -190,4 +201,4 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
         with reported():
             report = check_writable(report, "--report", "a tune report", TUNE_REPORT)
         write_output(report, sealed_markdown(tune_markdown(result, command_line("tune")), "tune"))
-    console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")
+    ui.console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")

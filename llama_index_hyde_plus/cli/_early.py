@@ -1,0 +1,68 @@
+"""Argument checks that need no library, run before a command imports LlamaIndex.
+
+Each raises the `ValueError` the library's own check raises later (a store, the
+readers, the config and BEIR loaders keep theirs, for callers from Python), so an
+error reads the same either way; ``tests/test_cli_fast.py`` compares the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._console import fail
+
+
+@contextlib.contextmanager
+def refused() -> Iterator[None]:
+    """Turn a `ValueError` of these checks into one ``error:`` line and exit code 2."""
+    try:
+        yield
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+def store_address(index: Path | None, uri: str | None) -> None:
+    """As `stores.open_store`: exactly one of ``--index`` and ``--uri``; an ``--index``
+    folder that exists (`stores.faiss_folder.read_meta`)."""
+    if (index is None) == (uri is None):
+        raise ValueError("give exactly one of --index (FAISS) and --uri (Milvus)")
+    if index is not None and not index.exists():
+        raise ValueError(
+            f"index {index} does not exist; build one with `hyde-plus index DIR --out {index}`"
+        )
+
+
+def documents_folder(folder: Path) -> None:
+    """As `readers.read_folder`: ``DIR`` is a folder."""
+    if not folder.is_dir():
+        raise ValueError(f"DIR must be a folder: {folder}")
+
+
+def config_file(path: Path | None) -> None:
+    """As `transforms.config.load_config`: a ``--config`` that is a file."""
+    if path is None:
+        return
+    p = path.expanduser()
+    if p.is_dir():
+        raise ValueError(f"--config must be a file, not a folder: {p}")
+    if not p.is_file():
+        raise ValueError(f"config file not found: {p}")
+
+
+def dataset_folder(folder: Path | None) -> None:
+    """As `evaluation.beir.load_beir`: a ``--dataset`` folder that exists."""
+    if folder is not None and not folder.expanduser().is_dir():
+        raise ValueError(f"dataset folder not found: {folder.expanduser()}")
+
+
+def extra(extra: str, modules: tuple[str, ...], what: str) -> None:
+    """As `models.require_extra`, without importing the modules: each is installed."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(
+                f"{what} needs the '{extra}' extra ({module} is not installed): "
+                f'pip install "llama-index-hyde-plus[{extra}]"'
+            )
