@@ -51,6 +51,7 @@ HANG = _Hang()
 """Put in `ScriptedLLM` replies to make that call never answer (until cancelled)."""
 
 Reply = str | BaseException | _Hang | Callable[[str], str]
+"""One scripted reply: a text, an exception to raise, `HANG`, or a function of the prompt."""
 
 
 class SyncCallError(AssertionError):
