@@ -291,6 +291,45 @@ def test_docs_block(reader: Reader, block: Block) -> None:
     raise failed
 
 
+def curl_calls(text: str) -> list[tuple[str, dict[str, str], str]]:
+    """``(url, headers, body)`` of every ``curl`` in the bash block after ``<!-- curl -->``."""
+    import shlex
+
+    block = text.split("<!-- curl -->", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
+    calls = []
+    for line in block.replace("\\\n", " ").splitlines():
+        if not line.startswith("curl "):
+            continue
+        args = shlex.split(line)
+        url = next(a for a in args if a.startswith("http"))
+        headers = dict(args[i + 1].split(": ", 1) for i, a in enumerate(args) if a == "-H")
+        calls.append((url, headers, args[args.index("-d") + 1]))
+    return calls
+
+
+def test_the_rcp_pages_curl_example_works_against_the_server(reader: Reader) -> None:
+    import json
+    import urllib.request
+
+    calls = curl_calls((DOCS / "rcp.md").read_text())
+    assert [json.loads(body)["method"] for _, _, body in calls] == [
+        "initialize",
+        "query/transform",
+        "retrieve",
+    ]
+    reader._needs(SERVER_URL)  # the index and the server the page's blocks use
+    assert reader.server is not None
+    for url, headers, body in calls:
+        assert url == SERVER_URL
+        request = urllib.request.Request(
+            reader.server.url, data=body.encode(), headers=headers, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            reply = json.loads(response.read())
+        assert "result" in reply and "error" not in reply, (body, reply)
+    assert reply["result"]["hits"] and reply["result"]["rewrite"]["method"] == "hyde"
+
+
 # -- the API reference ------------------------------------------------------------------
 
 API_PAGES = sorted((DOCS / "api").glob("*.md"))
