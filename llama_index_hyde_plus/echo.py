@@ -49,6 +49,7 @@ class PromptLLM(CustomLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """`reply` to ``prompt``, after ``delay`` seconds."""
         if self.delay:
             time.sleep(self.delay)
         return CompletionResponse(text=self.reply(prompt))
@@ -57,6 +58,7 @@ class PromptLLM(CustomLLM):
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
+        """`complete` without blocking the event loop."""
         if self.delay:
             await asyncio.sleep(self.delay)
         return CompletionResponse(text=self.reply(prompt))
@@ -65,6 +67,7 @@ class PromptLLM(CustomLLM):
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
+        """The whole `reply` as one chunk."""
         text = self.complete(prompt, formatted=formatted).text
 
         def gen() -> CompletionResponseGen:
@@ -79,4 +82,5 @@ class EchoLLM(PromptLLM):
     model_name: str = Field(default="echo")
 
     def reply(self, prompt: str) -> str:
+        """Three numbered variations of the question found in ``prompt`` (`echo_reply`)."""
         return echo_reply(prompt)

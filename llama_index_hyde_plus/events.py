@@ -35,6 +35,7 @@ class QueryTransformStartEvent(BaseEvent):
 
     @classmethod
     def class_name(cls) -> str:
+        """The event's name in LlamaIndex's instrumentation."""
         return "QueryTransformStartEvent"
 
 
@@ -53,4 +54,5 @@ class QueryTransformEndEvent(BaseEvent):
 
     @classmethod
     def class_name(cls) -> str:
+        """The event's name in LlamaIndex's instrumentation."""
         return "QueryTransformEndEvent"

@@ -17,7 +17,9 @@ from llama_index.core.llms import LLM
 from ._keys import require_openai_key
 
 DEFAULT_OPENAI_LLM = "gpt-4o-mini"
+"""The model ``openai`` (without ``:MODEL``) means for an LLM."""
 DEFAULT_OPENAI_EMBED = "text-embedding-3-small"
+"""The model ``openai`` (without ``:MODEL``) means for embeddings."""
 
 
 class MissingExtraError(ImportError):
@@ -36,9 +38,9 @@ def require_extra(extra: str, modules: Sequence[str], what: str) -> None:
             ) from exc
 
 
-#: Retries of an OpenAI embedding request: enough for a rate limit, not 10 rounds of
-#: 4-10 s waits when the network or the endpoint is down.
 OPENAI_EMBED_RETRIES = 2
+"""Retries of an OpenAI embedding request: enough for a rate limit, not 10 rounds of
+4-10 s waits when the network or the endpoint is down."""
 
 
 def _split(spec: str) -> tuple[str, str | None]:

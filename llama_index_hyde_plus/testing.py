@@ -51,6 +51,7 @@ HANG = _Hang()
 """Put in `ScriptedLLM` replies to make that call never answer (until cancelled)."""
 
 Reply = str | BaseException | _Hang | Callable[[str], str]
+"""One scripted reply: a text, an exception to raise, `HANG`, or a function of the prompt."""
 
 
 class SyncCallError(AssertionError):
@@ -114,6 +115,7 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's serialisation name of this class."""
         return "ScriptedLLM"
 
     @property
@@ -132,6 +134,7 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
         return list(self._kwargs)
 
     def add_replies(self, *replies: Reply) -> None:
+        """Queue more replies after those already waiting (thread-safe)."""
         with self._lock:
             self._queue.extend(replies)
 
@@ -159,6 +162,8 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """The next scripted reply to ``prompt``, after ``delay`` seconds: raises a scripted
+        exception, blocks for a `HANG`, and fails with `SyncCallError` when ``forbid_sync``."""
         with self._lock:
             self._sync_calls += 1
         if self.forbid_sync:
@@ -175,6 +180,7 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
+        """`complete` for the async path: sleeps and hangs without blocking the loop."""
         with self._lock:
             self._async_calls += 1
         reply = self._next(prompt, kwargs)
@@ -188,6 +194,7 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
+        """`complete`'s reply as one chunk."""
         response = self.complete(prompt, formatted=formatted, **kwargs)
 
         def gen() -> CompletionResponseGen:
@@ -275,14 +282,18 @@ class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
 
     @property
     def embedded_texts(self) -> list[str]:
+        """Every document text embedded so far, in order (queries are not recorded)."""
         """Every document text embedded so far, in order (queries are not texts)."""
         return self._embedded_texts
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's serialisation name of this class."""
         return "DeterministicEmbedding"
 
     def vector(self, text: str) -> list[float]:
+        """The unit vector of ``text``: each content word (lower-cased, stemmed, stop words
+        left out) adds +1 or -1 at a position its hash chooses."""
         """The embedding of ``text`` (unit length, or zeros for a text with no words)."""
         vec = [0.0] * self.dim
         for word in _WORD.findall(text.lower()):

@@ -33,6 +33,7 @@ class BeirDataset:
     corpus_sha256: str
 
     def document_text(self, doc_id: str) -> str:
+        """The document's title and text, one line apart, as it is embedded."""
         title, text = self.corpus[doc_id]
         return f"{title}\n{text}" if title else text
 

@@ -205,9 +205,12 @@ class OracleLLM(PromptLLM):
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's serialisation name of this class."""
         return "OracleLLM"
 
     def reply(self, prompt: str) -> str:
+        """The drawn answer of the longest question found in ``prompt``; a `ValueError`
+        (so the transform falls back) when the prompt holds none of them."""
         for question in sorted(self.answers, key=len, reverse=True):
             if question and question in prompt:
                 return self.answers[question]

@@ -103,6 +103,8 @@ def cache_dir() -> Path:
 
 
 def asset_path(asset: Asset, root: Path | None = None) -> Path:
+    """Where ``asset`` is (or will be) stored: ``models/<filename>`` under ``root``, by
+    default the user cache (`cache_dir`)."""
     return (root or cache_dir()) / "models" / asset.filename
 
 

@@ -141,6 +141,7 @@ class LocalEmbedding(BaseEmbedding):
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's serialisation name of this class."""
         return "LocalEmbedding"
 
     def _get_model(self) -> Any:

@@ -208,6 +208,7 @@ class LocalLLM(CustomLLM):
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's serialisation name of this class."""
         return "LocalLLM"
 
     @property
@@ -349,6 +350,8 @@ class LocalLLM(CustomLLM):
     # -- LlamaIndex LLM interface --------------------------------------------------
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        """Answer ``messages`` with llama.cpp's chat template (blocking); generation stops
+        within a token when the calling thread abandons the call."""
         response = self._request(messages, kwargs)
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=self._text(response)),
@@ -357,11 +360,13 @@ class LocalLLM(CustomLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """Answer ``prompt`` as one user message (blocking)."""
         response = self._request([ChatMessage(role=MessageRole.USER, content=prompt)], kwargs)
         return CompletionResponse(text=self._text(response), raw=response)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        """`chat` without blocking the event loop; cancelling it stops generation."""
         response = await self._arequest(messages, kwargs)
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=self._text(response)),
@@ -372,6 +377,7 @@ class LocalLLM(CustomLLM):
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
+        """`complete` without blocking the event loop; cancelling it stops generation."""
         messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
         response = await self._arequest(messages, kwargs)
         return CompletionResponse(text=self._text(response), raw=response)

@@ -149,4 +149,5 @@ class Store(ABC):
         return self.retriever(self.load(self.embedding_model(embed)), top_k)
 
     def describe(self) -> str:
+        """One line for banners and logs: ``faiss (dense) at my-index``."""
         return f"{self.kind} ({', '.join(self.modes)}) at {self.location}"

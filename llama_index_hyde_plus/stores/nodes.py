@@ -150,6 +150,7 @@ class EmbeddingMismatchError(ValueError):
 
 
 def dimension_error(where: str, index_dim: int, query_dim: int) -> EmbeddingMismatchError:
+    """The error for a query embedding whose size is not the index's, naming the fix."""
     return EmbeddingMismatchError(
         f"{where} holds {index_dim}-d vectors but the query embedding has {query_dim} "
         "dimensions; query with the embedding model the index was built with, or rebuild it"

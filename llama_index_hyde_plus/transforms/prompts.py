@@ -13,10 +13,8 @@ HYDE_PROMPT = (
     "Question: {query}\n"
     "Passage:"
 )
+"""`HyDE`'s default prompt (key ``hyde_prompt``): one passage, stated plainly."""
 
-#: The task-specific instructions of the HyDE paper (Gao et al., 2022, "Precise
-#: Zero-Shot Dense Retrieval without Relevance Labels", appendix), keyed by task.
-#: Use one with ``HyDE(prompt=HYDE_PAPER_PROMPTS["scifact"])``.
 HYDE_PAPER_PROMPTS: dict[str, str] = {
     "web-search": "Please write a passage to answer the question.\nQuestion: {query}\nPassage:",
     "scifact": (
@@ -34,6 +32,9 @@ HYDE_PAPER_PROMPTS: dict[str, str] = {
     "dbpedia-entity": "Please write a passage to answer the question.\nQuestion: {query}\nPassage:",
     "trec-news": "Please write a news passage about the topic.\nTopic: {query}\nPassage:",
 }
+"""The task-specific instructions of the HyDE paper (Gao et al., 2022, "Precise
+Zero-Shot Dense Retrieval without Relevance Labels", appendix), keyed by task.
+Use one with ``HyDE(prompt=HYDE_PAPER_PROMPTS["scifact"])``."""
 
 MULTI_QUERY_PROMPT = (
     "You help a search engine find documents. Write {n} different search queries "
@@ -43,6 +44,7 @@ MULTI_QUERY_PROMPT = (
     "Question: {query}\n"
     "Queries:"
 )
+"""`MultiQuery`'s default prompt (key ``multi_query_prompt``); ``{n}`` is its ``n``."""
 
 STEP_BACK_PROMPT = (
     "You are an expert at world knowledge. Take a step back from the specific question "
@@ -51,6 +53,7 @@ STEP_BACK_PROMPT = (
     "Question: {query}\n"
     "Step-back question:"
 )
+"""`StepBack`'s default prompt (key ``step_back_prompt``; Zheng et al., 2023)."""
 
 DECOMPOSE_PROMPT = (
     "Break the question below into at most {n} simpler sub-questions that can each be "
@@ -60,6 +63,7 @@ DECOMPOSE_PROMPT = (
     "Question: {query}\n"
     "Sub-questions:"
 )
+"""`Decompose`'s default prompt (key ``decompose_prompt``); ``{n}`` is its ``n``."""
 
 REWRITE_PROMPT = (
     "Rewrite the search query below so that a search engine finds the right documents: "
@@ -68,11 +72,12 @@ REWRITE_PROMPT = (
     "Query: {query}\n"
     "Rewritten query:"
 )
+"""`Rewrite`'s default prompt (key ``rewrite_prompt``)."""
 
-#: Put before the HyDE prompt by ``HyDE(grounded=k)``: the question's own top hits, so a
-#: small model writes from the collection instead of from memory (Jagerman et al.,
-#: 2023: under 1B parameters, only retrieval-grounded prompts helped).
 GROUNDING_PREFIX = (
     "Passages from the collection that may be relevant:\n{context}\n\n"
     "Use the passages above where they help.\n"
 )
+"""Put before the HyDE prompt by ``HyDE(grounded=k)``: the question's own top hits, so a
+small model writes from the collection instead of from memory (Jagerman et al., 2023:
+under 1B parameters, only retrieval-grounded prompts helped)."""
