@@ -296,11 +296,11 @@ def test_the_cli_refuses_duplicate_ids_before_embedding(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "duplicate document id 'x'" in result.output
 
 
-README = Path(__file__).parent.parent / "README.md"
+README = Path(__file__).parent.parent / "docs" / "stores.md"
 
 
 def _readme_block(marker: str) -> str:
-    """The first ```python block after ``marker`` in the README."""
+    """The first ```python block after ``marker`` in the docs' stores page."""
     text = README.read_text()
     rest = text[text.index(marker) :]
     start = rest.index("```python\n") + len("```python\n")
@@ -316,7 +316,7 @@ def test_load_index_opens_a_cli_index_with_its_recorded_model(cli_index: Path) -
     assert hits[0].node.node_id == "pto.txt" and "paid time off" in hits[0].node.get_content()
 
 
-def test_plain_llama_index_opens_a_cli_index_as_the_readme_says(
+def test_plain_llama_index_opens_a_cli_index_as_the_docs_say(
     tmp_path: Path, cli_index: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shutil.copytree(cli_index, tmp_path / "my-index")
