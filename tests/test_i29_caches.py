@@ -4,6 +4,7 @@ that changes a generation, and the in-process caches are bounded by bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -98,6 +99,39 @@ async def test_a_search_with_an_uncreatable_cache_still_generates(
     second = await _run(hyde, use_async)
     assert first.hypothetical == ("A passage.",) and not first.fallback
     assert second.hypothetical == ("Another passage.",) and not second.cached
+
+
+# -- 6: only complete generations are cached or shared -----------------------------------
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_partly_failed_generation_is_not_cached(use_async: bool) -> None:
+    replies: list[Any] = ["First one.", RuntimeError("down"), "Third one."]
+    llm = ScriptedLLM([*replies, "Fresh one.", "Fresh two.", "Fresh three."], forbid_sync=use_async)
+    hyde = HyDE(llm, num_passages=3, cache=MemoryCache())
+    partial = await _run(hyde, use_async)
+    assert partial.error and not partial.fallback and len(partial.hypothetical) == 2
+    again = await _run(hyde, use_async)
+    assert not again.cached and again.error is None and len(again.hypothetical) == 3
+    assert len(llm.prompts) == 6
+    hit = await _run(hyde, use_async)
+    assert hit.cached and hit.hypothetical == again.hypothetical and hit.error is None
+
+
+def test_a_partly_failed_generation_is_not_written_to_sqlite(tmp_path: Path) -> None:
+    llm = ScriptedLLM(["First one.", RuntimeError("down"), "Fresh one.", "Fresh two."])
+    path = tmp_path / "c.sqlite"
+    assert HyDE(llm, num_passages=2, cache=SQLiteCache(path)).transform(Q).error
+    assert len(SQLiteCache(path)) == 0
+    assert HyDE(llm, num_passages=2, cache=SQLiteCache(path)).transform(Q).error is None
+    assert len(SQLiteCache(path)) == 1
+
+
+async def test_a_partly_failed_generation_is_not_shared_with_waiters() -> None:
+    replies: list[Any] = ["First one.", RuntimeError("down"), "Fresh one.", "Fresh two."]
+    llm = ScriptedLLM(replies, delay=0.05, forbid_sync=True)
+    hyde = HyDE(llm, num_passages=2, cache=MemoryCache())
+    leader, waiter = await asyncio.gather(hyde.atransform(Q), hyde.atransform(Q))
+    assert leader.error and len(leader.hypothetical) == 1
+    assert waiter.error is None and not waiter.cached and len(waiter.hypothetical) == 2
 
 
 # -- 10: the in-process caches are bounded by bytes ---------------------------------------

@@ -229,6 +229,8 @@ class LLMTransform(QueryTransformer):
                 return None
             # an in-process cache holds the (immutable) result itself: no decoding
             stored = data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
+            if not _shareable(stored):
+                return None  # written by an older version, which kept partial results
             return self._restyle(
                 stored,
                 usage=Usage(cached=True),
@@ -242,8 +244,8 @@ class LLMTransform(QueryTransformer):
 
     def _store(self, key: str, result: TransformResult) -> None:
         assert self.cache is not None
-        if result.fallback:
-            return  # never cache an outage
+        if not _shareable(result):
+            return  # never cache an outage, nor a generation some of whose calls failed
         try:
             value: Any = result if holds_objects(self.cache) else result.to_dict()
             self.cache.set(key, value)
@@ -424,8 +426,12 @@ def _number(value: Any, name: str) -> float | None:
 
 
 def _shareable(result: TransformResult) -> bool:
-    """A generation is shared with identical concurrent calls; an outage is not."""
-    return not result.fallback
+    """The one rule for reusing a generation, from a cache (`_store`, `_lookup`) or by
+    identical concurrent calls (`SingleFlight`): only a complete success, no call of
+    which failed. A fallback is an outage; a result with ``error`` set (HyDE with one
+    of three calls failed) holds fewer passages and an old error, and reusing it would
+    keep the healthy provider from ever being asked again."""
+    return not result.fallback and result.error is None
 
 
 def _as_cached(result: TransformResult, start: float) -> TransformResult:
