@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, TextNode
+from pydantic import Field
 
 from llama_index_hyde_plus import (
     Decompose,
@@ -28,6 +32,7 @@ from llama_index_hyde_plus import (
 )
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import TransformResult
+from llama_index_hyde_plus.transforms.registry import BUILTINS
 from llama_index_hyde_plus.vectors import DocVectors, Embedder
 
 Q = "Why did revenue drop?"
@@ -132,6 +137,166 @@ async def test_a_partly_failed_generation_is_not_shared_with_waiters() -> None:
     leader, waiter = await asyncio.gather(hyde.atransform(Q), hyde.atransform(Q))
     assert leader.error and len(leader.hypothetical) == 1
     assert waiter.error is None and not waiter.cached and len(waiter.hypothetical) == 2
+
+
+# -- 7: the key holds every option and LLM setting that changes a generation --------------
+class SettingsLLM(ScriptedLLM):
+    """A scripted LLM with the generation and transport settings providers have."""
+
+    temperature: float = Field(default=0.0)
+    max_tokens: int | None = Field(default=None)
+    additional_kwargs: dict[str, Any] = Field(default_factory=dict)
+    context_window: int = Field(default=4096)
+    api_key: str = Field(default="sk-one")
+    api_base: str = Field(default="https://one.example/v1")
+    timeout: float = Field(default=60.0)
+    max_retries: int = Field(default=3)
+    default_headers: dict[str, str] = Field(default_factory=dict)
+
+
+def _key(llm: Any, cls: type = HyDE, **options: Any) -> str:
+    key: str = cls(llm, **options).cache_key_for(Q)
+    return key
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"temperature": 1.5},
+        {"max_tokens": 64},
+        {"additional_kwargs": {"top_p": 0.5}},
+        {"additional_kwargs": {"seed": 7}},
+    ],
+)
+def test_llms_differing_in_a_generation_setting_get_different_keys(change: dict) -> None:
+    assert _key(SettingsLLM()) != _key(SettingsLLM(**change))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"api_key": "sk-two"},
+        {"api_base": "https://two.example/v1"},
+        {"timeout": 5.0},
+        {"max_retries": 0},
+        {"context_window": 128_000},
+        {"default_headers": {"Authorization": "Bearer x"}},
+    ],
+)
+def test_secrets_and_transport_settings_leave_the_key_alone(change: dict) -> None:
+    assert _key(SettingsLLM()) == _key(SettingsLLM(**change))
+
+
+def test_a_fresh_llm_with_the_same_settings_gets_the_same_key() -> None:
+    settings = {"temperature": 0.3, "max_tokens": 99, "additional_kwargs": {"top_p": 0.9}}
+    assert _key(SettingsLLM(**settings)) == _key(SettingsLLM(**settings))
+
+
+def test_openais_generation_settings_are_in_the_key_and_its_key_is_not() -> None:
+    from llama_index.llms.openai import OpenAI
+
+    def key(**kw: Any) -> str:
+        return _key(OpenAI(**{"model": "gpt-4o-mini", "api_key": "sk-a", **kw}))
+
+    base = key()
+    assert key(temperature=1.5) != base and key(max_tokens=50) != base
+    assert key(additional_kwargs={"top_p": 0.1}) != base
+    assert key(api_key="sk-b") == base == key(timeout=3.0, max_retries=0)
+    assert key(api_base="http://localhost:1/v1") == base
+
+
+_KEY_IN_A_SUBPROCESS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tests.test_i29_caches import SettingsLLM
+from llama_index_hyde_plus import HyDE, MultiQuery
+llm = SettingsLLM(temperature=0.4, additional_kwargs={"top_p": 0.5})
+print(HyDE(llm).cache_key_for("q"), MultiQuery(llm).cache_key_for("q"))
+"""
+
+
+def test_the_key_is_the_same_in_another_process() -> None:
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", _KEY_IN_A_SUBPROCESS, root],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split()
+    llm = SettingsLLM(temperature=0.4, additional_kwargs={"top_p": 0.5})
+    assert out == [HyDE(llm).cache_key_for("q"), MultiQuery(llm).cache_key_for("q")]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hot_model_is_not_served_a_cold_models_passage(use_async: bool) -> None:
+    cache = MemoryCache()
+    cold = SettingsLLM(["Cold passage."], temperature=0.0, forbid_sync=use_async)
+    hot = SettingsLLM(["Hot passage."], temperature=1.5, forbid_sync=use_async)
+    await _run(HyDE(cold, cache=cache), use_async)
+    served = await _run(HyDE(hot, cache=cache), use_async)
+    assert not served.cached and served.hypothetical == ("Hot passage.",)
+
+
+@pytest.mark.parametrize("cls", LISTS)
+def test_every_max_characters_change_misses(cls: type) -> None:
+    llm = ScriptedLLM()
+    keys = {_key(llm, cls, max_characters=m) for m in (10, 11, 200, 2000)}
+    assert len(keys) == 4
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("cls", LISTS)
+async def test_a_query_trimmed_for_a_small_limit_is_not_served_to_a_larger_one(
+    cls: type, use_async: bool
+) -> None:
+    long = "what were the main reasons enterprise renewals slipped in the last quarter"
+    reply = f"1. {long}" if cls.DEFAULT_N else long
+    llm = ScriptedLLM([reply, reply], forbid_sync=use_async)
+    cache = MemoryCache()
+    short = await _run(cls(llm, cache=cache, max_characters=20), use_async)
+    assert all(len(q) <= 20 for q in short.queries)
+    full = await _run(cls(llm, cache=cache, max_characters=500), use_async)
+    assert not full.cached and long in full.queries
+
+
+def _generation_options(cls: type) -> set[str]:
+    from llama_index_hyde_plus.transforms.llm_base import NOT_GENERATION_OPTIONS
+
+    return set(cls.option_names()) - NOT_GENERATION_OPTIONS - cls.SEARCH_OPTIONS
+
+
+@pytest.mark.parametrize("cls", [c for c in BUILTINS if c.uses_llm])
+def test_every_option_but_the_declared_search_ones_is_in_the_key(cls: type) -> None:
+    params = cls(ScriptedLLM())._params()
+    assert _generation_options(cls) <= set(params)
+    assert not (cls.SEARCH_OPTIONS & set(params))
+    assert set(cls.option_names()) >= cls.SEARCH_OPTIONS
+    json.dumps(params)  # JSON only: no repr of an object in the key
+
+
+@pytest.mark.parametrize("cls", [c for c in BUILTINS if c.uses_llm])
+def test_the_tune_grid_sweeps_only_search_options(cls: type) -> None:
+    # a sweep reuses one generation per question only if its options are not in the key
+    swept = {name for config in cls.tune_grid() for name in config}
+    assert swept <= cls.SEARCH_OPTIONS
+    keys = {cls(ScriptedLLM(), **config).cache_key_for(Q) for config in cls.tune_grid()}
+    assert len(keys) == 1
+
+
+# -- 10, in a transform: a kept result costs its question, once -------------------------
+async def test_hyde_results_of_one_mb_questions_are_kept_without_their_searches() -> None:
+    llm = ScriptedLLM(respond=lambda p: "A passage about revenue.")
+    cache = MemoryCache(max_bytes=16 * MiB)
+    hyde = HyDE(llm, cache=cache)
+    questions = [f"{i} " + "why " * (MiB // 4) for i in range(40)]
+    for question in questions:
+        await hyde.atransform(question)
+    # each result holds a 1 MB question and (HyDE) a keyword text repeating it: stored
+    # without the searches (rebuilt on a hit), at most the budget is kept
+    assert 12 <= len(cache) <= 16
+    hit = await hyde.atransform(questions[-1])
+    assert hit.cached and hit.specs and hit.specs[0].text.startswith(questions[-1])
 
 
 # -- 10: the in-process caches are bounded by bytes ---------------------------------------
