@@ -166,6 +166,8 @@ def _key(llm: Any, cls: type = HyDE, **options: Any) -> str:
         {"max_tokens": 64},
         {"additional_kwargs": {"top_p": 0.5}},
         {"additional_kwargs": {"seed": 7}},
+        {"additional_kwargs": {"seed": np.int64(7)}},
+        {"additional_kwargs": {"stop": ("\n",)}},
     ],
 )
 def test_llms_differing_in_a_generation_setting_get_different_keys(change: dict) -> None:

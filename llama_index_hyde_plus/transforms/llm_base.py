@@ -14,6 +14,7 @@ import enum
 import functools
 import inspect
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -586,6 +587,10 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return _SKIP
     if isinstance(value, enum.Enum):
         value = value.value
+    elif isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    elif type(value).__module__ == "numpy" and callable(getattr(value, "tolist", None)):
+        value = value.tolist()  # a numpy number or array, as Python numbers
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
