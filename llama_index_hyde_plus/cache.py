@@ -1,23 +1,29 @@
 """Transform-result caches: `MemoryCache` (LRU) and `SQLiteCache` (persistent, TTL).
 
 Pass one as ``cache=`` to any built-in transform. Entries are keyed by a hash of the
-method, model, prompt, parameters and query (see `cache_key`), and hold the
-`TransformResult` as JSON. Only successful results are stored, so an outage never
-poisons the cache. Both caches are safe to share between threads and event loops.
+method, the model and its generation settings, the prompt, the transform's generation
+options and the query (see `cache_key` and `LLMTransform.cache_key_for`), and hold the
+`TransformResult`. Only complete successes are stored (not a fallback, nor a result
+some of whose calls failed), so an outage never poisons the cache. Both caches are
+safe to share between threads and event loops; `MemoryCache` is bounded in entries and
+bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import sqlite3
+import sys
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +32,10 @@ logger = logging.getLogger(__name__)
 class TransformCache(Protocol):
     """What a transform needs from a cache: values by string key (`cache_key`).
 
-    What is stored: a successful `TransformResult` (never a fallback). By default
-    `set` receives its JSON-able ``to_dict()`` form and `get` must return an equal
-    dict (or None for a miss); such a cache may do blocking I/O, so the async path
-    calls it in a worker thread. A cache whose class sets ``holds_objects = True``
+    What is stored: a complete `TransformResult` (never a fallback, nor one with an
+    ``error`` from a failed call). By default `set` receives its JSON-able
+    ``to_dict()`` form and `get` must return an equal dict (or None for a miss); such a
+    cache may do blocking I/O, so the async path calls it in a worker thread. A cache whose class sets ``holds_objects = True``
     (like `MemoryCache`) receives the immutable `TransformResult` itself, must return
     the very object, and must never block (it is called on the event loop)."""
 
@@ -45,40 +51,92 @@ def holds_objects(cache: TransformCache) -> bool:
 
 
 def cache_key(parts: dict[str, Any]) -> str:
-    """A stable hash of ``parts`` (sorted JSON), used as the cache key."""
-    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
+    """A stable hash of ``parts`` (sorted JSON), used as the cache key. Plain data
+    only: an object is a `TypeError`, never its repr (which may hold an address and
+    differ in every process)."""
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-class MemoryCache:
-    """An in-process LRU of at most ``max_entries`` results (thread- and async-safe).
+def approx_size(value: object) -> int:
+    """Roughly the bytes ``value`` keeps alive: ``sys.getsizeof`` of it and of all it
+    reaches through tuples, lists, sets, dicts and dataclass fields (a result's
+    strings, usage, searches, children), each object counted once however often it is
+    shared."""
+    seen: set[int] = set()
+    total = 0
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, (tuple, list, set, frozenset)):
+            todo.extend(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            todo.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+    return total
 
-    Built-in transforms store their (immutable) `TransformResult` objects here rather
-    than their dict form, so a hit costs no decoding; `get` returns what `set` got."""
 
-    holds_objects = True
+def _check_size(value: object, name: str) -> int:
+    # not _checks.is_int: this module imports nothing of ours (a test loads it alone)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1")
+    return value
 
-    def __init__(self, max_entries: int = 1024) -> None:
-        # not _checks.is_int: this module imports nothing of ours (a test loads it alone)
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError("max_entries must be an int >= 1")
-        self.max_entries = max_entries
-        self._data: OrderedDict[str, Any] = OrderedDict()
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+_ENTRY_OVERHEAD = 100
+"""Bytes an entry costs beyond its key and value: the ordered dict's link and slot."""
+
+
+class BoundedLRU(Generic[K, V]):
+    """A thread-safe LRU holding at most ``max_entries`` entries and ``max_bytes``
+    bytes, the least recently used evicted first. ``size_of(key, value)`` says what an
+    entry weighs; one heavier than the whole budget is not kept at all."""
+
+    def __init__(self, max_entries: int, max_bytes: int, size_of: Callable[[K, V], int]) -> None:
+        self.max_entries = _check_size(max_entries, "max_entries")
+        self.max_bytes = _check_size(max_bytes, "max_bytes")
+        self._size_of = size_of
+        self._data: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> Any:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
+    @property
+    def nbytes(self) -> int:
+        """What the entries weigh now (by ``size_of``)."""
+        return self._bytes
 
-    def set(self, key: str, value: Any) -> None:
+    def get(self, key: K) -> V | None:
         with self._lock:
-            self._data[key] = value
+            entry = self._data.get(key)
+            if entry is None:
+                return None
             self._data.move_to_end(key)
-            while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
+            return entry[0]
+
+    def set(self, key: K, value: V) -> bool:
+        """Keep ``value`` (replacing what ``key`` held); False when it alone is over
+        the budget, and then ``key`` holds nothing."""
+        size = self._size_of(key, value) + _ENTRY_OVERHEAD
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if size > self.max_bytes:
+                return False
+            self._data[key] = (value, size)
+            self._bytes += size
+            while len(self._data) > self.max_entries or self._bytes > self.max_bytes:
+                self._bytes -= self._data.popitem(last=False)[1][1]
+            return True
 
     def __len__(self) -> int:
         with self._lock:
@@ -87,6 +145,56 @@ class MemoryCache:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._bytes = 0
+
+
+DEFAULT_MAX_BYTES = 64 << 20
+"""`MemoryCache`'s byte budget when none is given: 64 MiB."""
+
+
+class MemoryCache:
+    """An in-process LRU of at most ``max_entries`` results weighing at most
+    ``max_bytes`` (64 MiB by default) in all, the least recently used evicted first
+    (thread- and async-safe). A result's weight is estimated from its strings and
+    everything else it holds (`approx_size`); one heavier than the whole budget is not
+    kept.
+
+    Built-in transforms store their (immutable) `TransformResult` objects here rather
+    than their dict form, so a hit costs no decoding; `get` returns what `set` got."""
+
+    holds_objects = True
+
+    def __init__(self, max_entries: int = 1024, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._lru: BoundedLRU[str, Any] = BoundedLRU(max_entries, max_bytes, _entry_size)
+
+    @property
+    def max_entries(self) -> int:
+        return self._lru.max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        return self._lru.max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """The estimated weight of what is kept now."""
+        return self._lru.nbytes
+
+    def get(self, key: str) -> Any:
+        return self._lru.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self._lru.set(key, value)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def clear(self) -> None:
+        self._lru.clear()
+
+
+def _entry_size(key: str, value: object) -> int:
+    return sys.getsizeof(key) + approx_size(value)
 
 
 #: SQLite result codes that mean the file itself is damaged (not busy, not read-only).
@@ -132,6 +240,10 @@ def _check_sqlite_file(path: Path) -> None:
 
 _COLUMNS = ["key", "value", "created"]
 
+_UNAVAILABLE: tuple[type[Exception], ...] = (sqlite3.Error, OSError)
+"""What an unavailable cache raises: SQLite's errors, and the file system's (a folder
+that cannot be made: a file in the way, a read-only file system, no permission)."""
+
 
 def _check_not_foreign(conn: sqlite3.Connection, path: Path) -> None:
     """A `ForeignFileError` unless the database is empty or holds only this cache's
@@ -154,9 +266,11 @@ class SQLiteCache:
     unique name (``*.corrupt-<time>-<id>``), logged, and replaced by a fresh one. A
     file that is not SQLite, or another program's database, is someone else's: it is
     left untouched and the cache is skipped, with a warning. A
-    cache that is busy (another process holds the write lock), read-only or otherwise
-    unavailable is left alone: a read is a miss and a write is skipped after waiting
-    at most ``busy_timeout_s`` seconds. A cache never fails a search.
+    cache that is busy (another process holds the write lock), read-only, whose folder
+    cannot be created (a file in the way, a read-only file system, no permission) or
+    otherwise unavailable is left alone, with one warning per outage: a read is a miss
+    (``len`` is 0) and a write is skipped after waiting at most ``busy_timeout_s``
+    seconds. A cache never fails a search.
     """
 
     def __init__(
@@ -177,7 +291,8 @@ class SQLiteCache:
 
     def _open(self) -> sqlite3.Connection:
         """The connection, opened (and the table created) on first use. Raises
-        `sqlite3.Error`; a damaged file is quarantined and opened afresh once."""
+        `sqlite3.Error` or `OSError`; a damaged file is quarantined and opened afresh
+        once."""
         if self._conn is not None:
             return self._conn
         for attempt in range(2):
@@ -224,7 +339,7 @@ class SQLiteCache:
     def _try_open(self) -> sqlite3.Connection | None:
         try:
             return self._open()
-        except sqlite3.Error as exc:
+        except _UNAVAILABLE as exc:
             self._unavailable(exc)
             return None
 
@@ -251,6 +366,14 @@ class SQLiteCache:
             probe.close()
 
     def _quarantine(self, exc: Exception) -> None:
+        """Move a damaged cache aside (see `_move_aside`); a file system that refuses
+        leaves it where it is, logged as unavailable."""
+        try:
+            self._move_aside(exc)
+        except OSError as err:
+            self._unavailable(err)
+
+    def _move_aside(self, exc: Exception) -> None:
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -278,7 +401,7 @@ class SQLiteCache:
             except FileNotFoundError:
                 pass
 
-    def _handle(self, exc: sqlite3.Error) -> None:
+    def _handle(self, exc: Exception) -> None:
         if is_corruption(exc):
             self._quarantine(exc)
         else:
@@ -292,7 +415,7 @@ class SQLiteCache:
                     .execute("SELECT value, created FROM results WHERE key = ?", (key,))
                     .fetchone()
                 )
-            except sqlite3.Error as exc:
+            except _UNAVAILABLE as exc:
                 self._handle(exc)
                 return None
             self._warned = False
@@ -324,7 +447,7 @@ class SQLiteCache:
                                 (time.time() - self.ttl_s,),
                             )
                     return
-                except sqlite3.Error as exc:
+                except _UNAVAILABLE as exc:
                     if attempt or not is_corruption(exc):
                         self._unavailable(exc)
                         return
@@ -334,7 +457,8 @@ class SQLiteCache:
         with self._lock:
             try:
                 return int(self._open().execute("SELECT count(*) FROM results").fetchone()[0])
-            except sqlite3.Error:
+            except _UNAVAILABLE as exc:
+                self._handle(exc)
                 return 0
 
     def close(self) -> None:

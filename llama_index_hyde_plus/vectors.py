@@ -1,50 +1,98 @@
 """Embeddings the quality guards need: the question's, the generated text's, and the
 stored vectors of retrieved documents.
 
-`Embedder` wraps a LlamaIndex embedding model with a small LRU cache, so a question or
-passage embedded for the gate is not embedded again for the search, and runs blocking
-models off the event loop on the async path. `DocVectors` reads a retrieved node's
-vector from the node, the FAISS index or the Milvus collection it came from, and only
-re-embeds its text when the store cannot say.
+`Embedder` wraps a LlamaIndex embedding model with an LRU cache bounded by entries and
+bytes, so a question or passage embedded for the gate is not embedded again for the
+search, and runs blocking models off the event loop on the async path. `DocVectors`
+reads a retrieved node's vector from the node, the FAISS index or the Milvus collection
+it came from, and only re-embeds its text when the store cannot say.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
+
+from .cache import BoundedLRU
 
 logger = logging.getLogger(__name__)
 
 Vec = list[float]
 
+EMBEDDER_MAX_BYTES = 64 << 20
+"""`Embedder`'s cache budget when none is given: 64 MiB (the texts it is keyed by
+included), about 10,000 1536-d float32 vectors of short texts."""
+DOC_VECTORS_MAX_BYTES = 128 << 20
+"""`DocVectors`' cache budget when none is given: 128 MiB, about 21,000 1536-d or
+87,000 384-d float32 vectors."""
+
+
+def _pack(vector: object) -> npt.NDArray[np.floating[Any]] | None:
+    """``vector`` as a compact read-only 1-d array of its own: float32 when that
+    loses nothing (the output of every real embedding model, which computes in
+    float32), else float64, so a hit returns exactly what the model did. None for what
+    cannot be searched with (not a 1-d run of real numbers, empty, NaN or infinite):
+    it is not cached, so a glitch is not served again."""
+    try:
+        arr = np.asarray(vector)
+    except Exception:
+        return None
+    if arr.ndim != 1 or not arr.size or arr.dtype.kind not in "fiu":
+        return None
+    wide = arr.astype(np.float64, copy=False)
+    if not np.isfinite(wide).all():
+        return None
+    with np.errstate(over="ignore"):
+        narrow = wide.astype(np.float32)
+    packed = narrow if np.array_equal(narrow, wide) else np.array(wide, dtype=np.float64)
+    packed.flags.writeable = False
+    return packed
+
+
+def _entry_size(key: tuple[str, str], value: npt.NDArray[Any]) -> int:
+    return sys.getsizeof(key) + sum(sys.getsizeof(k) for k in key) + sys.getsizeof(value)
+
 
 class _LRU:
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self._data: OrderedDict[tuple[str, str], Vec] = OrderedDict()
-        self._lock = threading.Lock()
+    """Vectors by ``(kind, text or id)``, held as compact arrays (`_pack`) in a
+    `BoundedLRU` of at most ``max_entries`` entries and ``max_bytes`` bytes, key texts
+    included (a 1 MB question as a key weighs 1 MB). `get` returns a new list: the
+    caller and the cache never share one."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._lru: BoundedLRU[tuple[str, str], npt.NDArray[Any]] = BoundedLRU(
+            max_entries, max_bytes, _entry_size
+        )
+
+    @property
+    def max_entries(self) -> int:
+        return self._lru.max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        return self._lru.max_bytes
 
     def get(self, key: tuple[str, str]) -> Vec | None:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
+        packed = self._lru.get(key)
+        return None if packed is None else packed.tolist()
 
-    def set(self, key: tuple[str, str], value: Vec) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
+    def set(self, key: tuple[str, str], value: object) -> None:
+        packed = _pack(value)
+        if packed is not None:
+            self._lru.set(key, packed)
+
+    def __len__(self) -> int:
+        return len(self._lru)
 
 
 def _native_async(model: BaseEmbedding, name: str) -> bool:
@@ -52,20 +100,28 @@ def _native_async(model: BaseEmbedding, name: str) -> bool:
 
 
 class Embedder:
-    """A LlamaIndex embedding model with an LRU cache of recent texts.
+    """A LlamaIndex embedding model with an LRU cache of recent texts, bounded by
+    ``max_entries`` and ``max_bytes`` (vectors and the texts they are keyed by).
 
     Questions are embedded as queries (``get_query_embedding``) and generated passages
     and documents as text (``get_text_embedding``), as an asymmetric model expects; the
-    HyDE paper embeds its passages with the document encoder.
+    HyDE paper embeds its passages with the document encoder. Every method returns
+    new lists of exactly the values the model returned.
     """
 
-    def __init__(self, model: BaseEmbedding, *, max_entries: int = 4096) -> None:
+    def __init__(
+        self,
+        model: BaseEmbedding,
+        *,
+        max_entries: int = 4096,
+        max_bytes: int = EMBEDDER_MAX_BYTES,
+    ) -> None:
         if not isinstance(model, BaseEmbedding):
             raise TypeError(
                 f"embed_model must be a LlamaIndex BaseEmbedding, not {type(model).__name__}"
             )
         self.model = model
-        self._cache = _LRU(max_entries)
+        self._cache = _LRU(max_entries, max_bytes)
 
     def query(self, text: str) -> Vec:
         key = ("q", text)
@@ -76,11 +132,13 @@ class Embedder:
         return hit
 
     def texts(self, texts: Sequence[str]) -> list[Vec]:
-        missing = [t for t in dict.fromkeys(texts) if self._cache.get(("t", t)) is None]
+        found = self._cached_texts(texts)
+        missing = [t for t, vec in found.items() if vec is None]
         if missing:
-            for text, vec in zip(missing, self.model.get_text_embedding_batch(missing)):
-                self._cache.set(("t", text), list(vec))
-        return [self._get_text(t) for t in texts]
+            self._keep(found, missing, self.model.get_text_embedding_batch(missing))
+            for text in self._still_missing(found):  # the model returned too few
+                found[text] = self._keep_one(text, self.model.get_text_embedding(text))
+        return [found[t] for t in texts]  # type: ignore[misc]
 
     async def aquery(self, text: str) -> Vec:
         key = ("q", text)
@@ -94,24 +152,43 @@ class Embedder:
         return hit
 
     async def atexts(self, texts: Sequence[str]) -> list[Vec]:
-        missing = [t for t in dict.fromkeys(texts) if self._cache.get(("t", t)) is None]
+        found = self._cached_texts(texts)
+        missing = [t for t, vec in found.items() if vec is None]
         if missing:
-            if _native_async(self.model, "_aget_text_embeddings") or _native_async(
+            native = _native_async(self.model, "_aget_text_embeddings") or _native_async(
                 self.model, "_aget_text_embedding"
-            ):
+            )
+            if native:
                 vecs = await self.model.aget_text_embedding_batch(missing)
             else:
                 vecs = await asyncio.to_thread(self.model.get_text_embedding_batch, missing)
-            for text, vec in zip(missing, vecs):
-                self._cache.set(("t", text), list(vec))
-        return [self._get_text(t) for t in texts]
+            self._keep(found, missing, vecs)
+            for text in self._still_missing(found):  # the model returned too few
+                if native:
+                    vec = await self.model.aget_text_embedding(text)
+                else:
+                    vec = await asyncio.to_thread(self.model.get_text_embedding, text)
+                found[text] = self._keep_one(text, vec)
+        return [found[t] for t in texts]  # type: ignore[misc]
 
-    def _get_text(self, text: str) -> Vec:
-        hit = self._cache.get(("t", text))
-        if hit is None:  # evicted between the batch and here (tiny cache): embed alone
-            hit = list(self.model.get_text_embedding(text))
-            self._cache.set(("t", text), hit)
-        return hit
+    def _cached_texts(self, texts: Sequence[str]) -> dict[str, Vec | None]:
+        """Each distinct text's cached vector, None where there is none."""
+        return {t: self._cache.get(("t", t)) for t in dict.fromkeys(texts)}
+
+    def _keep(
+        self, found: dict[str, Vec | None], texts: Sequence[str], vecs: Sequence[Any]
+    ) -> None:
+        for text, vec in zip(texts, vecs):
+            found[text] = self._keep_one(text, vec)
+
+    def _keep_one(self, text: str, vec: Any) -> Vec:
+        out = list(vec)
+        self._cache.set(("t", text), out)
+        return out
+
+    @staticmethod
+    def _still_missing(found: dict[str, Vec | None]) -> list[str]:
+        return [t for t, vec in found.items() if vec is None]
 
 
 def embed_model_of(source: object) -> BaseEmbedding | None:
@@ -126,16 +203,22 @@ class DocVectors:
 
     Looks, in order, at ``node.embedding``, the FAISS index behind a
     ``VectorIndexRetriever`` (``reconstruct``), the Milvus collection behind one
-    (``get``), and only then re-embeds the node's text with ``embedder``. Vectors are
-    cached per node id.
+    (``get``), and only then re-embeds the node's text with ``embedder``. Vectors read
+    or embedded are cached per node id, at most ``max_entries`` of them and
+    ``max_bytes`` in all (float32 when that is exact, as stored vectors are).
     """
 
     def __init__(
-        self, retriever: BaseRetriever, embedder: Embedder | None, *, max_entries: int = 50_000
+        self,
+        retriever: BaseRetriever,
+        embedder: Embedder | None,
+        *,
+        max_entries: int = 50_000,
+        max_bytes: int = DOC_VECTORS_MAX_BYTES,
     ) -> None:
         self.retriever = retriever
         self.embedder = embedder
-        self._cache = _LRU(max_entries)
+        self._cache = _LRU(max_entries, max_bytes)
         self._faiss_ids: dict[str, int] | None = None
         self._lock = threading.Lock()
         self.source = "unknown"
@@ -202,7 +285,7 @@ class DocVectors:
         for item in nodes:
             vid = self._faiss_ids.get(item.node.node_id)
             if vid is not None and 0 <= vid < faiss_index.ntotal:
-                out[item.node.node_id] = [float(x) for x in faiss_index.reconstruct(vid)]
+                out[item.node.node_id] = faiss_index.reconstruct(vid).tolist()
         if out:
             self.source = "faiss"
         return out

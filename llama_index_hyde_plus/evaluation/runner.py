@@ -508,7 +508,7 @@ class EvalSession:
             )
         self._options = o
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
-        self.embedder = Embedder(embed_model, max_entries=200_000)
+        self.embedder = Embedder(embed_model, max_entries=200_000, max_bytes=1 << 30)
         self.cache = SQLiteCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
         self._retriever: Any = None
 

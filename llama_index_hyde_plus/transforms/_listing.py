@@ -12,7 +12,7 @@ from ..usage import Usage
 from .base import MAX_N, TransformResult
 from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
-from .parsing import MAX_QUERY_CHARACTERS, parse_queries, parse_single, trim_passage
+from .parsing import MAX_QUERY_CHARACTERS, parse_queries, parse_single
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -25,6 +25,9 @@ class QueryListTransform(LLMTransform):
     ``max_characters`` long (trimmed at a sentence end, else a word break)."""
 
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "n"})
+    SEARCH_OPTIONS: ClassVar[frozenset[str]] = frozenset({"include_query", "original_weight"})
+    """Whether and how heavily the question's own list is fused: not in the cache key
+    (``n`` and ``max_characters`` are: they change what is parsed from the reply)."""
     parse_excludes_query: ClassVar[bool] = True
     """Whether a generated query equal to the question is dropped while parsing (so it
     does not take one of the ``n`` places). Part of the cache key."""
@@ -108,18 +111,14 @@ class QueryListTransform(LLMTransform):
         ]
 
     def _params(self) -> dict[str, Any]:
-        # include_query only decides what is searched; the key records the parsing
-        # rule. max_characters is applied again to cached results (`_restyle`), so
-        # it is not part of the key either.
-        return {
-            "temperature": self.temperature,
-            "n": self.n,
-            "include_query": self.parse_excludes_query,
-        }
+        # the options, and the parse rule of the class (a query equal to the question
+        # dropped or kept): both change the parsed queries
+        return {**super()._params(), "parse_excludes_query": self.parse_excludes_query}
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
-        queries = tuple(trim_passage(q, self.max_characters) for q in result.queries)
-        return replace(result, queries=queries, **{**self._search_fields(), **changes})
+        # max_characters is in the key: a query trimmed for a smaller limit cannot be
+        # served to a larger one, so a hit is served as parsed
+        return replace(result, **{**self._search_fields(), **changes})
 
     def _format_vars(self) -> dict[str, Any]:
         return {"n": self.n} if "n" in self._prompt.template_vars else {}

@@ -103,6 +103,21 @@ class HyDE(LLMTransform):
     passages far from the question. ``"capable"``, any other LLM, measured with the
     strong-generator stand-in (``--llm oracle:P``): question weight 0.7 and no gate
     keeps most of what good passages gain and loses little when half are wrong."""
+    SEARCH_OPTIONS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "include_query",
+            "query_weight",
+            "keyword_weight",
+            "strategy",
+            "blend",
+            "gate",
+            "grounded",
+            "context_characters",
+        }
+    )
+    """Options that decide how the passages are searched, not the passages: out of the
+    cache key. ``grounded`` and ``context_characters`` choose the question's hits the
+    prompt shows; those passages themselves are in the key (``context``)."""
     DEFAULT_BLEND: ClassVar[float] = 0.3
     """The rerank blend when ``strategy="rerank"`` is asked for without one."""
     CHARACTERS_PER_TOKEN: ClassVar[int] = 4
@@ -277,17 +292,6 @@ class HyDE(LLMTransform):
     def grounded(self) -> int:
         """How many of the question's hits the prompt shows (0: free generation)."""
         return self._options.context_k
-
-    def _params(self) -> dict[str, object]:
-        # the search options only change how passages are searched, not the passages
-        params: dict[str, object] = {
-            "temperature": self.temperature,
-            "max_characters": self.max_characters,
-            "num_passages": self.num_passages,
-        }
-        if self.grounded:
-            params["context_characters"] = self.context_characters
-        return params
 
     def _num_calls(self) -> int:
         return self.num_passages

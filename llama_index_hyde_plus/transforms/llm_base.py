@@ -10,11 +10,14 @@ warning and yields the original query with ``fallback=True``.
 from __future__ import annotations
 
 import asyncio
+import enum
+import functools
 import inspect
 import logging
+import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,6 +27,7 @@ from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
+from pydantic import BaseModel
 
 from .. import _llm
 from .._checks import is_number
@@ -83,6 +87,11 @@ class LLMTransform(QueryTransformer):
     default_prompt: ClassVar[str]
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query"})
     uses_llm: ClassVar[bool] = True
+    SEARCH_OPTIONS: ClassVar[frozenset[str]] = frozenset()
+    """The constructor options that never change what the LLM writes, only how its
+    output is searched: left out of the cache key (`_params`), so configurations that
+    differ only in them share one generation (all `tune_grid` sweeps). Every other
+    option is in the key unless it is one of `NOT_GENERATION_OPTIONS`."""
 
     def __init__(self, llm: LLM | None = None, **options: Unpack[LLMOptions]) -> None:
         super().__init__()
@@ -202,17 +211,27 @@ class LLMTransform(QueryTransformer):
         )
 
     def _params(self) -> dict[str, Any]:
-        """Parameters that change the output, for the cache key."""
-        return {"temperature": self.temperature}
+        """The options that change the output, for the cache key: every constructor
+        option (`option_names`) but `NOT_GENERATION_OPTIONS` and the class's
+        `SEARCH_OPTIONS`, read from the attribute of the same name, as JSON. A new
+        option is thus in the key unless declared search-only; one with no attribute of
+        its name, or a value that is not plain data, is an error (no key, no cache)."""
+        return {
+            name: _option_value(name, getattr(self, name))
+            for name in _generation_options(type(self))
+        }
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
-        """The cache key of ``query``: method, model, prompt, parameters, query and,
-        for a grounded transform, the passages shown to the model."""
+        """The cache key of ``query``: method, LLM class, model, the LLM's own
+        generation settings (`llm_settings`), prompt template, the transform's
+        generation options (`_params`), query and, for a grounded transform, the
+        passages shown to the model. Plain data only: the same in every process."""
         llm = self.llm
         parts: dict[str, Any] = {
             "method": self.method,
             "llm": type(llm).__name__,
             "model": _llm.model_name(llm),
+            "llm_settings": llm_settings(llm),
             "prompt": self._prompt.get_template(),
             "params": self._params(),
             "query": query,
@@ -229,6 +248,8 @@ class LLMTransform(QueryTransformer):
                 return None
             # an in-process cache holds the (immutable) result itself: no decoding
             stored = data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
+            if not _shareable(stored):
+                return None  # written by an older version, which kept partial results
             return self._restyle(
                 stored,
                 usage=Usage(cached=True),
@@ -242,10 +263,13 @@ class LLMTransform(QueryTransformer):
 
     def _store(self, key: str, result: TransformResult) -> None:
         assert self.cache is not None
-        if result.fallback:
-            return  # never cache an outage
+        if not _shareable(result):
+            return  # never cache an outage, nor a generation some of whose calls failed
         try:
-            value: Any = result if holds_objects(self.cache) else result.to_dict()
+            # the searches are rebuilt on a hit (`_restyle`), as `to_dict` leaves them out
+            value: Any = (
+                replace(result, specs=()) if holds_objects(self.cache) else result.to_dict()
+            )
             self.cache.set(key, value)
         except Exception as exc:
             logger.warning("transform cache write failed (%s)", exc)
@@ -433,8 +457,12 @@ def _number(value: Any, name: str) -> float | None:
 
 
 def _shareable(result: TransformResult) -> bool:
-    """A generation is shared with identical concurrent calls; an outage is not."""
-    return not result.fallback
+    """The one rule for reusing a generation, from a cache (`_store`, `_lookup`) or by
+    identical concurrent calls (`SingleFlight`): only a complete success, no call of
+    which failed. A fallback is an outage; a result with ``error`` set (HyDE with one
+    of three calls failed) holds fewer passages and an old error, and reusing it would
+    keep the healthy provider from ever being asked again."""
+    return not result.fallback and result.error is None
 
 
 def _as_cached(result: TransformResult, start: float) -> TransformResult:
@@ -446,6 +474,156 @@ def _as_cached(result: TransformResult, start: float) -> TransformResult:
         generation_usage=result.generation_usage or result.usage,
         latency_s=time.perf_counter() - start,
     )
+
+
+NOT_GENERATION_OPTIONS: frozenset[str] = frozenset(
+    {"prompt", "cache", "callback_manager", "retry", "breaker", "timeout", "prices"}
+)
+"""The `LLMOptions` that do not change what the LLM writes, so are not in `_params`
+(the prompt is in the key as its template)."""
+
+
+@functools.cache
+def _generation_options(cls: type[LLMTransform]) -> tuple[str, ...]:
+    """The options of ``cls`` in its cache key (see `LLMTransform._params`)."""
+    skip = NOT_GENERATION_OPTIONS | cls.SEARCH_OPTIONS
+    return tuple(name for name in cls.option_names() if name not in skip)
+
+
+def _option_value(name: str, value: Any) -> Any:
+    plain = _plain(value)
+    if plain is _SKIP:
+        raise TypeError(f"option {name}={value!r} has no stable cache-key form")
+    return plain
+
+
+_NOT_SETTINGS = frozenset(
+    {
+        # transport: where and how the request goes, not what the model writes
+        "api_base",
+        "api_type",
+        "api_url",
+        "api_version",
+        "async_client",
+        "async_http_client",
+        "azure_endpoint",
+        "base_url",
+        "client",
+        "connect_timeout",
+        "default_headers",
+        "endpoint",
+        "extra_headers",
+        "headers",
+        "host",
+        "http_client",
+        "max_retries",
+        "num_retries",
+        "organization",
+        "port",
+        "read_timeout",
+        "request_timeout",
+        "retries",
+        "reuse_client",
+        "timeout",
+        "url",
+        # machinery of the call: events, pacing, parsing of structured output
+        "callback_manager",
+        "output_parser",
+        "rate_limiter",
+        # the context window and the machine the model runs on
+        "context_window",
+        "device",
+        "device_map",
+        "n_ctx",
+        "n_parallel",
+        "n_threads",
+        "num_workers",
+        "threads",
+    }
+)
+"""LLM settings that are not in the cache key (see `llm_settings`)."""
+
+_SECRET = re.compile(
+    r"(?:^|_)(?:api_?key|key|secret|password|passwd|token|credentials?|auth|authorization)"
+    r"(?:$|_)",
+    re.IGNORECASE,
+)
+"""Names of secrets (``api_key``, ``hf_token``, ``client_secret``), never in a key;
+``max_tokens`` (plural) is a setting."""
+
+_SKIP = object()
+_MAX_DEPTH = 16
+
+
+def llm_settings(llm: object) -> dict[str, Any]:
+    """The LLM's own settings that shape its replies, for the cache key: its pydantic
+    fields holding plain data (numbers, strings, lists and dicts of them; functions by
+    qualified name), such as ``temperature``, ``max_tokens``, ``additional_kwargs``,
+    ``seed`` or ``system_prompt``. Left out: secrets (keys, tokens, passwords),
+    transport (URLs, timeouts, retries, headers, clients), callbacks, the context
+    window, any object without a plain form (its repr may hold an address), and the
+    names an LLM class lists in a ``cache_key_ignores`` class attribute."""
+    return _model_settings(llm, 0) if isinstance(llm, BaseModel) else {}
+
+
+def _model_settings(model: BaseModel, depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _setting_fields(type(model)):
+        try:
+            value = _plain(getattr(model, name), depth + 1)
+        except Exception:  # a field that cannot be read is no setting of ours
+            continue
+        if value is not _SKIP:
+            out[name] = value
+    return out
+
+
+@functools.cache
+def _setting_fields(cls: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of ``cls`` that may be settings (by name; see `llm_settings`)."""
+    ignored = frozenset(getattr(cls, "cache_key_ignores", ()))
+    return tuple(n for n in cls.model_fields if n not in ignored and _is_setting(n))
+
+
+def _is_setting(name: object) -> bool:
+    return isinstance(name, str) and name not in _NOT_SETTINGS and not _SECRET.search(name)
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON data, the same in every process, or `_SKIP`. Dict
+    entries named like secrets or transport (`_is_setting`) are dropped at any depth."""
+    if depth > _MAX_DEPTH:
+        return _SKIP
+    if isinstance(value, enum.Enum):
+        value = value.value
+    elif isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    elif type(value).__module__ == "numpy" and callable(getattr(value, "tolist", None)):
+        value = value.tolist()  # a numpy number or array, as Python numbers
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v, depth + 1) for v in value]
+        return [v for v in items if v is not _SKIP]
+    if isinstance(value, (set, frozenset)):
+        items = [_plain(v, depth + 1) for v in value]
+        return sorted((v for v in items if v is not _SKIP), key=repr)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, enum.Enum):
+                k = k.value
+            if not isinstance(k, (str, int, float, bool)) or not _is_setting(str(k)):
+                continue
+            plain = _plain(v, depth + 1)
+            if plain is not _SKIP:
+                out[str(k)] = plain
+        return out
+    if isinstance(value, BaseModel):
+        return _model_settings(value, depth)
+    if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
+        return f"{value.__module__}.{value.__qualname__}"
+    return _SKIP
 
 
 def _describe(exc: BaseException) -> str:
