@@ -1,0 +1,277 @@
+"""Edge cases of issue #29: whatever fails after the LLM falls back to the question's
+own search, traces on the host's callback manager, replies with no content, what a
+QueryBundle carries, non-finite scores, escaped prompt braces, placeholder queries, the
+embedding model of a loaded index, the docs extra's logging, and the RCP servers' last
+line of defence."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever, transform_of
+from llama_index_hyde_plus.retriever import SearchResult
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+from llama_index_hyde_plus.transforms.feedback import Rocchio
+
+from .conftest import DOCS
+
+Q = "Why did revenue drop?"
+POISON = "A poison passage about revenue and renewals."
+
+
+def ids(nodes: Sequence[NodeWithScore]) -> list[str]:
+    return [n.node.node_id for n in nodes]
+
+
+async def run(retriever: TransformRetriever, query: str, use_async: bool) -> SearchResult:
+    return await retriever.asearch(query) if use_async else retriever.search(query)
+
+
+async def retrieve(
+    retriever: TransformRetriever, bundle: QueryBundle, use_async: bool
+) -> list[NodeWithScore]:
+    return await retriever.aretrieve(bundle) if use_async else retriever.retrieve(bundle)
+
+
+# -- 4: a failure after the LLM falls back to the question's own search --------------
+class _Rejecting(DeterministicEmbedding):
+    """Embeds a text holding one of ``poison`` badly: ``mode`` "raise" (an API's 400),
+    "short" (a vector of another size), "empty", or "interrupt" (KeyboardInterrupt)."""
+
+    poison: tuple[str, ...] = ("poison",)
+    mode: str = "raise"
+
+    def vector(self, text: str) -> list[float]:
+        if any(p in text for p in self.poison):
+            if self.mode == "raise":
+                raise ValueError("400: this input is rejected")
+            if self.mode == "short":
+                return [0.5] * 8
+            if self.mode == "empty":
+                return []
+            if self.mode == "interrupt":
+                raise KeyboardInterrupt
+        return super().vector(text)
+
+
+def _index() -> VectorStoreIndex:
+    nodes = [TextNode(id_=k, text=v) for k, v in DOCS.items()]
+    return VectorStoreIndex(nodes, embed_model=DeterministicEmbedding(dim=64))
+
+
+REASON = {"raise": "rejected", "short": "dimensions", "empty": "empty"}
+
+
+def _steps() -> dict[str, object]:
+    """A transform per step of the plan, each of whose generated text is poisoned."""
+    return {
+        "replace": lambda: HyDE(ScriptedLLM([POISON]), query_weight=0.5),
+        "gate": lambda: HyDE(ScriptedLLM([POISON]), query_weight=0.5, gate=0.05),
+        "rerank": lambda: HyDE(ScriptedLLM([POISON]), query_weight=0.5, strategy="rerank"),
+    }
+
+
+@pytest.mark.parametrize("mode", ["raise", "short", "empty"])
+@pytest.mark.parametrize("step", ["replace", "gate", "rerank"])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_generated_text_the_embedding_rejects_falls_back_to_the_question(
+    mode: str, step: str, use_async: bool
+) -> None:
+    base = _index().as_retriever(similarity_top_k=4)
+    plain = ids(base.retrieve(Q))
+    transform = _steps()[step]()  # type: ignore[operator]
+    retriever = TransformRetriever(base, transform, embed_model=_Rejecting(dim=64, mode=mode))
+    result = await run(retriever, Q, use_async)
+    assert ids(result.nodes) == plain
+    assert result.transform.fallback, result.transform
+    assert REASON[mode] in (result.transform.error or ""), result.transform.error
+    assert "question alone" in (result.transform.error or "")
+
+
+@pytest.mark.parametrize("mode", ["raise", "short", "empty"])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_document_vector_the_embedding_rejects_makes_rocchio_fall_back(
+    mode: str, use_async: bool
+) -> None:
+    base = _index().as_retriever(similarity_top_k=4)
+    plain = ids(base.retrieve(Q))
+    bad = _Rejecting(dim=64, mode=mode, poison=(DOCS[plain[1]][:30],))
+    retriever = TransformRetriever(base, Rocchio(k=3, beta=0.5), embed_model=bad)
+    result = await run(retriever, Q, use_async)
+    assert ids(result.nodes) == plain
+    assert result.transform.fallback and REASON[mode] in (result.transform.error or "")
+
+
+class _ShortQueries(StaticRetriever):
+    """A keyword store that rejects long query text (a query-length limit)."""
+
+    def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        if len(bundle.query_str) > 40:
+            raise ValueError("query too long for this store")
+        return super()._answer(bundle)
+
+
+def _keyword_store() -> _ShortQueries:
+    return _ShortQueries(DOCS, results={Q: ["renewals", "pricing"]}, default=["lunch"])
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_keyword_store_rejecting_the_long_hyde_text_serves_the_question(
+    use_async: bool,
+) -> None:
+    store = _keyword_store()
+    hyde = HyDE(ScriptedLLM(["Renewals slipped as three large accounts delayed signing."]))
+    retriever = TransformRetriever(store, hyde, search_type="keyword")
+    result = await run(retriever, Q, use_async)
+    assert ids(result.nodes) == ["renewals", "pricing"]
+    assert result.transform.fallback and "too long" in (result.transform.error or "")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_fanout_whose_every_search_is_rejected_serves_the_question(
+    use_async: bool,
+) -> None:
+    store = _keyword_store()
+    long_ones = "\n".join(f"{i}. a long paraphrase number {i} of why revenue fell" for i in (1, 2))
+    mq = MultiQuery(ScriptedLLM([long_ones]), n=2, include_query=False)
+    retriever = TransformRetriever(store, mq, search_type="keyword")
+    result = await run(retriever, Q, use_async)
+    assert ids(result.nodes) == ["renewals", "pricing"]
+    assert result.transform.fallback and "too long" in (result.transform.error or "")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_when_the_question_itself_cannot_be_searched_its_error_propagates(
+    use_async: bool,
+) -> None:
+    store = StaticRetriever(DOCS, fail_on=[Q])
+    retriever = TransformRetriever(store, HyDE(ScriptedLLM([RuntimeError("llm down")])))
+    with pytest.raises(RuntimeError, match="search failed"):
+        await run(retriever, Q, use_async)
+    assert store.queries == [Q]  # the question was searched once, not again
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_the_question_failing_after_the_expansion_failed_propagates(
+    use_async: bool,
+) -> None:
+    class _Down(StaticRetriever):
+        def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+            raise ConnectionError("store down")
+
+    retriever = TransformRetriever(_Down(DOCS), HyDE(ScriptedLLM([POISON])))
+    with pytest.raises(ConnectionError, match="store down"):
+        await run(retriever, Q, use_async)
+
+
+@pytest.mark.parametrize("step", ["replace", "gate", "rerank"])
+def test_an_interrupt_while_embedding_the_generated_text_is_never_swallowed(step: str) -> None:
+    base = _index().as_retriever(similarity_top_k=4)
+    transform = _steps()[step]()  # type: ignore[operator]
+    bad = _Rejecting(dim=64, mode="interrupt")
+    retriever = TransformRetriever(base, transform, embed_model=bad)
+    with pytest.raises(KeyboardInterrupt):
+        retriever.search(Q)
+
+
+async def test_a_cancelled_search_of_the_generated_text_stays_cancelled() -> None:
+    class _Cancelling(StaticRetriever):
+        async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            if query_bundle.query_str != Q:
+                raise asyncio.CancelledError
+            return await super()._aretrieve(query_bundle)
+
+    store = _Cancelling(DOCS, default=["pto"])
+    retriever = TransformRetriever(store, HyDE(ScriptedLLM([POISON])), search_type="keyword")
+    with pytest.raises(asyncio.CancelledError):
+        await retriever.asearch(Q)
+
+
+# -- 9: traces run on the host's callback manager --------------------------------------
+def _kept_ids(manager: CallbackManager) -> int:
+    return sum(len(v) for v in manager.trace_map.values())
+
+
+def test_retrieve_through_multi_query_keeps_no_more_trace_ids_as_it_goes() -> None:
+    manager = CallbackManager([LlamaDebugHandler(print_trace_on_end=False)])
+    saved = Settings._callback_manager
+    Settings.callback_manager = manager
+    try:
+        base = _index().as_retriever(similarity_top_k=3)
+        base.retrieve(Q)
+        plain = _kept_ids(manager)
+        llm = ScriptedLLM(respond=lambda prompt: "1. why revenue fell\n2. causes of lower sales")
+        retriever = TransformRetriever(base, MultiQuery(llm, n=2))
+        retriever.retrieve(Q)
+        once = _kept_ids(manager)
+        for _ in range(50):
+            retriever.retrieve(Q)
+        assert _kept_ids(manager) <= once, (plain, once, _kept_ids(manager))
+        assert retriever.callback_manager is manager
+    finally:
+        Settings._callback_manager = saved
+
+
+# -- 13: what a QueryBundle carries ------------------------------------------------------
+PTO = DOCS["pto"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_embedding_only_bundle_is_searched_as_given(use_async: bool) -> None:
+    embed = DeterministicEmbedding(dim=64)
+    base = _index().as_retriever(similarity_top_k=3)
+    bundle = QueryBundle(query_str="", embedding=embed.vector(PTO))
+    llm = ScriptedLLM(["never asked"])
+    retriever = TransformRetriever(base, HyDE(llm))
+    nodes = await retrieve(retriever, bundle, use_async)
+    assert ids(nodes) == ids(base.retrieve(bundle)) and ids(nodes)[0] == "pto"
+    assert llm.prompts == []
+    info = transform_of(nodes)
+    assert info is not None and info["skipped"] and not info["fallback"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_bundle_without_text_or_embedding_is_still_refused(use_async: bool) -> None:
+    retriever = TransformRetriever(_index().as_retriever(), HyDE(ScriptedLLM(["x"])))
+    with pytest.raises(ValueError, match="non-empty"):
+        await retrieve(retriever, QueryBundle(query_str="  "), use_async)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("llm_works", [False, True])
+async def test_a_precomputed_embedding_is_the_questions_vector(
+    use_async: bool, llm_works: bool
+) -> None:
+    """The caller's vector points at the PTO document while the text is about revenue:
+    the question's own search (after an LLM failure), and HyDE's mix at question weight
+    1, both search with the caller's vector, which is never embedded again."""
+    embed = DeterministicEmbedding(dim=64)
+    base = _index().as_retriever(similarity_top_k=3)
+    reply = "Revenue fell as renewals slipped." if llm_works else RuntimeError("down")
+    hyde = HyDE(ScriptedLLM([reply]), query_weight=1.0)
+    retriever = TransformRetriever(base, hyde, embed_model=embed)
+    bundle = QueryBundle(query_str=Q, embedding=embed.vector(PTO))
+    nodes = await retrieve(retriever, bundle, use_async)
+    assert ids(nodes)[0] == "pto", ids(nodes)
+    info = transform_of(nodes)
+    assert info is not None and info["fallback"] is not llm_works
+    assert embed.sync_calls + embed.async_calls <= (1 if llm_works else 0)  # the passage
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_custom_embedding_strs_replace_what_is_embedded_for_the_question(
+    use_async: bool,
+) -> None:
+    base = _index().as_retriever(similarity_top_k=3)
+    llm = ScriptedLLM(["1. why revenue fell\n2. causes of lower sales"])
+    retriever = TransformRetriever(base, MultiQuery(llm, n=2, original_weight=100.0))
+    bundle = QueryBundle(query_str=Q, custom_embedding_strs=[PTO])
+    nodes = await retrieve(retriever, bundle, use_async)
+    assert ids(nodes)[0] == "pto", ids(nodes)
+    assert llm.prompts and Q in llm.prompts[0]  # the text is still what is rewritten
