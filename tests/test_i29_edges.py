@@ -275,3 +275,115 @@ async def test_custom_embedding_strs_replace_what_is_embedded_for_the_question(
     nodes = await retrieve(retriever, bundle, use_async)
     assert ids(nodes)[0] == "pto", ids(nodes)
     assert llm.prompts and Q in llm.prompts[0]  # the text is still what is rewritten
+
+
+# -- 12: replies with no content ---------------------------------------------------------
+EMPTY_REPLIES = [
+    "</s>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    " <|eot_id|> ",
+    "<s> </s>",
+    "[INST] [/INST]",
+    "\u200b\u200c\u200d\ufeff\u2060",
+    "<|im_start|>assistant\n<|im_end|>",
+]
+
+
+@pytest.mark.parametrize("reply", EMPTY_REPLIES)
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hyde_reply_with_no_content_is_a_fallback_and_not_cached(
+    reply: str, use_async: bool
+) -> None:
+    from llama_index_hyde_plus.cache import MemoryCache
+
+    cache = MemoryCache()
+    hyde = HyDE(ScriptedLLM([reply, "Renewals slipped."]), cache=cache)
+    result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert result.fallback and result.hypothetical == (), result
+    again = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert again.hypothetical == ("Renewals slipped.",) and not again.cached
+
+
+@pytest.mark.parametrize("reply", EMPTY_REPLIES)
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_multi_query_reply_with_no_content_is_a_fallback(
+    reply: str, use_async: bool
+) -> None:
+    mq = MultiQuery(ScriptedLLM([reply]), n=3)
+    result = await mq.atransform(Q) if use_async else mq.transform(Q)
+    assert result.fallback and result.search_queries == (Q,), result
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_special_tokens_and_invisible_characters_are_cleaned_from_replies(
+    use_async: bool,
+) -> None:
+    hyde = HyDE(
+        ScriptedLLM(["<|im_start|>assistant\n\u200bRenewals slipped.<|im_end|>\n<|im_start|>user"])
+    )
+    result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert result.hypothetical == ("Renewals slipped.",)
+    reply = (
+        "<|im_start|>assistant\n1. why revenue fell\n2. \u2060\u200b\n"
+        "3. lower\u00ad sales causes<|im_end|>\n<|im_start|>user\n1. another turn"
+    )
+    mq = MultiQuery(ScriptedLLM([reply]), n=3)
+    result = await mq.atransform(Q) if use_async else mq.transform(Q)
+    assert result.queries == ("why revenue fell", "lower sales causes"), result.queries
+
+
+def test_cleaning_keeps_joiners_inside_words_and_emoji() -> None:
+    from llama_index_hyde_plus.transforms.parsing import clean_reply
+
+    persian = "می\u200cخواهم"
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"
+    assert clean_reply(f"\u200d{persian} {family}\u200c ") == f"{persian} {family}"
+    assert clean_reply("\ufeffa\u200bb\u2060c\u00ad") == "abc"
+    assert clean_reply("<s>[INST] the answer [/INST]") == "the answer"
+    assert clean_reply("Use <b>bold</b> and a <|im_end|> marker") == "Use <b>bold</b> and a"
+
+
+# -- placeholder lines are not queries -----------------------------------------------------
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "• [Insert Query 1] • [Insert Query 2]",
+        "• [Insert Query 1]\n• [Insert Query 2]",
+        "1. <query 1>\n2. <query 2>",
+        "Query 1: ...\nQuery 2: ...",
+        '["<sub-question 1>", "[your query here]"]',
+        "1. {query}\n2. [Paraphrase 2]",
+        "1. Query 1\n2. Question 2",
+    ],
+)
+def test_a_reply_of_template_placeholders_is_no_query(reply: str) -> None:
+    from llama_index_hyde_plus.transforms.parsing import parse_queries
+
+    assert parse_queries(reply, 3) == [], parse_queries(reply, 3)
+    result = MultiQuery(ScriptedLLM([reply]), n=3).transform(Q)
+    assert result.fallback, result
+
+
+@pytest.mark.parametrize(
+    ("reply", "queries"),
+    [
+        (
+            "1. [What is a query plan?]\n2. <b>index</b> tuning",
+            ["[What is a query plan?]", "<b>index</b> tuning"],
+        ),
+        (
+            "1. query 1 of the SQL log\n2. question 2 on the exam",
+            ["query 1 of the SQL log", "question 2 on the exam"],
+        ),
+        (
+            "1. [PDF] export settings\n2. <query 1> refund policy",
+            ["[PDF] export settings", "refund policy"],
+        ),
+        ("1. query planner\n2. search query syntax", ["query planner", "search query syntax"]),
+    ],
+)
+def test_real_queries_beside_placeholders_are_kept(reply: str, queries: list[str]) -> None:
+    from llama_index_hyde_plus.transforms.parsing import parse_queries
+
+    assert parse_queries(reply, 3) == queries

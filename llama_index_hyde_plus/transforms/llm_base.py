@@ -34,6 +34,7 @@ from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
 from .options import LLMOptions, breaker_from, check_option_names
+from .parsing import clean_reply
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -383,7 +384,7 @@ class LLMTransform(QueryTransformer):
         start: float,
     ) -> TransformResult:
         usage = sum_usage([r.usage for r in replies])
-        texts = [r.text for r in replies if r.text and r.text.strip()]
+        texts = [text for text in (clean_reply(r.text) for r in replies) if text]
         if not texts:
             if not errors:
                 errors = [UnusableReplyError("the LLM returned an empty reply")]
