@@ -387,3 +387,62 @@ def test_real_queries_beside_placeholders_are_kept(reply: str, queries: list[str
     from llama_index_hyde_plus.transforms.parsing import parse_queries
 
     assert parse_queries(reply, 3) == queries
+
+
+# -- a non-finite score from the wrapped retriever ranks lowest ---------------------------
+def _scored(pairs: list[tuple[str, float]]) -> list[NodeWithScore]:
+    return [NodeWithScore(node=TextNode(id_=i, text=i), score=s) for i, s in pairs]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("mode", ["relative_score", "dist_based_score", "max"])
+def test_one_non_finite_score_does_not_spoil_the_fusion(bad: float, mode: str) -> None:
+    import math
+
+    from llama_index_hyde_plus.fusion import fuse
+
+    first = _scored([("a", 3.0), ("x", bad), ("b", 2.0), ("c", 1.0)])
+    second = _scored([("b", 0.9), ("a", 0.5)])
+    fused = fuse([first, second], mode)
+    assert all(math.isfinite(n.score or 0.0) for n in fused), [n.score for n in fused]
+    without = fuse([[n for n in first if n.node.node_id != "x"], second], mode)
+    assert [i for i in ids(fused) if i != "x"] == ids(without)
+    assert ids(fused).index("x") >= 2, ids(fused)  # below every better-scored node
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_one_non_finite_score_does_not_spoil_the_blend(bad: float) -> None:
+    import math
+
+    from llama_index_hyde_plus.expansion import blend_scores
+
+    scores = blend_scores([3.0, bad, 1.0], [0.2, 0.9, 0.1], 0.3)
+    assert all(math.isfinite(s) for s in scores) and scores[0] > scores[2], scores
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_rerank_over_a_nan_scored_hit_ranks_the_others_normally(use_async: bool) -> None:
+    import math
+
+    class _OneNaN(StaticRetriever):
+        def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+            found = super()._answer(bundle)
+            found[1] = NodeWithScore(node=found[1].node, score=float("nan"))
+            return found
+
+    store = _OneNaN(DOCS, default=["renewals", "hiring", "pricing", "pto"])
+    hyde = HyDE(ScriptedLLM(["Revenue fell because renewals slipped."]), strategy="rerank")
+    retriever = TransformRetriever(store, hyde, embed_model=DeterministicEmbedding(dim=64))
+    result = await run(retriever, Q, use_async)
+    assert all(math.isfinite(n.score or 0.0) for n in result.nodes), [n.score for n in result.nodes]
+    assert ids(result.nodes)[0] == "renewals"
+
+
+# -- escaped braces render whatever the query holds ---------------------------------------
+@pytest.mark.parametrize("query", ["\x00secret\x00 plans", "a {{name}} b", "{query} and {n}"])
+def test_escaped_braces_render_independently_of_the_query(query: str) -> None:
+    llm = ScriptedLLM(["1. one\n2. two"])
+    MultiQuery(llm, n=2, prompt="Write {{n}} literally, then {n} queries for: {query}").transform(
+        query
+    )
+    assert llm.prompts == [f"Write {{n}} literally, then 2 queries for: {query}"]
