@@ -7,10 +7,13 @@ line of defence."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
@@ -446,3 +449,76 @@ def test_escaped_braces_render_independently_of_the_query(query: str) -> None:
         query
     )
     assert llm.prompts == [f"Write {{n}} literally, then 2 queries for: {query}"]
+
+
+# -- load_index(embed_model=...) checks the model against the index's metadata ------------
+class _Nameless(BaseEmbedding):
+    """An embedding model with no name of its own (LlamaIndex's default "unknown")."""
+
+    size: int = 64
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return DeterministicEmbedding(dim=self.size).vector(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._get_query_embedding(text)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> Path:
+    from llama_index.core import Document
+
+    from llama_index_hyde_plus.stores.faiss import build_faiss_index
+
+    out = tmp_path / "index"
+    docs = [Document(text=t, id_=i) for i, t in DOCS.items()]
+    build_faiss_index(docs, DeterministicEmbedding(dim=64), out, embed_spec="det", max_length=256)
+    return out
+
+
+def test_load_index_queries_with_the_given_model_when_it_matches(built: Path) -> None:
+    from llama_index_hyde_plus import load_index
+
+    model = DeterministicEmbedding(dim=64)
+    index = load_index(built, embed_model=model)
+    assert index._embed_model is model
+    assert ids(index.as_retriever(similarity_top_k=1).retrieve("paid time off"))[0] == "pto"
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        (DeterministicEmbedding(dim=32), "32 dimensions"),
+        (DeterministicEmbedding(dim=64, model_name="another-model"), "another-model"),
+        (_Nameless(size=32), "32"),
+    ],
+)
+def test_load_index_refuses_an_embed_model_that_does_not_match(
+    built: Path, model: BaseEmbedding, says: str
+) -> None:
+    from llama_index_hyde_plus import load_index
+
+    with pytest.raises(ValueError, match="embed_model") as raised:
+        load_index(built, embed_model=model)
+    assert says in str(raised.value)
+
+
+def test_load_index_accepts_a_nameless_model_of_the_right_size_with_a_warning(
+    built: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from llama_index_hyde_plus import load_index
+
+    with caplog.at_level(logging.WARNING):
+        index = load_index(built, embed_model=_Nameless())
+    assert ids(index.as_retriever(similarity_top_k=1).retrieve("paid time off"))[0] == "pto"
+    assert any("deterministic-bow" in r.getMessage() for r in caplog.records)
+
+
+def test_load_index_takes_a_spec_or_a_model_not_both(built: Path) -> None:
+    from llama_index_hyde_plus import load_index
+
+    with pytest.raises(ValueError, match="not both"):
+        load_index(built, "det", embed_model=DeterministicEmbedding(dim=64))
