@@ -522,3 +522,32 @@ def test_load_index_takes_a_spec_or_a_model_not_both(built: Path) -> None:
 
     with pytest.raises(ValueError, match="not both"):
         load_index(built, "det", embed_model=DeterministicEmbedding(dim=64))
+
+
+# -- reading with the docs extra leaves the root logger alone -----------------------------
+def test_reading_documents_with_the_docs_extra_leaves_the_root_logger_alone(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "prices.csv").write_text("item,price\nlaptop,1200\n")
+    code = (
+        "import logging, sys\n"
+        "root = logging.getLogger()\n"
+        "before = (root.level, list(root.handlers))\n"
+        "import llama_index_hyde_plus\n"
+        "from llama_index_hyde_plus.readers import read_documents\n"
+        "docs = read_documents(__import__('pathlib').Path(sys.argv[1]))\n"
+        "assert docs and 'laptop' in docs[0].text, docs\n"
+        "print(before == (root.level, list(root.handlers)), root.level, root.handlers)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "docs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True"), done.stdout
