@@ -551,3 +551,132 @@ def test_reading_documents_with_the_docs_extra_leaves_the_root_logger_alone(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("True"), done.stdout
+
+
+# -- the RCP servers' last line of defence ---------------------------------------------------
+class _GeventTimeout(BaseException):
+    """What gevent's ``Timeout`` is: not an ``Exception``."""
+
+
+class _Raising(StaticRetriever):
+    """Raises ``error`` (a BaseException) for the query "boom"."""
+
+    error: BaseException = _GeventTimeout("timed out")
+
+    def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        if bundle.query_str == "boom":
+            raise self.error
+        return super()._answer(bundle)
+
+
+def _frame(id_: int, method: str, params: dict[str, object]) -> bytes:
+    import json
+
+    return json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params}).encode()
+
+
+def _rcp_server(error: BaseException, http: bool = False):  # type: ignore[no-untyped-def]
+    from llama_index_hyde_plus.rcp import TransformService, build_server
+    from llama_index_hyde_plus.testing import echo_llm
+
+    store = _Raising(DOCS, default=["pto"])
+    store.error = error
+    return build_server(TransformService(echo_llm(), store), http=http)
+
+
+def _init() -> bytes:
+    import rcp
+
+    return _frame(1, "initialize", {"protocolVersion": rcp.PROTOCOL_VERSION})
+
+
+def test_the_stdio_server_answers_a_non_exception_error_and_keeps_serving() -> None:
+    import io
+    import json
+
+    from llama_index_hyde_plus.rcp import serve_stdio
+
+    frames = [_init(), _frame(2, "retrieve", {"query": "boom", "k": 1})]
+    frames.append(_frame(3, "retrieve", {"query": "paid time off", "k": 1}))
+    out = io.BytesIO()
+    serve_stdio(
+        _rcp_server(_GeventTimeout("t")), stdin=io.BytesIO(b"\n".join(frames) + b"\n"), stdout=out
+    )
+    replies = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["id"] for r in replies] == [1, 2, 3], replies
+    assert (
+        replies[1]["error"]["code"] == -32603 and "_GeventTimeout" in replies[1]["error"]["message"]
+    )
+    assert replies[2]["result"]["hits"][0]["id"] == "pto"
+
+
+@pytest.mark.parametrize("fatal", [KeyboardInterrupt(), SystemExit(3)])
+def test_the_stdio_server_lets_interrupts_and_exits_through(fatal: BaseException) -> None:
+    import io
+
+    from llama_index_hyde_plus.rcp import serve_stdio
+
+    frames = _init() + b"\n" + _frame(2, "retrieve", {"query": "boom", "k": 1}) + b"\n"
+    with pytest.raises(type(fatal)):
+        serve_stdio(_rcp_server(fatal), stdin=io.BytesIO(frames), stdout=io.BytesIO())
+
+
+def _http_post(url: str, body: bytes) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_http_server_answers_a_non_exception_error_in_json_rpc() -> None:
+    import json
+
+    from llama_index_hyde_plus.rcp_http import RcpHttpServer
+
+    server = RcpHttpServer(_rcp_server(_GeventTimeout("t"), http=True)).start()
+    try:
+        assert _http_post(server.url, _init())[0] == 200
+        status, body = _http_post(server.url, _frame(2, "retrieve", {"query": "boom", "k": 1}))
+        assert status == 200, body
+        reply = json.loads(body)
+        assert reply["id"] == 2 and reply["error"]["code"] == -32603, reply
+        status, body = _http_post(server.url, _frame(3, "retrieve", {"query": "pto", "k": 1}))
+        assert status == 200 and json.loads(body)["result"]["hits"], body
+    finally:
+        server.stop()
+
+
+def test_the_http_server_answers_a_body_that_is_not_utf8_with_a_parse_error() -> None:
+    import json
+
+    from llama_index_hyde_plus.rcp_http import RcpHttpServer
+
+    server = RcpHttpServer(_rcp_server(_GeventTimeout("t"), http=True)).start()
+    try:
+        body = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"nonce": "\xff\xfe"}}'
+        status, raw = _http_post(server.url, body)
+        reply = json.loads(raw)
+        assert reply["error"]["code"] == -32700 and "UTF-8" in reply["error"]["message"], reply
+        assert status == 200
+    finally:
+        server.stop()
+
+
+def test_the_stdio_server_answers_a_line_that_is_not_utf8_with_a_parse_error() -> None:
+    import io
+    import json
+
+    from llama_index_hyde_plus.rcp import serve_stdio
+
+    bad = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"nonce": "\xff"}}'
+    out = io.BytesIO()
+    serve_stdio(_rcp_server(_GeventTimeout("t")), stdin=io.BytesIO(bad + b"\n"), stdout=out)
+    reply = json.loads(out.getvalue())
+    assert reply["error"]["code"] == -32700 and "UTF-8" in reply["error"]["message"], reply
