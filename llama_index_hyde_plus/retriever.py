@@ -46,8 +46,6 @@ Found = tuple[list[list[NodeWithScore]], list[float], list[str]]
 Vec = list[float]
 Carried = tuple[list[NodeWithScore], list[str]]
 """A step's nodes and the failed sub-searches of a fan-out."""
-Outcome = tuple[list[NodeWithScore], TransformResult, list[str]]
-"""A search's nodes, the transform's result as searched, and the failed sub-searches."""
 
 
 @dataclass(frozen=True)
@@ -336,20 +334,37 @@ class TransformRetriever(BaseRetriever):
         With guards that need them (grounding, rerank, feedback), the question is
         searched first and its hits are reused for the question's own list. What is
         done is decided by `plan.plan`; this method only carries it out. Whatever fails
-        after the LLM (embedding the generated text, searching with it, fusing) falls
-        back to the question's own search, the result saying why (`_fell_back`); a
-        failure of the question's own search is raised, as a plain retriever would.
+        after the LLM (the gate, embedding the generated text, searching with it,
+        fusing) falls back to the question's own search, the result saying why
+        (`_fell_back`); a failure of the question's own search is raised, as a plain
+        retriever would.
 
         ``query`` may be a ``QueryBundle``, read as `Question.of` says (a precomputed
         ``embedding`` or ``custom_embedding_strs`` stand for the question's own)."""
         question = Question.of(query)
         start = time.perf_counter()
         if not question.text:
-            nodes = _copy(self._search_bundle(question.bundle()))
-            result = question.untransformed(self._method())
-            errors: list[str] = []
-        else:
-            nodes, result, errors = self._transformed(question)
+            return self._as_given(question, start)
+        guards = self.transformer.guards
+        hits = None
+        if plan.question_first(guards):
+            hits = self._search_bundle(self._question_bundle(question))
+        context = plan.context_for(guards, hits)
+        result = self.transformer.transform_safe(question.text, context=context)
+        step: plan.Step | None = None
+        try:
+            expanded = result
+            if plan.wants_gate(result, guards) and self._have_embedder("gate"):
+                similarity = self._similarity(question, result)
+                expanded = plan.gate_verdict(result, guards, similarity)
+            step = self._planned(expanded, guards, hits)
+            nodes, errors = self._carry_out(step, question, hits)
+            result = expanded
+        except Exception as exc:
+            if plan.question_alone(step, question.text):
+                raise
+            result = _fell_back(result, exc)
+            nodes, errors = self._carry_out(self._planned(result, guards, hits), question, hits)
         if self.reranker is not None and nodes:
             nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
         return self._finish(nodes, result, start, errors)
@@ -361,36 +376,7 @@ class TransformRetriever(BaseRetriever):
         question = Question.of(query)
         start = time.perf_counter()
         if not question.text:
-            nodes = _copy(await self._asearch_bundle(question.bundle()))
-            result = question.untransformed(self._method())
-            errors: list[str] = []
-        else:
-            nodes, result, errors = await self._atransformed(question)
-        if self.reranker is not None and nodes:
-            nodes = await self._arerank(nodes, question.bundle())
-        return self._finish(nodes, result, start, errors)
-
-    def _transformed(self, question: Question) -> Outcome:
-        guards = self.transformer.guards
-        hits = None
-        if plan.question_first(guards):
-            hits = self._search_bundle(self._question_bundle(question))
-        context = plan.context_for(guards, hits)
-        result = self.transformer.transform_safe(question.text, context=context)
-        step: plan.Step | None = None
-        try:
-            expanded = self._gated(question, result, guards)
-            step = self._planned(expanded, guards, hits)
-            nodes, errors = self._carry_out(step, question, hits)
-            return nodes, expanded, errors
-        except Exception as exc:
-            if plan.question_alone(step, question.text):
-                raise
-            result = _fell_back(result, exc)
-        nodes, errors = self._carry_out(self._planned(result, guards, hits), question, hits)
-        return nodes, result, errors
-
-    async def _atransformed(self, question: Question) -> Outcome:
+            return await self._aas_given(question, start)
         guards = self.transformer.guards
         hits = None
         if plan.question_first(guards):
@@ -399,17 +385,35 @@ class TransformRetriever(BaseRetriever):
         result = await self.transformer.atransform_safe(question.text, context=context)
         step: plan.Step | None = None
         try:
-            expanded = await self._agated(question, result, guards)
+            expanded = result
+            if plan.wants_gate(result, guards) and self._have_embedder("gate"):
+                similarity = await self._asimilarity(question, result)
+                expanded = plan.gate_verdict(result, guards, similarity)
             step = self._planned(expanded, guards, hits)
             nodes, errors = await self._acarry_out(step, question, hits)
-            return nodes, expanded, errors
+            result = expanded
         except Exception as exc:
             if plan.question_alone(step, question.text):
                 raise
             result = _fell_back(result, exc)
-        step = self._planned(result, guards, hits)
-        nodes, errors = await self._acarry_out(step, question, hits)
-        return nodes, result, errors
+            step = self._planned(result, guards, hits)
+            nodes, errors = await self._acarry_out(step, question, hits)
+        if self.reranker is not None and nodes:
+            nodes = await self._arerank(nodes, question.bundle())
+        return self._finish(nodes, result, start, errors)
+
+    def _as_given(self, question: Question, start: float) -> SearchResult:
+        """A question with no text (an embedding-only bundle), searched as given."""
+        nodes = _copy(self._search_bundle(question.bundle()))
+        if self.reranker is not None and nodes:
+            nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
+        return self._finish(nodes, question.untransformed(self._method()), start, [])
+
+    async def _aas_given(self, question: Question, start: float) -> SearchResult:
+        nodes = _copy(await self._asearch_bundle(question.bundle()))
+        if self.reranker is not None and nodes:
+            nodes = await self._arerank(nodes, question.bundle())
+        return self._finish(nodes, question.untransformed(self._method()), start, [])
 
     def _carry_out(self, step: plan.Step, question: Question, hits: Hits) -> Carried:
         """The nodes of ``step`` and the failed sub-searches of a fan-out (raises what
@@ -494,25 +498,16 @@ class TransformRetriever(BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
         return list(await asyncio.to_thread(self.retriever.retrieve, bundle))
 
-    def _gated(
-        self, question: Question, result: TransformResult, guards: Guards
-    ) -> TransformResult:
-        """``result``, or skipped when the generated text's mean is further from the
-        question than the gate allows (`plan.gate_verdict`)."""
-        if not (plan.wants_gate(result, guards) and self._have_embedder("gate")):
-            return result
+    def _similarity(self, question: Question, result: TransformResult) -> float:
+        """Cosine of the question's vector and the generated text's mean (the gate);
+        `plan.UnusableVector` when a vector cannot be compared."""
         assert self.embedder is not None
-        generated = self.embedder.texts(result.hypothetical)
-        return _gate(result, guards, self._own(question), generated)
+        return _similarity(self._own(question), self.embedder.texts(result.hypothetical))
 
-    async def _agated(
-        self, question: Question, result: TransformResult, guards: Guards
-    ) -> TransformResult:
-        if not (plan.wants_gate(result, guards) and self._have_embedder("gate")):
-            return result
+    async def _asimilarity(self, question: Question, result: TransformResult) -> float:
         assert self.embedder is not None
         generated = await self.embedder.atexts(result.hypothetical)
-        return _gate(result, guards, await self._aown(question), generated)
+        return _similarity(await self._aown(question), generated)
 
     def _have_embedder(self, what: str) -> bool:
         if self.embedder is not None:
@@ -754,14 +749,11 @@ def _fell_back(result: TransformResult, exc: Exception) -> TransformResult:
     return plan.degraded(result, reason)
 
 
-def _gate(
-    result: TransformResult, guards: Guards, own: Vec, generated: list[Vec]
-) -> TransformResult:
-    """`plan.gate_verdict` on the cosine of the question's vector ``own`` and the mean
-    of the ``generated`` text's vectors (`plan.UnusableVector` when one cannot be used)."""
+def _similarity(own: Vec, generated: list[Vec]) -> float:
+    """The cosine of the question's vector ``own`` and the mean of the ``generated``
+    text's vectors (`plan.UnusableVector` when one cannot be used)."""
     plan.check_vectors([own, *generated], "question or passage", len(own))
-    similarity = expansion.cosine(own, expansion.mean_unit(generated))
-    return plan.gate_verdict(result, guards, similarity)
+    return expansion.cosine(own, expansion.mean_unit(generated))
 
 
 def _dense_bundle(spec: SearchSpec, dense: _Dense) -> QueryBundle:
