@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
@@ -680,3 +682,17 @@ def test_the_stdio_server_answers_a_line_that_is_not_utf8_with_a_parse_error() -
     serve_stdio(_rcp_server(_GeventTimeout("t")), stdin=io.BytesIO(bad + b"\n"), stdout=out)
     reply = json.loads(out.getvalue())
     assert reply["error"]["code"] == -32700 and "UTF-8" in reply["error"]["message"], reply
+
+
+_TOKENS = ["</s>", "<s>", "<|im_end|>", "<|im_start|>", "<|eot_id|>", "[/INST]", "\u200b", "\ufeff"]
+
+
+@given(
+    st.lists(st.sampled_from([*_TOKENS, "a", " ", "\n", "<", "|", ">", "im_", "end"]), max_size=12)
+)
+def test_cleaning_a_reply_twice_changes_nothing_and_leaves_no_token(parts: list[str]) -> None:
+    from llama_index_hyde_plus.transforms.parsing import clean_reply
+
+    once = clean_reply("".join(parts))
+    assert clean_reply(once) == once
+    assert not any(token in once for token in _TOKENS), once

@@ -105,8 +105,18 @@ def clean_reply(text: str) -> str:
     """An LLM's reply without what is not content: format characters (see
     `_visible`), a chat template's special tokens (`_SPECIAL_TOKEN`) and whatever
     follows the first end-of-turn token after some content (another turn). Stripped;
-    ``""`` for a reply with no content, which no transform can use."""
-    text = _visible(text)
+    ``""`` for a reply with no content, which no transform can use. Cleaning again
+    changes nothing (a token spelled around another, ``<|im_<|x|>end|>``, goes too)."""
+    cleaned = _clean_once(_visible(text))
+    while True:
+        again = _clean_once(cleaned)
+        if again == cleaned:
+            return cleaned
+        cleaned = again
+
+
+def _clean_once(text: str) -> str:
+    """The first turn of ``text`` with content, without special tokens, stripped."""
     for turn in _END_OF_TURN.split(text):
         content = _SPECIAL_TOKEN.sub("", turn).strip()
         if content:
