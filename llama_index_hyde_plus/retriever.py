@@ -572,10 +572,11 @@ class TransformRetriever(BaseRetriever):
             own = not spec.passages and spec.text == question.text
             if reused:
                 bundles.append(None)
+            elif own:  # our vector of the question only if it can be searched with
+                bundles.append(question.bundle(_searchable(dense[0]) if dense else None))
             elif dense is None:
                 strs = list(spec.embedding_strs)
-                plain = QueryBundle(query_str=spec.text, custom_embedding_strs=strs)
-                bundles.append(question.bundle() if own else plain)
+                bundles.append(QueryBundle(query_str=spec.text, custom_embedding_strs=strs))
             else:
                 bundles.append(_dense_bundle(spec, dense))
         return bundles
@@ -758,11 +759,11 @@ def _similarity(own: Vec, generated: list[Vec]) -> float:
 
 def _dense_bundle(spec: SearchSpec, dense: _Dense) -> QueryBundle:
     """The bundle of a search with our own vector: the weighted mix of the question and
-    the passages, or the question's vector when there are none. `plan.UnusableVector`
+    the passages, or the query's own vector when there are none. `plan.UnusableVector`
     when a vector is empty, of another size than the question's, NaN or infinite."""
     own, passages = dense
-    if not passages:
-        return QueryBundle(query_str=spec.text, embedding=own)
+    if not passages:  # a sub-question of a chain, embedded as a query of its own
+        return QueryBundle(query_str=spec.text, embedding=_searchable(own))
     plan.check_vectors([own, *passages], "question or passage", len(own))
     vector = expansion.weighted_vector(own, passages, spec.query_weight)
     plan.check_vectors([vector], "weighted search")

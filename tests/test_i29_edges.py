@@ -47,7 +47,7 @@ async def retrieve(
 # -- 4: a failure after the LLM falls back to the question's own search --------------
 class _Rejecting(DeterministicEmbedding):
     """Embeds a text holding one of ``poison`` badly: ``mode`` "raise" (an API's 400),
-    "short" (a vector of another size), "empty", or "interrupt" (KeyboardInterrupt)."""
+    "short" (a vector of another size), "empty", "nan" or "interrupt" (KeyboardInterrupt)."""
 
     poison: tuple[str, ...] = ("poison",)
     mode: str = "raise"
@@ -60,6 +60,8 @@ class _Rejecting(DeterministicEmbedding):
                 return [0.5] * 8
             if self.mode == "empty":
                 return []
+            if self.mode == "nan":
+                return [float("nan")] * self.dim
             if self.mode == "interrupt":
                 raise KeyboardInterrupt
         return super().vector(text)
@@ -696,3 +698,20 @@ def test_cleaning_a_reply_twice_changes_nothing_and_leaves_no_token(parts: list[
     once = clean_reply("".join(parts))
     assert clean_reply(once) == once
     assert not any(token in once for token in _TOKENS), once
+
+
+@pytest.mark.parametrize("mode", ["empty", "nan"])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_unusable_vector_of_the_question_leaves_its_embedding_to_the_retriever(
+    mode: str, use_async: bool
+) -> None:
+    """Our embedding model fails the question itself (the wrapped retriever's own does
+    not): the question's lists are searched with the retriever's embedding, as a plain
+    retriever would, instead of with an empty or wrong-size vector."""
+    base = _index().as_retriever(similarity_top_k=4)
+    plain = ids(base.retrieve(Q))
+    bad = _Rejecting(dim=64, mode=mode, poison=("revenue drop",))
+    llm = ScriptedLLM(["1. renewals slipping\n2. large accounts delayed"])
+    mq = MultiQuery(llm, n=2, original_weight=100.0)
+    result = await run(TransformRetriever(base, mq, embed_model=bad), Q, use_async)
+    assert ids(result.nodes)[0] == plain[0] and not result.failed_searches, result
