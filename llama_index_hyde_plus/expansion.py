@@ -122,13 +122,16 @@ def keyword_query(query: str, passages: Sequence[str], query_weight: float) -> s
 
 
 def minmax(values: Sequence[float]) -> list[float]:
-    """``values`` rescaled to [0, 1]; all equal -> all 1."""
-    if not values:
-        return []
-    low, high = min(values), max(values)
+    """``values`` rescaled to [0, 1]; all equal -> all 1. The range is the finite
+    values'; a NaN or infinite value (a broken score) counts as the lowest, 0, so the
+    others keep the places they would have without it."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return [0.0 for _ in values]
+    low, high = min(finite), max(finite)
     if high - low <= 1e-12:
-        return [1.0 for _ in values]
-    return [(v - low) / (high - low) for v in values]
+        return [1.0 if math.isfinite(v) else 0.0 for v in values]
+    return [(v - low) / (high - low) if math.isfinite(v) else 0.0 for v in values]
 
 
 def blend_order(

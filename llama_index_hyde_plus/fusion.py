@@ -95,31 +95,49 @@ def _rrf(lists: Lists, weights: list[float], k: int) -> dict[str, float]:
     return scores
 
 
+def _raw(nodes: Sequence[NodeWithScore]) -> list[float]:
+    """The scores of ``nodes``, None as 0."""
+    return [item.score if item.score is not None else 0.0 for item in nodes]
+
+
+def _normalised(raw: list[float], dist_based: bool) -> list[float]:
+    """``raw`` scaled to [0, 1] by min-max or by mean +/- 3 standard deviations, both
+    taken over the finite scores; a non-finite score (NaN, infinity: a broken one)
+    counts as the lowest, 0, so the others rank as they would without it."""
+    finite = [s for s in raw if math.isfinite(s)]
+    if not finite:
+        return [0.0] * len(raw)
+    if dist_based:
+        mean = sum(finite) / len(finite)
+        std = math.sqrt(sum((s - mean) ** 2 for s in finite) / len(finite))
+        low, high = mean - 3 * std, mean + 3 * std
+    else:
+        low, high = min(finite), max(finite)
+    return [
+        0.0 if not math.isfinite(s) else 1.0 if high == low else (s - low) / (high - low)
+        for s in raw
+    ]
+
+
 def _normalised_sum(lists: Lists, weights: list[float], dist_based: bool) -> dict[str, float]:
     scores: dict[str, float] = {}
     for nodes, w in zip(lists, weights):
         unique = unique_nodes(nodes)
-        if not unique:
-            continue
-        raw = [item.score if item.score is not None else 0.0 for item in unique]
-        if dist_based:
-            mean = sum(raw) / len(raw)
-            std = math.sqrt(sum((s - mean) ** 2 for s in raw) / len(raw))
-            low, high = mean - 3 * std, mean + 3 * std
-        else:
-            low, high = min(raw), max(raw)
-        for item, s in zip(unique, raw):
-            norm = 1.0 if high == low else (s - low) / (high - low)
+        for item, norm in zip(unique, _normalised(_raw(unique), dist_based)):
             nid = item.node.node_id
             scores[nid] = scores.get(nid, 0.0) + w * norm
     return scores
 
 
 def _max(lists: Lists, weights: list[float]) -> dict[str, float]:
+    """Each node's best weighted score; a non-finite score counts as its list's lowest
+    finite one (0 when none is)."""
     scores: dict[str, float] = {}
     for nodes, w in zip(lists, weights):
-        for item in nodes:
-            s = w * (item.score if item.score is not None else 0.0)
+        raw = _raw(nodes)
+        floor = min((s for s in raw if math.isfinite(s)), default=0.0)
+        for item, score in zip(nodes, raw):
+            s = w * (score if math.isfinite(score) else floor)
             nid = item.node.node_id
             scores[nid] = max(scores.get(nid, -math.inf), s)
     return scores
@@ -152,7 +170,8 @@ def fuse(
     """Fuse ranked lists into one, best first.
 
     ``weights`` (one per list, >= 0) scale each list's contribution in every mode; a
-    zero weight drops a list. Scores of ``None`` count as 0 in the score-based modes.
+    zero weight drops a list. Scores of ``None`` count as 0 in the score-based modes,
+    a NaN or infinite one as its list's lowest.
     Interleave assigns ``1 / position`` as the fused score; RRF assigns the RRF sum.
     """
     mode = FusionMode(mode)

@@ -23,11 +23,13 @@ __all__ = [
     "Plan",
     "Rerank",
     "Step",
+    "UnusableVector",
+    "check_vectors",
     "context_for",
     "degraded",
     "gate_verdict",
-    "non_finite",
     "plan",
+    "question_alone",
     "question_first",
     "wants_gate",
 ]
@@ -123,12 +125,32 @@ def degraded(result: TransformResult, reason: str) -> TransformResult:
     return replace(result, fallback=True, error=f"{reason}; searched with the question alone")
 
 
-def non_finite(vectors: Sequence[Sequence[float]], what: str) -> str | None:
-    """Why ``vectors`` cannot be searched with (a NaN or infinite value), else None."""
+class UnusableVector(ValueError):
+    """A vector cannot be searched with: empty, of another size than the question's,
+    or holding NaN or infinity (the message says which)."""
+
+
+def check_vectors(vectors: Sequence[Sequence[float]], what: str, dim: int | None = None) -> None:
+    """Raise `UnusableVector` when one of ``vectors`` is empty, has another length than
+    ``dim`` (default: the first vector's) or holds NaN or infinity; ``what`` names them."""
     for vector in vectors:
+        if len(vector) == 0:
+            raise UnusableVector(f"a {what} vector is empty")
+        dim = len(vector) if dim is None else dim
+        if len(vector) != dim:
+            raise UnusableVector(f"a {what} vector has {len(vector)} dimensions, not {dim}")
         if not all(math.isfinite(x) for x in vector):
-            return f"a {what} vector holds NaN or infinity"
-    return None
+            raise UnusableVector(f"a {what} vector holds NaN or infinity")
+
+
+def question_alone(step: Step | None, query: str) -> bool:
+    """Whether ``step`` searches nothing but the question itself (so a failure of it is
+    the question's own, with no plainer search to fall back to)."""
+    if isinstance(step, KeepHits):
+        return True
+    if isinstance(step, Fanout):
+        return all(not spec.passages and spec.text == query for spec in step.specs)
+    return False
 
 
 def _fanout(result: TransformResult, hits: Sequence[Any] | None) -> Fanout:

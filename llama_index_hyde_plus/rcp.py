@@ -20,6 +20,7 @@ lock other clients out again.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -55,6 +56,23 @@ MAX_BODY_BYTES = 1 << 20
 MAX_BATCH = 64
 #: Deepest nesting of arrays/objects accepted in one frame.
 MAX_DEPTH = 64
+PROPAGATE: tuple[type[BaseException], ...] = (
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
+    asyncio.CancelledError,
+)
+"""What a server lets through instead of answering: an interrupt, an exit, a
+cancellation. Any other error, an ``Exception`` or not (gevent's ``Timeout`` is a
+``BaseException``), is answered with -32603 and the server keeps serving."""
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """The -32700 message for a frame whose bytes are not UTF-8 (never decoded with
+    replacement characters: the request would not be the one sent)."""
+    return f"invalid JSON: the request is not UTF-8 text (byte {exc.start})"
+
+
 RETRIEVE_OPTIONS = frozenset({"query", "k", "rewrite", "n", "_meta"})
 TRANSFORM_OPTIONS = frozenset({"query", "method", "n", "_meta"})
 
@@ -389,7 +407,8 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
     Dispatch stays the SDK's; in front of it every frame is checked for what the SDK
     does not survive or should not accept: size, nesting depth, batch size, the type
     of ``id``, ``params`` and ``initialize``'s ``protocolVersion``. Any exception left
-    becomes -32603 for that request. Notifications (no ``id``) are never answered and
+    becomes -32603 for that request, whether an ``Exception`` or not, except `PROPAGATE`
+    (interrupts, exits, cancellation). Notifications (no ``id``) are never answered and
     never change state.
     """
 
@@ -437,7 +456,9 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
                     )
         try:
             return self._dispatch_request(request)
-        except Exception as exc:  # the SDK promises "never raises"; hold it to that
+        except PROPAGATE:
+            raise
+        except BaseException as exc:  # the SDK promises "never raises"; hold it to that
             logger.warning("rcp: %s while handling a request", type(exc).__name__, exc_info=True)
             return _error(id_, rcp.Errc.INTERNAL_ERROR, f"internal error ({type(exc).__name__})")
 
@@ -449,7 +470,9 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
         nothing is to be answered). Never raises."""
         try:
             return self._handle_line(line)
-        except Exception as exc:  # pragma: no cover - last resort
+        except PROPAGATE:
+            raise
+        except BaseException as exc:  # pragma: no cover - last resort
             logger.warning("rcp: %s while handling a frame", type(exc).__name__, exc_info=True)
             return error_frame(rcp.Errc.INTERNAL_ERROR, f"internal error ({type(exc).__name__})")
 
@@ -556,10 +579,14 @@ def serve_stdio(
                 {"maxBytes": limit},
             )
         else:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line:
-                continue
-            reply = server.handle_line(line)
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                reply = error_frame(rcp.Errc.PARSE_ERROR, not_utf8(exc))
+            else:
+                if not line:
+                    continue
+                reply = server.handle_line(line)
         if reply:
             try:
                 sink.write((reply + "\n").encode("utf-8"))

@@ -52,7 +52,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._checks import is_int
-from .rcp import MAX_BODY_BYTES, RcpServer, dumps
+from .rcp import MAX_BODY_BYTES, PROPAGATE, RcpServer, dumps, not_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -304,6 +304,12 @@ class _Endpoint:
             response = await self.respond(request)
         except ClientDisconnect:
             return  # the client is gone: nobody to answer
+        except PROPAGATE:
+            raise
+        except BaseException as exc:  # the last line of defence: still JSON-RPC
+            logger.warning("rcp: %s while answering", type(exc).__name__, exc_info=True)
+            name = type(exc).__name__
+            response = self.error(500, rcp.Errc.INTERNAL_ERROR, f"internal error ({name})")
         await response(scope, receive, send)
 
     @staticmethod
@@ -423,7 +429,10 @@ class _Endpoint:
                 f"request body not received within {self.limits.body_timeout:g} s",
                 close=True,
             )
-        text = body.decode("utf-8", "replace")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return self.error(200, rcp.Errc.PARSE_ERROR, not_utf8(exc))
         if not text.strip():
             return self.error(200, rcp.Errc.INVALID_REQUEST, "empty request body")
         if self.inflight >= self.limits.max_inflight:

@@ -10,6 +10,8 @@ other file that is not read is listed in `FolderContents.skipped` with the reaso
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +145,24 @@ def _cause(exc: Exception) -> Exception:
     return inner if isinstance(inner, Exception) else exc
 
 
+@contextlib.contextmanager
+def _root_logger_kept() -> Iterator[None]:
+    """The root logger's level and handlers as they were before the block, whatever
+    an import in it configured (the application's logging is not ours to change)."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+
+
 def _extractors(folder: Path, suffixes: set[str]) -> dict[str, BaseReader]:
     """The reader of each suffix present (the ``docs`` extra only when needed)."""
     readers: dict[str, BaseReader] = {s: _Utf8Reader(folder) for s in TEXT_SUFFIXES}
@@ -150,8 +170,11 @@ def _extractors(folder: Path, suffixes: set[str]) -> dict[str, BaseReader]:
     if needed:
         from .models import require_extra
 
-        require_extra("docs", ("llama_index.readers.file",), f"reading {', '.join(needed)} files")
-        from llama_index.readers.file import CSVReader, DocxReader, HTMLTagReader, PDFReader
+        with _root_logger_kept():  # a reader module calls logging.basicConfig(INFO)
+            require_extra(
+                "docs", ("llama_index.readers.file",), f"reading {', '.join(needed)} files"
+            )
+            from llama_index.readers.file import CSVReader, DocxReader, HTMLTagReader, PDFReader
 
         html = HTMLTagReader(tag="body")
         readers.update(

@@ -19,6 +19,7 @@ from llama_index.core.indices.base import BaseIndex
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.settings import Settings
 
 from . import expansion, plan
 from ._checks import check_int, is_int
@@ -41,6 +42,69 @@ Hits = list[NodeWithScore] | None
 """The question's own hits, when it was searched first."""
 Found = tuple[list[list[NodeWithScore]], list[float], list[str]]
 """A fan-out's outcome: the ranked lists, their fusion weights, the failed searches."""
+
+Vec = list[float]
+Carried = tuple[list[NodeWithScore], list[str]]
+"""A step's nodes and the failed sub-searches of a fan-out."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the caller asked: the text a transform rewrites, and what the question's
+    own search uses.
+
+    From a ``QueryBundle`` (`of`), as LlamaIndex's own retrievers read one: a
+    precomputed ``embedding`` is the question's vector wherever it is needed (its own
+    search, the HyDE mix, the gate, feedback), never embedded again;
+    ``custom_embedding_strs`` replace the question's text as what is embedded for it
+    (the mean of their query embeddings, as LlamaIndex aggregates them), while the
+    text is still what the transform rewrites and keyword search matches. A bundle with
+    no text but an embedding or embedding strings cannot be rewritten: ``text`` is
+    empty and it is searched as given."""
+
+    text: str
+    embedding: Vec | None = None
+    custom_strs: tuple[str, ...] = ()
+    given: QueryBundle | None = None
+
+    @classmethod
+    def of(cls, query: str | QueryBundle) -> Question:
+        """``query`` read as a question (a `TypeError` or `ValueError` for one that
+        has neither text nor an embedding)."""
+        if not isinstance(query, QueryBundle):
+            return cls(validate_query(query))
+        embedding = None if query.embedding is None else [float(x) for x in query.embedding]
+        strs = tuple(query.custom_embedding_strs or ())
+        text = query.query_str
+        if isinstance(text, str) and not text.strip() and (embedding is not None or strs):
+            return cls("", embedding, strs, given=query)
+        return cls(validate_query(text), embedding, strs, given=query)
+
+    @property
+    def embedding_strs(self) -> tuple[str, ...]:
+        """What is embedded for the question when no embedding was given."""
+        return self.custom_strs or (self.text,)
+
+    def bundle(self, embedding: Vec | None = None) -> QueryBundle:
+        """The question's own search: its text, the caller's embedding (else
+        ``embedding``), and the caller's embedding strings."""
+        if not self.text and self.given is not None:
+            return self.given  # cannot be rewritten: searched as given
+        return QueryBundle(
+            query_str=self.text,
+            embedding=self.embedding if self.embedding is not None else embedding,
+            custom_embedding_strs=list(self.custom_strs) or None,
+        )
+
+    def untransformed(self, method: str) -> TransformResult:
+        """The result of a question no transform could run on (no text)."""
+        return TransformResult(
+            query=self.text,
+            method=method,
+            queries=(),
+            skipped="the query has an embedding but no text to rewrite; searched as given",
+        )
+
 
 SearchType = Literal["auto", "dense", "keyword", "hybrid"]
 _KEYWORD_MODES = {"sparse", "text_search"}
@@ -144,6 +208,9 @@ class TransformRetriever(BaseRetriever):
     ``search_type`` says how the wrapped retriever matches ("auto" guesses): dense
     retrievers get the averaged embedding of the HyDE passages (and query), keyword and
     hybrid ones get the passage text as ``query_str``.
+
+    Traces go to ``callback_manager``, else ``Settings.callback_manager`` (as with
+    LlamaIndex's own retrievers), so the wrapped retriever's events end with them.
     """
 
     def __init__(
@@ -196,7 +263,10 @@ class TransformRetriever(BaseRetriever):
         self._warned_no_embedder = False
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        super().__init__(callback_manager=callback_manager, verbose=verbose)
+        # the host's manager, as LlamaIndex's own retrievers take it: a private one
+        # would never end the wrapped retriever's traces, whose ids then pile up
+        host = callback_manager or Settings.callback_manager
+        super().__init__(callback_manager=host, verbose=verbose)
         advice = transformer.search_advice(self.search_type)
         if advice:
             logger.warning("%s", advice)
@@ -252,85 +322,135 @@ class TransformRetriever(BaseRetriever):
         return {"transformer": self.transformer}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return _carrying_transform(self.search(query_bundle.query_str))
+        return _carrying_transform(self.search(query_bundle))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return _carrying_transform(await self.asearch(query_bundle.query_str))
+        return _carrying_transform(await self.asearch(query_bundle))
 
     # -- public --------------------------------------------------------------------
-    def search(self, query: str) -> SearchResult:
+    def search(self, query: str | QueryBundle) -> SearchResult:
         """Transform ``query``, run its searches concurrently, fuse and rerank.
 
         With guards that need them (grounding, rerank, feedback), the question is
         searched first and its hits are reused for the question's own list. What is
-        done is decided by `plan.plan`; this method only carries it out."""
-        validate_query(query)
+        done is decided by `plan.plan`; this method only carries it out. Whatever fails
+        after the LLM (the gate, embedding the generated text, searching with it,
+        fusing) falls back to the question's own search, the result saying why
+        (`_fell_back`); a failure of the question's own search is raised, as a plain
+        retriever would.
+
+        ``query`` may be a ``QueryBundle``, read as `Question.of` says (a precomputed
+        ``embedding`` or ``custom_embedding_strs`` stand for the question's own)."""
+        question = Question.of(query)
         start = time.perf_counter()
+        if not question.text:
+            return self._as_given(question, start)
         guards = self.transformer.guards
         hits = None
         if plan.question_first(guards):
-            hits = self._search_bundle(self._question_bundle(query))
-        result = self.transformer.transform_safe(query, context=plan.context_for(guards, hits))
-        if plan.wants_gate(result, guards) and self._have_embedder("gate"):
-            result = plan.gate_verdict(result, guards, self._similarity(result))
-        step = self._planned(result, guards, hits)
-        errors: list[str] = []
+            hits = self._search_bundle(self._question_bundle(question))
+        context = plan.context_for(guards, hits)
+        result = self.transformer.transform_safe(question.text, context=context)
+        step: plan.Step | None = None
+        try:
+            expanded = result
+            if plan.wants_gate(result, guards) and self._have_embedder("gate"):
+                similarity = self._similarity(question, result)
+                expanded = plan.gate_verdict(result, guards, similarity)
+            step = self._planned(expanded, guards, hits)
+            nodes, errors = self._carry_out(step, question, hits)
+            result = expanded
+        except Exception as exc:
+            if plan.question_alone(step, question.text):
+                raise
+            result = _fell_back(result, exc)
+            nodes, errors = self._carry_out(self._planned(result, guards, hits), question, hits)
+        if self.reranker is not None and nodes:
+            nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
+        return self._finish(nodes, result, start, errors)
+
+    async def asearch(self, query: str | QueryBundle) -> SearchResult:
+        """Async twin of `search` (the same plan, the same steps, the same fallback);
+        never calls a blocking LLM, embedding or retriever method (those without native
+        async run in worker threads)."""
+        question = Question.of(query)
+        start = time.perf_counter()
+        if not question.text:
+            return await self._aas_given(question, start)
+        guards = self.transformer.guards
+        hits = None
+        if plan.question_first(guards):
+            hits = await self._asearch_bundle(await self._aquestion_bundle(question))
+        context = plan.context_for(guards, hits)
+        result = await self.transformer.atransform_safe(question.text, context=context)
+        step: plan.Step | None = None
+        try:
+            expanded = result
+            if plan.wants_gate(result, guards) and self._have_embedder("gate"):
+                similarity = await self._asimilarity(question, result)
+                expanded = plan.gate_verdict(result, guards, similarity)
+            step = self._planned(expanded, guards, hits)
+            nodes, errors = await self._acarry_out(step, question, hits)
+            result = expanded
+        except Exception as exc:
+            if plan.question_alone(step, question.text):
+                raise
+            result = _fell_back(result, exc)
+            step = self._planned(result, guards, hits)
+            nodes, errors = await self._acarry_out(step, question, hits)
+        if self.reranker is not None and nodes:
+            nodes = await self._arerank(nodes, question.bundle())
+        return self._finish(nodes, result, start, errors)
+
+    def _as_given(self, question: Question, start: float) -> SearchResult:
+        """A question with no text (an embedding-only bundle), searched as given."""
+        nodes = _copy(self._search_bundle(question.bundle()))
+        if self.reranker is not None and nodes:
+            nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
+        return self._finish(nodes, question.untransformed(self._method()), start, [])
+
+    async def _aas_given(self, question: Question, start: float) -> SearchResult:
+        nodes = _copy(await self._asearch_bundle(question.bundle()))
+        if self.reranker is not None and nodes:
+            nodes = await self._arerank(nodes, question.bundle())
+        return self._finish(nodes, question.untransformed(self._method()), start, [])
+
+    def _carry_out(self, step: plan.Step, question: Question, hits: Hits) -> Carried:
+        """The nodes of ``step`` and the failed sub-searches of a fan-out (raises what
+        fails; the caller falls back)."""
         if isinstance(step, plan.Rerank):
             assert hits is not None and self.embedder is not None
             generated = self.embedder.texts(step.passages)
-            nodes, result = _reranked(hits, self.doc_vectors.get(hits), generated, step, result)
-        elif isinstance(step, plan.Feedback):
-            assert hits is not None and self.embedder is not None
+            return _reranked(hits, self.doc_vectors.get(hits), generated, step), []
+        if isinstance(step, plan.Feedback):
+            assert hits is not None
             vectors = self.doc_vectors.get(hits[: step.k])
-            bundle, result = _feedback(query, self.embedder.query(query), vectors, step, result)
-            nodes = _copy(self._search_bundle(bundle) if bundle else hits)
-        elif isinstance(step, plan.Fanout):
-            bundles, result = self._bundles(step, query, result, self._vectors(step, query))
+            bundle = _feedback(question.text, self._own(question), vectors, step)
+            return _copy(self._search_bundle(bundle)), []
+        if isinstance(step, plan.Fanout):
+            bundles = self._bundles(step, question, self._vectors(step, question))
             lists, weights, errors = self._run_sync(step, bundles, hits)
-            nodes = self._combine(lists, weights)
-        else:
-            nodes = _copy(hits or [])
-        if self.reranker is not None and nodes:
-            nodes = self.reranker.postprocess_nodes(nodes, query_bundle=QueryBundle(query))
-        return self._finish(nodes, result, start, errors)
+            return self._combine(lists, weights), errors
+        return _copy(hits or []), []
 
-    async def asearch(self, query: str) -> SearchResult:
-        """Async twin of `search` (the same plan, the same steps); never calls a
-        blocking LLM, embedding or retriever method (those without native async run in
-        worker threads)."""
-        validate_query(query)
-        start = time.perf_counter()
-        guards = self.transformer.guards
-        hits = None
-        if plan.question_first(guards):
-            hits = await self._asearch_bundle(await self._aquestion_bundle(query))
-        context = plan.context_for(guards, hits)
-        result = await self.transformer.atransform_safe(query, context=context)
-        if plan.wants_gate(result, guards) and self._have_embedder("gate"):
-            result = plan.gate_verdict(result, guards, await self._asimilarity(result))
-        step = self._planned(result, guards, hits)
-        errors: list[str] = []
+    async def _acarry_out(self, step: plan.Step, question: Question, hits: Hits) -> Carried:
         if isinstance(step, plan.Rerank):
             assert hits is not None and self.embedder is not None
             generated = await self.embedder.atexts(step.passages)
-            vectors = await self.doc_vectors.aget(hits)
-            nodes, result = _reranked(hits, vectors, generated, step, result)
-        elif isinstance(step, plan.Feedback):
-            assert hits is not None and self.embedder is not None
+            return _reranked(hits, await self.doc_vectors.aget(hits), generated, step), []
+        if isinstance(step, plan.Feedback):
+            assert hits is not None
             vectors = await self.doc_vectors.aget(hits[: step.k])
-            own = await self.embedder.aquery(query)
-            bundle, result = _feedback(query, own, vectors, step, result)
-            nodes = _copy(await self._asearch_bundle(bundle) if bundle else hits)
-        elif isinstance(step, plan.Fanout):
-            dense = await self._avectors(step, query)
-            bundles, result = self._bundles(step, query, result, dense)
+            bundle = _feedback(question.text, await self._aown(question), vectors, step)
+            return _copy(await self._asearch_bundle(bundle)), []
+        if isinstance(step, plan.Fanout):
+            bundles = self._bundles(step, question, await self._avectors(step, question))
             lists, weights, errors = await self._run_async(step, bundles, hits)
-            nodes = self._combine(lists, weights)
-        else:
-            nodes = _copy(hits or [])
-        if self.reranker is not None and nodes:
-            nodes = await self._arerank(nodes, query)
-        return self._finish(nodes, result, start, errors)
+            return self._combine(lists, weights), errors
+        return _copy(hits or []), []
+
+    def _method(self) -> str:
+        return self.transformer.method or type(self.transformer).__name__
 
     def _planned(
         self, result: TransformResult, guards: Guards, hits: list[NodeWithScore] | None
@@ -346,17 +466,29 @@ class TransformRetriever(BaseRetriever):
     def _dense(self) -> bool:
         return self.embedder is not None and self.search_type != "keyword"
 
-    def _question_bundle(self, query: str) -> QueryBundle:
-        if self._dense():
-            assert self.embedder is not None
-            return QueryBundle(query_str=query, embedding=self.embedder.query(query))
-        return QueryBundle(query_str=query)
+    def _own(self, question: Question) -> Vec:
+        """The question's vector: the caller's embedding, else the mean of the query
+        embeddings of its embedding strings (as LlamaIndex's retrievers aggregate them)."""
+        if question.embedding is not None:
+            return question.embedding
+        assert self.embedder is not None
+        return _mean([self.embedder.query(text) for text in question.embedding_strs])
 
-    async def _aquestion_bundle(self, query: str) -> QueryBundle:
-        if self._dense():
-            assert self.embedder is not None
-            return QueryBundle(query_str=query, embedding=await self.embedder.aquery(query))
-        return QueryBundle(query_str=query)
+    async def _aown(self, question: Question) -> Vec:
+        if question.embedding is not None:
+            return question.embedding
+        assert self.embedder is not None
+        return _mean([await self.embedder.aquery(text) for text in question.embedding_strs])
+
+    def _question_bundle(self, question: Question) -> QueryBundle:
+        if question.embedding is None and self._dense():
+            return question.bundle(_searchable(self._own(question)))
+        return question.bundle()
+
+    async def _aquestion_bundle(self, question: Question) -> QueryBundle:
+        if question.embedding is None and self._dense():
+            return question.bundle(_searchable(await self._aown(question)))
+        return question.bundle()
 
     def _search_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
         return list(self.retriever.retrieve(bundle))
@@ -366,16 +498,16 @@ class TransformRetriever(BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
         return list(await asyncio.to_thread(self.retriever.retrieve, bundle))
 
-    def _similarity(self, result: TransformResult) -> float:
-        """Cosine of the question's vector and the generated text's mean (the gate)."""
+    def _similarity(self, question: Question, result: TransformResult) -> float:
+        """Cosine of the question's vector and the generated text's mean (the gate);
+        `plan.UnusableVector` when a vector cannot be compared."""
         assert self.embedder is not None
-        generated = expansion.mean_unit(self.embedder.texts(result.hypothetical))
-        return expansion.cosine(self.embedder.query(result.query), generated)
+        return _similarity(self._own(question), self.embedder.texts(result.hypothetical))
 
-    async def _asimilarity(self, result: TransformResult) -> float:
+    async def _asimilarity(self, question: Question, result: TransformResult) -> float:
         assert self.embedder is not None
-        generated = expansion.mean_unit(await self.embedder.atexts(result.hypothetical))
-        return expansion.cosine(await self.embedder.aquery(result.query), generated)
+        generated = await self.embedder.atexts(result.hypothetical)
+        return _similarity(await self._aown(question), generated)
 
     def _have_embedder(self, what: str) -> bool:
         if self.embedder is not None:
@@ -403,45 +535,51 @@ class TransformRetriever(BaseRetriever):
             for spec, reused in zip(step.specs, step.reuse)
         ]
 
-    def _vectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
+    def _vectors(self, step: plan.Fanout, question: Question) -> list[_Dense | None]:
         """The embeddings each search of ``step`` needs (None: none, or reused)."""
-        return [None if s is None else self._embed(s, query) for s in self._to_embed(step, query)]
+        todo = self._to_embed(step, question.text)
+        return [None if s is None else self._embed(s, question) for s in todo]
 
-    async def _avectors(self, step: plan.Fanout, query: str) -> list[_Dense | None]:
-        todo = self._to_embed(step, query)
-        return [None if s is None else await self._aembed(s, query) for s in todo]
+    async def _avectors(self, step: plan.Fanout, question: Question) -> list[_Dense | None]:
+        todo = self._to_embed(step, question.text)
+        return [None if s is None else await self._aembed(s, question) for s in todo]
 
-    def _embed(self, spec: SearchSpec, query: str) -> _Dense:
-        """The question's query vector and the passages' document vectors for ``spec``."""
+    def _embed(self, spec: SearchSpec, question: Question) -> _Dense:
+        """The question's query vector and the passages' document vectors for ``spec``
+        (a sub-question of a chain is embedded as a query of its own)."""
         assert self.embedder is not None
-        own = self.embedder.query(spec.query or query)
+        asked = spec.query or question.text
+        own = self._own(question) if asked == question.text else self.embedder.query(asked)
         return own, self.embedder.texts(spec.passages) if spec.passages else []
 
-    async def _aembed(self, spec: SearchSpec, query: str) -> _Dense:
+    async def _aembed(self, spec: SearchSpec, question: Question) -> _Dense:
         assert self.embedder is not None
-        own = await self.embedder.aquery(spec.query or query)
+        asked = spec.query or question.text
+        if asked == question.text:
+            own = await self._aown(question)
+        else:
+            own = await self.embedder.aquery(asked)
         return own, await self.embedder.atexts(spec.passages) if spec.passages else []
 
     def _bundles(
-        self,
-        step: plan.Fanout,
-        query: str,
-        result: TransformResult,
-        vectors: list[_Dense | None],
-    ) -> tuple[list[QueryBundle | None], TransformResult]:
-        """One bundle per search of ``step`` (None for a reused one), and ``result``,
-        degraded when a generated vector cannot be searched with."""
+        self, step: plan.Fanout, question: Question, vectors: list[_Dense | None]
+    ) -> list[QueryBundle | None]:
+        """One bundle per search of ``step`` (None for a reused one); the question's
+        own search carries what the caller gave for it (`Question.bundle`). Raises
+        `plan.UnusableVector` when a generated vector cannot be searched with."""
         bundles: list[QueryBundle | None] = []
         for spec, reused, dense in zip(step.specs, step.reuse, vectors):
+            own = not spec.passages and spec.text == question.text
             if reused:
                 bundles.append(None)
+            elif own:  # our vector of the question only if it can be searched with
+                bundles.append(question.bundle(_searchable(dense[0]) if dense else None))
             elif dense is None:
                 strs = list(spec.embedding_strs)
                 bundles.append(QueryBundle(query_str=spec.text, custom_embedding_strs=strs))
             else:
-                bundle, result = _dense_bundle(spec, query, dense, result)
-                bundles.append(bundle)
-        return bundles, result
+                bundles.append(_dense_bundle(spec, dense))
+        return bundles
 
     def _run_sync(self, step: plan.Fanout, bundles: Bundles, hits: Hits) -> Found:
         specs, todo = step.specs, step.todo()
@@ -544,9 +682,10 @@ class TransformRetriever(BaseRetriever):
             mode = FusionMode.RRF  # interleaving cannot weigh lists; RRF can
         return fuse(lists, mode, weights=weights)
 
-    async def _arerank(self, nodes: list[NodeWithScore], query: str) -> list[NodeWithScore]:
+    async def _arerank(
+        self, nodes: list[NodeWithScore], bundle: QueryBundle
+    ) -> list[NodeWithScore]:
         assert self.reranker is not None
-        bundle = QueryBundle(query)
         if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
             return await self.reranker.apostprocess_nodes(nodes, query_bundle=bundle)
         return await asyncio.to_thread(self.reranker.postprocess_nodes, nodes, query_bundle=bundle)
@@ -580,55 +719,76 @@ _Dense = tuple[list[float], list[list[float]]]
 """A search's own question vector and its passages' vectors."""
 
 
-def _dense_bundle(
-    spec: SearchSpec, query: str, dense: _Dense, result: TransformResult
-) -> tuple[QueryBundle, TransformResult]:
+def _mean(vectors: Sequence[Vec]) -> Vec:
+    """The element-wise mean of ``vectors`` (one vector: itself)."""
+    if len(vectors) == 1:
+        return vectors[0]
+    return [sum(column) / len(vectors) for column in zip(*vectors)]
+
+
+def _searchable(vector: Vec) -> Vec | None:
+    """``vector``, or None when it cannot be searched with (empty, NaN or infinite):
+    the wrapped retriever then embeds the question itself."""
+    try:
+        plan.check_vectors([vector], "question")
+    except plan.UnusableVector:
+        return None
+    return vector
+
+
+def _fell_back(result: TransformResult, exc: Exception) -> TransformResult:
+    """The one place where a failure after the LLM (embedding the generated text,
+    searching with it, fusing) becomes the question's own search: ``result`` as a
+    fallback saying why (`plan.degraded`). Only ``Exception`` comes here: cancellation
+    and interrupts propagate."""
+    reason = str(exc) if isinstance(exc, plan.UnusableVector) else f"{type(exc).__name__}: {exc}"
+    logger.warning(
+        "searching with the %s output failed (%s); searching with the question alone",
+        result.method,
+        reason,
+    )
+    return plan.degraded(result, reason)
+
+
+def _similarity(own: Vec, generated: list[Vec]) -> float:
+    """The cosine of the question's vector ``own`` and the mean of the ``generated``
+    text's vectors (`plan.UnusableVector` when one cannot be used)."""
+    plan.check_vectors([own, *generated], "question or passage", len(own))
+    return expansion.cosine(own, expansion.mean_unit(generated))
+
+
+def _dense_bundle(spec: SearchSpec, dense: _Dense) -> QueryBundle:
     """The bundle of a search with our own vector: the weighted mix of the question and
-    the passages, or the question alone (``result`` degraded, saying why) when a vector
-    holds NaN or infinity."""
+    the passages, or the query's own vector when there are none. `plan.UnusableVector`
+    when a vector is empty, of another size than the question's, NaN or infinite."""
     own, passages = dense
-    if not passages:
-        return QueryBundle(query_str=spec.text, embedding=own), result
-    reason = plan.non_finite([own, *passages], "question or passage")
-    vector = None if reason else expansion.weighted_vector(own, passages, spec.query_weight)
-    reason = reason or plan.non_finite([vector or []], "weighted search")
-    if reason:
-        fallback = own if plan.non_finite([own], "question") is None else None
-        return QueryBundle(query_str=query, embedding=fallback), plan.degraded(result, reason)
-    return QueryBundle(query_str=spec.text, embedding=vector), result
+    if not passages:  # a sub-question of a chain, embedded as a query of its own
+        return QueryBundle(query_str=spec.text, embedding=_searchable(own))
+    plan.check_vectors([own, *passages], "question or passage", len(own))
+    vector = expansion.weighted_vector(own, passages, spec.query_weight)
+    plan.check_vectors([vector], "weighted search")
+    return QueryBundle(query_str=spec.text, embedding=vector)
 
 
-def _feedback(
-    query: str,
-    own: list[float],
-    doc_vectors: list[list[float]],
-    step: plan.Feedback,
-    result: TransformResult,
-) -> tuple[QueryBundle | None, TransformResult]:
-    """The Rocchio search's bundle, or None and ``result`` degraded (keep the
-    question's own hits) when a vector holds NaN or infinity."""
-    reason = plan.non_finite([own, *doc_vectors], "question or document")
-    if reason is None:
-        vector = expansion.rocchio_vector(own, doc_vectors, step.alpha, step.beta)
-        reason = plan.non_finite([vector], "feedback")
-        if reason is None:
-            return QueryBundle(query_str=query, embedding=vector), result
-    return None, plan.degraded(result, reason)
+def _feedback(query: str, own: Vec, doc_vectors: list[Vec], step: plan.Feedback) -> QueryBundle:
+    """The Rocchio search's bundle (`plan.UnusableVector` when a vector cannot be used:
+    the caller keeps the question's own hits)."""
+    plan.check_vectors([own, *doc_vectors], "question or document", len(own))
+    vector = expansion.rocchio_vector(own, doc_vectors, step.alpha, step.beta)
+    plan.check_vectors([vector], "feedback")
+    return QueryBundle(query_str=query, embedding=vector)
 
 
 def _reranked(
     hits: list[NodeWithScore],
-    doc_vectors: list[list[float]],
-    generated: list[list[float]],
+    doc_vectors: list[Vec],
+    generated: list[Vec],
     step: plan.Rerank,
-    result: TransformResult,
-) -> tuple[list[NodeWithScore], TransformResult]:
-    """``hits`` reordered by the blend (see `_blend`), or as found with ``result``
-    degraded when a vector holds NaN or infinity."""
-    reason = plan.non_finite([*generated, *doc_vectors], "passage or document")
-    if reason:
-        return _copy(hits), plan.degraded(result, reason)
-    return _blend(hits, doc_vectors, expansion.mean_unit(generated), step.blend), result
+) -> list[NodeWithScore]:
+    """``hits`` reordered by the blend (see `_blend`); `plan.UnusableVector` when a
+    passage or document vector cannot be used (the caller keeps ``hits`` as found)."""
+    plan.check_vectors([*doc_vectors, *generated], "document or passage")
+    return _blend(hits, doc_vectors, expansion.mean_unit(generated), step.blend)
 
 
 def _blend(

@@ -7,8 +7,9 @@ layout, and how a build replaces one without losing anything, is `faiss_folder`.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ from .faiss_folder import (
     write_index,
 )
 from .nodes import (
+    EmbeddingMismatchError,
     IndexInfo,
     ProgressFn,
     TotalFn,
@@ -36,6 +38,8 @@ from .nodes import (
     embedding_model_name,
     prepare_nodes,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def build_faiss_index(
@@ -99,16 +103,23 @@ def _checked_faiss_store(faiss_index: Any, where: str) -> Any:
     return CheckedFaissVectorStore(faiss_index=faiss_index)  # type: ignore[call-arg]
 
 
-def load_faiss_index(path: Path, embed_model: BaseEmbedding) -> VectorStoreIndex:
+ModelCheck = Callable[[str, dict[str, Any], BaseEmbedding], None]
+"""Checks an embedding model against an index's metadata (``where``, ``meta``, model)."""
+
+
+def load_faiss_index(
+    path: Path, embed_model: BaseEmbedding, *, check: ModelCheck = check_embedding_model
+) -> VectorStoreIndex:
     """Load an index written by `build_faiss_index`.
 
     A `ValueError` names what is wrong (a missing or truncated file, a corrupt
-    metadata file, another embedding model than the one it was built with)."""
+    metadata file, another embedding model than the one it was built with, as
+    ``check`` decides)."""
     import faiss
 
     path = path.expanduser()
     meta = read_meta(path)
-    check_embedding_model(f"the index at {path}", meta, embed_model)
+    check(f"the index at {path}", meta, embed_model)
     data = data_folder(path, meta)
     vectors = data / "default__vector_store.json"
     for required in ("docstore.json", "index_store.json", vectors.name):
@@ -156,12 +167,51 @@ def _check_docstore(index: VectorStoreIndex, docstore: Path, path: Path) -> None
         )
 
 
-def load_index(path: Path | str, embed: str | None = None) -> VectorStoreIndex:
+def load_index(
+    path: Path | str, embed: str | None = None, *, embed_model: BaseEmbedding | None = None
+) -> VectorStoreIndex:
     """The FAISS index folder ``path`` (as `hyde-plus index` writes it) as a LlamaIndex
     ``VectorStoreIndex``, with the embedding model recorded at indexing (or ``embed``,
-    a model spec such as ``openai:text-embedding-3-small``), so queries embed alike."""
+    a model spec such as ``openai:text-embedding-3-small``), so queries embed alike.
+
+    ``embed_model`` is a model object to query with instead of a spec. It is checked
+    as the CLI checks a spec (`check_embedding_model`): another recorded name or
+    another dimension is a `ValueError` naming ``embed_model``; a model with no name
+    of its own (LlamaIndex's ``"unknown"``) is accepted, with a warning, when its
+    vectors have the index's dimension (one probe embedding tells)."""
     store = FaissStore(path)
-    return store.load(store.embedding_model(embed))
+    if embed_model is None:
+        return store.load(store.embedding_model(embed))
+    if embed is not None:
+        raise ValueError("give load_index embed (a model spec) or embed_model, not both")
+    if not isinstance(embed_model, BaseEmbedding):
+        raise TypeError(
+            f"embed_model must be a LlamaIndex BaseEmbedding, not {type(embed_model).__name__}"
+        )
+    try:
+        return load_faiss_index(store.path, embed_model, check=_check_given_model)
+    except EmbeddingMismatchError as exc:
+        raise EmbeddingMismatchError(f"load_index(embed_model=...): {exc}") from None
+
+
+def _check_given_model(where: str, meta: dict[str, Any], embed_model: BaseEmbedding) -> None:
+    """`check_embedding_model`, except that a model with no name of its own passes
+    (with a warning) when a probe embedding has the recorded dimension."""
+    if getattr(embed_model, "model_name", None) not in (None, "", "unknown"):
+        check_embedding_model(where, meta, embed_model)
+        return
+    dim = meta.get("dim")
+    got = len(embed_model.get_query_embedding("dimension check"))
+    if isinstance(dim, int) and got != dim:
+        raise dimension_error(where, dim, got)
+    logger.warning(
+        "%s was embedded with %r; embed_model (%s) has no name to compare, only its "
+        "dimension (%d) matches: make sure it is the same model",
+        where,
+        meta.get("embed_model") or meta.get("embed"),
+        type(embed_model).__name__,
+        got,
+    )
 
 
 class FaissStore(Store):

@@ -38,6 +38,7 @@ from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
 from .options import LLMOptions, breaker_from, check_option_names
+from .parsing import clean_reply
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -72,12 +73,33 @@ def _template(prompt: str | BasePromptTemplate, allowed: frozenset[str]) -> Base
 
 
 def _render_template(template: BasePromptTemplate, **kwargs: Any) -> str:
-    """Format ``template``, turning each escaped ``{{name}}`` into a literal ``{name}``."""
+    """Format ``template``, turning each escaped ``{{name}}`` into a literal ``{name}``.
+
+    The template is formatted piece by piece between the escapes, so what the values
+    hold (a query with braces or NUL bytes) never meets the escapes' rendering."""
     if not isinstance(template, PromptTemplate) or not _ESCAPED.search(template.get_template()):
         return template.format(**kwargs)
-    protected = _ESCAPED.sub("\x00\\1\x00", template.get_template())
-    text = template.model_copy(update={"template": protected}).format(**kwargs)
-    return re.sub("\x00([A-Za-z_][A-Za-z0-9_.]*)\x00", r"{\1}", text)
+    text = template.get_template()
+    pieces: list[str] = []
+    done = 0
+    for match in _ESCAPED.finditer(text):
+        pieces.append(_format_piece(template, text[done : match.start()], kwargs))
+        pieces.append("{" + match.group(1) + "}")
+        done = match.end()
+    pieces.append(_format_piece(template, text[done:], kwargs))
+    rendered = "".join(pieces)
+    parser = template.output_parser
+    return parser.format(rendered) if parser is not None else rendered
+
+
+def _format_piece(template: PromptTemplate, piece: str, kwargs: dict[str, Any]) -> str:
+    """``piece`` of ``template``'s text formatted as the template would format it
+    (its partial values and variable mappings apply; the output parser's instructions
+    are added once, to the whole prompt)."""
+    if not piece:
+        return ""
+    update = {"template": piece, "output_parser": None}
+    return template.model_copy(update=update).format(**kwargs)
 
 
 class LLMTransform(QueryTransformer):
@@ -416,7 +438,7 @@ class LLMTransform(QueryTransformer):
             key=lambda e: isinstance(e, CircuitOpenError),
         )
         usage = sum_usage([r.usage for r in replies])
-        texts = [r.text for r in replies if r.text and r.text.strip()]
+        texts = [text for text in (clean_reply(r.text) for r in replies) if text]
         if not texts:
             if not errors:
                 errors = [UnusableReplyError("the LLM returned an empty reply")]

@@ -3,13 +3,16 @@ picking the one query of a single-query reply.
 
 Nothing here calls a model or raises on odd input; the worst reply parses to ``[]``.
 Lines that echo the prompt's instructions ("Reply with one query per line...", "Here
-are 3 queries", "Sure!") are never taken for queries.
+are 3 queries", "Sure!") or a template's placeholders ("[Insert Query 1]") are never
+taken for queries, and a chat template's special tokens and invisible characters never
+reach a search (`clean_reply`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 
 _SENTENCE_END = ".!?"
@@ -65,6 +68,93 @@ SHORT_WORDS = 30
 """A single-query reply's line of at most this many words counts as the query."""
 
 
+# Chat-template tokens of common model families, and the role name a turn's start
+# token is followed by: ChatML (<|im_start|>assistant ... <|im_end|>), Llama 2
+# (<s>[INST] ... [/INST] ... </s>, <<SYS>>), Llama 3 (<|start_header_id|>assistant
+# <|end_header_id|> ... <|eot_id|>), Phi (<|assistant|> ... <|end|>), Gemma
+# (<start_of_turn>model ... <end_of_turn>), GPT (<|endoftext|>), DeepSeek (<｜...｜>).
+_SPECIAL_TOKEN = re.compile(
+    r"<\|im_start\|>[ \t]*(?:system|user|assistant)?"
+    r"|<\|start_header_id\|>[^<\n]{0,20}<\|end_header_id\|>"
+    r"|<start_of_turn>[ \t]*(?:user|model)?"
+    r"|<\|[A-Za-z][A-Za-z0-9_]{0,39}\|>"
+    r"|<｜[^｜<>\n]{1,40}｜>"
+    r"|</?s>|\[/?INST\]|<</?SYS>>|<(?:eos|bos|pad|unk|end_of_turn)>"
+)
+# The tokens that end a turn: what follows one is another turn, not the reply.
+_END_OF_TURN = re.compile(
+    r"</s>|<end_of_turn>|<eos>|<｜end▁of▁sentence｜>"
+    r"|<\|(?:im_end|endoftext|eot_id|eom_id|end|end_of_text|END_OF_TURN_TOKEN)\|>"
+)
+_JOINERS = "\u200c\u200d"
+# A zero-width (non-)joiner that does not join two visible characters.
+_LOOSE_JOINER = re.compile(rf"(?:^|(?<=\s))[{_JOINERS}]+|[{_JOINERS}]+(?=\s|$)")
+
+
+def _visible(text: str) -> str:
+    """``text`` without format characters (Unicode category Cf: zero-width space,
+    BOM, word joiner, soft hyphen, direction marks...), keeping the zero-width joiner
+    and non-joiner where they join two characters (emoji sequences, Persian words)."""
+    if text.isascii():
+        return text
+    kept = "".join(ch for ch in text if ch in _JOINERS or unicodedata.category(ch) != "Cf")
+    return _LOOSE_JOINER.sub("", kept)
+
+
+def clean_reply(text: str) -> str:
+    """An LLM's reply without what is not content: format characters (see
+    `_visible`), a chat template's special tokens (`_SPECIAL_TOKEN`) and whatever
+    follows the first end-of-turn token after some content (another turn). Stripped;
+    ``""`` for a reply with no content, which no transform can use. Cleaning again
+    changes nothing (a token spelled around another, ``<|im_<|x|>end|>``, goes too)."""
+    cleaned = _clean_once(_visible(text))
+    while True:
+        again = _clean_once(cleaned)
+        if again == cleaned:
+            return cleaned
+        cleaned = again
+
+
+def _clean_once(text: str) -> str:
+    """The first turn of ``text`` with content, without special tokens, stripped."""
+    for turn in _END_OF_TURN.split(text):
+        content = _SPECIAL_TOKEN.sub("", turn).strip()
+        if content:
+            return content
+    return ""
+
+
+# A template's placeholder left in a reply: a bracketed run of placeholder words
+# ("[Insert Query 1]", "<query 2>", "{query}", "[your sub-question here]"), or a
+# whole item that is one ("Query 1", "Question 2...").
+_SLOT_WORDS = (
+    r"(?:insert|enter|add|write|your|the|a|an|new|another|alternative|generated|search|"
+    r"sub-?questions?|sub-?quer(?:y|ies)|quer(?:y|ies)|questions?|paraphrases?|rewrites?|"
+    r"variants?|versions?|keywords?|here|text|number|item|n|\d{1,2}|first|second|third|"
+    r"fourth|fifth|#|\.{3}|…)"
+)
+_PLACEHOLDER = re.compile(
+    rf"\[\s*{_SLOT_WORDS}(?:[\s_-]+{_SLOT_WORDS})*\s*\]"
+    rf"|<\s*{_SLOT_WORDS}(?:[\s_-]+{_SLOT_WORDS})*\s*>"
+    rf"|\{{\s*{_SLOT_WORDS}(?:[\s_-]+{_SLOT_WORDS})*\s*\}}",
+    re.IGNORECASE,
+)
+_BARE_PLACEHOLDER = re.compile(
+    r"^(?:insert\s+)?(?:your\s+)?(?:sub-?)?(?:query|question|paraphrase|rewrite|variant)"
+    r"\s*#?\s*(?:\d{1,2}|n)?(?:\s+here)?\s*(?:\.{3}|…)?$",
+    re.IGNORECASE,
+)
+
+
+def _without_placeholders(item: str) -> str:
+    """``item`` with a template's placeholders removed; ``""`` when it is one."""
+    if _BARE_PLACEHOLDER.match(item):
+        return ""
+    if not _PLACEHOLDER.search(item):
+        return item
+    return " ".join(_PLACEHOLDER.sub(" ", item).split())
+
+
 def trim_passage(text: str, max_characters: int) -> str:
     """Trim ``text`` to at most ``max_characters``, ending at a boundary.
 
@@ -114,7 +204,8 @@ def _clean_item(line: str) -> str:
             break
         item = stripped
     item = _LABEL.sub("", item, count=1)
-    item = _unquote(item).strip().rstrip(",").strip()
+    item = _without_placeholders(_unquote(item).strip().rstrip(",").strip())
+    item = _MARKER.sub("", item, count=1) if _MARKER.match(item) else item
     if item.endswith(":") or not _LETTERS.search(item):
         return ""  # a heading or a bare number, not a query
     return item
@@ -196,7 +287,8 @@ def _echo_test(instruction: str, question: str) -> Callable[[str], bool]:
 
 def _candidates(text: str, instruction: str, question: str) -> list[str]:
     """The reply's items in order, cleaned, without fences, preambles and echoes."""
-    if not text or not text.strip():
+    text = clean_reply(text)
+    if not text:
         return []
     items = _json_items(text)
     if items is None:
