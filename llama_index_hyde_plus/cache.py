@@ -35,7 +35,8 @@ class TransformCache(Protocol):
     What is stored: a complete `TransformResult` (never a fallback, nor one with an
     ``error`` from a failed call). By default `set` receives its JSON-able
     ``to_dict()`` form and `get` must return an equal dict (or None for a miss); such a
-    cache may do blocking I/O, so the async path calls it in a worker thread. A cache whose class sets ``holds_objects = True``
+    cache may do blocking I/O, so the async path calls it in a worker thread. A cache
+    whose class sets ``holds_objects = True``
     (like `MemoryCache`) receives the immutable `TransformResult` itself, must return
     the very object, and must never block (it is called on the event loop)."""
 

@@ -28,6 +28,7 @@ __all__ = [
     "context_for",
     "degraded",
     "gate_verdict",
+    "is_question",
     "plan",
     "question_alone",
     "question_first",
@@ -143,13 +144,20 @@ def check_vectors(vectors: Sequence[Sequence[float]], what: str, dim: int | None
             raise UnusableVector(f"a {what} vector holds NaN or infinity")
 
 
+def is_question(spec: SearchSpec, query: str) -> bool:
+    """Whether ``spec`` is the plain question ``query`` searched as itself: no passages
+    mixed in and nothing else embedded for it (a core transform's
+    ``custom_embedding_strs`` make a different search of the same text)."""
+    return not spec.passages and spec.text == query and spec.embedding_strs in ((), (query,))
+
+
 def question_alone(step: Step | None, query: str) -> bool:
     """Whether ``step`` searches nothing but the question itself (so a failure of it is
     the question's own, with no plainer search to fall back to)."""
     if isinstance(step, KeepHits):
         return True
     if isinstance(step, Fanout):
-        return all(not spec.passages and spec.text == query for spec in step.specs)
+        return all(is_question(spec, query) for spec in step.specs)
     return False
 
 
@@ -159,9 +167,7 @@ def _fanout(result: TransformResult, hits: Sequence[Any] | None) -> Fanout:
         specs = (SearchSpec(text=result.query, embedding_strs=(result.query,)),)
     else:
         specs = tuple(result.searches())
-    reuse = tuple(
-        hits is not None and not spec.passages and spec.text == result.query for spec in specs
-    )
+    reuse = tuple(hits is not None and is_question(spec, result.query) for spec in specs)
     return Fanout(specs, reuse)
 
 

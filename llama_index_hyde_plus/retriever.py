@@ -16,6 +16,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.indices.base import BaseIndex
+from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
@@ -32,6 +33,7 @@ from .transforms.base import (
     TransformResult,
     validate_query,
 )
+from .transforms.core import CoreTransform, as_transformer
 from .vectors import DocVectors, Embedder, embed_model_of
 
 logger = logging.getLogger(__name__)
@@ -174,6 +176,42 @@ def detect_search_type(retriever: BaseRetriever) -> Literal["dense", "keyword", 
     return "dense"
 
 
+def _one_transform(
+    transformer: QueryTransformer | BaseQueryTransform | None,
+    query_transform: BaseQueryTransform | None,
+) -> QueryTransformer | BaseQueryTransform:
+    """The transform given as ``transformer`` or as core's ``query_transform=``."""
+    if transformer is not None and query_transform is not None:
+        raise TypeError("give the transform once: as transformer or as query_transform")
+    chosen = transformer if transformer is not None else query_transform
+    if chosen is None:
+        raise TypeError("TransformRetriever needs a transformer (or core's query_transform=)")
+    return chosen
+
+
+def _check_transformed(
+    transformed: TransformResult | None, question: Question, transformer: QueryTransformer
+) -> None:
+    """A `TypeError` / `ValueError` naming ``transformed`` unless it is None or a
+    `TransformResult` of this very question that ``transformer`` could have made
+    without the question's hits (a grounded transform is shown them: it must run
+    inside the search)."""
+    if transformed is None:
+        return
+    if not isinstance(transformed, TransformResult):
+        raise TypeError(f"transformed must be a TransformResult, not {type(transformed).__name__}")
+    if transformed.query != question.text:
+        raise ValueError(
+            f"transformed is a rewrite of {transformed.query[:60]!r}, not of the query "
+            f"searched ({question.text[:60]!r})"
+        )
+    if transformer.guards.context_k:
+        raise ValueError(
+            "transformed cannot be given for a grounded transform (it is shown the "
+            "question's own hits, which only the search fetches); call search(query)"
+        )
+
+
 def _has_native(obj: Any, name: str, base: type) -> bool:
     return getattr(type(obj), name, None) is not getattr(base, name, None)
 
@@ -216,8 +254,11 @@ class TransformRetriever(BaseRetriever):
     def __init__(
         self,
         retriever: BaseRetriever,
-        transformer: QueryTransformer,
+        transformer: QueryTransformer | BaseQueryTransform | None = None,
         *,
+        query_transform: BaseQueryTransform | None = None,
+        transform_metadata: dict[str, Any] | None = None,
+        object_map: dict[str, Any] | None = None,
         fusion: FusionMode | str | None = None,
         top_k: int | None = None,
         reranker: BaseNodePostprocessor | None = None,
@@ -231,10 +272,9 @@ class TransformRetriever(BaseRetriever):
             raise TypeError(
                 f"retriever must be a LlamaIndex BaseRetriever, not {type(retriever).__name__}"
             )
-        if not isinstance(transformer, QueryTransformer):
-            raise TypeError(
-                f"transformer must be a QueryTransformer, not {type(transformer).__name__}"
-            )
+        transformer = as_transformer(
+            _one_transform(transformer, query_transform), transform_metadata
+        )
         if top_k is not None and (not is_int(top_k) or top_k < 1):
             raise ValueError("top_k must be an int >= 1 or None")
         if not is_int(max_concurrency) or max_concurrency < 1:
@@ -266,7 +306,7 @@ class TransformRetriever(BaseRetriever):
         # the host's manager, as LlamaIndex's own retrievers take it: a private one
         # would never end the wrapped retriever's traces, whose ids then pile up
         host = callback_manager or Settings.callback_manager
-        super().__init__(callback_manager=host, verbose=verbose)
+        super().__init__(callback_manager=host, object_map=object_map, verbose=verbose)
         advice = transformer.search_advice(self.search_type)
         if advice:
             logger.warning("%s", advice)
@@ -275,7 +315,7 @@ class TransformRetriever(BaseRetriever):
     def from_index(
         cls,
         index: BaseIndex[Any],
-        transformer: QueryTransformer,
+        transformer: QueryTransformer | BaseQueryTransform,
         *,
         similarity_top_k: int = 5,
         retriever_kwargs: Mapping[str, Any] | None = None,
@@ -294,10 +334,7 @@ class TransformRetriever(BaseRetriever):
         """
         if not isinstance(index, BaseIndex):
             raise TypeError(f"index must be a LlamaIndex index, not {type(index).__name__}")
-        if not isinstance(transformer, QueryTransformer):
-            raise TypeError(
-                f"transformer must be a QueryTransformer, not {type(transformer).__name__}"
-            )
+        transformer = as_transformer(transformer, kwargs.pop("transform_metadata", None))
         check_int(similarity_top_k, "similarity_top_k", 1, None)
         if retriever_kwargs and "similarity_top_k" in retriever_kwargs:
             raise ValueError(
@@ -319,7 +356,10 @@ class TransformRetriever(BaseRetriever):
 
     # -- LlamaIndex plumbing -------------------------------------------------------
     def _get_prompt_modules(self) -> PromptMixinType:
-        return {"transformer": self.transformer}
+        # "query_transform" is core TransformRetriever's key: its users' update_prompts
+        # calls keep working (for a wrapped core transform it names the core one)
+        inner = self.transformer.core if isinstance(self.transformer, CoreTransform) else None
+        return {"transformer": self.transformer, "query_transform": inner or self.transformer}
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return _carrying_transform(self.search(query_bundle))
@@ -328,7 +368,9 @@ class TransformRetriever(BaseRetriever):
         return _carrying_transform(await self.asearch(query_bundle))
 
     # -- public --------------------------------------------------------------------
-    def search(self, query: str | QueryBundle) -> SearchResult:
+    def search(
+        self, query: str | QueryBundle, *, transformed: TransformResult | None = None
+    ) -> SearchResult:
         """Transform ``query``, run its searches concurrently, fuse and rerank.
 
         With guards that need them (grounding, rerank, feedback), the question is
@@ -340,8 +382,12 @@ class TransformRetriever(BaseRetriever):
         retriever would.
 
         ``query`` may be a ``QueryBundle``, read as `Question.of` says (a precomputed
-        ``embedding`` or ``custom_embedding_strs`` stand for the question's own)."""
+        ``embedding`` or ``custom_embedding_strs`` stand for the question's own).
+        ``transformed`` is a rewrite of this very question already made (by
+        ``transformer.transform_safe``, say in an earlier step of a Workflow): it is
+        searched and the transform is not called again (`_check_transformed`)."""
         question = Question.of(query)
+        _check_transformed(transformed, question, self.transformer)
         start = time.perf_counter()
         if not question.text:
             return self._as_given(question, start)
@@ -350,7 +396,7 @@ class TransformRetriever(BaseRetriever):
         if plan.question_first(guards):
             hits = self._search_bundle(self._question_bundle(question))
         context = plan.context_for(guards, hits)
-        result = self.transformer.transform_safe(question.text, context=context)
+        result = transformed or self.transformer.transform_safe(question.text, context=context)
         step: plan.Step | None = None
         try:
             expanded = result
@@ -369,11 +415,14 @@ class TransformRetriever(BaseRetriever):
             nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
         return self._finish(nodes, result, start, errors)
 
-    async def asearch(self, query: str | QueryBundle) -> SearchResult:
+    async def asearch(
+        self, query: str | QueryBundle, *, transformed: TransformResult | None = None
+    ) -> SearchResult:
         """Async twin of `search` (the same plan, the same steps, the same fallback);
         never calls a blocking LLM, embedding or retriever method (those without native
         async run in worker threads)."""
         question = Question.of(query)
+        _check_transformed(transformed, question, self.transformer)
         start = time.perf_counter()
         if not question.text:
             return await self._aas_given(question, start)
@@ -382,7 +431,9 @@ class TransformRetriever(BaseRetriever):
         if plan.question_first(guards):
             hits = await self._asearch_bundle(await self._aquestion_bundle(question))
         context = plan.context_for(guards, hits)
-        result = await self.transformer.atransform_safe(question.text, context=context)
+        result = transformed or await self.transformer.atransform_safe(
+            question.text, context=context
+        )
         step: plan.Step | None = None
         try:
             expanded = result
@@ -524,8 +575,9 @@ class TransformRetriever(BaseRetriever):
     # -- searches ------------------------------------------------------------------
     def _wants_vector(self, spec: SearchSpec, query: str) -> bool:
         """Whether ``spec`` is searched with a vector we embed (weighted passages, or
-        the question itself) rather than the retriever's own embedding of its text."""
-        return self._dense() and bool(spec.passages or spec.text == query)
+        the question itself) rather than the retriever's own embedding of its strings
+        (a core transform's ``custom_embedding_strs``, a paraphrase)."""
+        return self._dense() and bool(spec.passages or plan.is_question(spec, query))
 
     def _to_embed(self, step: plan.Fanout, query: str) -> list[SearchSpec | None]:
         """The searches of ``step`` that need a vector we embed (None: none, or reused);
@@ -569,7 +621,7 @@ class TransformRetriever(BaseRetriever):
         `plan.UnusableVector` when a generated vector cannot be searched with."""
         bundles: list[QueryBundle | None] = []
         for spec, reused, dense in zip(step.specs, step.reuse, vectors):
-            own = not spec.passages and spec.text == question.text
+            own = plan.is_question(spec, question.text)
             if reused:
                 bundles.append(None)
             elif own:  # our vector of the question only if it can be searched with

@@ -112,17 +112,25 @@ class CoreTransform(QueryTransformer):
         transform: the core transform (``HyDEQueryTransform(llm=...)``, your own
             subclass...). Its prompts stay reachable through ``get_prompts`` /
             ``update_prompts`` under the module key ``query_transform``.
+        metadata: passed to every ``run`` (core's ``transform_metadata``), e.g. the
+            ``prev_reasoning`` a ``StepDecomposeQueryTransform`` reads.
     """
 
     include_query = True
 
-    def __init__(self, transform: BaseQueryTransform) -> None:
-        if not isinstance(transform, BaseQueryTransform):
+    def __init__(
+        self, transform: BaseQueryTransform, *, metadata: dict[str, Any] | None = None
+    ) -> None:
+        if not isinstance(transform, BaseQueryTransform) or isinstance(transform, QueryTransformer):
             raise TypeError(
-                f"transform must be a LlamaIndex BaseQueryTransform, not {type(transform).__name__}"
+                "transform must be a LlamaIndex BaseQueryTransform that is not already a "
+                f"QueryTransformer, not {type(transform).__name__}"
             )
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict or None, not {type(metadata).__name__}")
         super().__init__()
         self.core = transform
+        self.metadata = metadata
 
     @property
     def method(self) -> str:  # type: ignore[override]
@@ -137,7 +145,9 @@ class CoreTransform(QueryTransformer):
         calls: list[Any] = []
         token = _CALLS.set(calls)
         try:
-            bundle = self.core.run(QueryBundle(query_str=query, custom_embedding_strs=[query]))
+            bundle = self.core.run(
+                QueryBundle(query_str=query, custom_embedding_strs=[query]), self.metadata
+            )
         finally:
             _CALLS.reset(token)
         if not isinstance(bundle, QueryBundle):
@@ -157,3 +167,24 @@ class CoreTransform(QueryTransformer):
             usage=_usage_of(calls, getattr(self.core, "_llm", None)),
             specs=(SearchSpec(text=text, embedding_strs=strs),),
         )
+
+
+def as_transformer(
+    transform: QueryTransformer | BaseQueryTransform, metadata: dict[str, Any] | None = None
+) -> QueryTransformer:
+    """``transform`` as a `QueryTransformer`: ours as is, a core ``BaseQueryTransform``
+    wrapped in a `CoreTransform` (with ``metadata``, core's ``transform_metadata``);
+    anything else is a `TypeError` naming ``transformer``."""
+    if isinstance(transform, QueryTransformer):
+        if metadata is not None:
+            raise ValueError(
+                "transform_metadata is passed to a core BaseQueryTransform's run(); "
+                f"{type(transform).__name__} takes its options in its constructor"
+            )
+        return transform
+    if isinstance(transform, BaseQueryTransform):
+        return CoreTransform(transform, metadata=metadata)
+    raise TypeError(
+        "transformer must be a QueryTransformer or a LlamaIndex BaseQueryTransform, "
+        f"not {type(transform).__name__}"
+    )

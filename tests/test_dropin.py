@@ -1,0 +1,164 @@
+"""`TransformRetriever` as a drop-in for core's: core transforms, core's keywords and
+prompt keys, a rewrite made in an earlier step (`transformed=`), a Workflow (#31)."""
+
+from __future__ import annotations
+
+import asyncio
+import runpy
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_index.core.indices.query.query_transform.base import (
+    BaseQueryTransform,
+    HyDEQueryTransform,
+)
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.schema import QueryBundle
+
+from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+from llama_index_hyde_plus.transforms.core import CoreTransform
+
+from .conftest import DOCS
+
+Q = "Why did revenue drop?"
+PASSAGE = "Enterprise renewals slipped as three large accounts delayed signing."
+
+
+def _base() -> StaticRetriever:
+    return StaticRetriever(DOCS, default=["renewals", "lunch", "pto"])
+
+
+def test_a_core_hyde_transform_is_searched_as_core_searches_it() -> None:
+    base = _base()
+    llm = ScriptedLLM(respond=lambda prompt: PASSAGE)
+    retriever = TransformRetriever(base, HyDEQueryTransform(llm=llm))
+    found = retriever.search(Q)
+    assert found.transform.method == "HyDEQueryTransform" and not found.transform.fallback
+    assert found.transform.hypothetical == (PASSAGE,)
+    assert found.transform.usage.calls == 1  # read from LlamaIndex's instrumentation
+    (bundle,) = base.bundles  # one search: the passage and the question, averaged by core
+    assert bundle.query_str == Q and bundle.embedding_strs == [PASSAGE, Q]
+    assert [n.node.node_id for n in found.nodes] == ["renewals", "lunch", "pto"]
+
+
+def test_core_keyword_names_work() -> None:
+    base = _base()
+    core = HyDEQueryTransform(llm=ScriptedLLM(respond=lambda prompt: PASSAGE))
+    retriever = TransformRetriever(retriever=base, query_transform=core)
+    assert retriever.retrieve(Q)[0].node.node_id == "renewals"
+    with pytest.raises(TypeError, match="once"):
+        TransformRetriever(base, HyDE(ScriptedLLM()), query_transform=core)
+    with pytest.raises(TypeError, match="needs a transformer"):
+        TransformRetriever(base)
+    with pytest.raises(TypeError, match="transformer must be a QueryTransformer or"):
+        TransformRetriever(base, "hyde")  # type: ignore[arg-type]
+
+
+def test_core_transform_metadata_reaches_run() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Recording(BaseQueryTransform):
+        def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+            seen.append(metadata)
+            return QueryBundle(query_str=f"{query_bundle.query_str} rewritten")
+
+        def _get_prompts(self) -> dict[str, Any]:
+            return {}
+
+        def _update_prompts(self, prompts: Any) -> None:
+            return None
+
+    base = _base()
+    TransformRetriever(base, Recording(), transform_metadata={"prev_reasoning": "r"}).search(Q)
+    assert seen == [{"prev_reasoning": "r"}] and base.queries == [f"{Q} rewritten"]
+    with pytest.raises(ValueError, match="transform_metadata"):
+        TransformRetriever(base, HyDE(ScriptedLLM()), transform_metadata={"a": 1})
+
+
+def test_core_prompt_module_key_updates_ours_and_core_transforms() -> None:
+    new = PromptTemplate("Write a passage answering: {query}")
+    ours = TransformRetriever(_base(), HyDE(ScriptedLLM()))
+    assert "query_transform:hyde_prompt" in ours.get_prompts()
+    ours.update_prompts({"query_transform:hyde_prompt": new})
+    assert ours.transformer.get_prompts()["hyde_prompt"].get_template() == new.get_template()
+
+    core_new = PromptTemplate("Passage for: {context_str}")
+    core = HyDEQueryTransform(llm=ScriptedLLM())
+    theirs = TransformRetriever(_base(), core)
+    theirs.update_prompts({"query_transform:hyde_prompt": core_new})
+    assert core.get_prompts()["hyde_prompt"].get_template() == core_new.get_template()
+
+
+def test_a_failing_core_transform_falls_back_to_the_question() -> None:
+    base = _base()
+    core = HyDEQueryTransform(llm=ScriptedLLM([RuntimeError("provider down")]))
+    found = TransformRetriever(base, core).search(Q)
+    assert found.transform.fallback and "provider down" in (found.transform.error or "")
+    assert base.queries == [Q] and found.nodes
+
+
+async def test_a_core_transform_runs_off_the_event_loop() -> None:
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    def respond(prompt: str) -> str:
+        threads.append(threading.get_ident())
+        return PASSAGE
+
+    retriever = TransformRetriever(_base(), HyDEQueryTransform(llm=ScriptedLLM(respond=respond)))
+    nodes = await retriever.aretrieve(Q)
+    assert nodes[0].node.node_id == "renewals" and threads and loop_thread not in threads
+
+
+def test_a_core_transform_wraps_explicitly_too() -> None:
+    core = HyDEQueryTransform(llm=ScriptedLLM(respond=lambda prompt: PASSAGE))
+    wrapped = CoreTransform(core)
+    assert TransformRetriever(_base(), wrapped).transformer is wrapped
+    with pytest.raises(TypeError, match="transform must be a LlamaIndex BaseQueryTransform"):
+        CoreTransform(HyDE(ScriptedLLM()))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_rewrite_made_earlier_is_searched_without_a_second_call(use_async: bool) -> None:
+    llm = ScriptedLLM(respond=lambda prompt: PASSAGE)
+    retriever = TransformRetriever(
+        _base(), HyDE(llm, strategy="replace"), embed_model=DeterministicEmbedding(dim=64)
+    )
+    made = retriever.transformer.transform_safe(Q)
+    calls = llm.sync_calls + llm.async_calls
+    if use_async:
+        found = await retriever.asearch(Q, transformed=made)
+    else:
+        found = retriever.search(Q, transformed=made)
+    assert found.transform.hypothetical == (PASSAGE,) and found.nodes
+    assert llm.sync_calls + llm.async_calls == calls
+
+
+def test_a_rewrite_of_another_question_or_a_grounded_transform_is_refused() -> None:
+    llm = ScriptedLLM(respond=lambda prompt: "other")
+    retriever = TransformRetriever(_base(), MultiQuery(llm, n=1))
+    other = retriever.transformer.transform_safe("Who moved offices?")
+    with pytest.raises(ValueError, match="transformed is a rewrite of"):
+        retriever.search(Q, transformed=other)
+    with pytest.raises(TypeError, match="transformed must be a TransformResult"):
+        retriever.search(Q, transformed="a passage")  # type: ignore[arg-type]
+    grounded = TransformRetriever(
+        _base(), HyDE(llm, grounded=2), embed_model=DeterministicEmbedding(dim=64)
+    )
+    with pytest.raises(ValueError, match="grounded"):
+        grounded.search(Q, transformed=grounded.transformer.transform_safe(Q))
+
+
+def test_the_workflow_example_streams_the_rewrite_then_answers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    path = Path(__file__).parent.parent / "examples" / "workflow_rag.py"
+    module = runpy.run_path(str(path))
+    asyncio.run(module["main"]())
+    out = capsys.readouterr().out
+    wrote = out.index("hyde wrote: Revenue fell as enterprise renewals slipped")
+    assert wrote < out.index("Answer: Revenue dropped because enterprise renewals slipped")
