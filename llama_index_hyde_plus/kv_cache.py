@@ -164,6 +164,17 @@ class KVStoreCache:
             return
         self._healthy()
 
+    def describe(self) -> str:
+        """Where the entries are, without credentials: ``redis HOST:PORT/DB`` for a
+        Redis store, else the store's class name."""
+        client = getattr(self.kvstore, "_redis_client", None)
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        if isinstance(kwargs, dict) and "host" in kwargs:
+            return f"redis {kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+        if isinstance(kwargs, dict) and "path" in kwargs:
+            return f"redis {kwargs['path']}"
+        return type(self.kvstore).__name__
+
     def __repr__(self) -> str:
         return (
             f"KVStoreCache({type(self.kvstore).__name__}, collection={self.collection!r}, "

@@ -39,7 +39,7 @@ from llama_index.core.llms import LLM
 
 from ._checks import is_int, is_number
 from ._version import __version__
-from .cache import MemoryCache
+from .cache import MemoryCache, TransformCache
 from .retriever import TransformRetriever
 from .transforms.base import MAX_N, QueryTransformer, TransformResult
 from .transforms.factory import build
@@ -157,13 +157,17 @@ class TransformService:
         retriever: BaseRetriever | None = None,
         *,
         cache_entries: int = 4096,
+        cache: TransformCache | None = None,
         timeout: float | None = None,
         options: Mapping[str, Mapping[str, Any]] | None = None,
         modes: Sequence[str] = ("dense",),
     ) -> None:
         """``options`` maps a method name to its keyword options (as `hyde-plus tune`
         writes them), applied whenever that method's transform is built; ``modes`` are
-        the search modes ``retrieve`` advertises (the store's: ``dense``, ``hybrid``)."""
+        the search modes ``retrieve`` advertises (the store's: ``dense``, ``hybrid``);
+        ``cache`` holds every transform's generations (a `KVStoreCache` on Redis is
+        shared by every replica), else a per-process `MemoryCache` of
+        ``cache_entries``."""
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError("timeout must be > 0 seconds (or None for the transforms' default)")
         self.llm = llm
@@ -171,7 +175,7 @@ class TransformService:
         self.modes = tuple(modes) or ("dense",)
         self.timeout = timeout
         self.options = {name: dict(opts) for name, opts in (options or {}).items()}
-        self.cache = MemoryCache(cache_entries)
+        self.cache: TransformCache = cache if cache is not None else MemoryCache(cache_entries)
         self._transforms: dict[tuple[str, int], QueryTransformer] = {}
         self._identity = build("none")
         self._retrievers: dict[int, TransformRetriever] = {}

@@ -190,3 +190,33 @@ def test_bad_arguments_name_the_parameter() -> None:
         KVStoreCache.from_uri("localhost:6379")
     with pytest.raises(ValueError, match="timeout_s"):
         KVStoreCache.from_uri("redis://localhost:6379", timeout_s=0)
+
+
+def test_two_serve_processes_share_one_redis_cache(redis_uri: str) -> None:
+    import rcp
+
+    from .conftest import Served
+
+    uri = redis_uri.replace("/0", "/1")  # a database of its own: no other test's entries
+    first, second = Served("--llm", "scripted", "--cache", uri), None
+    try:
+        assert "cache: redis 127.0.0.1:" in first.banner
+        question = f"Why did revenue drop in week {time.monotonic_ns()}?"
+        miss = rcp.connect_http(first.url).transform(question, "hyde")
+        assert miss["usage"].get("cached") is not True
+        second = Served("--llm", "scripted", "--cache", uri)
+        hit = rcp.connect_http(second.url).transform(question, "hyde")
+        assert hit["usage"]["cached"] is True and hit["hypothetical"] == miss["hypothetical"]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_serve_refuses_a_cache_url_it_cannot_use() -> None:
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--stdio", "--cache", "memcached://x:1"])
+    assert result.exit_code == 2 and "--cache must be memory, a Redis URL" in result.output

@@ -30,9 +30,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_CACHE_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
 def _check_flags(
-    stdio: bool, http: int | None, token: str | None, timeout: float | None, max_inflight: int
+    stdio: bool,
+    http: int | None,
+    token: str | None,
+    timeout: float | None,
+    max_inflight: int,
+    cache: str = "memory",
 ) -> None:
+    if cache != "memory" and "://" in cache and not cache.startswith(_CACHE_SCHEMES):
+        raise fail(
+            f"--cache must be memory, a Redis URL (redis://host:port/db, rediss://, "
+            f"unix://) or a SQLite file path, not {cache!r}"
+        )
     if stdio == (http is not None):
         raise fail("choose exactly one of --stdio and --http PORT")
     if token == "" or (token is None and os.environ.get("HYDE_PLUS_TOKEN") == ""):
@@ -95,8 +108,26 @@ def _tuned_options(config_files: list[Path] | None) -> dict[str, dict[str, Any]]
     return tuned
 
 
+def _cache(spec: str) -> Any:
+    """The transform cache ``--cache`` names: None for ``memory`` (the service's own
+    per-process cache), a `KVStoreCache` for a Redis URL, a `SQLiteCache` for a path."""
+    if spec == "memory":
+        return None
+    if spec.startswith(_CACHE_SCHEMES):
+        from ..kv_cache import KVStoreCache
+
+        return KVStoreCache.from_uri(spec)
+    from ..cache import SQLiteCache
+
+    return SQLiteCache(spec)
+
+
 def _service(
-    store: Store | None, llm: str, timeout: float | None, config_files: list[Path] | None
+    store: Store | None,
+    llm: str,
+    timeout: float | None,
+    config_files: list[Path] | None,
+    cache: str = "memory",
 ) -> Any:
     from ..models import resolve_llm
     from ..rcp import MAX_K, TransformService
@@ -107,6 +138,7 @@ def _service(
         return TransformService(
             resolve_llm(llm),
             retriever,
+            cache=_cache(cache),
             timeout=timeout,
             options=options,
             modes=store.modes if store is not None else (),
@@ -149,12 +181,19 @@ def serve(
             help="Options for a method from `hyde-plus tune` (repeatable).",
         ),
     ] = None,
+    cache: Annotated[
+        str,
+        typer.Option(
+            help="Transform cache: memory (this process), a Redis URL (redis://host:port/0, "
+            "shared by every replica, kept across restarts) or a SQLite file.",
+        ),
+    ] = "memory",
     verbose: Verbose = False,
 ) -> None:
     """Serve the Retrieval Context Protocol: query/transform, and retrieve over a FAISS
     --index or a Milvus --uri (omit both: transform only)."""
     setup_logging(verbose)
-    _check_flags(stdio, http, token, timeout, max_inflight)
+    _check_flags(stdio, http, token, timeout, max_inflight, cache)
     with early.refused():
         if index_path is not None or uri is not None:
             early.store_address(index_path, uri)
@@ -169,9 +208,21 @@ def serve(
             store = open_store(
                 index=index_path, uri=uri, collection=collection, token=milvus_token or ""
             )
-    service = _service(store, llm, timeout, config_files)
+    service = _service(store, llm, timeout, config_files, cache)
     warm_up(service.llm)
     _run(service, store, llm, sock, token, max_inflight)
+
+
+def _describe_cache(cache: Any) -> str:
+    """``memory``, ``sqlite PATH`` or ``redis HOST:PORT/DB`` for the banner (no secret)."""
+    from ..cache import SQLiteCache
+    from ..kv_cache import KVStoreCache
+
+    if isinstance(cache, SQLiteCache):
+        return f"sqlite {cache.path}"
+    if isinstance(cache, KVStoreCache):
+        return cache.describe()
+    return "memory"
 
 
 def _run(
@@ -191,7 +242,8 @@ def _run(
     what = (
         f"index: {store.describe() if store else 'none'}, "
         f"llm: {name if name == llm else f'{name} ({llm})'}, "
-        f"timeout: {describe_timeout(service.llm, service.timeout)}"
+        f"timeout: {describe_timeout(service.llm, service.timeout)}, "
+        f"cache: {_describe_cache(service.cache)}"
     )
     if sock is None:
         ui.err.print(f"RCP server on stdio ({what})")
