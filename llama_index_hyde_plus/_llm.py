@@ -25,7 +25,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
-from ._workers import DaemonWorkers
+from ._workers import DaemonWorkers, LLMPools
 from .reliability import (
     NO_RETRY,
     CircuitBreaker,
@@ -290,7 +290,9 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
         while True:
             budget = attempts.budget()
             try:
-                response = call() if budget is None else _call_with_timeout(call, budget, attempts)
+                response = (
+                    call() if budget is None else _call_with_timeout(llm, call, budget, attempts)
+                )
                 break
             except BaseException as exc:
                 time.sleep(attempts.failed(exc))
@@ -298,9 +300,10 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
     return _reply(llm, prompt, response, options.prices)
 
 
-#: The threads blocking LLM calls run on when they must be abandoned on timeout: the
-#: sync path with a timeout, and the async path of an LLM without native async.
-WORKERS = DaemonWorkers()
+#: The threads blocking LLM calls run on when they must be abandoned on timeout (the
+#: sync path with a timeout, and the async path of an LLM without native async): a
+#: pool per LLM object, so one hung provider never holds another's threads.
+WORKERS = LLMPools()
 #: The threads `complete_all` runs its calls' retry loops on (each waits on `WORKERS`
 #: at most until its deadline, so there is no cap).
 CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call")
@@ -341,11 +344,13 @@ def _telling(cancel: threading.Event, call: Callable[[], T]) -> Callable[[], T]:
     return attempt
 
 
-def _call_with_timeout(call: Any, timeout: float, attempts: _Attempts) -> CompletionResponse:
-    """``call()`` on an LLM worker thread; `LLMTimeoutError` after ``timeout`` seconds
+def _call_with_timeout(
+    llm: LLM, call: Any, timeout: float, attempts: _Attempts
+) -> CompletionResponse:
+    """``call()`` on one of ``llm``'s worker threads; `LLMTimeoutError` after ``timeout`` seconds
     (the attempt is told through `CANCEL_EVENT` and its thread abandoned)."""
     cancel = threading.Event()
-    job = WORKERS.submit(_telling(cancel, call))
+    job = WORKERS.for_llm(llm).submit(_telling(cancel, call))
     answered = False
     try:
         answered = job.done.wait(timeout)
@@ -448,7 +453,9 @@ async def _in_thread(
     def wake() -> None:
         loop.call_soon_threadsafe(_resolve, woken)
 
-    job = WORKERS.submit(_telling(cancel, partial(llm.complete, prompt, **kwargs)), wake)
+    job = WORKERS.for_llm(llm).submit(
+        _telling(cancel, partial(llm.complete, prompt, **kwargs)), wake
+    )
     try:
         await woken
     except BaseException:

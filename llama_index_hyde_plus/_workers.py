@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -157,6 +158,15 @@ class DaemonWorkers:
         with self._lock:
             return len(self._running)
 
+    def close(self) -> None:
+        """Let the idle workers exit (busy ones exit when their call returns and no
+        other is queued); the pool still starts new ones if used again."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self.max_idle = 0
+        for inbox in idle:
+            inbox.put(None)
+
     def queued(self) -> int:
         """How many calls wait in line for a worker (abandoned ones included)."""
         with self._lock:
@@ -165,3 +175,42 @@ class DaemonWorkers:
 
 def _dropped() -> None:
     """What a finished `Job` holds instead of its call."""
+
+
+class LLMPools:
+    """One `DaemonWorkers` per LLM object, so a provider that hangs only ever uses up
+    its own threads: another LLM's calls (another provider, another client) never wait
+    behind them, nor fall back for want of a worker. A pool is closed when its LLM is
+    garbage-collected."""
+
+    def __init__(self, max_busy: int | None = MAX_BUSY, name: str = "hyde-plus-llm") -> None:
+        self.max_busy = max_busy
+        self.name = name
+        self._pools: dict[int, tuple[Any, DaemonWorkers]] = {}
+        self._lock = threading.Lock()
+
+    def for_llm(self, llm: object) -> DaemonWorkers:
+        """The pool of ``llm`` (made on first use)."""
+        key = id(llm)
+        with self._lock:
+            found = self._pools.get(key)
+            if found is not None and (found[0] is llm or found[0]() is llm):
+                return found[1]
+            pool = DaemonWorkers(self.max_busy, name=self.name)
+            try:
+                ref: Any = weakref.ref(llm, lambda _: self._forget(key, pool))
+            except TypeError:  # not weakly referable: kept for the process's life
+                ref = llm
+            self._pools[key] = (ref, pool)
+            return pool
+
+    def _forget(self, key: int, pool: DaemonWorkers) -> None:
+        with self._lock:
+            found = self._pools.get(key)
+            if found is not None and found[1] is pool:
+                del self._pools[key]
+        pool.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pools)

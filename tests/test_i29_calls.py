@@ -20,7 +20,7 @@ from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, TransformRetriever, _llm
 from llama_index_hyde_plus._llm import CallOptions, LLMTimeoutError, acomplete, complete
-from llama_index_hyde_plus._workers import DaemonWorkers
+from llama_index_hyde_plus._workers import DaemonWorkers, LLMPools
 from llama_index_hyde_plus.reliability import (
     NO_RETRY,
     CircuitBreaker,
@@ -100,12 +100,12 @@ def stuck() -> Iterator[StuckLLM]:
 
 
 @pytest.fixture
-def own_pool(monkeypatch: pytest.MonkeyPatch) -> DaemonWorkers:
-    """A fresh LLM worker pool with the default cap, so hung calls of one test never
+def own_pool(monkeypatch: pytest.MonkeyPatch) -> LLMPools:
+    """Fresh LLM worker pools with the default cap, so hung calls of one test never
     take the workers of another."""
-    pool = DaemonWorkers()
-    monkeypatch.setattr(_llm, "WORKERS", pool)
-    return pool
+    pools = LLMPools()
+    monkeypatch.setattr(_llm, "WORKERS", pools)
+    return pools
 
 
 def opened(breaker: CircuitBreaker) -> CircuitBreaker:
@@ -194,7 +194,7 @@ def test_a_late_call_failing_does_not_settle_the_probe() -> None:
 
 
 async def test_hung_blocking_calls_leave_the_default_executor_free(
-    stuck: StuckLLM, own_pool: DaemonWorkers
+    stuck: StuckLLM, own_pool: LLMPools
 ) -> None:
     hyde = HyDE(stuck, timeout=0.05, retry=NO_RETRY, breaker=None)
     results = await asyncio.gather(*(hyde.atransform(f"{Q} {i}") for i in range(40)))
@@ -211,7 +211,7 @@ async def test_hung_blocking_calls_leave_the_default_executor_free(
 async def test_an_exhausted_llm_pool_falls_back_at_once(
     stuck: StuckLLM, monkeypatch: pytest.MonkeyPatch, use_async: bool
 ) -> None:
-    monkeypatch.setattr(_llm, "WORKERS", DaemonWorkers(max_busy=2))
+    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
     hyde = HyDE(stuck, timeout=0.05, retry=FAST, breaker=None)
     for _ in range(2):
         result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
@@ -248,10 +248,42 @@ def test_a_full_pool_queues_healthy_calls_and_refuses_only_behind_overrun_ones()
     assert second.done.wait(5) and second.result() == "ok"
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hung_provider_holds_only_its_own_worker_threads(
+    stuck: StuckLLM, monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
+    hung = HyDE(stuck, timeout=0.05, retry=NO_RETRY, breaker=None)
+    for i in range(3):  # both of its threads overrun; the third call is refused at once
+        await hung.atransform(f"{Q} {i}") if use_async else hung.transform(f"{Q} {i}")
+    healthy_llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.")
+    monkeypatch.setattr(_llm, "has_native_async", lambda model: False)  # the blocking path
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=60)
+    healthy = HyDE(healthy_llm, timeout=5, retry=NO_RETRY, breaker=breaker)
+    for i in range(3):
+        result = await healthy.atransform(f"{Q} {i}") if use_async else healthy.transform(Q)
+        assert not result.fallback, result.error
+    assert breaker.state == "closed"
+
+
+def test_a_garbage_collected_llm_gives_its_pool_back() -> None:
+    import gc
+
+    pools = LLMPools()
+    llm = ScriptedLLM(respond=lambda prompt: "x")
+    pool = pools.for_llm(llm)
+    assert pools.for_llm(llm) is pool and pools.for_llm(ScriptedLLM()) is not pool
+    job = pool.submit(lambda: "done")
+    assert job.done.wait(5)
+    del llm, job
+    gc.collect()
+    assert len(pools) == 0 and pool.idle() == 0
+
+
 def test_more_blocking_calls_than_workers_all_answer_within_their_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_llm, "WORKERS", DaemonWorkers(max_busy=2))
+    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
     llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.", delay=0.05)
     hyde = HyDE(llm, timeout=10, retry=NO_RETRY, breaker=None)
 
@@ -412,7 +444,7 @@ def test_a_failed_call_is_reported_before_the_calls_the_breaker_skipped(
 
 
 def test_the_timeout_bounds_all_passages_on_the_sync_path(
-    stuck: StuckLLM, own_pool: DaemonWorkers
+    stuck: StuckLLM, own_pool: LLMPools
 ) -> None:
     hyde = HyDE(stuck, num_passages=4, timeout=1.0, retry=NO_RETRY, breaker=None)
     start = time.monotonic()
