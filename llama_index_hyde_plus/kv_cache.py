@@ -22,6 +22,8 @@ from typing import Any
 
 from llama_index.core.storage.kvstore.types import BaseKVStore
 
+from .reliability import failure
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_COLLECTION = "hyde_plus_transforms"
@@ -130,8 +132,8 @@ class KVStoreCache:
         malformed one, or a store that failed)."""
         try:
             entry = self.kvstore.get(key, collection=self.collection)
-        except Exception as exc:
-            self._outage("read", exc)
+        except BaseException as exc:
+            self._outage("read", failure(exc))
             return None
         self._healthy()
         if not isinstance(entry, dict):
@@ -149,8 +151,8 @@ class KVStoreCache:
     def _forget(self, key: str) -> None:
         try:
             self.kvstore.delete(key, collection=self.collection)
-        except Exception as exc:
-            self._outage("delete", exc)
+        except BaseException as exc:
+            self._outage("delete", failure(exc))
 
     def set(self, key: str, value: dict[str, Any]) -> None:
         """Store ``value`` (a result's dict form) under ``key``; a failing store is
@@ -159,8 +161,8 @@ class KVStoreCache:
             self.kvstore.put(
                 key, {"created": time.time(), "result": value}, collection=self.collection
             )
-        except Exception as exc:
-            self._outage("write", exc)
+        except BaseException as exc:
+            self._outage("write", failure(exc))
             return
         self._healthy()
 

@@ -42,16 +42,23 @@ class CircuitOpenError(LLMNotCalledError):
     """The breaker is open: the LLM was not called."""
 
 
-class LLMCallError(RuntimeError):
-    """The LLM raised an error that is not an ``Exception`` (gevent's ``Timeout``, a
-    ``CancelledError`` from a blocking provider): a failed call like any other, wrapped
-    so that every ``except Exception`` above sees it. ``error`` (also ``__cause__``) is
-    what the LLM raised."""
+class CallError(RuntimeError):
+    """A component (the LLM, an embedding model, a store, a cache) raised an error that
+    is not an ``Exception`` (gevent's ``Timeout``, a ``CancelledError`` from a blocking
+    client): a failure like any other, wrapped so that every ``except Exception`` above
+    sees it. ``error`` (also ``__cause__``) is what it raised."""
+
+    def __init__(self, error: BaseException, what: str = "a component") -> None:
+        text = str(error)
+        super().__init__(f"{what} raised {type(error).__name__}" + (f": {text}" if text else ""))
+        self.error = error
+
+
+class LLMCallError(CallError):
+    """The LLM raised an error that is not an ``Exception`` (see `CallError`)."""
 
     def __init__(self, error: BaseException) -> None:
-        text = str(error)
-        super().__init__(f"the LLM raised {type(error).__name__}" + (f": {text}" if text else ""))
-        self.error = error
+        super().__init__(error, "the LLM")
 
 
 BreakerState = Literal["closed", "open", "half-open"]
@@ -125,6 +132,20 @@ def as_failure(exc: BaseException) -> Exception:
     if isinstance(exc, Exception):
         return exc
     wrapped = LLMCallError(exc)
+    wrapped.__cause__ = exc
+    return wrapped
+
+
+def failure(exc: BaseException, *, in_task: bool = False) -> Exception:
+    """``exc`` as a failure to handle (an ``Exception``; a `CallError` wrapping one that
+    is not), or ``exc`` re-raised when it must propagate (`propagates`: an interrupt,
+    an exit, the running task's own cancellation). Every "never breaks search" layer
+    catches ``BaseException`` and passes it through here."""
+    if propagates(exc, in_task=in_task):
+        raise exc
+    if isinstance(exc, Exception):
+        return exc
+    wrapped = CallError(exc)
     wrapped.__cause__ = exc
     return wrapped
 

@@ -26,6 +26,7 @@ from . import expansion, plan
 from ._checks import check_int, is_int
 from .fusion import FusionMode, fuse, scored, unique_nodes
 from .provenance import summary, tag_nodes
+from .reliability import failure
 from .transforms.base import (
     Guards,
     QueryTransformer,
@@ -406,10 +407,11 @@ class TransformRetriever(BaseRetriever):
             step = self._planned(expanded, guards, hits)
             nodes, errors = self._carry_out(step, question, hits)
             result = expanded
-        except Exception as exc:
+        except BaseException as exc:
+            error = failure(exc)  # interrupts go on up
             if plan.question_alone(step, question.text):
                 raise
-            result = _fell_back(result, exc)
+            result = _fell_back(result, error)
             nodes, errors = self._carry_out(self._planned(result, guards, hits), question, hits)
         if self.reranker is not None and nodes:
             nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
@@ -443,10 +445,11 @@ class TransformRetriever(BaseRetriever):
             step = self._planned(expanded, guards, hits)
             nodes, errors = await self._acarry_out(step, question, hits)
             result = expanded
-        except Exception as exc:
+        except BaseException as exc:
+            error = failure(exc, in_task=True)  # our own cancellation goes on up
             if plan.question_alone(step, question.text):
                 raise
-            result = _fell_back(result, exc)
+            result = _fell_back(result, error)
             step = self._planned(result, guards, hits)
             nodes, errors = await self._acarry_out(step, question, hits)
         if self.reranker is not None and nodes:
@@ -651,8 +654,8 @@ class TransformRetriever(BaseRetriever):
             for i, future in futures.items():
                 try:
                     outcomes[i] = future.result()
-                except Exception as exc:
-                    outcomes[i] = exc
+                except BaseException as exc:
+                    outcomes[i] = failure(exc)
         return self._split(specs, outcomes)
 
     def _thread_pool(self) -> ThreadPoolExecutor:
@@ -683,8 +686,8 @@ class TransformRetriever(BaseRetriever):
         if len(todo) == 1:  # one search: no task, no semaphore
             try:
                 outcomes[todo[0]] = await self._asearch_bundle(bundles[todo[0]])  # type: ignore[arg-type]
-            except Exception as exc:
-                outcomes[todo[0]] = exc
+            except BaseException as exc:
+                outcomes[todo[0]] = failure(exc, in_task=True)
             return self._split(specs, outcomes)
         if len(todo) <= self.max_concurrency:  # all at once: no gate to pass
             searches = [self._asearch_bundle(bundles[i]) for i in todo]  # type: ignore[arg-type]
@@ -692,10 +695,9 @@ class TransformRetriever(BaseRetriever):
             gate = asyncio.Semaphore(self.max_concurrency)
             searches = [self._retrieve_one(bundles[i], gate) for i in todo]  # type: ignore[arg-type]
         found = await asyncio.gather(*searches, return_exceptions=True)
-        for outcome in found:
-            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
-                raise outcome
-        for i, outcome in zip(todo, found):
+        for i, outcome in zip(todo, found):  # our own cancellation raised out of gather
+            if isinstance(outcome, BaseException):
+                outcome = failure(outcome, in_task=True)
             outcomes[i] = outcome
         return self._split(specs, outcomes)
 
@@ -791,8 +793,8 @@ def _searchable(vector: Vec) -> Vec | None:
 def _fell_back(result: TransformResult, exc: Exception) -> TransformResult:
     """The one place where a failure after the LLM (embedding the generated text,
     searching with it, fusing) becomes the question's own search: ``result`` as a
-    fallback saying why (`plan.degraded`). Only ``Exception`` comes here: cancellation
-    and interrupts propagate."""
+    fallback saying why (`plan.degraded`). Only failures come here (`reliability.failure`):
+    cancellation and interrupts propagate."""
     reason = str(exc) if isinstance(exc, plan.UnusableVector) else f"{type(exc).__name__}: {exc}"
     logger.warning(
         "searching with the %s output failed (%s); searching with the question alone",

@@ -31,6 +31,14 @@ def is_loopback(host: str) -> bool:
 
 
 _CACHE_SCHEMES = ("redis://", "rediss://", "unix://")
+CacheSpec = Annotated[
+    str,
+    typer.Option(
+        "--cache",
+        help="Transform cache: memory (this process), a Redis URL (redis://host:port/0, "
+        "shared by every replica, kept across restarts) or a SQLite file.",
+    ),
+]
 
 
 def _check_flags(
@@ -181,13 +189,7 @@ def serve(
             help="Options for a method from `hyde-plus tune` (repeatable).",
         ),
     ] = None,
-    cache: Annotated[
-        str,
-        typer.Option(
-            help="Transform cache: memory (this process), a Redis URL (redis://host:port/0, "
-            "shared by every replica, kept across restarts) or a SQLite file.",
-        ),
-    ] = "memory",
+    cache: CacheSpec = "memory",
     verbose: Verbose = False,
 ) -> None:
     """Serve the Retrieval Context Protocol: query/transform, and retrieve over a FAISS

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import hashlib
 import inspect
 import logging
 import os
@@ -19,6 +20,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.callbacks import CallbackManager
@@ -32,7 +34,7 @@ from pydantic import BaseModel
 from .. import _llm
 from .._checks import is_number
 from ..cache import TransformCache, cache_key, holds_objects
-from ..reliability import CircuitOpenError, RetryPolicy
+from ..reliability import CircuitOpenError, RetryPolicy, failure
 from ..singleflight import SingleFlight
 from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
@@ -262,7 +264,7 @@ class LLMTransform(QueryTransformer):
             parts["context"] = list(context)
         return cache_key(parts)
 
-    def _lookup(self, key: str, start: float) -> TransformResult | None:
+    def _lookup(self, key: str, query: str, start: float) -> TransformResult | None:
         assert self.cache is not None
         try:
             data = self.cache.get(key)
@@ -270,8 +272,8 @@ class LLMTransform(QueryTransformer):
                 return None
             # an in-process cache holds the (immutable) result itself: no decoding
             stored = data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
-            if not _shareable(stored):
-                return None  # written by an older version, which kept partial results
+            if not _serves(stored, query, self.method):
+                return None  # another question's, empty, or partial (an older version's)
             return self._restyle(
                 stored,
                 usage=Usage(cached=True),
@@ -279,8 +281,8 @@ class LLMTransform(QueryTransformer):
                 generation_usage=stored.generation_usage or stored.usage,
                 latency_s=time.perf_counter() - start,
             )
-        except Exception as exc:
-            logger.warning("transform cache read failed (%s); calling the LLM", exc)
+        except BaseException as exc:
+            logger.warning("transform cache read failed (%s); calling the LLM", failure(exc))
             return None
 
     def _store(self, key: str, result: TransformResult) -> None:
@@ -293,8 +295,8 @@ class LLMTransform(QueryTransformer):
                 replace(result, specs=()) if holds_objects(self.cache) else result.to_dict()
             )
             self.cache.set(key, value)
-        except Exception as exc:
-            logger.warning("transform cache write failed (%s)", exc)
+        except BaseException as exc:
+            logger.warning("transform cache write failed (%s)", failure(exc))
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         """A cached result with this instance's search options (they do not change
@@ -324,7 +326,7 @@ class LLMTransform(QueryTransformer):
         if key is None:
             return self._generate(query, context)
         start = time.perf_counter()
-        hit = self._lookup(key, start)
+        hit = self._lookup(key, query, start)
         if hit is not None:
             return hit
 
@@ -349,9 +351,9 @@ class LLMTransform(QueryTransformer):
         start = time.perf_counter()
         blocking = self._cache_io_is_blocking()
         hit = (
-            await asyncio.to_thread(self._lookup, key, start)
+            await asyncio.to_thread(self._lookup, key, query, start)
             if blocking
-            else self._lookup(key, start)
+            else self._lookup(key, query, start)
         )
         if hit is not None:
             return hit
@@ -439,6 +441,9 @@ class LLMTransform(QueryTransformer):
         )
         usage = sum_usage([r.usage for r in replies])
         texts = [text for text in (clean_reply(r.text) for r in replies) if text]
+        if texts and len(texts) < len(replies) and not errors:  # a partial generation
+            empty = len(replies) - len(texts)
+            errors = [UnusableReplyError(f"{empty} of {len(replies)} replies had no content")]
         if not texts:
             if not errors:
                 errors = [UnusableReplyError("the LLM returned an empty reply")]
@@ -476,6 +481,18 @@ def _number(value: Any, name: str) -> float | None:
     if value is None or is_number(value):
         return value
     raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+
+
+def _serves(stored: TransformResult, query: str, method: str) -> bool:
+    """Whether a cached ``stored`` may answer ``query``: a complete generation
+    (`_shareable`) of this very question by this method, with something generated in
+    it (passages, or a query other than the question)."""
+    return (
+        stored.query == query
+        and stored.method == method
+        and _shareable(stored)
+        and bool(stored.hypothetical or any(q != query for q in stored.queries))
+    )
 
 
 def _shareable(result: TransformResult) -> bool:
@@ -644,8 +661,38 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, BaseModel):
         return _model_settings(value, depth)
     if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
-        return f"{value.__module__}.{value.__qualname__}"
+        return _callable_identity(value, depth)
     return _SKIP
+
+
+def _callable_identity(value: Any, depth: int) -> Any:
+    """What a function field contributes to the key: its qualified name and what it
+    computes with (its code, constants, defaults and closure values), so two lambdas,
+    or two closures of one factory over other strings, never share a key. A function
+    over values with no plain form is keyed by its identity in this process (no
+    collision; the cache is then not shared with other processes for it)."""
+    name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    if inspect.isbuiltin(value):
+        return name
+    if inspect.ismethod(value):
+        owner = _plain(value.__self__, depth + 1)
+        return [name, owner if owner is not _SKIP else f"id:{id(value.__self__)}"]
+    code = value.__code__
+    cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
+    values = (*code.co_consts, *cells, *(value.__defaults__ or ()))
+    parts = [v.co_code.hex() if isinstance(v, CodeType) else _plain(v, depth + 1) for v in values]
+    if any(p is _SKIP for p in parts if p is not None):
+        parts = [f"id:{id(value)}"]
+    digest = hashlib.sha256(code.co_code + repr(parts).encode()).hexdigest()[:16]
+    return f"{name}#{digest}"
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,177 @@
+"""Regressions from the fresh hostile round on the Python API (#29, "Done when").
+
+Each failed before its fix: a store, embedder or cache raising an error that is not an
+``Exception`` crashed the search; two LLMs differing only in a function field (their
+prompt format) shared cache entries; a generation with an empty reply among N was
+cached as complete; a cache entry of another question, or with nothing in it, was
+served as a hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from llama_index_hyde_plus import HyDE, MemoryCache, MultiQuery, TransformRetriever
+from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+
+from .conftest import DOCS
+
+Q = "Why did revenue drop?"
+
+
+class Timeout(BaseException):
+    """gevent's Timeout is a BaseException, not an Exception."""
+
+
+class RejectsGenerated(StaticRetriever):
+    """Searches the question; raises ``error`` for any other query text."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(DOCS, default=["renewals", "pto"])
+        self.error = error
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if query_bundle.query_str != Q:
+            raise self.error
+        return super()._retrieve(query_bundle)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if query_bundle.query_str != Q:
+            raise self.error
+        return await super()._aretrieve(query_bundle)
+
+
+def _mq_reply(prompt: str) -> str:
+    return "1. What drove the revenue decline?\n2. Why were renewals late?"
+
+
+@pytest.mark.parametrize("error", [Timeout("store"), asyncio.CancelledError()])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_store_raising_a_non_exception_on_generated_text_serves_the_question(
+    error: BaseException, use_async: bool
+) -> None:
+    retriever = TransformRetriever(
+        RejectsGenerated(error),
+        MultiQuery(ScriptedLLM(respond=_mq_reply), n=2),
+        embed_model=DeterministicEmbedding(dim=64),
+    )
+    found = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert [n.node.node_id for n in found.nodes] == ["renewals", "pto"]
+    assert len(found.failed_searches) == 2 and type(error).__name__ in found.failed_searches[0]
+
+
+class TimeoutEmbedding(DeterministicEmbedding):
+    """Embeds the question; raises gevent-style Timeout on generated passages."""
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        raise Timeout("embedder")
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        raise Timeout("embedder")
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        raise Timeout("embedder")
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        raise Timeout("embedder")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_embedder_raising_a_non_exception_on_the_passage_serves_the_question(
+    use_async: bool,
+) -> None:
+    retriever = TransformRetriever(
+        StaticRetriever(DOCS, default=["renewals", "pto"]),
+        HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), strategy="replace"),
+        embed_model=TimeoutEmbedding(dim=64),
+    )
+    found = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert found.nodes and found.transform.fallback and "Timeout" in (found.transform.error or "")
+
+
+async def test_our_own_cancellation_still_propagates_through_the_fallback() -> None:
+    class Slow(StaticRetriever):
+        async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            await asyncio.sleep(10)
+            return []
+
+    retriever = TransformRetriever(
+        Slow(DOCS), MultiQuery(ScriptedLLM(respond=_mq_reply), n=2), max_concurrency=1
+    )
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(retriever.asearch(Q), 0.2)
+
+
+class TimeoutCache:
+    def get(self, key: str) -> Any:
+        raise Timeout("cache")
+
+    def set(self, key: str, value: Any) -> None:
+        raise Timeout("cache")
+
+
+def test_a_cache_raising_a_non_exception_is_a_miss() -> None:
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped.")
+    result = HyDE(llm, cache=TimeoutCache()).transform(Q)  # type: ignore[arg-type]
+    assert result.hypothetical == ("Renewals slipped.",) and not result.fallback
+
+
+def _formatter(prefix: str) -> Any:
+    def fmt(prompt: str) -> str:
+        return f"{prefix}\n{prompt}"
+
+    return fmt
+
+
+def test_llms_differing_in_a_function_field_do_not_share_cache_entries() -> None:
+    cache = MemoryCache()
+    en = ScriptedLLM(["English passage"], completion_to_prompt=_formatter("Answer in English"))
+    fr = ScriptedLLM(["Passage français"], completion_to_prompt=_formatter("Réponds en français"))
+    assert HyDE(en, cache=cache).transform(Q).hypothetical == ("English passage",)
+    second = HyDE(fr, cache=cache).transform(Q)
+    assert not second.cached and second.hypothetical == ("Passage français",)
+    same = ScriptedLLM([], completion_to_prompt=_formatter("Answer in English"))
+    assert HyDE(same, cache=cache).transform(Q).cached  # the same format: the same key
+
+
+def test_two_lambdas_give_two_keys_and_one_lambda_one() -> None:
+    a = HyDE(ScriptedLLM(respond=lambda p: "A"))
+    b = HyDE(ScriptedLLM(respond=lambda p: "B"))
+    assert a.cache_key_for(Q) != b.cache_key_for(Q)
+    assert a.cache_key_for(Q) == a.cache_key_for(Q)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_generation_with_an_empty_reply_among_n_is_not_cached(use_async: bool) -> None:
+    cache = MemoryCache()
+    llm = ScriptedLLM(["Passage one.", "   ", "Passage three.", "P1.", "P2.", "P3."])
+    hyde = HyDE(llm, num_passages=3, cache=cache, breaker=None)
+    first = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert len(first.hypothetical) == 2 and "1 of 3 replies had no content" in (first.error or "")
+    again = await hyde.atransform(Q) if use_async else hyde.transform(Q)
+    assert not again.cached and len(again.hypothetical) == 3
+
+
+def test_a_cache_entry_of_another_question_or_with_nothing_in_it_is_a_miss() -> None:
+    from llama_index.core.storage.kvstore import SimpleKVStore
+
+    store = SimpleKVStore()
+    cache = KVStoreCache(store)
+    llm = ScriptedLLM(respond=lambda p: "Fresh passage.")
+    hyde = HyDE(llm, num_passages=1, cache=cache)
+    key = hyde.cache_key_for(Q)
+    other = HyDE(ScriptedLLM(["Other passage."]), num_passages=1).transform("Who moved?")
+    bad = [
+        {**other.to_dict()},  # another question's entry under this key
+        {**hyde.transform("Why did revenue drop?").to_dict(), "hypothetical": []},  # empty
+        {**other.to_dict(), "query": Q, "method": "multi-query"},  # another method's
+    ]
+    for entry in bad:
+        store.put(key, {"created": 1e12, "result": entry}, collection=cache.collection)
+        result = hyde.transform(Q)
+        assert not result.cached and result.hypothetical == ("Fresh passage.",)
