@@ -29,6 +29,7 @@ __all__ = [
     "degraded",
     "gate_verdict",
     "is_question",
+    "overlaps",
     "plan",
     "question_alone",
     "question_first",
@@ -85,9 +86,18 @@ class Plan:
 
 
 def question_first(guards: Guards) -> bool:
-    """Whether the question is searched before the transform runs (grounding, rerank
-    and feedback read its hits)."""
-    return guards.needs_question_hits
+    """Whether the question is searched before the transform runs: a grounded
+    transform is shown its top hits."""
+    return guards.context_k > 0
+
+
+def overlaps(guards: Guards, searches_question: bool) -> bool:
+    """Whether the question is searched while the transform runs (the plan will use its
+    hits: rerank candidates, Rocchio's feedback, a fan-out's own list of the question),
+    so that the search costs no time of its own after the LLM has answered."""
+    if question_first(guards):
+        return False
+    return guards.needs_question_hits or searches_question
 
 
 def context_for(guards: Guards, hits: Sequence[Any] | None) -> list[str] | None:

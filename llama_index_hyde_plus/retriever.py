@@ -396,8 +396,14 @@ class TransformRetriever(BaseRetriever):
         hits = None
         if plan.question_first(guards):
             hits = self._search_bundle(self._question_bundle(question))
+        searching = None  # the question's own search, while the LLM writes
+        if plan.overlaps(guards, self.transformer.searches_question):
+            run = contextvars.copy_context().run
+            searching = self._thread_pool().submit(run, self._question_hits, question)
         context = plan.context_for(guards, hits)
         result = transformed or self.transformer.transform_safe(question.text, context=context)
+        if searching is not None:
+            hits = self._overlapped(searching.result(), guards)
         step: plan.Step | None = None
         try:
             expanded = result
@@ -432,10 +438,20 @@ class TransformRetriever(BaseRetriever):
         hits = None
         if plan.question_first(guards):
             hits = await self._asearch_bundle(await self._aquestion_bundle(question))
+        searching = None  # the question's own search, while the LLM writes
+        if plan.overlaps(guards, self.transformer.searches_question):
+            searching = asyncio.ensure_future(self._aquestion_hits(question))
         context = plan.context_for(guards, hits)
-        result = transformed or await self.transformer.atransform_safe(
-            question.text, context=context
-        )
+        try:
+            result = transformed or await self.transformer.atransform_safe(
+                question.text, context=context
+            )
+        except BaseException:
+            if searching is not None:
+                searching.cancel()
+            raise
+        if searching is not None:
+            hits = self._overlapped(await searching, guards)
         step: plan.Step | None = None
         try:
             expanded = result
@@ -543,6 +559,33 @@ class TransformRetriever(BaseRetriever):
         if question.embedding is None and self._dense():
             return question.bundle(_searchable(await self._aown(question)))
         return question.bundle()
+
+    def _question_hits(self, question: Question) -> list[NodeWithScore] | BaseException:
+        """The question's own hits, or what its search raised (returned, so that the
+        caller decides once the transform is done: `_overlapped`)."""
+        try:
+            return self._search_bundle(self._question_bundle(question))
+        except BaseException as exc:
+            return failure(exc)
+
+    async def _aquestion_hits(self, question: Question) -> list[NodeWithScore] | BaseException:
+        try:
+            return await self._asearch_bundle(await self._aquestion_bundle(question))
+        except BaseException as exc:
+            return failure(exc, in_task=True)
+
+    def _overlapped(
+        self, found: list[NodeWithScore] | BaseException, guards: Guards
+    ) -> list[NodeWithScore] | None:
+        """The question's hits searched while the LLM wrote. If that search failed: a
+        guard that needs them raises it (the question's own search failed, as a plain
+        retriever's would); a fan-out goes on without them (its own search of the
+        question then reports the failure beside the other lists)."""
+        if not isinstance(found, BaseException):
+            return found
+        if guards.needs_question_hits:
+            raise found
+        return None
 
     def _search_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
         return list(self.retriever.retrieve(bundle))

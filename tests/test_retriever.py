@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -167,8 +168,77 @@ async def test_fan_out_runs_every_query_concurrently(use_async: bool) -> None:
     retriever = TransformRetriever(base, MultiQuery(llm, n=3))
     result = await retriever.asearch("q") if use_async else retriever.search("q")
     assert base.queries and sorted(base.queries) == sorted(["q", "q one", "q two", "q three"])
-    assert base.max_active == 4  # all four searches were in flight at once
+    assert base.max_active == 3  # the paraphrases at once (the question went during the LLM)
     assert result.transform.search_queries == ("q", "q one", "q two", "q three")
+
+
+class _Clocked(StaticRetriever):
+    """Records when each query's search started and ended."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.started.setdefault(query_bundle.query_str, time.monotonic())
+        try:
+            return super()._retrieve(query_bundle)
+        finally:
+            self.ended.setdefault(query_bundle.query_str, time.monotonic())
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.started.setdefault(query_bundle.query_str, time.monotonic())
+        try:
+            return await super()._aretrieve(query_bundle)
+        finally:
+            self.ended.setdefault(query_bundle.query_str, time.monotonic())
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("kind", ["multi-query", "rerank"])
+async def test_the_question_is_searched_while_the_llm_writes(use_async: bool, kind: str) -> None:
+    base = _Clocked(DOCS, default=["pto", "hiring"], delay=0.3)
+    answered: list[float] = []
+
+    def respond(prompt: str) -> str:
+        answered.append(time.monotonic())
+        return "1. q one\n2. q two"
+
+    llm = ScriptedLLM(respond=respond, delay=0.15)  # answers halfway through the search
+    embed = DeterministicEmbedding(dim=64)
+    transformer: Any = {
+        "multi-query": lambda: MultiQuery(llm, n=2),
+        "rerank": lambda: HyDE(llm, strategy="rerank"),
+    }[kind]()
+    retriever = TransformRetriever(base, transformer, embed_model=embed)
+    found = await retriever.asearch("q") if use_async else retriever.search("q")
+    assert found.nodes and not found.transform.fallback
+    # the LLM answered while the question was being searched
+    assert base.started["q"] < answered[0] < base.ended["q"]
+    assert base.queries.count("q") == 1  # and its hits reused, not searched again
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_grounded_transform_still_searches_the_question_first(use_async: bool) -> None:
+    base = _Clocked(DOCS, default=["pto", "hiring"])
+    answered: list[float] = []
+    llm = ScriptedLLM(respond=lambda p: answered.append(time.monotonic()) or "A passage.")
+    retriever = TransformRetriever(
+        base, HyDE(llm, grounded=2), embed_model=DeterministicEmbedding(dim=64)
+    )
+    await retriever.asearch("q") if use_async else retriever.search("q")
+    assert base.started["q"] < answered[0] and "paid time off" in llm.prompts[0]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_failed_question_search_during_the_llm_leaves_the_paraphrases(
+    use_async: bool,
+) -> None:
+    base = StaticRetriever(DOCS, default=["pto"], fail_on=["q"])
+    retriever = TransformRetriever(base, MultiQuery(ScriptedLLM(["1. q one\n2. q two"]), n=2))
+    found = await retriever.asearch("q") if use_async else retriever.search("q")
+    assert found.nodes and any("search failed for 'q'" in e for e in found.failed_searches)
 
 
 @pytest.mark.parametrize("use_async", [False, True])

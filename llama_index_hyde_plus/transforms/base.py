@@ -393,6 +393,13 @@ class QueryTransformer(BaseQueryTransform):
     uses_llm: ClassVar[bool] = False
     """Whether the transform calls an LLM (the CLI and the runner load one only then)."""
 
+    @property
+    def searches_question(self) -> bool:
+        """Whether the searches this transform asks for include the question as asked,
+        on its own (a fan-out's first list): a `TransformRetriever` then searches it
+        while the LLM writes. True for an LLM transform that includes the query."""
+        return self.include_query and self.uses_llm
+
     @classmethod
     def count_option(cls) -> str | None:
         """The option that sets how many queries or passages it writes (``"n"``,

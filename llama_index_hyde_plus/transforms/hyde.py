@@ -202,6 +202,13 @@ class HyDE(LLMTransform):
         return self._weights()[0]
 
     @property
+    def searches_question(self) -> bool:
+        """False: HyDE's one search mixes the passages into the question's vector, so
+        the question is never searched on its own (its guards say when its hits are
+        needed: rerank, feedback)."""
+        return False
+
+    @property
     def keyword_weight(self) -> float | None:
         """The question's share of the keyword text; the dense weight when unset."""
         return self._weights()[2]
