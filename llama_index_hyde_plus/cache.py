@@ -40,9 +40,23 @@ class TransformCache(Protocol):
     (like `MemoryCache`) receives the immutable `TransformResult` itself, must return
     the very object, and must never block (it is called on the event loop)."""
 
-    def get(self, key: str) -> Any: ...
+    def get(self, key: str) -> Any:
+        """The value stored under ``key``, or None for a miss.
 
-    def set(self, key: str, value: Any) -> None: ...
+        Args:
+            key: a `cache_key`.
+        """
+        ...
+
+    def set(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key``; must never raise for want of space or access.
+
+        Args:
+            key: a `cache_key`.
+            value: the result's ``to_dict()`` form, or the `TransformResult` itself
+                when the class sets ``holds_objects = True``.
+        """
+        ...
 
 
 def holds_objects(cache: TransformCache) -> bool:
@@ -116,6 +130,11 @@ class BoundedLRU(Generic[K, V]):
         return self._bytes
 
     def get(self, key: K) -> V | None:
+        """The value kept under ``key`` (now the most recently used), or None.
+
+        Args:
+            key: the entry's key.
+        """
         with self._lock:
             entry = self._data.get(key)
             if entry is None:
@@ -124,8 +143,14 @@ class BoundedLRU(Generic[K, V]):
             return entry[0]
 
     def set(self, key: K, value: V) -> bool:
-        """Keep ``value`` (replacing what ``key`` held); False when it alone is over
-        the budget, and then ``key`` holds nothing."""
+        """Keep ``value`` (replacing what ``key`` held), evicting the least recently
+        used entries beyond the budget; False when it alone is over ``max_bytes``, and
+        then ``key`` holds nothing.
+
+        Args:
+            key: the entry's key.
+            value: what to keep.
+        """
         size = self._size_of(key, value) + _ENTRY_OVERHEAD
         with self._lock:
             old = self._data.pop(key, None)
@@ -144,6 +169,7 @@ class BoundedLRU(Generic[K, V]):
             return len(self._data)
 
     def clear(self) -> None:
+        """Drop every entry."""
         with self._lock:
             self._data.clear()
             self._bytes = 0
@@ -170,10 +196,12 @@ class MemoryCache:
 
     @property
     def max_entries(self) -> int:
+        """Most results kept."""
         return self._lru.max_entries
 
     @property
     def max_bytes(self) -> int:
+        """Most bytes the kept results weigh in all (estimated)."""
         return self._lru.max_bytes
 
     @property
@@ -182,15 +210,29 @@ class MemoryCache:
         return self._lru.nbytes
 
     def get(self, key: str) -> Any:
+        """The result stored under ``key`` (now the most recently used), or None.
+
+        Args:
+            key: a `cache_key`.
+        """
         return self._lru.get(key)
 
     def set(self, key: str, value: Any) -> None:
+        """Store ``value``, dropping the least recently used entries beyond
+        ``max_entries`` or ``max_bytes``; one heavier than ``max_bytes`` alone is not
+        kept (and ``key`` then holds nothing).
+
+        Args:
+            key: a `cache_key`.
+            value: the `TransformResult` (kept as is, not copied).
+        """
         self._lru.set(key, value)
 
     def __len__(self) -> int:
         return len(self._lru)
 
     def clear(self) -> None:
+        """Drop every entry."""
         self._lru.clear()
 
 
@@ -272,6 +314,13 @@ class SQLiteCache:
     otherwise unavailable is left alone, with one warning per outage: a read is a miss
     (``len`` is 0) and a write is skipped after waiting at most ``busy_timeout_s``
     seconds. A cache never fails a search.
+
+    Args:
+        path: the SQLite file (``~`` expanded); it and its folder are created when
+            missing.
+        ttl_s: seconds an entry stays valid; None: for ever.
+        busy_timeout_s: seconds a call waits for another process's write lock before
+            the cache is skipped for that call.
     """
 
     def __init__(
@@ -409,6 +458,13 @@ class SQLiteCache:
             self._unavailable(exc)
 
     def get(self, key: str) -> Any:
+        """The stored dict, or None for a miss: absent, older than ``ttl_s``,
+        unreadable, or the file busy, locked, read-only, not ours or damaged (a damaged
+        file is moved aside, and a fresh one started).
+
+        Args:
+            key: a `cache_key`.
+        """
         with self._lock:
             try:
                 row = (
@@ -432,6 +488,15 @@ class SQLiteCache:
         return data if isinstance(data, dict) else None
 
     def set(self, key: str, value: dict[str, Any]) -> None:
+        """Store ``value`` as JSON and drop entries older than ``ttl_s``. Skipped, with
+        one warning per outage, when the file is busy past ``busy_timeout_s``,
+        read-only or not ours; a damaged file is moved aside and the write made to a
+        fresh one.
+
+        Args:
+            key: a `cache_key`.
+            value: the result's JSON-able ``to_dict()`` form.
+        """
         blob = json.dumps(value, ensure_ascii=False)
         with self._lock:
             for attempt in range(2):
@@ -463,6 +528,7 @@ class SQLiteCache:
                 return 0
 
     def close(self) -> None:
+        """Close the connection; a later call opens it again."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

@@ -45,6 +45,7 @@ class PromptLLM(CustomLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
+        """A completion model named ``model_name``, LlamaIndex's defaults otherwise."""
         return LLMMetadata(model_name=self.model_name, is_chat_model=False)
 
     @llm_completion_callback()

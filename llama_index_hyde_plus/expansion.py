@@ -90,6 +90,11 @@ def weighted_vector(query: Vector, passages: Sequence[Vector], query_weight: flo
 
 
 def word_count(text: str) -> int:
+    """How many words (runs of letters, digits and underscores) ``text`` has.
+
+    Args:
+        text: any text.
+    """
     return len(_WORD.findall(text))
 
 

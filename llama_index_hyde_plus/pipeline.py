@@ -79,14 +79,17 @@ class HyDERAGResult:
 
     @property
     def contexts(self) -> list[str]:
+        """The retrieved nodes' texts, in rank order."""
         return [n.node.get_content() for n in self.nodes]
 
     @property
     def hypothetical_document(self) -> str:
+        """HyDE's passages joined by blank lines ("" when it fell back)."""
         return "\n\n".join(self.search.transform.hypothetical)
 
     @property
     def usage(self) -> Usage:
+        """What both stages cost: HyDE's calls plus the answer's."""
         return self.hyde_usage + self.answer_usage
 
     def metadata(self) -> dict[str, Any]:
@@ -186,6 +189,7 @@ class HyDERAG:
 
     @property
     def answer_llm(self) -> LLM:
+        """The LLM that writes the answer: the one given, else ``Settings.llm``."""
         return self._answer_llm if self._answer_llm is not None else Settings.llm
 
     def _answer_input(self, question: str, nodes: list[NodeWithScore]) -> str:

@@ -62,10 +62,10 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_KEEP_ALIVE = 5
 DEFAULT_SLOW_BODIES_PER_CLIENT = 8
-#: Seconds between two warnings that summarise repeated refusals.
 WARN_EVERY = 60.0
-#: The scope key `_Protocol` sets on a request refused for too many slow bodies.
+"""Seconds between two warnings that summarise repeated refusals."""
 SLOW_BODY_REFUSED = "hyde_plus.slow_body_refused"
+"""The scope key `_Protocol` sets on a request refused for too many slow bodies."""
 
 
 class ServeError(RuntimeError):
@@ -75,13 +75,26 @@ class ServeError(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
+    """The HTTP server's limits (see the module docstring and the RCP page): requests
+    in flight, open connections, seconds to send a head and a body, keep-alive, body
+    size, and bodies still arriving per client address. A count below 1 or a time
+    that is not above 0 is a `ValueError`."""
+
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    """Requests served at once; more get HTTP 503 / -32010 with ``Retry-After``."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Open connections; more are answered 503 and closed."""
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    """Seconds a connection has to send a whole request head (else 408, closed)."""
     body_timeout: float = DEFAULT_BODY_TIMEOUT
+    """Seconds a request has to send its body (else 408 / -32014, closed)."""
     keep_alive: int = DEFAULT_KEEP_ALIVE
+    """Seconds an idle keep-alive connection stays open."""
     max_body_bytes: int = MAX_BODY_BYTES
+    """Largest body, announced or streamed (else 413 / -32013, closed)."""
     slow_bodies_per_client: int = DEFAULT_SLOW_BODIES_PER_CLIENT
+    """Requests per client address whose body is still arriving; more get 503 and are
+    closed."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -120,7 +133,11 @@ def _raw_response(status: int, reason: str, body: bytes) -> bytes:
 def check_token(token: str) -> None:
     """Refuse a bearer token that cannot travel unchanged in an HTTP header: it must
     be printable ASCII without spaces (RFC 6750), so the bytes a client sends can be
-    compared with it exactly."""
+    compared with it exactly.
+
+    Args:
+        token: the token; an empty or unfit one is a `ValueError`.
+    """
     if not token:
         raise ValueError("token must not be empty (None serves without authentication)")
     bad = next((c for c in token if not "!" <= c <= "~"), None)
@@ -134,7 +151,13 @@ def check_token(token: str) -> None:
 class RepeatedWarning:
     """One WARNING per ``every`` seconds for an event that may repeat thousands of
     times (a flood of refusals), with the count since the last one: ``message`` is
-    formatted with ``count``."""
+    formatted with ``count``.
+
+    Args:
+        message: a logging format with one ``%d``, the count.
+        every: seconds between two warnings.
+        clock: the time source, in seconds.
+    """
 
     def __init__(
         self,
@@ -149,6 +172,8 @@ class RepeatedWarning:
         self._last: float | None = None
 
     def note(self) -> None:
+        """Count one occurrence; warn with the count so far when none was logged yet or
+        ``every`` seconds have passed since the last warning."""
         self.pending += 1
         now = self.clock()
         if self._last is not None and now - self._last < self.every:
@@ -450,7 +475,13 @@ class _Endpoint:
 
 def bind_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv4 or IPv6; port 0 picks a free
-    one), or `ServeError` with a one-line reason and fix."""
+    one), or `ServeError` with a one-line reason and fix.
+
+    Args:
+        host: a name or an IPv4/IPv6 address of this machine.
+        port: 0 to 65535; 0 picks a free port.
+        backlog: connections the kernel queues before they are accepted.
+    """
     if not is_int(port) or not 0 <= port <= 65535:
         raise ServeError(f"port {port} is out of range: use 1-65535 (0 picks a free port)")
     try:
@@ -507,6 +538,17 @@ class RcpHttpServer:
     busy port raises `ServeError` before anything is served. `serve_forever` runs in
     the calling thread (Ctrl-C stops it); `start` / `stop` run it in a background
     thread.
+
+    Args:
+        server: the RCP server whose `RcpServer.handle_line` answers each request.
+        host: the address to listen on (IPv4 or IPv6).
+        port: the port; 0 picks a free one.
+        token: the bearer token every request must carry; None: no authentication.
+        limits: the server's `Limits`; None: the defaults.
+        threads: worker threads for the RCP dispatch; None: ``max_inflight``, at most
+            32.
+        sock: a listening socket from `bind_socket` to serve instead of binding
+            ``host:port``.
     """
 
     def __init__(
@@ -552,11 +594,13 @@ class RcpHttpServer:
 
     @property
     def address(self) -> tuple[str, int]:
+        """The host and port the server listens on (the port chosen when 0 was asked)."""
         host, port = self._sock.getsockname()[:2]
         return str(host), int(port)
 
     @property
     def url(self) -> str:
+        """The endpoint's URL, ``http://host:port/rcp`` (an IPv6 host in brackets)."""
         host, port = self.address
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/rcp"
@@ -570,7 +614,12 @@ class RcpHttpServer:
 
     def start(self, timeout: float = 10.0) -> RcpHttpServer:
         """Serve in a background thread (for tests and embedding in an app); returns
-        once the server accepts requests."""
+        once the server accepts requests, or raises `ServeError` when it stopped or did
+        not start in time.
+
+        Args:
+            timeout: seconds to wait for the server to accept requests.
+        """
         self._thread = threading.Thread(target=self.serve_forever, name="rcp-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -583,6 +632,8 @@ class RcpHttpServer:
         return self
 
     def stop(self) -> None:
+        """Stop serving (waits up to 10 s for the background thread) and close the
+        socket."""
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -24,8 +24,8 @@ from ._checks import is_int
 from ._files import json_lines, not_regular_reason, read_regular_bytes
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
-#: Suffixes read through ``llama-index-readers-file`` (the ``docs`` extra).
 DOCS_SUFFIXES = (".pdf", ".docx", ".html", ".htm", ".csv")
+"""Suffixes read through ``llama-index-readers-file`` (the ``docs`` extra)."""
 JSONL_SUFFIX = ".jsonl"
 
 

@@ -62,6 +62,9 @@ class LLMCallError(CallError):
 
 
 BreakerState = Literal["closed", "open", "half-open"]
+"""A `CircuitBreaker`'s state: ``closed`` (calls go through), ``open`` (every call
+falls back at once, until ``cooldown_s`` has passed), ``half-open`` (one probe call at a
+time is let through)."""
 Permit = Literal["call", "probe"]
 """What `CircuitBreaker.acquire` grants: an ordinary call, or the one half-open probe."""
 Outcome = Literal["success", "failure", "released"]
@@ -184,12 +187,18 @@ class RetryPolicy:
             raise ValueError("retry delays must be >= 0")
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Sleep before retry number ``attempt`` (0-based), full jitter."""
+        """Seconds to sleep before retry number ``attempt``, with full jitter.
+
+        Args:
+            attempt: the retry's number, 0-based.
+            rng: the random source; None: the ``random`` module's.
+        """
         cap = min(self.max_delay_s, self.base_delay_s * (2**attempt))
         return (rng or random).uniform(0, cap)
 
 
 NO_RETRY = RetryPolicy(max_retries=0)
+"""A `RetryPolicy` that never retries: ``retry=NO_RETRY``."""
 
 
 class CircuitBreaker:
@@ -204,7 +213,13 @@ class CircuitBreaker:
     half-open slot, so the next call probes. Only the probe's own permit settles the
     probe: a call that began before the breaker opened and ends during the probe is
     counted like any other. `allow`, `record_success` and `record_failure` are the
-    same for a caller that does not keep its permit."""
+    same for a caller that does not keep its permit.
+
+    Args:
+        failure_threshold: consecutive failures that open the breaker.
+        cooldown_s: seconds it stays open before a probe call is let through.
+        name: what the log lines call the breaker's provider.
+    """
 
     def __init__(
         self, failure_threshold: int = 5, cooldown_s: float = 30.0, *, name: str = "llm"
@@ -224,6 +239,7 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
+        """The state now: an open breaker whose cooldown has passed is ``"half-open"``."""
         with self._lock:
             if self._state == "open" and self._cooled_down():
                 return "half-open"
@@ -231,6 +247,7 @@ class CircuitBreaker:
 
     @property
     def consecutive_failures(self) -> int:
+        """Failures counted since the last success (or `reset`)."""
         return self._failures
 
     def _cooled_down(self) -> bool:
@@ -258,7 +275,12 @@ class CircuitBreaker:
             return "probe"
 
     def settle(self, permit: Permit, outcome: Outcome) -> None:
-        """The end of the call ``permit`` was acquired for (class docstring)."""
+        """The end of the call ``permit`` was acquired for (class docstring).
+
+        Args:
+            permit: what `acquire` granted for the call.
+            outcome: ``"success"``, ``"failure"``, or ``"released"`` (no verdict).
+        """
         with self._lock:
             probe = permit == "probe"
             if probe:
@@ -302,6 +324,8 @@ class CircuitBreaker:
         self.settle("probe", "released")
 
     def reset(self) -> None:
+        """Close the breaker, forget its failures and free the probe slot (for tests
+        and operators)."""
         with self._lock:
             self._failures = 0
             self._probing = False

@@ -124,6 +124,7 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
+        """A completion model named ``model_name``, LlamaIndex's defaults otherwise."""
         return LLMMetadata(model_name=self.model_name, is_chat_model=False)
 
     # -- inspection ----------------------------------------------------------------
@@ -359,6 +360,7 @@ class StaticRetriever(BaseRetriever):
 
     @property
     def queries(self) -> list[str]:
+        """Every query string searched so far, in order (one per bundle)."""
         return [b.query_str for b in self.bundles]
 
     def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 UsageSource = Literal["provider", "estimated", "none"]
+"""Where token counts come from: the provider's response, an estimate, or no call."""
 CostSource = Literal["price-table", "custom", "local", "unknown", "none"]
+"""Where a cost comes from: `PRICE_TABLE`, the caller's ``prices=``, a local model
+(free), a model of unknown price, or no call."""
 
 
 @dataclass(frozen=True)
@@ -31,13 +34,17 @@ class ModelPrice:
             raise ValueError("ModelPrice: prices must be >= 0")
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """USD for the tokens at these prices.
+
+        Args:
+            input_tokens: prompt tokens.
+            output_tokens: completion tokens.
+        """
         return (
             input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok
         ) / 1_000_000
 
 
-#: List prices (USD per 1M tokens, standard tier) of common OpenAI models, as
-#: published by OpenAI. Override or extend per model with ``prices=`` on a transform.
 PRICE_TABLE: Mapping[str, ModelPrice] = {
     "gpt-3.5-turbo": ModelPrice(0.50, 1.50),
     "gpt-4": ModelPrice(30.00, 60.00),
@@ -53,6 +60,8 @@ PRICE_TABLE: Mapping[str, ModelPrice] = {
     "o3-mini": ModelPrice(1.10, 4.40),
     "o4-mini": ModelPrice(1.10, 4.40),
 }
+"""List prices (USD per 1M tokens, standard tier) of common OpenAI models, as
+published by OpenAI. Override or extend per model with ``prices=`` on a transform."""
 
 _SOURCE_RANK = {"none": 0, "provider": 1, "estimated": 2}
 _COST_RANK = {"none": 0, "local": 1, "price-table": 2, "custom": 3, "unknown": 4}
@@ -68,13 +77,22 @@ class Usage:
     """
 
     input_tokens: int = 0
+    """Prompt tokens, as the provider reported them or estimated (see ``usage_source``)."""
     output_tokens: int = 0
+    """Completion tokens, as the provider reported them or estimated (see
+    ``usage_source``)."""
     total_tokens: int = 0
+    """All tokens, as the provider reported them or estimated (see ``usage_source``)."""
     cost: float = 0.0
+    """USD; only the known part when ``cost_source`` is ``"unknown"``."""
     usage_source: UsageSource = "none"
+    """``"provider"``, ``"estimated"`` or ``"none"`` (no call)."""
     cost_source: CostSource = "none"
+    """``"price-table"``, ``"custom"``, ``"local"``, ``"unknown"`` or ``"none"`` (no call)."""
     calls: int = 0
+    """LLM calls made; 0 for a cache hit."""
     cached: bool = field(default=False)
+    """Every usage summed was a cache hit's (not kept by `to_dict`)."""
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -92,6 +110,12 @@ class Usage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Usage:
+        """The `Usage` of a `to_dict` record; a missing key is zero or ``"none"``
+        (and ``cached`` is False).
+
+        Args:
+            data: the record.
+        """
         return cls(
             input_tokens=int(data.get("input_tokens", 0)),
             output_tokens=int(data.get("output_tokens", 0)),
@@ -103,6 +127,7 @@ class Usage:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-able form, as `from_dict` reads it (``cached`` left out)."""
         return {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
@@ -115,7 +140,11 @@ class Usage:
 
 
 def sum_usage(usages: list[Usage]) -> Usage:
-    """Sum of several usages; an empty list is zero usage."""
+    """Sum of several usages; an empty list is zero usage.
+
+    Args:
+        usages: the usages to add up.
+    """
     total = Usage()
     for usage in usages:
         total = total + usage

@@ -107,6 +107,11 @@ class Embedder:
     and documents as text (``get_text_embedding``), as an asymmetric model expects; the
     HyDE paper embeds its passages with the document encoder. Every method returns
     new lists of exactly the values the model returned.
+
+    Args:
+        model: the LlamaIndex embedding model.
+        max_entries: most vectors kept.
+        max_bytes: most bytes the kept vectors and their texts weigh in all.
     """
 
     def __init__(
@@ -124,6 +129,11 @@ class Embedder:
         self._cache = _LRU(max_entries, max_bytes)
 
     def query(self, text: str) -> Vec:
+        """The query embedding of ``text`` (cached per `Embedder`).
+
+        Args:
+            text: the question.
+        """
         key = ("q", text)
         hit = self._cache.get(key)
         if hit is None:
@@ -132,6 +142,13 @@ class Embedder:
         return hit
 
     def texts(self, texts: Sequence[str]) -> list[Vec]:
+        """Document embeddings of ``texts``, in order: only those not cached are
+        embedded, each distinct text once, in one batch (then one by one for any the
+        model's batch left out).
+
+        Args:
+            texts: passages or documents.
+        """
         found = self._cached_texts(texts)
         missing = [t for t, vec in found.items() if vec is None]
         if missing:
@@ -141,6 +158,12 @@ class Embedder:
         return [found[t] for t in texts]  # type: ignore[misc]
 
     async def aquery(self, text: str) -> Vec:
+        """`query` on the async path: the model's own async method when it has one,
+        else its blocking one in a worker thread.
+
+        Args:
+            text: the question.
+        """
         key = ("q", text)
         hit = self._cache.get(key)
         if hit is None:
@@ -152,6 +175,12 @@ class Embedder:
         return hit
 
     async def atexts(self, texts: Sequence[str]) -> list[Vec]:
+        """`texts` on the async path: the model's own async methods when it has them,
+        else its blocking ones in a worker thread.
+
+        Args:
+            texts: passages or documents.
+        """
         found = self._cached_texts(texts)
         missing = [t for t, vec in found.items() if vec is None]
         if missing:

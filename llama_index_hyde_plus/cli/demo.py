@@ -18,16 +18,20 @@ if TYPE_CHECKING:
     from ..stores import FaissStore
 
 DEMO_QUESTION = "Why did revenue drop?"
+"""The demo's question when ``--question`` gives none."""
 DEMO_TARGET = "q3-review"
+"""The id of the document that answers `DEMO_QUESTION` (its rank is shown)."""
 DEMO_CANDIDATES = 10
-#: The corpus-genre prompt the demo uses, as the HyDE paper does per dataset.
+"""Candidates the question's own search finds for HyDE as shipped for a small model."""
 DEMO_PROMPT = (
     "Write two sentences from a software company's quarterly business review that "
     "answer the question. State the cause plainly.\nQuestion: {query}\nExcerpt:"
 )
+"""The corpus-genre prompt the demo uses, as the HyDE paper does per dataset."""
 
 
 def demo_corpus_path() -> Path:
+    """The demo's 28 documents (``data/demo_corpus.jsonl``, shipped in the wheel)."""
     return Path(__file__).parent.parent / "data" / "demo_corpus.jsonl"
 
 

@@ -59,8 +59,8 @@ def build_store(
         )
 
 
-#: Skipped files listed one per line; the rest are counted.
 SKIPPED_SHOWN = 20
+"""Skipped files listed one per line; the rest are counted."""
 
 
 def print_skipped(skipped: Sequence[Skipped]) -> None:

@@ -177,8 +177,8 @@ def result_rows(nodes: list[NodeWithScore], group_by_file: bool, top_k: int) -> 
     return list(rows.values())[:top_k]
 
 
-#: Lines of text each result may take in the table.
 TEXT_LINES = 3
+"""Lines of text each result may take in the table."""
 
 
 def _results_table(title: str, rows: list[Row], group_by_file: bool, width: int) -> Table:
@@ -222,9 +222,9 @@ def _print_json(result: SearchResult, rows: list[Row], group_by_file: bool) -> N
     ui.console.print_json(json.dumps(payload, default=str))
 
 
-#: With ``--group-by-file``, the search fetches this many times ``--top-k`` chunks, so
-#: that ``--top-k`` distinct files are usually among them.
 GROUP_POOL = 4
+"""With ``--group-by-file``, the search fetches this many times ``--top-k`` chunks, so
+that ``--top-k`` distinct files are usually among them."""
 
 
 TRANSFORM_HELP = (

@@ -78,9 +78,18 @@ class GeneratedQuestion:
 
 @dataclass(frozen=True)
 class RejectedQuestion:
+    """A generated question that was not kept: the chunk it was written for, the
+    model's reply, and why."""
+
     chunk_id: str
+    """The id of the chunk the question was asked for."""
     reply: str
+    """The model's reply; for a failed call, the error (empty when it was not retried
+    for want of budget)."""
     reason: str
+    """Why: ``"the LLM call failed"``, ``"no question in the reply"``, ``"too
+    short"``, ``"copies a span of its chunk"``, ``"the same question as another
+    chunk's"``..."""
 
 
 @dataclass
@@ -167,10 +176,10 @@ def _prompt(template: str, passage: str) -> str:
     return template.replace("{passage}", passage)
 
 
-#: Fewer kept questions than this and an evaluation's verdict cannot be trusted.
 MIN_TRUSTED = 10
-#: LLM calls `generate_questions` may spend per wanted question (retries, top-ups).
+"""Fewer kept questions than this and an evaluation's verdict cannot be trusted."""
 CALLS_PER_QUESTION = 3
+"""LLM calls `generate_questions` may spend per wanted question (retries, top-ups)."""
 
 
 async def generate_questions(
@@ -396,8 +405,8 @@ def write_beir_folder(
     return folder
 
 
-#: Every file a question set holds (relative to its folder); nothing else is deleted.
 SET_FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "rejected.jsonl", "manifest.json")
+"""Every file a question set holds (relative to its folder); nothing else is deleted."""
 _MANIFEST = "manifest.json"
 
 

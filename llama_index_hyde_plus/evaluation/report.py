@@ -104,6 +104,12 @@ def _best(result: EvalResult) -> dict[str, float]:
 
 
 def rich_table(result: EvalResult) -> Table:
+    """The terminal table of an `eval` run: one row per transform, the best value of
+    each column in bold green.
+
+    Args:
+        result: the run.
+    """
     table = Table(
         title=f"{result.dataset}: {result.queries} queries, {result.documents} documents",
         title_justify="left",
@@ -145,6 +151,13 @@ def verdicts(result: EvalResult) -> list[str]:
 
 
 def markdown(result: EvalResult, command: str | None = None) -> str:
+    """``results.md``: the command, how to read the table, the table, the verdicts,
+    the configuration and where the time went.
+
+    Args:
+        result: the run.
+        command: the command line that made it, shown first; None: not shown.
+    """
     lines: list[str] = []
     if command:
         lines += ["```bash", command, "```", ""]
@@ -190,8 +203,8 @@ def timing_line(result: EvalResult) -> str:
     return f"Time: {listed}total {result.wall_seconds:,.0f} s."
 
 
-#: Colours of the Δ bars by verdict, and of the absolute scores.
 CHART_COLOURS = {"helps": "#2e8b57", "hurts": "#c0392b", "no clear difference": "#9e9e9e"}
+"""Colours of the Δ bars by verdict, and of the absolute scores."""
 
 
 def delta_label(report: TransformReport) -> str:
@@ -434,6 +447,13 @@ TUNE_HEADERS = [
 
 
 def tune_table(result: TuneResult, top: int | None = 15) -> Table:
+    """The terminal table of a `tune` sweep (`tune_rows`), the chosen configuration
+    in bold green.
+
+    Args:
+        result: the sweep.
+        top: how many configurations to show, best first; None: all.
+    """
     table = Table(
         title=f"tune {result.transform} on {result.dataset} {result.split} "
         f"({result.queries} queries, {len(result.reports)} configurations)",
@@ -448,6 +468,14 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
 
 
 def tune_markdown(result: TuneResult, command: str | None = None, top: int | None = None) -> str:
+    """The markdown report of a `tune` sweep: the command, the table (`tune_rows`),
+    and which configuration was chosen and why.
+
+    Args:
+        result: the sweep.
+        command: the command line that made it, shown first; None: not shown.
+        top: how many configurations to show, best first; None: all.
+    """
     lines: list[str] = []
     if command:
         lines += ["```bash", command, "```", ""]

@@ -57,8 +57,8 @@ from .standin import (
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
 
-#: ``start(description, total)`` returns ``advance(n)``; the CLI draws progress bars.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
+"""``start(description, total)`` returns ``advance(n)``; the CLI draws progress bars."""
 
 _ALIAS = re.compile(r"^(?P<name>[a-z-]+?)(?:-n(?P<n>\d+))?(?P<q>\+q)?$")
 
@@ -197,6 +197,8 @@ class TransformReport:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """This transform's record in ``results.json``'s ``results``: the scores
+        (4 decimals), latency, usage and cost, and the comparison with `none`."""
         return {
             "transform": self.label,
             **{k: round(v, 4) for k, v in self.scores.items()},
@@ -251,6 +253,9 @@ def _round(x: float) -> float | None:
 
 @dataclass
 class EvalResult:
+    """One `eval` run: the dataset, its size, the configuration and one
+    `TransformReport` per transform, with the time per phase."""
+
     dataset: str
     queries: int
     documents: int
@@ -259,18 +264,24 @@ class EvalResult:
     index_seconds: float
     index_cached: bool
     wall_seconds: float = 0.0
-    #: Seconds per phase, in the order they ran: ``index`` (build or load) and one per
-    #: transform label, after what a command did first (`include_earlier`: loading the
-    #: models, reading the dataset or writing questions). ``wall_seconds`` is the whole.
     phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase, in the order they ran: ``index`` (build or load) and one per
+    transform label, after what a command did first (`include_earlier`: loading the
+    models, reading the dataset or writing questions). ``wall_seconds`` is the whole."""
 
     def include_earlier(self, earlier: dict[str, float], total: float) -> None:
         """Count the phases that ran before `run_eval` (``earlier``, in order) and make
-        ``total``, the whole command's time, the wall time."""
+        ``total``, the whole command's time, the wall time.
+
+        Args:
+            earlier: seconds per phase that ran first, in order.
+            total: the whole command's seconds.
+        """
         self.phases = {**earlier, **self.phases}
         self.wall_seconds = total
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``results.json`` record (`write_outputs` adds the command and a seal)."""
         return {
             "dataset": self.dataset,
             "queries": self.queries,
@@ -567,6 +578,7 @@ class EvalSession:
         )
 
     def close(self) -> None:
+        """Close the SQLite cache of transform outputs the session opened, if any."""
         if self.cache is not None:
             self.cache.close()
 

@@ -85,6 +85,7 @@ class StandIn:
 
     @property
     def label(self) -> str:
+        """How `eval` names the stand-in: ``oracle:<p>``."""
         return f"{ORACLE_PREFIX}:{self.p:g}"
 
     def describe(self) -> str:

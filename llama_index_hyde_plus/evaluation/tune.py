@@ -117,6 +117,7 @@ class TuneResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def ranked(self) -> list[TransformReport]:
+        """The configurations' reports, best nDCG@10 first."""
         return sorted(self.reports, key=lambda r: -r.scores["nDCG@10"])
 
 

@@ -47,6 +47,7 @@ class Asset:
 
     @property
     def requirement(self) -> str:
+        """The pinned requirement, ``package==version``."""
         return f"{self.package}=={self.version}"
 
 

@@ -9,9 +9,9 @@ import functools
 import struct
 from typing import BinaryIO
 
-#: Inserted after the first character of a control token's text: the word joiner is
-#: invisible and byte-level tokenizers read it as ordinary text.
 ESCAPE = "\u2060"
+"""Inserted after the first character of a control token's text: the word joiner is
+invisible and byte-level tokenizers read it as ordinary text."""
 #: llama.cpp token types a prompt may name by their text only with special tokens on.
 _CONTROL_TYPES = frozenset({2, 3})  # UNKNOWN, CONTROL
 _SCALARS = {

@@ -45,8 +45,8 @@ from .._streaming import Done, Producer, astream_in_thread, stream_in_thread
 from .gguf import control_tokens, escape_controls
 
 _MAX_SEEDS = 100_000
-#: Seconds the interpreter waits at exit for local calls to stop (see `_InFlight`).
 EXIT_WAIT = 120.0
+"""Seconds the interpreter waits at exit for local calls to stop (see `_InFlight`)."""
 
 
 class LocalLLMError(RuntimeError):
@@ -213,6 +213,8 @@ class LocalLLM(CustomLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
+        """A chat model named ``model_name`` with ``n_ctx`` tokens of context and
+        ``max_tokens`` of output."""
         return LLMMetadata(
             context_window=self.n_ctx,
             num_output=self.max_tokens,

@@ -53,7 +53,6 @@ DATA_MARKER = ".hyde-plus-data"
 """The file inside every data folder a build writes, naming the folder: a data folder is
 deleted as stale or replaced only when it holds this file with its own name."""
 
-#: What a format-1 index kept at its top level (and a data folder holds).
 STORAGE_FILES = frozenset(
     {
         "docstore.json",
@@ -63,6 +62,7 @@ STORAGE_FILES = frozenset(
         "image__vector_store.json",
     }
 )
+"""What a format-1 index kept at its top level (and a data folder holds)."""
 _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
 _INDEX_ID = re.compile(r"[0-9a-f]{12}")
 _DATA_LABEL = re.compile(
@@ -70,12 +70,12 @@ _DATA_LABEL = re.compile(
     r"(?:, files sha256 ([0-9a-f]{64})|(, being written))?"
 )
 _WRITING = ", being written"
-#: The keys a build writes into ``hyde_plus.json`` (any other key is the user's and is
-#: carried over to the next build's metadata).
 META_KEYS = frozenset(
     {"format", "documents", "chunks", "chunking", "dim", "embed", "embed_model"}
     | {"max_length", "build_seconds", "data", "index_id"}
 )
+"""The keys a build writes into ``hyde_plus.json`` (any other key is the user's and is
+carried over to the next build's metadata)."""
 
 
 def index_id_of(meta: dict[str, Any] | None) -> str | None:
@@ -610,6 +610,11 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def rebuild_hint(path: Path) -> str:
+    """The advice an error about a damaged or unreadable index at ``path`` ends with.
+
+    Args:
+        path: the index folder.
+    """
     return f"rebuild it with `hyde-plus index DIR --out {path}`"
 
 

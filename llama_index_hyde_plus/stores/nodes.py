@@ -46,6 +46,7 @@ class IndexInfo:
 
     @property
     def docs_per_second(self) -> float:
+        """Documents indexed per second of the build (0 when it took no time)."""
         return self.documents / self.seconds if self.seconds else 0.0
 
 

@@ -116,17 +116,41 @@ NO_GUARDS = Guards()
 
 @dataclass(frozen=True)
 class TransformResult:
-    """What a transform made of a query. See the README's field table."""
+    """What a transform made of one query: what to search, what it cost, and how it went.
+
+    ``query`` is the question as asked; ``method`` the transform's name (``"hyde"``,
+    ``"multi-query"``, ``"a+b"`` for ``a.then(b)``, or your class's); ``queries`` the
+    generated queries (HyDE: the question itself); `search_queries` what is searched
+    (the question first when ``include_query``, then ``queries``; HyDE: the question);
+    ``hypothetical`` HyDE's passages after trimming; ``usage`` the LLM calls' `Usage`;
+    ``fallback`` and ``error`` say the question was searched as asked because the
+    transform failed; ``skipped`` why a guard kept the question's own search (not a
+    failure); ``cached`` and ``generation_usage`` a cache hit and what the original call
+    cost; ``defaults`` which shipped defaults applied (``"small"``, ``"capable"``, None
+    when chosen); ``latency_s`` the transform's wall time; ``children`` the per-query
+    results of a composed transform.
+    """
 
     query: str
+    """The question as asked."""
     method: str
+    """The transform's name, as `eval --transforms` and RCP spell it."""
     queries: tuple[str, ...]
+    """The generated queries, trimmed to ``max_characters`` (HyDE: the question)."""
     hypothetical: tuple[str, ...] = ()
+    """HyDE's passages, each trimmed to ``max_characters`` at a sentence end (else a
+    word break), without repeats."""
     include_query: bool = True
+    """Whether the question as asked is searched too."""
     usage: Usage = field(default_factory=Usage)
+    """Tokens, calls and cost of this transform's LLM calls (zero for a cache hit)."""
     fallback: bool = False
+    """The transform failed and the question is searched as asked (see ``error``)."""
     error: str | None = None
+    """Why it fell back, or (without ``fallback``) why some of its calls failed or
+    replied with nothing while others succeeded: the exception's class and message."""
     latency_s: float = 0.0
+    """Wall time of the transform in seconds, LLM calls included."""
     children: tuple[TransformResult, ...] = ()
     """Per-query results of a composed transform (``a.then(b)``): one per search of ``a``."""
     cached: bool = False
@@ -156,6 +180,14 @@ class TransformResult:
     def fallback_for(
         cls, query: str, method: str, error: str, *, usage: Usage | None = None
     ) -> TransformResult:
+        """The result that searches ``query`` as asked because ``method`` failed.
+
+        Args:
+            query: the question, searched as asked.
+            method: the name of the transform that failed.
+            error: why it failed (the exception's class and message).
+            usage: what the failed calls still cost; None: nothing.
+        """
         return cls(
             query=query,
             method=method,
@@ -219,6 +251,11 @@ class TransformResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-able record (what ``query --json`` shows and a cache of JSON
+        stores, read back by `from_dict`): the fields, with ``search_options`` merged in at the
+        top level; ``specs`` are left out, and ``children``, ``cached``,
+        ``generation_usage``, ``original_weight``, ``skipped`` and ``defaults`` only
+        appear when set."""
         out: dict[str, Any] = {
             "query": self.query,
             "method": self.method,

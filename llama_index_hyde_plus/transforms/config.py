@@ -40,6 +40,7 @@ class TransformConfig:
 
     @property
     def label(self) -> str:
+        """The `eval` spelling of the configuration (`label_for`)."""
         return label_for(self.transform, self.options)
 
 

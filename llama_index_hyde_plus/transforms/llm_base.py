@@ -184,6 +184,7 @@ class LLMTransform(QueryTransformer):
 
     @property
     def prompt(self) -> BasePromptTemplate:
+        """The prompt template the transform fills for each call."""
         return self._prompt
 
     @property

@@ -248,9 +248,9 @@ def dedupe(items: list[str], *, exclude: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
-#: Default cap on one generated query (characters): a runaway reply must not become a
-#: megabyte-long search query and cache entry.
 MAX_QUERY_CHARACTERS = 500
+"""Default cap on one generated query (characters): a runaway reply must not become a
+megabyte-long search query and cache entry."""
 
 
 def _words(text: str) -> set[str]:
