@@ -6,6 +6,7 @@ a write dies half-way. Driven by the official `rcp` client on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -493,3 +494,58 @@ def test_over_http_with_a_token_only_its_holder_writes(tmp_path: Path) -> None:
         assert status == 200 and body["result"]["ids"] == ["intruder"]
     finally:
         server.stop()
+
+
+# ── the real `hyde-plus serve --stdio --writable`, over the official client ─────
+
+
+def hyde_plus(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llama_index_hyde_plus.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    for name, text in DOCS.items():
+        (folder / f"{name}.txt").write_text(text)
+    return folder
+
+
+def test_serve_stdio_writable_milvus_upserts_and_deletes(corpus: Path, tmp_path: Path) -> None:
+    uri = str(tmp_path / "served.db")
+    built = hyde_plus("index", str(corpus), "--store", "milvus", "--uri", uri)
+    assert built.returncode == 0, built.stderr
+    serve_argv = ["serve", "--stdio", "--uri", uri, "--writable", "--llm", "scripted"]
+    client = rcp.connect_stdio([sys.executable, "-m", "llama_index_hyde_plus.cli", *serve_argv])
+    try:
+        caps = client.capabilities
+        assert caps["index"]["writable"] is True and caps["index"]["chunking"] is True
+        assert caps["retrieve"]["modes"] == ["hybrid", "dense"] and "rerank" in caps
+        doc = {"id": "kb://tides", "text": "Spring tides follow the new and full moon."}
+        assert client.index_add({"documents": [doc]}) == {"ids": ["kb://tides"], "chunks": 1}
+        doc2 = {**doc, "text": "Neap tides follow the quarter moons."}
+        assert client.index_add({"documents": [doc2]})["ids"] == ["kb://tides"]
+        hits = client.search("neap tides quarter moons", 3, {"mode": "hybrid"})["hits"]
+        assert [h["text"] for h in hits if h["id"] == "kb://tides"] == [doc2["text"]]
+        assert client.index_delete({"ids": ["kb://tides"]}) == {"deleted": 1}
+        assert client.index_delete({"ids": ["kb://tides"]}) == {"deleted": 0}
+        scores = client.rerank("neap tides", ["moon tides neap", "office lunch"])
+        assert scores[0] > scores[1]
+    finally:
+        client.shutdown()
+
+
+def test_serve_refuses_to_serve_a_faiss_index_writable(corpus: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "faiss"
+    built = hyde_plus("index", str(corpus), "--out", str(folder))
+    assert built.returncode == 0, built.stderr
+    served = hyde_plus(
+        "serve", "--stdio", "--index", str(folder), "--writable", "--llm", "scripted"
+    )
+    assert served.returncode == 2 and "read-only" in served.stderr and "--writable" in served.stderr
