@@ -48,8 +48,8 @@ def milvus_service(index: VectorStoreIndex, writer: Any = None) -> TransformServ
     return TransformService(
         echo_llm(),
         MilvusHybridRetriever(index, 100, "hybrid"),
-        modes=("hybrid", "dense"),
-        mode_retrievers={"dense": MilvusHybridRetriever(index, 100, "dense")},
+        modes=("hybrid", "dense", "sparse"),
+        mode_retrievers={m: MilvusHybridRetriever(index, 100, m) for m in ("dense", "sparse")},
         embed_model=EMBED,
         writer=writer,
     )
@@ -108,21 +108,27 @@ def row_count(writer: MilvusWriter) -> int:
 # ── retrieve modes (§7.7) ────────────────────────────────────────────────────
 
 
-def test_milvus_advertises_hybrid_and_dense_and_both_return_hits(
-    milvus_reader: rcp.Client,
-) -> None:
+def test_milvus_serves_every_mode_it_advertises(milvus_reader: rcp.Client) -> None:
     caps = milvus_reader.capabilities["retrieve"]
-    assert caps["modes"] == ["hybrid", "dense"] and caps["defaultMode"] == "hybrid"
-    for mode in ("hybrid", "dense"):
+    assert caps["modes"] == ["hybrid", "dense", "sparse"] and caps["defaultMode"] == "hybrid"
+    for mode in ("hybrid", "dense", "sparse"):
         found = milvus_reader.search("enterprise renewals slipped", 3, {"mode": mode})
         assert found["hits"][0]["id"] == "renewals", mode
         assert found["usage"]["mode"] == mode and len(found["hits"]) <= 3
+        scores = [h["score"] for h in found["hits"]]
+        assert scores == sorted(scores, reverse=True), mode
+
+
+def test_sparse_is_bm25_alone(milvus_reader: rcp.Client) -> None:
+    hits = milvus_reader.search("Berlin", 5, {"mode": "sparse"})["hits"]
+    assert [h["id"] for h in hits] == ["hiring"]  # no other document has the word
+    assert hits[0]["score"] > 0
 
 
 def test_a_mode_that_is_not_advertised_is_option_unsupported(milvus_reader: rcp.Client) -> None:
-    code, data = code_of(lambda: milvus_reader.search("renewals", 3, {"mode": "sparse"}))
+    code, data = code_of(lambda: milvus_reader.search("renewals", 3, {"mode": "colbert"}))
     assert code == rcp.Errc.OPTION_UNSUPPORTED and data["option"] == "mode"
-    assert data["supported"] == ["hybrid", "dense"]
+    assert data["supported"] == ["hybrid", "dense", "sparse"]
     code, _ = code_of(lambda: milvus_reader.search("renewals", 3, {"mode": 3}))
     assert code == rcp.Errc.INVALID_PARAMS
 
@@ -130,9 +136,9 @@ def test_a_mode_that_is_not_advertised_is_option_unsupported(milvus_reader: rcp.
 def test_strict_false_falls_back_to_the_default_mode_and_says_so(
     milvus_reader: rcp.Client,
 ) -> None:
-    found = milvus_reader.search("renewals", 3, {"mode": "sparse", "strict": False})
+    found = milvus_reader.search("renewals", 3, {"mode": "colbert", "strict": False})
     assert found["hits"] and found["usage"]["mode"] == "hybrid"
-    assert "sparse" in found["usage"]["notes"][0]
+    assert "colbert" in found["usage"]["notes"][0]
 
 
 def test_faiss_serves_dense_and_refuses_hybrid(faiss_index: VectorStoreIndex) -> None:
@@ -526,7 +532,7 @@ def test_serve_stdio_writable_milvus_upserts_and_deletes(corpus: Path, tmp_path:
     try:
         caps = client.capabilities
         assert caps["index"]["writable"] is True and caps["index"]["chunking"] is True
-        assert caps["retrieve"]["modes"] == ["hybrid", "dense"] and "rerank" in caps
+        assert caps["retrieve"]["modes"] == ["hybrid", "dense", "sparse"] and "rerank" in caps
         doc = {"id": "kb://tides", "text": "Spring tides follow the new and full moon."}
         assert client.index_add({"documents": [doc]}) == {"ids": ["kb://tides"], "chunks": 1}
         doc2 = {**doc, "text": "Neap tides follow the quarter moons."}

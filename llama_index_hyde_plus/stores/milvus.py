@@ -715,14 +715,19 @@ def _dense_dim(client: Any, physical: str) -> int | None:
 
 
 #: LlamaIndex's query mode and our search type for each RCP mode a Milvus store has.
-#: ``sparse`` (BM25 alone) is not offered: LlamaIndex's sparse search asks Milvus for
-#: ``drop_ratio_search=0.2``, which Milvus Lite refuses.
-_MODES = {"hybrid": ("hybrid", "hybrid"), "dense": ("default", "dense")}
+#: ``sparse`` (BM25 alone) is searched here (`MilvusHybridRetriever._bm25`), not by
+#: LlamaIndex, whose sparse search asks for ``drop_ratio_search=0.2``: Milvus Lite
+#: refuses any ratio but 0.
+_MODES = {
+    "hybrid": ("hybrid", "hybrid"),
+    "dense": ("default", "dense"),
+    "sparse": ("default", "keyword"),
+}
 
 
 class MilvusHybridRetriever(BaseRetriever):
     """Milvus hybrid search (BM25 + dense, fused by Milvus) as a LlamaIndex retriever;
-    with ``mode="dense"``, the dense vectors alone.
+    with ``mode="dense"`` the dense vectors alone, with ``mode="sparse"`` BM25 alone.
 
     Its async path runs the synchronous client in a worker thread: pymilvus's async
     client binds to the first event loop that uses it and fails in any later one (each
@@ -736,6 +741,7 @@ class MilvusHybridRetriever(BaseRetriever):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
         query_mode, self.search_type = _MODES[mode]
+        self.mode = mode
         self._inner = index.as_retriever(vector_store_query_mode=query_mode, similarity_top_k=top_k)
 
         self._embed_model = index._embed_model
@@ -766,7 +772,29 @@ class MilvusHybridRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         with readable(*self.where):
+            if self.mode == "sparse":
+                return self._bm25(query_bundle.query_str)
             return self._inner.retrieve(self._checked(query_bundle))
+
+    def _bm25(self, query: str) -> list[NodeWithScore]:
+        """BM25 alone: Milvus's full-text search of the sparse field its BM25 function
+        fills from the text. The score is the BM25 score (Milvus Lite reports it
+        negated as a distance, a cluster as is: BM25 is never negative, so its
+        magnitude is the score either way), best first."""
+        store: Any = self._vector_store
+        found = store.client.search(
+            collection_name=store.collection_name,
+            data=[query],
+            anns_field=store.sparse_embedding_field,
+            limit=self.similarity_top_k,
+            output_fields=["*"],
+            search_params={"params": {"drop_ratio_search": 0.0}},
+        )
+        nodes, scores, _ = store._parse_from_milvus_results(found)
+        hits = [
+            NodeWithScore(node=n, score=abs(float(s))) for n, s in zip(nodes, scores, strict=True)
+        ]
+        return sorted(hits, key=lambda h: -(h.score or 0.0))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return await asyncio.to_thread(self._retrieve, query_bundle)
@@ -801,7 +829,7 @@ class MilvusStore(Store):
     cluster URL with ``token``. Needs the ``milvus`` extra."""
 
     kind: ClassVar[str] = "milvus"
-    modes: ClassVar[tuple[str, ...]] = ("hybrid", "dense")
+    modes: ClassVar[tuple[str, ...]] = ("hybrid", "dense", "sparse")
     search: ClassVar[str] = "BM25 + dense"
     title: ClassVar[str] = "Milvus"
     address: ClassVar[str] = "uri"
