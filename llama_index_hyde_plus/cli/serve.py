@@ -151,6 +151,36 @@ def _service(
         )
 
 
+RerankEmbed = Annotated[
+    str | None,
+    typer.Option(
+        help="Embedding model for rerank (auto, local, openai[:MODEL]); default: the "
+        "index's own, none without an index (no rerank).",
+    ),
+]
+Writable = Annotated[
+    bool,
+    typer.Option(
+        "--writable",
+        help="Offer index/add and index/delete on a Milvus --uri (over HTTP only with --token).",
+    ),
+]
+
+
+def _store(
+    index_path: Path | None, uri: str | None, collection: str, milvus_token: str | None
+) -> Store | None:
+    """The store at --index or --uri; None for neither (transform only)."""
+    if index_path is None and uri is None:
+        return None
+    from ..stores import open_store
+
+    with reported():
+        return open_store(
+            index=index_path, uri=uri, collection=collection, token=milvus_token or ""
+        )
+
+
 def serve(
     index_path: IndexPath = None,
     uri: Uri = None,
@@ -187,21 +217,8 @@ def serve(
             help="Options for a method from `hyde-plus tune` (repeatable).",
         ),
     ] = None,
-    embed: Annotated[
-        str | None,
-        typer.Option(
-            help="Embedding model for rerank (auto, local, openai[:MODEL]); default: the "
-            "index's own, none without an index (no rerank).",
-        ),
-    ] = None,
-    writable: Annotated[
-        bool,
-        typer.Option(
-            "--writable",
-            help="Offer index/add and index/delete on a Milvus --uri (over HTTP only "
-            "with --token).",
-        ),
-    ] = False,
+    embed: RerankEmbed = None,
+    writable: Writable = False,
     verbose: Verbose = False,
 ) -> None:
     """Serve the Retrieval Context Protocol: query/transform, and retrieve and rerank
@@ -216,14 +233,7 @@ def serve(
         for path in config_files or []:
             early.config_file(path)
     sock = _bind(host, http, token) if http is not None else None
-    store = None
-    if index_path is not None or uri is not None:
-        from ..stores import open_store
-
-        with reported():
-            store = open_store(
-                index=index_path, uri=uri, collection=collection, token=milvus_token or ""
-            )
+    store = _store(index_path, uri, collection, milvus_token)
     service = _service(store, llm, timeout, config_files, embed=embed, writable=writable)
     warm_up(service.llm)
     _run(service, store, llm, sock, token, max_inflight)
