@@ -1,4 +1,6 @@
-"""A Retrieval Context Protocol server: ``query/transform`` and ``retrieve`` over an index.
+"""A Retrieval Context Protocol server: ``query/transform``, ``retrieve`` over an index
+(in each mode its store has), ``rerank`` with the embedding model, and, served
+``--writable``, ``index/add`` / ``index/delete`` (see `index_writes`).
 
 Built on the official ``rcp-protocol`` SDK: its ``rcp.Server`` does the JSON-RPC
 framing, the ``initialize`` handshake, capability gating, central parameter
@@ -33,14 +35,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import IO, Any
 
+import numpy as np
 import rcp
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
 from ._checks import is_int, is_number
 from ._version import __version__
 from .cache import MemoryCache, TransformCache
 from .retriever import TransformRetriever
+from .stores.nodes import embedding_model_name
 from .transforms.base import MAX_N, QueryTransformer, TransformResult
 from .transforms.factory import build
 from .transforms.registry import METHODS, transform_class
@@ -73,8 +78,13 @@ def not_utf8(exc: UnicodeDecodeError) -> str:
     return f"invalid JSON: the request is not UTF-8 text (byte {exc.start})"
 
 
-RETRIEVE_OPTIONS = frozenset({"query", "k", "rewrite", "n", "_meta"})
+RETRIEVE_OPTIONS = frozenset({"query", "k", "rewrite", "n", "mode", "strict", "_meta"})
 TRANSFORM_OPTIONS = frozenset({"query", "method", "n", "_meta"})
+RERANK_OPTIONS = frozenset({"query", "passages", "documents", "method", "topN", "_meta"})
+INDEX_ADD_OPTIONS = frozenset({"documents", "chunk", "contextual", "_meta"})
+INDEX_DELETE_OPTIONS = frozenset({"ids", "_meta"})
+#: Most passages one ``rerank`` scores.
+MAX_RERANK = 256
 
 
 def _invalid(message: str, field: str) -> rcp.RcpError:
@@ -82,7 +92,7 @@ def _invalid(message: str, field: str) -> rcp.RcpError:
 
 
 def _unsupported(message: str, field: str, supported: list[str] | None = None) -> rcp.RcpError:
-    data: dict[str, Any] = {"field": field}
+    data: dict[str, Any] = {"field": field, "option": field}
     if supported is not None:
         data["supported"] = supported
     return rcp.RcpError(rcp.Errc.OPTION_UNSUPPORTED, message, data)
@@ -149,7 +159,8 @@ def _with_status(out: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
 
 
 class TransformService:
-    """The protocol-independent part: transforms by method and ``n``, and searches."""
+    """The protocol-independent part: transforms by method and ``n``, searches, reranks
+    and (with a ``writer``) index writes."""
 
     def __init__(
         self,
@@ -161,24 +172,39 @@ class TransformService:
         timeout: float | None = None,
         options: Mapping[str, Mapping[str, Any]] | None = None,
         modes: Sequence[str] = ("dense",),
+        mode_retrievers: Mapping[str, BaseRetriever] | None = None,
+        embed_model: BaseEmbedding | None = None,
+        writer: Any = None,
     ) -> None:
         """``options`` maps a method name to its keyword options (as `hyde-plus tune`
         writes them), applied whenever that method's transform is built; ``modes`` are
-        the search modes ``retrieve`` advertises (the store's: ``dense``, ``hybrid``);
-        ``cache`` holds every transform's generations (a `KVStoreCache` on Redis is
-        shared by every replica), else a per-process `MemoryCache` of
-        ``cache_entries``."""
+        the search modes ``retrieve`` advertises (the store's: ``dense``, ``hybrid``),
+        the first one searched by ``retriever`` and each other one by its entry in
+        ``mode_retrievers``. ``embed_model`` (the index's, or a transform-only server's
+        ``--embed``) offers ``rerank``; ``writer`` (an `index_writes.MilvusWriter`)
+        offers a writable ``index``. ``cache`` holds every transform's generations (a
+        `KVStoreCache` on Redis is shared by every replica), else a per-process
+        `MemoryCache` of ``cache_entries``."""
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError("timeout must be > 0 seconds (or None for the transforms' default)")
         self.llm = llm
         self.retriever = retriever
         self.modes = tuple(modes) or ("dense",)
+        extra = dict(mode_retrievers or {})
+        missing = [m for m in self.modes[1:] if m not in extra]
+        if retriever is not None and missing:
+            raise ValueError(f"no retriever for the mode(s) {missing} (mode_retrievers)")
+        self.mode_retrievers: dict[str, BaseRetriever] = (
+            {self.modes[0]: retriever, **extra} if retriever is not None else {}
+        )
+        self.embed_model = embed_model
+        self.writer = writer
         self.timeout = timeout
         self.options = {name: dict(opts) for name, opts in (options or {}).items()}
         self.cache: TransformCache = cache if cache is not None else MemoryCache(cache_entries)
         self._transforms: dict[tuple[str, int], QueryTransformer] = {}
         self._identity = build("none")
-        self._retrievers: dict[int, TransformRetriever] = {}
+        self._retrievers: dict[tuple[int, int], TransformRetriever] = {}
         self._lock = threading.Lock()
 
     def transformer(self, method: str, n: int) -> QueryTransformer:
@@ -198,23 +224,49 @@ class TransformService:
     def transform(self, query: str, method: str, n: int) -> TransformResult:
         return self.transformer(method, n).transform_safe(query)
 
-    def search(self, query: str, method: str | None, n: int, k: int) -> Any:
-        """Search with the ``method`` rewrite; the top ``k`` of the fused results.
+    def search(
+        self, query: str, method: str | None, n: int, k: int, mode: str | None = None
+    ) -> Any:
+        """Search in ``mode`` (default: the first of `modes`) with the ``method``
+        rewrite; the top ``k`` of the fused results.
 
         The wrapped retriever should fetch `MAX_K` candidates per search (``hyde-plus
         serve`` builds it so): fewer caps what any ``k`` can return. One
-        `TransformRetriever` per transform is kept and reused, so its worker threads
-        and its one-time warnings are not recreated on every request.
+        `TransformRetriever` per transform and mode is kept and reused, so its worker
+        threads and its one-time warnings are not recreated on every request.
         """
         assert self.retriever is not None
+        base = self.mode_retrievers[mode or self.modes[0]]
         transformer = self.transformer(method, n) if method else self._identity
+        key = (id(transformer), id(base))
         with self._lock:
-            retriever = self._retrievers.get(id(transformer))
+            retriever = self._retrievers.get(key)
             if retriever is None:
-                retriever = TransformRetriever(self.retriever, transformer)
-                self._retrievers[id(transformer)] = retriever
+                retriever = TransformRetriever(base, transformer)
+                self._retrievers[key] = retriever
         result = retriever.search(query)
         return replace(result, nodes=result.nodes[:k])
+
+    def rerank(self, query: str, passages: Sequence[str]) -> list[float]:
+        """The cosine of each passage to ``query`` with `embed_model` (a bi-encoder:
+        the query embedded as a query, the passages as texts), in input order."""
+        assert self.embed_model is not None
+        return cosine_scores(
+            self.embed_model.get_query_embedding(query),
+            self.embed_model.get_text_embedding_batch(list(passages)),
+        )
+
+
+def cosine_scores(query: Sequence[float], vectors: Sequence[Sequence[float]]) -> list[float]:
+    """The cosine similarity of each of ``vectors`` to ``query`` (0.0 for a zero vector)."""
+    q = np.asarray(query, dtype=np.float64)
+    if not len(vectors):
+        return []
+    m = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(m, axis=1) * np.linalg.norm(q)
+    dots = m @ q
+    safe = np.where(norms > 0, norms, 1.0)
+    return [float(x) for x in np.where(norms > 0, dots / safe, 0.0)]
 
 
 def _count(params: dict[str, Any], field: str, default: int, maximum: int) -> int:
@@ -243,10 +295,56 @@ def build_server(
     if service.retriever is not None:
         server.advertise(
             rcp.Capability.Retrieve,
-            {"maxK": MAX_K, "rewrite": list(METHODS), "modes": list(service.modes)},
+            {
+                "maxK": MAX_K,
+                "rewrite": list(METHODS),
+                "modes": list(service.modes),
+                "defaultMode": service.modes[0],
+            },
         )
         server.on(rcp.Method.RETRIEVE)(lambda params: _retrieve(service, params))
+    if service.embed_model is not None:
+        server.advertise(rcp.Capability.Rerank, rerank_capability(service.embed_model))
+        server.on(rcp.Method.RERANK)(lambda params: _rerank(service, params))
+    if service.writer is not None:
+        server.advertise(
+            rcp.Capability.Index,
+            {
+                "writable": True,
+                "chunking": service.writer.chunking is not None,
+                "contextual": False,
+            },
+        )
+        server.on(rcp.Method.INDEX_ADD)(lambda params: _index_add(service, params))
+        server.on(rcp.Method.INDEX_DELETE)(lambda params: _index_delete(service, params))
+    server.set_conformance(conformance_level(service))
     return server
+
+
+def conformance_level(service: TransformService) -> str:
+    """The RCP level (§14) the server declares in ``_meta.conformance``: L2 with
+    ``retrieve`` and ``rerank`` (and ``query/transform``), L1 with ``retrieve``, else
+    L0. The protocol's harness holds the server to it."""
+    if service.retriever is None:
+        return "L0"
+    return "L2" if service.embed_model is not None else "L1"
+
+
+def rerank_capability(embed_model: BaseEmbedding) -> dict[str, Any]:
+    """The ``rerank`` capability: no ``method`` of the spec's list (cross-encoder,
+    colbert, llm) is offered, since the scoring is a bi-encoder's cosine, said in
+    ``x-hyde-plus``; a request naming a method gets -32005."""
+    return {
+        "methods": [],
+        "maxCandidates": MAX_RERANK,
+        "models": [embedding_model_name(embed_model)],
+        "x-hyde-plus": {
+            "scoring": "bi-encoder",
+            "detail": "cosine of the query embedding (as a query) to each passage's "
+            "(as a text), with the index's embedding model; no cross-encoder is "
+            "available offline",
+        },
+    }
 
 
 def _refuse_extra(params: dict[str, Any], allowed: frozenset[str]) -> None:
@@ -309,14 +407,33 @@ def _rewrite_spec(params: dict[str, Any], n: int) -> tuple[str | None, int]:
     return rewrite, n
 
 
+def _mode(service: TransformService, params: dict[str, Any]) -> tuple[str, list[str]]:
+    """``(mode to search, usage notes)`` from ``mode`` and ``strict`` (§7.7): a mode
+    that is not advertised is -32005, or, with ``"strict": false``, the default mode
+    with a note saying so."""
+    strict = params.get("strict", True)
+    if not isinstance(strict, bool):
+        raise _invalid("'strict' MUST be a boolean", "strict")
+    mode = params.get("mode", service.modes[0])
+    if not isinstance(mode, str):
+        raise _invalid("'mode' MUST be a string", "mode")
+    if mode in service.modes:
+        return mode, []
+    if strict:
+        raise _unsupported(f"retrieve mode '{mode}' is not advertised", "mode", list(service.modes))
+    return service.modes[0], [f"mode '{mode}' is not supported: searched {service.modes[0]}"]
+
+
 def _retrieve(service: TransformService, params: dict[str, Any]) -> dict[str, Any]:
-    """``retrieve``: the top ``k`` hits, searched with the ``rewrite`` if any."""
+    """``retrieve``: the top ``k`` hits in ``mode``, searched with the ``rewrite`` if
+    any."""
     _refuse_extra(params, RETRIEVE_OPTIONS)
     query = _query(params)
     k = _count(params, "k", 10, MAX_K)
+    mode, notes = _mode(service, params)
     rewrite, n = _rewrite_spec(params, _count(params, "n", DEFAULT_N, MAX_N))
     start = time.perf_counter()
-    result = service.search(query, rewrite, n, k)
+    result = service.search(query, rewrite, n, k, mode)
     t = result.transform
     hits = [
         {
@@ -330,6 +447,9 @@ def _retrieve(service: TransformService, params: dict[str, Any]) -> dict[str, An
         "hits": hits,
         "usage": _usage(t.usage, time.perf_counter() - start, t.cached),
     }
+    out["usage"]["mode"] = mode
+    if notes:
+        out["usage"]["notes"] = notes
     status = transform_status(t if rewrite else None, result.failed_searches)
     if rewrite:
         out["rewrite"] = {
@@ -342,6 +462,108 @@ def _retrieve(service: TransformService, params: dict[str, Any]) -> dict[str, An
         if "reason" in status:
             out["rewrite"]["reason"] = status["reason"]
     return _with_status(out, status)
+
+
+def _passages(params: dict[str, Any]) -> list[str]:
+    """``passages`` (§7.6), or ``documents``, the name the protocol's harness sends."""
+    if ("passages" in params) == ("documents" in params):
+        raise _invalid("give exactly one of 'passages' and 'documents' (an array)", "passages")
+    field = "passages" if "passages" in params else "documents"
+    value = params[field]
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise _invalid(f"'{field}' MUST be an array of strings", field)
+    if len(value) > MAX_RERANK:
+        raise rcp.RcpError(
+            rcp.Errc.PAYLOAD_TOO_LARGE,
+            f"at most {MAX_RERANK} passages per rerank; split the call",
+            {"field": field, "max": MAX_RERANK},
+        )
+    for i, text in enumerate(value):
+        if len(text) > MAX_BODY_BYTES:  # pragma: no cover - the frame limit comes first
+            raise _invalid(f"'{field}[{i}]' is too long", f"{field}[{i}]")
+    return list(value)
+
+
+def _rerank(service: TransformService, params: dict[str, Any]) -> dict[str, Any]:
+    """``rerank`` (§7.6), a bi-encoder's: ``scores[i]`` is the cosine of passage ``i``
+    to the query (input order, as the spec says); ``order`` the indices of the best
+    ``topN`` (default: all), best first; ``results`` the same as ``{index, score}``,
+    scores descending (ties keep input order)."""
+    _refuse_extra(params, RERANK_OPTIONS)
+    query = _query(params)
+    passages = _passages(params)
+    if "method" in params:
+        method = params["method"]
+        if not isinstance(method, str):
+            raise _invalid("'method' MUST be a string", "method")
+        raise _unsupported(
+            f"rerank method '{method}' is not advertised (this server reranks with a "
+            "bi-encoder: send no 'method')",
+            "method",
+            [],
+        )
+    top_n = _count(params, "topN", len(passages), len(passages))
+    start = time.perf_counter()
+    scores = service.rerank(query, passages) if passages else []
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
+    return {
+        "scores": scores,
+        "order": order,
+        "results": [{"index": i, "score": scores[i]} for i in order],
+        "usage": {"latencyMs": round((time.perf_counter() - start) * 1000, 3)},
+    }
+
+
+def _write_error(exc: ValueError) -> rcp.RcpError:
+    from .index_writes import WriteError
+
+    if isinstance(exc, WriteError):
+        code = rcp.Errc.PAYLOAD_TOO_LARGE if exc.too_large else rcp.Errc.INVALID_PARAMS
+        return rcp.RcpError(code, str(exc), {"field": exc.field})
+    return rcp.RcpError(rcp.Errc.BACKEND_UNAVAILABLE, f"the write failed: {exc}")
+
+
+def _index_add(service: TransformService, params: dict[str, Any]) -> dict[str, Any]:
+    """``index/add`` (§7.10): an upsert by id of whole documents, chunked as the index
+    was built (``index.chunking``); ``ids`` in input order, ``chunks`` written."""
+    from .index_writes import parse_documents
+
+    _refuse_extra(params, INDEX_ADD_OPTIONS)
+    writer = service.writer
+    for option, offered in (("chunk", writer.chunking is not None), ("contextual", False)):
+        if option in params:
+            if not isinstance(params[option], bool):
+                raise _invalid(f"'{option}' MUST be a boolean", option)
+            if params[option] != offered:
+                raise _unsupported(
+                    f"'{option}': {str(params[option]).lower()} is not what this index does "
+                    f"(index.{'chunking' if option == 'chunk' else option} is "
+                    f"{str(offered).lower()}: every document is "
+                    f"{'chunked as the index was built' if option == 'chunk' else 'added as is'})",
+                    option,
+                )
+    if "documents" not in params:
+        raise _invalid("'documents' is required", "documents")
+    try:
+        documents = parse_documents(params["documents"])
+        result = writer.add(documents)
+    except ValueError as exc:
+        raise _write_error(exc) from exc
+    return {"ids": result.ids, "chunks": result.chunks}
+
+
+def _index_delete(service: TransformService, params: dict[str, Any]) -> dict[str, Any]:
+    """``index/delete`` (§7.11): every chunk of each document; ``deleted`` counts the
+    documents that were there (a repeat gets 0)."""
+    from .index_writes import parse_ids
+
+    _refuse_extra(params, INDEX_DELETE_OPTIONS)
+    if "ids" not in params:
+        raise _invalid("'ids' is required", "ids")
+    try:
+        return {"deleted": service.writer.delete(parse_ids(params["ids"]))}
+    except ValueError as exc:
+        raise _write_error(exc) from exc
 
 
 def _error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

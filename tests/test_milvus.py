@@ -359,7 +359,7 @@ def test_serve_uri_serves_a_milvus_store_with_its_hybrid_mode(tmp_path: Path) ->
     assert built.returncode == 0, built.stderr
     client = rcp.connect_stdio([*cli, "serve", "--stdio", "--uri", uri, "--llm", "scripted"])
     try:
-        assert client.capabilities["retrieve"]["modes"] == ["hybrid"]
+        assert client.capabilities["retrieve"]["modes"] == ["hybrid", "dense", "sparse"]
         hits = client.retrieve("How long is the ZX9000 covered?", k=2)
         assert hits[0]["id"] == "zx-router" and len(hits) == 2
         raw = client.call(

@@ -57,7 +57,7 @@ def test_store_for_names_a_corpus_in_each_kind(tmp_path: Path) -> None:
     faiss = store_for("faiss", "scifact-1", root=tmp_path)
     assert isinstance(faiss, FaissStore) and faiss.path == tmp_path / "indexes" / "scifact-1"
     milvus = store_for("milvus", "scifact_1", root=tmp_path, uri=str(tmp_path / "m.db"))
-    assert isinstance(milvus, MilvusStore) and milvus.modes == ("hybrid",)
+    assert isinstance(milvus, MilvusStore) and milvus.modes == ("hybrid", "dense", "sparse")
     with pytest.raises(ValueError, match="needs --uri"):
         store_for("milvus", "x", root=tmp_path)
     with pytest.raises(ValueError, match="--store must be one of faiss, milvus"):

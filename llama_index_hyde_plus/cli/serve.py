@@ -75,6 +75,21 @@ def _check_flags(
         raise fail(f"--max-inflight must be >= 1, not {max_inflight}")
 
 
+def check_writable(writable: bool, http: int | None, token: str | None, has_index: bool) -> None:
+    """Refuse ``--writable`` without an index to write, or over HTTP without a token:
+    ``index/add`` and ``index/delete`` change the index, so over HTTP only a caller
+    holding the token may call them (over stdio the caller is whoever started us)."""
+    if not writable:
+        return
+    if not has_index:
+        raise fail("--writable needs an index to write: give --uri (a Milvus index)")
+    if http is not None and not token:
+        raise fail(
+            "--writable over HTTP needs --token (or HYDE_PLUS_TOKEN): index/add and "
+            "index/delete change the index, so only a caller with the token may call them"
+        )
+
+
 def _bind(host: str, port: int, token: str | None) -> socket.socket:
     """The listening socket, bound before anything loads (a busy port fails fast)."""
     from rich.panel import Panel
@@ -135,21 +150,72 @@ def _service(
     llm: str,
     timeout: float | None,
     config_files: list[Path] | None,
+    *,
     cache: str = "memory",
+    embed: str | None = None,
+    writable: bool = False,
 ) -> Any:
-    from ..models import resolve_llm
+    """The service: with a ``store``, its index searched in each of its modes and
+    reranked with its embedding model (``embed`` overrides it), and written to when
+    ``writable``; without one, transforms only, plus ``rerank`` when ``embed`` names
+    an embedding model."""
+    from ..models import resolve_embedding, resolve_llm
     from ..rcp import MAX_K, TransformService
 
     with reported():
-        retriever = store.open(MAX_K) if store is not None else None
         options = _tuned_options(config_files)
+        if store is None:
+            return TransformService(
+                resolve_llm(llm),
+                cache=_cache(cache),
+                timeout=timeout,
+                options=options,
+                modes=(),
+                embed_model=resolve_embedding(embed) if embed else None,
+            )
+        embed_model = store.embedding_model(embed)
+        index = store.load(embed_model)
+        writer = store.writer(index, embed_model) if writable else None
         return TransformService(
             resolve_llm(llm),
-            retriever,
+            store.retriever(index, MAX_K),
             cache=_cache(cache),
             timeout=timeout,
             options=options,
-            modes=store.modes if store is not None else (),
+            modes=store.modes,
+            mode_retrievers={m: store.mode_retriever(index, MAX_K, m) for m in store.modes[1:]},
+            embed_model=embed_model,
+            writer=writer,
+        )
+
+
+RerankEmbed = Annotated[
+    str | None,
+    typer.Option(
+        help="Embedding model for rerank (auto, local, openai[:MODEL]); default: the "
+        "index's own, none without an index (no rerank).",
+    ),
+]
+Writable = Annotated[
+    bool,
+    typer.Option(
+        "--writable",
+        help="Offer index/add and index/delete on a Milvus --uri (over HTTP only with --token).",
+    ),
+]
+
+
+def _store(
+    index_path: Path | None, uri: str | None, collection: str, milvus_token: str | None
+) -> Store | None:
+    """The store at --index or --uri; None for neither (transform only)."""
+    if index_path is None and uri is None:
+        return None
+    from ..stores import open_store
+
+    with reported():
+        return open_store(
+            index=index_path, uri=uri, collection=collection, token=milvus_token or ""
         )
 
 
@@ -190,27 +256,26 @@ def serve(
         ),
     ] = None,
     cache: CacheSpec = "memory",
+    embed: RerankEmbed = None,
+    writable: Writable = False,
     verbose: Verbose = False,
 ) -> None:
-    """Serve the Retrieval Context Protocol: query/transform, and retrieve over a FAISS
-    --index or a Milvus --uri (omit both: transform only)."""
+    """Serve the Retrieval Context Protocol: query/transform, and retrieve and rerank
+    over a FAISS --index or a Milvus --uri (omit both: transform only, plus rerank with
+    --embed). --writable lets clients add and delete documents in a Milvus index."""
     setup_logging(verbose)
     _check_flags(stdio, http, token, timeout, max_inflight, cache)
+    check_writable(writable, http, token, index_path is not None or uri is not None)
     with early.refused():
         if index_path is not None or uri is not None:
             early.store_address(index_path, uri)
         for path in config_files or []:
             early.config_file(path)
     sock = _bind(host, http, token) if http is not None else None
-    store = None
-    if index_path is not None or uri is not None:
-        from ..stores import open_store
-
-        with reported():
-            store = open_store(
-                index=index_path, uri=uri, collection=collection, token=milvus_token or ""
-            )
-    service = _service(store, llm, timeout, config_files, cache)
+    store = _store(index_path, uri, collection, milvus_token)
+    service = _service(
+        store, llm, timeout, config_files, cache=cache, embed=embed, writable=writable
+    )
     warm_up(service.llm)
     _run(service, store, llm, sock, token, max_inflight)
 
@@ -242,7 +307,8 @@ def _run(
 
     name = describe_llm(service.llm)
     what = (
-        f"index: {store.describe() if store else 'none'}, "
+        f"index: {store.describe() if store else 'none'}"
+        f"{' (writable)' if service.writer is not None else ''}, "
         f"llm: {name if name == llm else f'{name} ({llm})'}, "
         f"timeout: {describe_timeout(service.llm, service.timeout)}, "
         f"cache: {_describe_cache(service.cache)}"

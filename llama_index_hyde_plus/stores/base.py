@@ -129,6 +129,18 @@ class Store(ABC):
     def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:
         """A retriever of ``index`` in this store's richest mode."""
 
+    def mode_retriever(self, index: VectorStoreIndex, top_k: int, mode: str) -> BaseRetriever:
+        """A retriever of ``index`` searching in ``mode`` (one of `modes`)."""
+        if mode not in self.modes:
+            raise ValueError(f"{self.title} searches {', '.join(self.modes)}, not {mode!r}")
+        return self.retriever(index, top_k)
+
+    def writer(self, index: VectorStoreIndex, embed_model: BaseEmbedding) -> Any:
+        """What writes documents into ``index`` (RCP ``index/add`` / ``index/delete``,
+        see `index_writes`); a `ValueError` saying why for a store that stays
+        read-only."""
+        raise ValueError(f"a {self.title} index is read-only: it cannot be served --writable")
+
     def embedding_model(self, embed: str | None = None) -> BaseEmbedding:
         """``embed`` (a model spec), else the one recorded at indexing, at the recorded
         ``max_length`` (an evaluation records ``spec@max_length``)."""

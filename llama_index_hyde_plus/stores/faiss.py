@@ -263,3 +263,13 @@ class FaissStore(Store):
 
     def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:
         return index.as_retriever(similarity_top_k=top_k)
+
+    def writer(self, index: VectorStoreIndex, embed_model: BaseEmbedding) -> Any:
+        """Never: a FAISS folder is served read-only. LlamaIndex's FAISS store cannot
+        delete (or so replace) a vector, so every ``index/add`` or ``index/delete``
+        would rewrite the whole folder; a Milvus index upserts in place."""
+        raise ValueError(
+            "a FAISS index is served read-only (LlamaIndex's FAISS store cannot delete or "
+            "replace a vector); to serve --writable, build a Milvus index: "
+            "`hyde-plus index DIR --store milvus --uri PATH.db`"
+        )

@@ -714,8 +714,20 @@ def _dense_dim(client: Any, physical: str) -> int | None:
     return None
 
 
+#: LlamaIndex's query mode and our search type for each RCP mode a Milvus store has.
+#: ``sparse`` (BM25 alone) is searched here (`MilvusHybridRetriever._bm25`), not by
+#: LlamaIndex, whose sparse search asks for ``drop_ratio_search=0.2``: Milvus Lite
+#: refuses any ratio but 0.
+_MODES = {
+    "hybrid": ("hybrid", "hybrid"),
+    "dense": ("default", "dense"),
+    "sparse": ("default", "keyword"),
+}
+
+
 class MilvusHybridRetriever(BaseRetriever):
-    """Milvus hybrid search (BM25 + dense, fused by Milvus) as a LlamaIndex retriever.
+    """Milvus hybrid search (BM25 + dense, fused by Milvus) as a LlamaIndex retriever;
+    with ``mode="dense"`` the dense vectors alone, with ``mode="sparse"`` BM25 alone.
 
     Its async path runs the synchronous client in a worker thread: pymilvus's async
     client binds to the first event loop that uses it and fails in any later one (each
@@ -724,9 +736,13 @@ class MilvusHybridRetriever(BaseRetriever):
 
     search_type = "hybrid"
 
-    def __init__(self, index: VectorStoreIndex, top_k: int = 10) -> None:
+    def __init__(self, index: VectorStoreIndex, top_k: int = 10, mode: str = "hybrid") -> None:
         super().__init__()
-        self._inner = index.as_retriever(vector_store_query_mode="hybrid", similarity_top_k=top_k)
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        query_mode, self.search_type = _MODES[mode]
+        self.mode = mode
+        self._inner = index.as_retriever(vector_store_query_mode=query_mode, similarity_top_k=top_k)
 
         self._embed_model = index._embed_model
         self._vector_store = index.vector_store
@@ -756,7 +772,29 @@ class MilvusHybridRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         with readable(*self.where):
+            if self.mode == "sparse":
+                return self._bm25(query_bundle.query_str)
             return self._inner.retrieve(self._checked(query_bundle))
+
+    def _bm25(self, query: str) -> list[NodeWithScore]:
+        """BM25 alone: Milvus's full-text search of the sparse field its BM25 function
+        fills from the text. The score is the BM25 score (Milvus Lite reports it
+        negated as a distance, a cluster as is: BM25 is never negative, so its
+        magnitude is the score either way), best first."""
+        store: Any = self._vector_store
+        found = store.client.search(
+            collection_name=store.collection_name,
+            data=[query],
+            anns_field=store.sparse_embedding_field,
+            limit=self.similarity_top_k,
+            output_fields=["*"],
+            search_params={"params": {"drop_ratio_search": 0.0}},
+        )
+        nodes, scores, _ = store._parse_from_milvus_results(found)
+        hits = [
+            NodeWithScore(node=n, score=abs(float(s))) for n, s in zip(nodes, scores, strict=True)
+        ]
+        return sorted(hits, key=lambda h: -(h.score or 0.0))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return await asyncio.to_thread(self._retrieve, query_bundle)
@@ -767,12 +805,31 @@ def hybrid_retriever(index: VectorStoreIndex, top_k: int = 10) -> MilvusHybridRe
     return MilvusHybridRetriever(index, top_k)
 
 
+def record_writes(uri: str, collection: str, physical: str, client: Any) -> None:
+    """After rows of ``physical`` were written outside a build (RCP ``index/add`` /
+    ``index/delete``), bring its entry in the record beside a Milvus Lite file up to
+    date (row count and digest), so the next build still knows the rows as ours and
+    drops the build it replaces. Reads the whole collection; nothing on a server (no
+    record) or for a build the record does not list. Killed before this, the record
+    is stale, and the next build keeps the old collection with a warning (never
+    drops data it cannot vouch for)."""
+    recorded = _recorded_builds(uri, collection)
+    entry = (recorded or {}).get(physical)
+    if not isinstance(entry, dict):
+        return
+    digest = content_digest(client, physical)
+    count = int(digest.partition(":")[0])
+    _update_meta(
+        uri, collection, add={physical: {**entry, "chunks": count, "content_sha256": digest}}
+    )
+
+
 class MilvusStore(Store):
     """Collection (an alias) ``collection`` at ``uri``: a Milvus Lite file path or a
     cluster URL with ``token``. Needs the ``milvus`` extra."""
 
     kind: ClassVar[str] = "milvus"
-    modes: ClassVar[tuple[str, ...]] = ("hybrid",)
+    modes: ClassVar[tuple[str, ...]] = ("hybrid", "dense", "sparse")
     search: ClassVar[str] = "BM25 + dense"
     title: ClassVar[str] = "Milvus"
     address: ClassVar[str] = "uri"
@@ -859,6 +916,25 @@ class MilvusStore(Store):
             )
 
     def retriever(self, index: VectorStoreIndex, top_k: int) -> BaseRetriever:
-        retriever = hybrid_retriever(index, top_k)
+        return self.mode_retriever(index, top_k, "hybrid")
+
+    def mode_retriever(self, index: VectorStoreIndex, top_k: int, mode: str) -> BaseRetriever:
+        retriever = MilvusHybridRetriever(index, top_k, mode)
         retriever.where = (self.uri, self.collection)
         return retriever
+
+    def writer(self, index: VectorStoreIndex, embed_model: BaseEmbedding) -> Any:
+        """A `MilvusWriter` of the collection ``index`` was loaded from: documents
+        embedded with ``embed_model`` and chunked as the build recorded."""
+        from ..index_writes import MilvusWriter, chunking_from_meta
+
+        physical = str(getattr(index.vector_store, "collection_name", ""))
+        client = getattr(index.vector_store, "client", None)
+
+        def after_write() -> None:
+            if is_local_uri(self.uri):
+                record_writes(self.uri, self.collection, physical, client)
+
+        return MilvusWriter(
+            index, embed_model, chunking_from_meta(self.meta()), after_write=after_write
+        )
