@@ -23,12 +23,15 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .reliability import LLMNotCalledError
+
+IDLE_EXIT_S = 30.0
+"""Seconds an idle worker waits for a call before it exits (a pool that was busy once
+does not keep its threads for the life of the process)."""
 
 MAX_BUSY = 32
 """Blocking LLM calls that may run at once (`DaemonWorkers.max_busy`). The calls wait
@@ -146,7 +149,20 @@ class DaemonWorkers:
                     if len(self._idle) >= self.max_idle:
                         return
                     self._idle.append(inbox)
-                job = inbox.get()
+                job = self._wait(inbox)
+
+    def _wait(self, inbox: queue.SimpleQueue[Job | None]) -> Job | None:
+        """The next call for an idle worker, or None once it waited `IDLE_EXIT_S` (it
+        leaves the idle list first, so no call is put in an inbox nobody reads)."""
+        while True:
+            try:
+                return inbox.get(timeout=IDLE_EXIT_S)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:
+                        self._idle.remove(inbox)
+                        return None
+                # handed a call just as the wait ran out: it is in the inbox
 
     def idle(self) -> int:
         """How many workers wait for a call."""
@@ -178,39 +194,40 @@ def _dropped() -> None:
 
 
 class LLMPools:
-    """One `DaemonWorkers` per LLM object, so a provider that hangs only ever uses up
-    its own threads: another LLM's calls (another provider, another client) never wait
-    behind them, nor fall back for want of a worker. A pool is closed when its LLM is
-    garbage-collected."""
+    """One `DaemonWorkers` per provider (the LLM's class, model and endpoint), so a
+    provider that hangs only ever uses up its own threads: another provider's calls
+    never wait behind them, nor fall back for want of a worker. LLM objects built per
+    request for one provider share its pool, so a hung provider holds at most
+    ``max_busy`` threads however many objects call it; the pools are as many as the
+    providers, and their idle threads exit after `IDLE_EXIT_S`."""
 
     def __init__(self, max_busy: int | None = MAX_BUSY, name: str = "hyde-plus-llm") -> None:
         self.max_busy = max_busy
         self.name = name
-        self._pools: dict[int, tuple[Any, DaemonWorkers]] = {}
+        self._pools: dict[tuple[str, ...], DaemonWorkers] = {}
         self._lock = threading.Lock()
 
     def for_llm(self, llm: object) -> DaemonWorkers:
-        """The pool of ``llm`` (made on first use)."""
-        key = id(llm)
+        """The pool of ``llm``'s provider (made on first use)."""
+        key = provider_key(llm)
         with self._lock:
-            found = self._pools.get(key)
-            if found is not None and (found[0] is llm or found[0]() is llm):
-                return found[1]
-            pool = DaemonWorkers(self.max_busy, name=self.name)
-            try:
-                ref: Any = weakref.ref(llm, lambda _: self._forget(key, pool))
-            except TypeError:  # not weakly referable: kept for the process's life
-                ref = llm
-            self._pools[key] = (ref, pool)
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = DaemonWorkers(self.max_busy, name=self.name)
             return pool
-
-    def _forget(self, key: int, pool: DaemonWorkers) -> None:
-        with self._lock:
-            found = self._pools.get(key)
-            if found is not None and found[1] is pool:
-                del self._pools[key]
-        pool.close()
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._pools)
+
+
+def provider_key(llm: object) -> tuple[str, ...]:
+    """Which provider ``llm`` calls: its class, its model and, when it has one, its
+    endpoint (two OpenAI-compatible servers of one model name are two providers)."""
+    kind = type(llm)
+    parts = [f"{kind.__module__}.{kind.__qualname__}"]
+    for name in ("model", "model_name", "api_base", "base_url", "endpoint", "model_path"):
+        value = getattr(llm, name, None)
+        if isinstance(value, str) and value:
+            parts.append(f"{name}={value}")
+    return tuple(parts)

@@ -419,8 +419,7 @@ class TransformRetriever(BaseRetriever):
                 raise
             result = _fell_back(result, error)
             nodes, errors = self._carry_out(self._planned(result, guards, hits), question, hits)
-        if self.reranker is not None and nodes:
-            nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
+        nodes = self._reranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
 
     async def asearch(
@@ -468,21 +467,17 @@ class TransformRetriever(BaseRetriever):
             result = _fell_back(result, error)
             step = self._planned(result, guards, hits)
             nodes, errors = await self._acarry_out(step, question, hits)
-        if self.reranker is not None and nodes:
-            nodes = await self._arerank(nodes, question.bundle())
+        nodes = await self._areranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
 
     def _as_given(self, question: Question, start: float) -> SearchResult:
         """A question with no text (an embedding-only bundle), searched as given."""
-        nodes = _copy(self._search_bundle(question.bundle()))
-        if self.reranker is not None and nodes:
-            nodes = self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
+        nodes = self._reranked_or_kept(_copy(self._search_bundle(question.bundle())), question)
         return self._finish(nodes, question.untransformed(self._method()), start, [])
 
     async def _aas_given(self, question: Question, start: float) -> SearchResult:
-        nodes = _copy(await self._asearch_bundle(question.bundle()))
-        if self.reranker is not None and nodes:
-            nodes = await self._arerank(nodes, question.bundle())
+        found = _copy(await self._asearch_bundle(question.bundle()))
+        nodes = await self._areranked_or_kept(found, question)
         return self._finish(nodes, question.untransformed(self._method()), start, [])
 
     def _carry_out(self, step: plan.Step, question: Question, hits: Hits) -> Carried:
@@ -778,6 +773,35 @@ class TransformRetriever(BaseRetriever):
         if mode is FusionMode.INTERLEAVE and len(set(weights)) > 1:
             mode = FusionMode.RRF  # interleaving cannot weigh lists; RRF can
         return fuse(lists, mode, weights=weights)
+
+    def _reranked_or_kept(
+        self, nodes: list[NodeWithScore], question: Question
+    ) -> list[NodeWithScore]:
+        """``nodes`` through the ``reranker``; as they are, with a warning, when it fails
+        (a reranker is one more component that never breaks search)."""
+        if self.reranker is None or not nodes:
+            return nodes
+        try:
+            return self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
+        except BaseException as exc:
+            self._rerank_failed(failure(exc))
+            return nodes
+
+    async def _areranked_or_kept(
+        self, nodes: list[NodeWithScore], question: Question
+    ) -> list[NodeWithScore]:
+        if self.reranker is None or not nodes:
+            return nodes
+        try:
+            return await self._arerank(nodes, question.bundle())
+        except BaseException as exc:
+            self._rerank_failed(failure(exc, in_task=True))
+            return nodes
+
+    def _rerank_failed(self, exc: Exception) -> None:
+        logger.warning(
+            "the reranker failed (%s: %s); returning the nodes as fused", type(exc).__name__, exc
+        )
 
     async def _arerank(
         self, nodes: list[NodeWithScore], bundle: QueryBundle

@@ -10,6 +10,7 @@ served as a hit.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -175,3 +176,42 @@ def test_a_cache_entry_of_another_question_or_with_nothing_in_it_is_a_miss() -> 
         store.put(key, {"created": 1e12, "result": entry}, collection=cache.collection)
         result = hyde.transform(Q)
         assert not result.cached and result.hypothetical == ("Fresh passage.",)
+
+
+def _en(prompt: str) -> str:
+    return f"Answer in English.\n{prompt}"
+
+
+def _fr(prompt: str) -> str:
+    return f"Réponds en français.\n{prompt}"
+
+
+class _Formatter:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __call__(self, prompt: str) -> str:
+        return f"{self.prefix}\n{prompt}"
+
+
+def _fmt(prompt: str, system: str = "") -> str:
+    return f"{system}\n{prompt}"
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        (lambda p: _en(p), lambda p: _fr(p)),  # other names called
+        (lambda p: p.upper(), lambda p: p.lower()),  # other attributes
+        (lambda p: (lambda: "EN")() + p, lambda p: (lambda: "FR")() + p),  # nested code
+        (functools.partial(_fmt, system="EN"), functools.partial(_fmt, system="FR")),
+        (_Formatter("EN"), _Formatter("FR")),  # callable objects
+    ],
+    ids=["names", "attributes", "nested", "partials", "objects"],
+)
+def test_callables_that_compute_differently_get_different_keys(pair: tuple[Any, Any]) -> None:
+    one, other = pair
+    a = HyDE(ScriptedLLM(completion_to_prompt=one))
+    b = HyDE(ScriptedLLM(completion_to_prompt=other))
+    assert a.cache_key_for(Q) != b.cache_key_for(Q)
+    assert a.cache_key_for(Q) == HyDE(ScriptedLLM(completion_to_prompt=one)).cache_key_for(Q)

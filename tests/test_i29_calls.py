@@ -266,18 +266,23 @@ async def test_a_hung_provider_holds_only_its_own_worker_threads(
     assert breaker.state == "closed"
 
 
-def test_a_garbage_collected_llm_gives_its_pool_back() -> None:
-    import gc
+def test_llm_objects_of_one_provider_share_a_pool_and_idle_workers_exit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llama_index_hyde_plus import _workers
 
     pools = LLMPools()
-    llm = ScriptedLLM(respond=lambda prompt: "x")
-    pool = pools.for_llm(llm)
-    assert pools.for_llm(llm) is pool and pools.for_llm(ScriptedLLM()) is not pool
-    job = pool.submit(lambda: "done")
-    assert job.done.wait(5)
-    del llm, job
-    gc.collect()
-    assert len(pools) == 0 and pool.idle() == 0
+    pool = pools.for_llm(ScriptedLLM(model_name="a"))
+    assert pools.for_llm(ScriptedLLM(model_name="a")) is pool  # built per request: one pool
+    assert pools.for_llm(ScriptedLLM(model_name="b")) is not pool and len(pools) == 2
+    monkeypatch.setattr(_workers, "IDLE_EXIT_S", 0.05)
+    jobs = [pool.submit(lambda: time.sleep(0.05)) for _ in range(4)]
+    assert all(job.done.wait(5) for job in jobs)
+    deadline = time.monotonic() + 5
+    while pool.idle() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pool.idle() == 0  # the idle workers exited
+    assert pool.submit(lambda: "again").done.wait(5)  # and new ones start when needed
 
 
 def test_more_blocking_calls_than_workers_all_answer_within_their_timeout(

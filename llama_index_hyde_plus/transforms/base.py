@@ -18,6 +18,7 @@ from .._checks import check_int, check_number, is_number
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
 from ..expansion import check_weight
 from ..fusion import FusionMode
+from ..reliability import failure
 from ..usage import Usage, sum_usage
 
 logger = logging.getLogger(__name__)
@@ -513,8 +514,8 @@ class QueryTransformer(BaseQueryTransform):
             else:
                 value = self.transform(query)
             result = coerce_result(self, query, value, time.perf_counter() - start)
-        except Exception as exc:
-            result = self._failed(query, exc, start)
+        except BaseException as exc:
+            result = self._failed(query, failure(exc), start)  # interrupts go on up
         _emit_end(result)
         return result
 
@@ -531,8 +532,8 @@ class QueryTransformer(BaseQueryTransform):
             else:
                 value = await self.atransform(query)
             result = coerce_result(self, query, value, time.perf_counter() - start)
-        except Exception as exc:
-            result = self._failed(query, exc, start)
+        except BaseException as exc:
+            result = self._failed(query, failure(exc, in_task=True), start)  # ours propagates
         _emit_end(result)
         return result
 

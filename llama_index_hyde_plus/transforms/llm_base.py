@@ -661,31 +661,51 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return out
     if isinstance(value, BaseModel):
         return _model_settings(value, depth)
-    if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
+    if callable(value):
         return _callable_identity(value, depth)
     return _SKIP
 
 
 def _callable_identity(value: Any, depth: int) -> Any:
-    """What a function field contributes to the key: its qualified name and what it
-    computes with (its code, constants, defaults and closure values), so two lambdas,
-    or two closures of one factory over other strings, never share a key. A function
-    over values with no plain form is keyed by its identity in this process (no
-    collision; the cache is then not shared with other processes for it)."""
+    """What a callable field contributes to the key: its qualified name and what it
+    computes with (a function's code, the names it uses, its constants, nested code,
+    defaults and closure values; a ``partial``'s function and arguments; a callable
+    object's class and attributes), so two lambdas, two closures of one factory over
+    other strings or two partials never share a key. A callable over values with no
+    plain form is keyed by its identity in this process (no collision; the cache is
+    then not shared with other processes for it)."""
     name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    if inspect.isbuiltin(value):
+    if isinstance(value, type) or inspect.isbuiltin(value):
         return name
+    if isinstance(value, functools.partial):
+        parts = [_plain(value.func, depth + 1), _plain(value.args, depth + 1)]
+        parts.append(_plain(value.keywords, depth + 1))
+        return ["partial", *parts] if _SKIP not in parts else f"id:{id(value)}"
     if inspect.ismethod(value):
         owner = _plain(value.__self__, depth + 1)
         return [name, owner if owner is not _SKIP else f"id:{id(value.__self__)}"]
-    code = value.__code__
+    if not inspect.isfunction(value):  # an object with __call__: its class and state
+        state = _plain(getattr(value, "__dict__", None), depth + 1)
+        kind = type(value)
+        where = f"{kind.__module__}.{kind.__qualname__}"
+        return [where, state] if state is not _SKIP and state else f"id:{id(value)}"
     cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
-    values = (*code.co_consts, *cells, *(value.__defaults__ or ()))
-    parts = [v.co_code.hex() if isinstance(v, CodeType) else _plain(v, depth + 1) for v in values]
-    if any(p is _SKIP for p in parts if p is not None):
-        parts = [f"id:{id(value)}"]
-    digest = hashlib.sha256(code.co_code + repr(parts).encode()).hexdigest()[:16]
-    return f"{name}#{digest}"
+    parts = [_code_identity(value.__code__)]
+    parts += [_plain(v, depth + 1) for v in (*cells, *(value.__defaults__ or ()))]
+    if any(p is _SKIP for p in parts):
+        return f"{name}#id:{id(value)}"
+    return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
+
+
+def _code_identity(code: CodeType) -> Any:
+    """A code object as plain data: its bytecode, the names it uses and its constants,
+    nested code included (``_SKIP`` for a constant with no plain form)."""
+    consts = [
+        _code_identity(c) if isinstance(c, CodeType) else _plain(c, 1) for c in code.co_consts
+    ]
+    if _SKIP in consts:
+        return _SKIP
+    return [code.co_code.hex(), list(code.co_names), consts]
 
 
 def _filled(cell: Any) -> bool:
