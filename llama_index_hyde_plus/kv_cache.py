@@ -33,6 +33,14 @@ REDIS_TIMEOUT_S = 2.0
 """Seconds a Redis opened by `KVStoreCache.from_uri` may take to connect or answer:
 a cache that hangs must not hang the search it was meant to speed up."""
 
+RETRY_AFTER_S = 5.0
+"""Seconds a store that failed is left alone before it is asked again (misses and
+skipped writes meanwhile)."""
+
+CLOCK_SKEW_S = 60.0
+"""How far ahead of this process's clock another writer's may run: an entry written
+further in the future than that never expires by its age, so it counts as expired."""
+
 _SCHEMES = ("redis://", "rediss://", "unix://")
 
 
@@ -75,6 +83,7 @@ class KVStoreCache:
         self.ttl_s = None if ttl_s is None else float(ttl_s)
         self._lock = threading.Lock()
         self._down = False
+        self._skip_until = 0.0  # time.monotonic() before which the store is not asked
 
     @classmethod
     def from_uri(
@@ -111,9 +120,12 @@ class KVStoreCache:
         return cls(store, collection=collection, ttl_s=ttl_s)
 
     def _outage(self, what: str, exc: BaseException) -> None:
-        """Log the first failure of an outage as a warning, the rest at debug level."""
+        """Log the first failure of an outage as a warning, the rest at debug level, and
+        leave the store alone for `RETRY_AFTER_S` (a hung Redis then costs one bounded
+        wait every few seconds, not two on every search)."""
         with self._lock:
             first, self._down = not self._down, True
+            self._skip_until = time.monotonic() + RETRY_AFTER_S
         logger.log(
             logging.WARNING if first else logging.DEBUG,
             "transform cache %s failed (%s: %s); continuing without it",
@@ -121,6 +133,10 @@ class KVStoreCache:
             type(exc).__name__,
             exc,
         )
+
+    def _skipping(self) -> bool:
+        """Whether an outage is recent enough that the store is not asked."""
+        return self._down and time.monotonic() < self._skip_until
 
     def _healthy(self) -> None:
         if self._down:
@@ -130,6 +146,8 @@ class KVStoreCache:
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored result's dict form, or None (a miss, an expired entry, a
         malformed one, or a store that failed)."""
+        if self._skipping():
+            return None
         try:
             entry = self.kvstore.get(key, collection=self.collection)
         except BaseException as exc:
@@ -143,7 +161,8 @@ class KVStoreCache:
             return None
         if not isinstance(created, (int, float)):
             return None
-        if self.ttl_s is not None and time.time() - created > self.ttl_s:
+        age = time.time() - created
+        if self.ttl_s is not None and not -CLOCK_SKEW_S <= age <= self.ttl_s:  # or from the future
             self._forget(key)
             return None
         return value
@@ -157,6 +176,8 @@ class KVStoreCache:
     def set(self, key: str, value: dict[str, Any]) -> None:
         """Store ``value`` (a result's dict form) under ``key``; a failing store is
         skipped with a warning."""
+        if self._skipping():
+            return
         try:
             self.kvstore.put(
                 key, {"created": time.time(), "result": value}, collection=self.collection

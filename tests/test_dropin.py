@@ -162,3 +162,55 @@ def test_the_workflow_example_streams_the_rewrite_then_answers(
     out = capsys.readouterr().out
     wrote = out.index("hyde wrote: Revenue fell as enterprise renewals slipped")
     assert wrote < out.index("Answer: Revenue dropped because enterprise renewals slipped")
+
+
+class _HungCore(BaseQueryTransform):
+    """A core transform whose LLM never answers (until released)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+        self.release.wait(30)
+        return query_bundle
+
+    def _get_prompts(self) -> dict[str, Any]:
+        return {}
+
+    def _update_prompts(self, prompts: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hung_core_transform_times_out_and_holds_none_of_the_loops_threads(
+    use_async: bool,
+) -> None:
+    core = _HungCore()
+    try:
+        retriever = TransformRetriever(_base(), CoreTransform(core, timeout=0.2))
+        if use_async:
+            found = await asyncio.gather(*(retriever.asearch(Q) for _ in range(12)))
+            # the loop's default executor is free for the app's own blocking work
+            assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
+        else:
+            found = [retriever.search(Q)]
+        assert all(
+            f.transform.fallback and "did not answer within 0.2s" in (f.transform.error or "")
+            for f in found
+        )
+        assert all(f.nodes for f in found)
+    finally:
+        core.release.set()
+
+
+def test_a_core_transform_raising_a_non_exception_falls_back() -> None:
+    class Timeout(BaseException):
+        pass
+
+    class Raising(_HungCore):
+        def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+            raise Timeout("gevent")
+
+    found = TransformRetriever(_base(), Raising()).search(Q)
+    assert found.transform.fallback and "Timeout" in (found.transform.error or "") and found.nodes

@@ -220,3 +220,39 @@ def test_serve_refuses_a_cache_url_it_cannot_use() -> None:
 
     result = CliRunner().invoke(app, ["serve", "--stdio", "--cache", "memcached://x:1"])
     assert result.exit_code == 2 and "--cache must be memory, a Redis URL" in result.output
+
+
+def test_a_failed_store_is_left_alone_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llama_index_hyde_plus import kv_cache
+
+    class Hung(SimpleKVStore):
+        calls = 0
+
+        def get(self, key: str, collection: str = "data") -> dict | None:  # type: ignore[override]
+            Hung.calls += 1
+            raise TimeoutError("Redis did not answer within 2 s")
+
+        def put(self, key: str, val: dict, collection: str = "data") -> None:  # type: ignore[override]
+            Hung.calls += 1
+            raise TimeoutError("Redis did not answer within 2 s")
+
+    clock = [100.0]
+    monkeypatch.setattr(kv_cache.time, "monotonic", lambda: clock[0])
+    cache = KVStoreCache(Hung())
+    for _ in range(5):  # one failed read; then neither reads nor writes until the retry
+        assert cache.get("k") is None
+        cache.set("k", {"x": 1})
+    assert Hung.calls == 1
+    clock[0] += kv_cache.RETRY_AFTER_S + 0.1
+    assert cache.get("k") is None and Hung.calls == 2  # asked again after the pause
+
+
+def test_an_entry_from_far_in_the_future_is_expired(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SimpleKVStore()
+    cache = KVStoreCache(store, ttl_s=60)
+    store.put("soon", {"created": time.time() + 5, "result": {"x": 1}}, collection=cache.collection)
+    store.put(
+        "far", {"created": time.time() + 3600, "result": {"x": 2}}, collection=cache.collection
+    )
+    assert cache.get("soon") == {"x": 1}  # another replica's clock a little ahead
+    assert cache.get("far") is None

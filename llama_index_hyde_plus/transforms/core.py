@@ -15,6 +15,7 @@ runs, in this context only, and priced like this package's own calls.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
 from typing import Any
@@ -23,10 +24,17 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import QueryBundle
 
+from .. import _llm
+from .._checks import is_number
 from .._llm import is_local, model_name
+from .._workers import Job
+from ..reliability import LLMTimeoutError
+from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage, usage_for_call
 from .base import QueryTransformer, SearchSpec, TransformResult
 
+_POLICY: Any = object()
+"""``timeout`` left out: the one timeout policy for the core transform's LLM."""
 _CALLS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
     "hyde_plus_core_calls", default=None
 )
@@ -119,7 +127,11 @@ class CoreTransform(QueryTransformer):
     include_query = True
 
     def __init__(
-        self, transform: BaseQueryTransform, *, metadata: dict[str, Any] | None = None
+        self,
+        transform: BaseQueryTransform,
+        *,
+        metadata: dict[str, Any] | None = None,
+        timeout: Any = _POLICY,
     ) -> None:
         if not isinstance(transform, BaseQueryTransform) or isinstance(transform, QueryTransformer):
             raise TypeError(
@@ -128,19 +140,31 @@ class CoreTransform(QueryTransformer):
             )
         if metadata is not None and not isinstance(metadata, dict):
             raise TypeError(f"metadata must be a dict or None, not {type(metadata).__name__}")
+        given = timeout is not _POLICY and timeout is not None
+        if given and (not is_number(timeout) or not 0 < timeout < 1e6):
+            raise ValueError("timeout must be > 0 seconds (and finite), or None")
         super().__init__()
         self.core = transform
         self.metadata = metadata
+        self._timeout = timeout
 
     @property
     def method(self) -> str:  # type: ignore[override]
         return type(self.core).__name__
 
+    @property
+    def timeout(self) -> float | None:
+        """Seconds one run of the core transform may take: ``timeout`` when given (None:
+        no bound), else the one policy for its LLM (`timeouts.timeout_for`)."""
+        if self._timeout is not _POLICY:
+            return self._timeout  # type: ignore[no-any-return]
+        return timeout_for(getattr(self.core, "_llm", None))
+
     def _get_prompt_modules(self) -> PromptMixinType:
         return {"query_transform": self.core}
 
-    def transform(self, query: str) -> TransformResult:
-        """Run the core transform on ``query``; the bundle it returns as one search."""
+    def _run_core(self, query: str) -> tuple[QueryBundle, list[Any]]:
+        """The core transform's ``run`` (blocking) and the LLM events it raised."""
         _listen()
         calls: list[Any] = []
         token = _CALLS.set(calls)
@@ -150,6 +174,49 @@ class CoreTransform(QueryTransformer):
             )
         finally:
             _CALLS.reset(token)
+        return bundle, calls
+
+    def _submit(self, query: str, on_done: Any = None) -> Job:
+        """The run on its LLM's worker threads (a hung provider holds only its own)."""
+        provider = getattr(self.core, "_llm", None) or self.core
+        return _llm.WORKERS.for_llm(provider).submit(lambda: self._run_core(query), on_done)
+
+    def _overran(self, job: Job) -> LLMTimeoutError:
+        job.abandon()
+        return LLMTimeoutError(f"{self.method} did not answer within {self.timeout:g}s")
+
+    def transform(self, query: str) -> TransformResult:
+        """Run the core transform on ``query`` (within ``timeout``, on its LLM's worker
+        threads); the bundle it returns as one search."""
+        job = self._submit(query)
+        answered = False
+        try:
+            answered = job.done.wait(self.timeout)
+        finally:
+            if not answered:
+                job.abandon()
+        if not answered:
+            raise self._overran(job)
+        return self._result(query, *job.result())
+
+    async def atransform(self, query: str) -> TransformResult:
+        """Async twin of `transform`: the run in a worker thread, never on the event loop
+        or its default executor; cancelling the await abandons it."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        job = self._submit(query, lambda: loop.call_soon_threadsafe(_wake, woken))
+        try:
+            await asyncio.wait_for(asyncio.shield(woken), self.timeout)
+        except asyncio.TimeoutError:
+            if job.done.is_set():
+                return self._result(query, *job.result())
+            raise self._overran(job) from None
+        except BaseException:
+            job.abandon()
+            raise
+        return self._result(query, *job.result())
+
+    def _result(self, query: str, bundle: Any, calls: list[Any]) -> TransformResult:
         if not isinstance(bundle, QueryBundle):
             raise TypeError(
                 f"{type(self.core).__name__}.run() must return a QueryBundle, "
@@ -167,6 +234,11 @@ class CoreTransform(QueryTransformer):
             usage=_usage_of(calls, getattr(self.core, "_llm", None)),
             specs=(SearchSpec(text=text, embedding_strs=strs),),
         )
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def as_transformer(
