@@ -25,7 +25,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
-from ._workers import DaemonWorkers, LLMPools
+from ._workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
 from .reliability import (
     NO_RETRY,
     CircuitBreaker,
@@ -334,6 +334,24 @@ def complete_all(
     return outcomes
 
 
+class _Cancel(threading.Event):
+    """The event an attempt on a worker thread is told to stop by, and its `Job`."""
+
+    job: Job | None = None
+
+
+def _overrun(attempts: _Attempts, job: Job | None) -> Exception:
+    """The error of an attempt whose time ran out: our timeout, or, when no worker ever
+    took it, a `QueuedTooLongError` (the LLM was not called: not the provider's
+    failure, so its breaker does not count it)."""
+    if job is None or job.started:
+        return attempts.timed_out()
+    return QueuedTooLongError(
+        f"the LLM call waited {attempts.timeout:g}s for one of its provider's worker threads "
+        "(all busy) and was never made"
+    )
+
+
 def _telling(cancel: threading.Event, call: Callable[[], T]) -> Callable[[], T]:
     """``call`` with `CANCEL_EVENT` set to ``cancel`` (in the worker's context)."""
 
@@ -359,7 +377,7 @@ def _call_with_timeout(
             cancel.set()
             job.abandon()
     if not answered:
-        raise attempts.timed_out()
+        raise _overrun(attempts, job)
     return job.result()  # type: ignore[no-any-return]
 
 
@@ -380,7 +398,7 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
     with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
         while True:
             budget = attempts.budget()
-            cancel = None if native else threading.Event()  # only a thread needs telling
+            cancel = None if native else _Cancel()  # only a thread needs telling
             if cancel is None:
                 coro = llm.acomplete(prompt, **kwargs)
             else:
@@ -412,7 +430,7 @@ async def _bounded(
                 raise
             if cancel is not None:
                 cancel.set()
-            raise attempts.timed_out() from exc
+            raise _overrun(attempts, getattr(cancel, "job", None)) from exc
     return await _wait_within(coro, budget, cancel, attempts)
 
 
@@ -433,7 +451,7 @@ async def _wait_within(
     _drop(task)
     if cancel is not None:
         cancel.set()
-    raise attempts.timed_out()
+    raise _overrun(attempts, getattr(cancel, "job", None))
 
 
 def _drop(task: asyncio.Future[Any]) -> None:
@@ -456,6 +474,8 @@ async def _in_thread(
     job = WORKERS.for_llm(llm).submit(
         _telling(cancel, partial(llm.complete, prompt, **kwargs)), wake
     )
+    if isinstance(cancel, _Cancel):
+        cancel.job = job
     try:
         await woken
     except BaseException:

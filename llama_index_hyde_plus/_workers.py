@@ -45,15 +45,23 @@ class WorkersBusyError(LLMNotCalledError):
     """Every LLM worker thread is busy: the LLM was not called."""
 
 
+class QueuedTooLongError(LLMNotCalledError):
+    """The call waited in line for a worker until its time ran out: the LLM was never
+    called (the provider's own calls were slow or many), so its breaker does not count
+    it."""
+
+
 class Job:
     """One call on a worker: ``done`` is set once it returned or raised."""
 
-    __slots__ = ("_error", "_on_done", "_value", "abandoned", "call", "done")
+    __slots__ = ("_error", "_on_done", "_value", "abandoned", "call", "done", "started")
 
     def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None) -> None:
         self.call = call
         self.done = threading.Event()
         self.abandoned = False
+        self.started = False
+        """Whether a worker took it (False: it still waits in line, or never ran)."""
         self._on_done = on_done
         self._value: Any = None
         self._error: BaseException | None = None
@@ -131,6 +139,7 @@ class DaemonWorkers:
     def _work(self, inbox: queue.SimpleQueue[Job | None]) -> None:
         job: Job | None = inbox.get()
         while job is not None:
+            job.started = True
             try:
                 job._value = job.call()
             except BaseException as exc:

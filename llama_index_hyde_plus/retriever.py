@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -35,6 +35,7 @@ from .transforms.base import (
     validate_query,
 )
 from .transforms.core import CoreTransform, as_transformer
+from .usage import Usage
 from .vectors import DocVectors, Embedder, embed_model_of
 
 logger = logging.getLogger(__name__)
@@ -190,6 +191,15 @@ def _one_transform(
     return chosen
 
 
+def _reused(transformed: TransformResult | None) -> TransformResult | None:
+    """A rewrite made earlier, as this search reports it: its calls were reported by
+    the step that made them, so zero ``usage`` here (theirs in ``generation_usage``)."""
+    if transformed is None:
+        return None
+    spent = transformed.generation_usage or transformed.usage
+    return replace(transformed, usage=Usage(), generation_usage=spent)
+
+
 def _check_transformed(
     transformed: TransformResult | None, question: Question, transformer: QueryTransformer
 ) -> None:
@@ -205,6 +215,12 @@ def _check_transformed(
         raise ValueError(
             f"transformed is a rewrite of {transformed.query[:60]!r}, not of the query "
             f"searched ({question.text[:60]!r})"
+        )
+    method = transformer.method or type(transformer).__name__
+    if transformed.method != method:
+        raise ValueError(
+            f"transformed was made by {transformed.method!r}, not by this retriever's "
+            f"transformer ({method!r})"
         )
     if transformer.guards.context_k:
         raise ValueError(
@@ -401,7 +417,9 @@ class TransformRetriever(BaseRetriever):
             run = contextvars.copy_context().run
             searching = self._thread_pool().submit(run, self._question_hits, question)
         context = plan.context_for(guards, hits)
-        result = transformed or self.transformer.transform_safe(question.text, context=context)
+        result = _reused(transformed) or self.transformer.transform_safe(
+            question.text, context=context
+        )
         if searching is not None:
             hits = self._overlapped(searching.result(), guards)
         step: plan.Step | None = None
@@ -442,7 +460,7 @@ class TransformRetriever(BaseRetriever):
             searching = asyncio.ensure_future(self._aquestion_hits(question))
         context = plan.context_for(guards, hits)
         try:
-            result = transformed or await self.transformer.atransform_safe(
+            result = _reused(transformed) or await self.transformer.atransform_safe(
                 question.text, context=context
             )
         except BaseException:

@@ -135,6 +135,8 @@ async def test_a_rewrite_made_earlier_is_searched_without_a_second_call(use_asyn
         found = retriever.search(Q, transformed=made)
     assert found.transform.hypothetical == (PASSAGE,) and found.nodes
     assert llm.sync_calls + llm.async_calls == calls
+    # the rewrite's calls were the earlier step's to report: none counted twice
+    assert found.transform.usage.calls == 0 and found.transform.generation_usage == made.usage
 
 
 def test_a_rewrite_of_another_question_or_a_grounded_transform_is_refused() -> None:
@@ -143,6 +145,8 @@ def test_a_rewrite_of_another_question_or_a_grounded_transform_is_refused() -> N
     other = retriever.transformer.transform_safe("Who moved offices?")
     with pytest.raises(ValueError, match="transformed is a rewrite of"):
         retriever.search(Q, transformed=other)
+    with pytest.raises(ValueError, match="made by 'hyde'"):
+        retriever.search(Q, transformed=HyDE(llm).transform_safe(Q))
     with pytest.raises(TypeError, match="transformed must be a TransformResult"):
         retriever.search(Q, transformed="a passage")  # type: ignore[arg-type]
     grounded = TransformRetriever(

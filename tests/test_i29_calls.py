@@ -512,3 +512,29 @@ async def test_the_python_3_10_deadline_tells_the_two_timeouts_apart() -> None:
         await task
     await asyncio.sleep(0)
     assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()} == set()
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_call_that_never_left_the_line_does_not_count_against_the_provider(
+    monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=1))
+    monkeypatch.setattr(_llm, "has_native_async", lambda model: False)  # the blocking path
+    llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.", delay=0.6)
+    busy = HyDE(llm, timeout=5, retry=NO_RETRY, breaker=None)
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=60)
+    waiting = HyDE(llm, timeout=0.2, retry=NO_RETRY, breaker=breaker)
+
+    if use_async:
+        first = asyncio.ensure_future(busy.atransform(Q))
+        await asyncio.sleep(0.1)  # the one worker is taken
+        result = await waiting.atransform(f"{Q} again")
+        await first
+    else:
+        holder = threading.Thread(target=busy.transform, args=(Q,))
+        holder.start()
+        time.sleep(0.1)
+        result = waiting.transform(f"{Q} again")
+        holder.join()
+    assert result.fallback and "QueuedTooLongError" in (result.error or "")
+    assert breaker.state == "closed"  # the provider was never asked: not its failure
