@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import threading
@@ -26,6 +27,8 @@ from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from pydantic import Field, PrivateAttr
+
+logger = logging.getLogger(__name__)
 
 FASTEMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 _SPECIAL = {
@@ -130,6 +133,7 @@ class LocalEmbedding(BaseEmbedding):
 
     _model: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _warned_cut: bool = PrivateAttr(default=False)
 
     def __init__(self, **kwargs: Any) -> None:
         # LlamaIndex hands `_get_text_embeddings` chunks of `embed_batch_size` texts: give
@@ -160,6 +164,8 @@ class LocalEmbedding(BaseEmbedding):
 
     def _embed(self, texts: list[str]) -> list[list[float]]:
         model = self._get_model()
+        if not self._warned_cut:
+            self._warn_if_cut(model, texts)
         out: list[list[float]] = [[] for _ in texts]
         for batch in length_batches(
             texts, self.batch_size, self.max_batch_chars, sort=self.sort_by_length
@@ -168,6 +174,33 @@ class LocalEmbedding(BaseEmbedding):
             for i, vector in zip(batch, vectors, strict=True):
                 out[i] = vector.tolist()
         return out
+
+    def _warn_if_cut(self, model: Any, texts: list[str]) -> None:
+        """Warn once when texts are longer than the model's token limit: their ends are
+        silently dropped (LlamaIndex's default 1,024-token chunks meet a 256-token
+        model). Only texts longer in characters than the limit can be, so short ones
+        cost nothing; the tokenizer says which overflow."""
+        tokenizer = getattr(getattr(model, "model", None), "tokenizer", None)
+        limit = (getattr(tokenizer, "truncation", None) or {}).get("max_length")
+        if tokenizer is None or not limit:
+            return
+        long = [t for t in texts if len(t) > limit - 2]
+        if not long:
+            return
+        cut = sum(1 for enc in tokenizer.encode_batch(long) if enc.overflowing)
+        if not cut:
+            return
+        self._warned_cut = True
+        logger.warning(
+            "%s cut %d of %d texts at its %d-token limit: the rest of each is not "
+            "embedded, so not searchable. Split documents to fit, e.g. "
+            "Settings.node_parser = SentenceSplitter(chunk_size=200, chunk_overlap=20) "
+            "(as hyde-plus index does); warned once",
+            self.model_name,
+            cut,
+            len(texts),
+            limit,
+        )
 
     def _get_query_embedding(self, query: str) -> list[float]:
         return self._embed([query])[0]
