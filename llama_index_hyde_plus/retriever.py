@@ -200,6 +200,14 @@ def _reused(transformed: TransformResult | None) -> TransformResult | None:
     return replace(transformed, usage=Usage(), generation_usage=spent)
 
 
+def _joined(step: plan.Fanout, outcomes: list[Any], question: Any) -> None:
+    """Put the question's own hits (or what its search raised), searched while the LLM
+    wrote, in the place of every search of ``step`` that reuses them."""
+    for i, reused in enumerate(step.reuse):
+        if reused:
+            outcomes[i] = question
+
+
 def _check_transformed(
     transformed: TransformResult | None, question: Question, transformer: QueryTransformer
 ) -> None:
@@ -420,8 +428,11 @@ class TransformRetriever(BaseRetriever):
         result = _reused(transformed) or self.transformer.transform_safe(
             question.text, context=context
         )
-        if searching is not None:
+        pending = None  # a fan-out's own search of the question, joined with the others
+        if searching is not None and guards.needs_question_hits:
             hits = self._overlapped(searching.result(), guards)
+        elif searching is not None:
+            hits, pending = [], searching
         step: plan.Step | None = None
         try:
             expanded = result
@@ -429,14 +440,15 @@ class TransformRetriever(BaseRetriever):
                 similarity = self._similarity(question, result)
                 expanded = plan.gate_verdict(result, guards, similarity)
             step = self._planned(expanded, guards, hits)
-            nodes, errors = self._carry_out(step, question, hits)
+            nodes, errors = self._carry_out(step, question, hits, pending)
             result = expanded
         except BaseException as exc:
             error = failure(exc)  # interrupts go on up
             if plan.question_alone(step, question.text):
                 raise
             result = _fell_back(result, error)
-            nodes, errors = self._carry_out(self._planned(result, guards, hits), question, hits)
+            step = self._planned(result, guards, hits)
+            nodes, errors = self._carry_out(step, question, hits, pending)
         nodes = self._reranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
 
@@ -467,8 +479,11 @@ class TransformRetriever(BaseRetriever):
             if searching is not None:
                 searching.cancel()
             raise
-        if searching is not None:
+        pending = None  # a fan-out's own search of the question, joined with the others
+        if searching is not None and guards.needs_question_hits:
             hits = self._overlapped(await searching, guards)
+        elif searching is not None:
+            hits, pending = [], searching
         step: plan.Step | None = None
         try:
             expanded = result
@@ -476,15 +491,17 @@ class TransformRetriever(BaseRetriever):
                 similarity = await self._asimilarity(question, result)
                 expanded = plan.gate_verdict(result, guards, similarity)
             step = self._planned(expanded, guards, hits)
-            nodes, errors = await self._acarry_out(step, question, hits)
+            nodes, errors = await self._acarry_out(step, question, hits, pending)
             result = expanded
         except BaseException as exc:
+            if pending is not None and not pending.done():
+                pending.cancel()
             error = failure(exc, in_task=True)  # our own cancellation goes on up
             if plan.question_alone(step, question.text):
                 raise
             result = _fell_back(result, error)
             step = self._planned(result, guards, hits)
-            nodes, errors = await self._acarry_out(step, question, hits)
+            nodes, errors = await self._acarry_out(step, question, hits, pending)
         nodes = await self._areranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
 
@@ -498,7 +515,9 @@ class TransformRetriever(BaseRetriever):
         nodes = await self._areranked_or_kept(found, question)
         return self._finish(nodes, question.untransformed(self._method()), start, [])
 
-    def _carry_out(self, step: plan.Step, question: Question, hits: Hits) -> Carried:
+    def _carry_out(
+        self, step: plan.Step, question: Question, hits: Hits, pending: Any = None
+    ) -> Carried:
         """The nodes of ``step`` and the failed sub-searches of a fan-out (raises what
         fails; the caller falls back)."""
         if isinstance(step, plan.Rerank):
@@ -512,11 +531,13 @@ class TransformRetriever(BaseRetriever):
             return _copy(self._search_bundle(bundle)), []
         if isinstance(step, plan.Fanout):
             bundles = self._bundles(step, question, self._vectors(step, question))
-            lists, weights, errors = self._run_sync(step, bundles, hits)
+            lists, weights, errors = self._run_sync(step, bundles, hits, pending)
             return self._combine(lists, weights), errors
         return _copy(hits or []), []
 
-    async def _acarry_out(self, step: plan.Step, question: Question, hits: Hits) -> Carried:
+    async def _acarry_out(
+        self, step: plan.Step, question: Question, hits: Hits, pending: Any = None
+    ) -> Carried:
         if isinstance(step, plan.Rerank):
             assert hits is not None and self.embedder is not None
             generated = await self.embedder.atexts(step.passages)
@@ -528,7 +549,7 @@ class TransformRetriever(BaseRetriever):
             return _copy(await self._asearch_bundle(bundle)), []
         if isinstance(step, plan.Fanout):
             bundles = self._bundles(step, question, await self._avectors(step, question))
-            lists, weights, errors = await self._run_async(step, bundles, hits)
+            lists, weights, errors = await self._run_async(step, bundles, hits, pending)
             return self._combine(lists, weights), errors
         return _copy(hits or []), []
 
@@ -692,7 +713,11 @@ class TransformRetriever(BaseRetriever):
                 bundles.append(_dense_bundle(spec, dense))
         return bundles
 
-    def _run_sync(self, step: plan.Fanout, bundles: Bundles, hits: Hits) -> Found:
+    def _run_sync(
+        self, step: plan.Fanout, bundles: Bundles, hits: Hits, pending: Any = None
+    ) -> Found:
+        """The searches of ``step`` at once; ``pending`` (a future of `_question_hits`)
+        is the question's own search, started while the LLM wrote, joined here."""
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
         if len(todo) == 1 and len(specs) == 1:
@@ -712,6 +737,8 @@ class TransformRetriever(BaseRetriever):
                     outcomes[i] = future.result()
                 except BaseException as exc:
                     outcomes[i] = failure(exc)
+        if pending is not None:
+            _joined(step, outcomes, pending.result())
         return self._split(specs, outcomes)
 
     def _thread_pool(self) -> ThreadPoolExecutor:
@@ -736,24 +763,33 @@ class TransformRetriever(BaseRetriever):
         async with gate:
             return await self._asearch_bundle(bundle)
 
-    async def _run_async(self, step: plan.Fanout, bundles: Bundles, hits: Hits) -> Found:
+    async def _run_async(
+        self, step: plan.Fanout, bundles: Bundles, hits: Hits, pending: Any = None
+    ) -> Found:
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
-        if len(todo) == 1:  # one search: no task, no semaphore
+        if len(todo) == 1 and pending is None:  # one search: no task, no semaphore
             try:
                 outcomes[todo[0]] = await self._asearch_bundle(bundles[todo[0]])  # type: ignore[arg-type]
             except BaseException as exc:
                 outcomes[todo[0]] = failure(exc, in_task=True)
             return self._split(specs, outcomes)
-        if len(todo) <= self.max_concurrency:  # all at once: no gate to pass
+        searches: list[Any]
+        running = 0 if pending is None else 1  # the question's search holds one place
+        if len(todo) + running <= self.max_concurrency:  # all at once: no gate to pass
             searches = [self._asearch_bundle(bundles[i]) for i in todo]  # type: ignore[arg-type]
         else:
-            gate = asyncio.Semaphore(self.max_concurrency)
+            gate = asyncio.Semaphore(max(1, self.max_concurrency - running))
             searches = [self._retrieve_one(bundles[i], gate) for i in todo]  # type: ignore[arg-type]
+        if pending is not None:  # the question's own search, started while the LLM wrote
+            searches.append(pending)
         found = await asyncio.gather(*searches, return_exceptions=True)
-        for i, outcome in zip(todo, found):  # our own cancellation raised out of gather
-            if isinstance(outcome, BaseException):
-                outcome = failure(outcome, in_task=True)
+        found = [  # our own cancellation raised out of gather; these are the searches'
+            failure(o, in_task=True) if isinstance(o, BaseException) else o for o in found
+        ]
+        if pending is not None:
+            _joined(step, outcomes, found.pop())
+        for i, outcome in zip(todo, found):
             outcomes[i] = outcome
         return self._split(specs, outcomes)
 

@@ -168,7 +168,7 @@ async def test_fan_out_runs_every_query_concurrently(use_async: bool) -> None:
     retriever = TransformRetriever(base, MultiQuery(llm, n=3))
     result = await retriever.asearch("q") if use_async else retriever.search("q")
     assert base.queries and sorted(base.queries) == sorted(["q", "q one", "q two", "q three"])
-    assert base.max_active == 3  # the paraphrases at once (the question went during the LLM)
+    assert base.max_active == 4  # all four searches were in flight at once
     assert result.transform.search_queries == ("q", "q one", "q two", "q three")
 
 
