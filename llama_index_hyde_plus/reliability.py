@@ -129,12 +129,12 @@ def counts_against_provider(exc: BaseException) -> bool:
     return status is None or not 400 <= status < 500 or status in _HEALTH_STATUS
 
 
-def as_failure(exc: BaseException) -> Exception:
-    """A failed call's error as an ``Exception``: ``exc`` itself, or an `LLMCallError`
-    wrapping it (for a failure that `propagates` says is one)."""
+def as_failure(exc: BaseException, wrapper: type[CallError] = LLMCallError) -> Exception:
+    """A failed call's error as an ``Exception``: ``exc`` itself, or a ``wrapper``
+    (`LLMCallError` by default) around it (for a failure that `propagates` says is one)."""
     if isinstance(exc, Exception):
         return exc
-    wrapped = LLMCallError(exc)
+    wrapped = wrapper(exc)
     wrapped.__cause__ = exc
     return wrapped
 
@@ -146,11 +146,7 @@ def failure(exc: BaseException, *, in_task: bool = False) -> Exception:
     catches ``BaseException`` and passes it through here."""
     if propagates(exc, in_task=in_task):
         raise exc
-    if isinstance(exc, Exception):
-        return exc
-    wrapped = CallError(exc)
-    wrapped.__cause__ = exc
-    return wrapped
+    return as_failure(exc, CallError)
 
 
 def propagates(exc: BaseException, *, in_task: bool = False) -> bool:
