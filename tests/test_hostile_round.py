@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import types
 from typing import Any
 
 import pytest
@@ -215,3 +216,38 @@ def test_callables_that_compute_differently_get_different_keys(pair: tuple[Any, 
     b = HyDE(ScriptedLLM(completion_to_prompt=other))
     assert a.cache_key_for(Q) != b.cache_key_for(Q)
     assert a.cache_key_for(Q) == HyDE(ScriptedLLM(completion_to_prompt=one)).cache_key_for(Q)
+
+
+def test_a_formatter_the_key_cannot_read_disables_the_cache_rather_than_colliding() -> None:
+    import gc
+
+    class Opaque:
+        def __init__(self, prefix: str) -> None:
+            self.style = types.SimpleNamespace(prefix=prefix)  # no plain form
+
+        def fmt(self, prompt: str) -> str:
+            return f"{self.style.prefix}:{prompt}"
+
+    cache = MemoryCache()
+    wrong = 0
+    for i in range(40):  # objects freed and their addresses reused, as in round 3
+        lang = ["EN", "FR"][i % 2]
+        llm = ScriptedLLM([f"answered in {lang}"], completion_to_prompt=Opaque(lang).fmt)
+        result = HyDE(llm, cache=cache).transform(Q)
+        wrong += result.hypothetical != (f"answered in {lang}",)
+        del llm
+        gc.collect()
+    assert wrong == 0 and len(cache) == 0  # never cached under a reusable identity
+
+
+def test_a_bound_method_keys_by_its_objects_state() -> None:
+    class Fmt:
+        def __init__(self, prefix: str) -> None:
+            self.prefix = prefix
+
+        def fmt(self, prompt: str) -> str:
+            return f"{self.prefix}:{prompt}"
+
+    en = HyDE(ScriptedLLM(completion_to_prompt=Fmt("EN").fmt)).cache_key_for(Q)
+    fr = HyDE(ScriptedLLM(completion_to_prompt=Fmt("FR").fmt)).cache_key_for(Q)
+    assert en != fr and en == HyDE(ScriptedLLM(completion_to_prompt=Fmt("EN").fmt)).cache_key_for(Q)

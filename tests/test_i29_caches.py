@@ -178,7 +178,6 @@ def test_llms_differing_in_a_generation_setting_get_different_keys(change: dict)
     "change",
     [
         {"api_key": "sk-two"},
-        {"api_base": "https://two.example/v1"},
         {"timeout": 5.0},
         {"max_retries": 0},
         {"context_window": 128_000},
@@ -204,7 +203,8 @@ def test_openais_generation_settings_are_in_the_key_and_its_key_is_not() -> None
     assert key(temperature=1.5) != base and key(max_tokens=50) != base
     assert key(additional_kwargs={"top_p": 0.1}) != base
     assert key(api_key="sk-b") == base == key(timeout=3.0, max_retries=0)
-    assert key(api_base="http://localhost:1/v1") == base
+    # another endpoint may serve other weights under the same name (hostile round 3)
+    assert key(api_base="http://localhost:1/v1") != base
 
 
 _KEY_IN_A_SUBPROCESS = """

@@ -539,33 +539,26 @@ def _option_value(name: str, value: Any) -> Any:
 
 _NOT_SETTINGS = frozenset(
     {
-        # transport: where and how the request goes, not what the model writes
-        "api_base",
+        # transport: how the request goes, not what the model writes (where it goes, the
+        # endpoint, is in the key: two servers may serve other weights under one name)
         "api_type",
-        "api_url",
         "api_version",
         "async_client",
         "async_http_client",
-        "azure_endpoint",
-        "base_url",
         "client",
         "connect_timeout",
         "default_headers",
-        "endpoint",
         "extra_headers",
         "headers",
-        "host",
         "http_client",
         "max_retries",
         "num_retries",
         "organization",
-        "port",
         "read_timeout",
         "request_timeout",
         "retries",
         "reuse_client",
         "timeout",
-        "url",
         # machinery of the call: events, pacing, parsing of structured output
         "callback_manager",
         "output_parser",
@@ -611,6 +604,8 @@ def _model_settings(model: BaseModel, depth: int) -> dict[str, Any]:
     for name in _setting_fields(type(model)):
         try:
             value = _plain(getattr(model, name), depth + 1)
+        except Unkeyable:
+            raise
         except Exception:  # a field that cannot be read is no setting of ours
             continue
         if value is not _SKIP:
@@ -666,35 +661,56 @@ def _plain(value: Any, depth: int = 0) -> Any:
     return _SKIP
 
 
+class Unkeyable(TypeError):
+    """A setting whose effect has no stable plain form (a callable over objects the key
+    cannot read): such a transform is not cached, rather than cached under a key that
+    another setting could share."""
+
+
 def _callable_identity(value: Any, depth: int) -> Any:
     """What a callable field contributes to the key: its qualified name and what it
     computes with (a function's code, the names it uses, its constants, nested code,
-    defaults and closure values; a ``partial``'s function and arguments; a callable
-    object's class and attributes), so two lambdas, two closures of one factory over
-    other strings or two partials never share a key. A callable over values with no
-    plain form is keyed by its identity in this process (no collision; the cache is
-    then not shared with other processes for it)."""
+    defaults and closure values; a ``partial``'s function and arguments; a bound
+    method's object; a callable object's class and attributes), so two lambdas, two
+    closures of one factory over other strings or two partials never share a key. A
+    callable over values with no plain form raises `Unkeyable`: the transform is then
+    not cached (an identity such as ``id()`` is reused once the object is gone). The
+    globals a function reads are not in the key: change a prompt format by changing
+    the function, not a module variable it reads."""
     name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
     if isinstance(value, type) or inspect.isbuiltin(value):
         return name
     if isinstance(value, functools.partial):
         parts = [_plain(value.func, depth + 1), _plain(value.args, depth + 1)]
         parts.append(_plain(value.keywords, depth + 1))
-        return ["partial", *parts] if _SKIP not in parts else f"id:{id(value)}"
+        return _keyable(["partial", *parts], value)
     if inspect.ismethod(value):
-        owner = _plain(value.__self__, depth + 1)
-        return [name, owner if owner is not _SKIP else f"id:{id(value.__self__)}"]
+        return _keyable([_plain(value.__func__, depth + 1), _state(value.__self__, depth)], value)
     if not inspect.isfunction(value):  # an object with __call__: its class and state
-        state = _plain(getattr(value, "__dict__", None), depth + 1)
         kind = type(value)
-        where = f"{kind.__module__}.{kind.__qualname__}"
-        return [where, state] if state is not _SKIP and state else f"id:{id(value)}"
+        return _keyable([f"{kind.__module__}.{kind.__qualname__}", _state(value, depth)], value)
     cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
     parts = [_code_identity(value.__code__)]
     parts += [_plain(v, depth + 1) for v in (*cells, *(value.__defaults__ or ()))]
-    if any(p is _SKIP for p in parts):
-        return f"{name}#id:{id(value)}"
+    _keyable(parts, value)
     return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
+
+
+def _state(obj: Any, depth: int) -> Any:
+    """An object's attributes as plain data (a pydantic model's settings), or `_SKIP`."""
+    if isinstance(obj, BaseModel):
+        return _model_settings(obj, depth + 1)
+    attributes = getattr(obj, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return _SKIP
+    state = {k: _plain(v, depth + 1) for k, v in attributes.items() if isinstance(k, str)}
+    return _SKIP if _SKIP in state.values() else state  # all of it, or no key at all
+
+
+def _keyable(parts: list[Any], value: Any) -> list[Any]:
+    if any(p is _SKIP for p in parts):
+        raise Unkeyable(f"{value!r} has no stable cache-key form; not caching")
+    return parts
 
 
 def _code_identity(code: CodeType) -> Any:
