@@ -29,6 +29,9 @@ from typing import Any
 
 from .reliability import LLMNotCalledError
 
+MAX_POOLS = 64
+"""Pools kept before the idle ones are forgotten (`LLMPools._prune`)."""
+
 IDLE_EXIT_S = 30.0
 """Seconds an idle worker waits for a call before it exits (a pool that was busy once
 does not keep its threads for the life of the process)."""
@@ -222,8 +225,18 @@ class LLMPools:
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
+                if len(self._pools) >= MAX_POOLS:
+                    self._prune()
                 pool = self._pools[key] = DaemonWorkers(self.max_busy, name=self.name)
             return pool
+
+    def _prune(self) -> None:
+        """Forget the pools with nothing running or waiting (their idle workers exit on
+        their own), so a process that meets many providers keeps few pools."""
+        for key, pool in list(self._pools.items()):
+            if not pool.busy() and not pool.queued():
+                del self._pools[key]
+                pool.close()
 
     def __len__(self) -> int:
         with self._lock:
@@ -231,12 +244,17 @@ class LLMPools:
 
 
 def provider_key(llm: object) -> tuple[str, ...]:
-    """Which provider ``llm`` calls: its class, its model and, when it has one, its
-    endpoint (two OpenAI-compatible servers of one model name are two providers)."""
+    """Which provider ``llm`` calls: its class and its endpoint when it has one (every
+    model a server serves shares its threads: per-tenant fine-tunes of one hung server
+    hold 32, not 32 each), else its model (a local model's file)."""
     kind = type(llm)
     parts = [f"{kind.__module__}.{kind.__qualname__}"]
-    for name in ("model", "model_name", "api_base", "base_url", "endpoint", "model_path"):
-        value = getattr(llm, name, None)
-        if isinstance(value, str) and value:
-            parts.append(f"{name}={value}")
+    for names in (("api_base", "base_url", "endpoint"), ("model_path", "model", "model_name")):
+        for name in names:
+            try:
+                value = getattr(llm, name, None)
+            except Exception:  # a property that raises names nothing
+                value = None
+            if isinstance(value, str) and value:
+                return (*parts, f"{name}={value}")
     return tuple(parts)

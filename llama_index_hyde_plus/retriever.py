@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
 from . import expansion, plan
-from ._checks import check_int, is_int
+from ._checks import check_int, is_int, is_number
 from .fusion import FusionMode, fuse, scored, unique_nodes
 from .provenance import summary, tag_nodes
 from .reliability import failure
@@ -292,6 +293,7 @@ class TransformRetriever(BaseRetriever):
         embed_model: BaseEmbedding | Embedder | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
+        reranker_timeout: float | None = 30.0,
     ) -> None:
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(
@@ -308,6 +310,10 @@ class TransformRetriever(BaseRetriever):
             raise ValueError("search_type must be one of 'auto', 'dense', 'keyword', 'hybrid'")
         if reranker is not None and not isinstance(reranker, BaseNodePostprocessor):
             raise TypeError("reranker must be a LlamaIndex node postprocessor")
+        if reranker_timeout is not None and (
+            not is_number(reranker_timeout) or not 0 < reranker_timeout < 1e6
+        ):
+            raise ValueError("reranker_timeout must be > 0 seconds (and finite), or None")
         if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
             raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
         self.retriever = retriever
@@ -315,6 +321,8 @@ class TransformRetriever(BaseRetriever):
         self.fusion = FusionMode(fusion) if fusion is not None else None
         self.top_k = top_k
         self.reranker = reranker
+        self.reranker_timeout = reranker_timeout
+        """Seconds the reranker may take before the fused order is kept (None: no bound)."""
         self.max_concurrency = max_concurrency
         self.search_type = detect_search_type(retriever) if search_type == "auto" else search_type
         if isinstance(embed_model, Embedder):
@@ -835,8 +843,16 @@ class TransformRetriever(BaseRetriever):
         (a reranker is one more component that never breaks search)."""
         if self.reranker is None or not nodes:
             return nodes
+        reranker, bundle = self.reranker, question.bundle()
+        run = contextvars.copy_context().run
+        job = self._thread_pool().submit(
+            run, reranker.postprocess_nodes, nodes, query_bundle=bundle
+        )
         try:
-            return self.reranker.postprocess_nodes(nodes, query_bundle=question.bundle())
+            return job.result(self.reranker_timeout)
+        except FutureTimeout:
+            self._rerank_failed(TimeoutError(f"no answer within {self.reranker_timeout:g}s"))
+            return nodes
         except BaseException as exc:
             self._rerank_failed(failure(exc))
             return nodes
@@ -847,7 +863,12 @@ class TransformRetriever(BaseRetriever):
         if self.reranker is None or not nodes:
             return nodes
         try:
-            return await self._arerank(nodes, question.bundle())
+            return await asyncio.wait_for(
+                self._arerank(nodes, question.bundle()), self.reranker_timeout
+            )
+        except asyncio.TimeoutError:
+            self._rerank_failed(TimeoutError(f"no answer within {self.reranker_timeout:g}s"))
+            return nodes
         except BaseException as exc:
             self._rerank_failed(failure(exc, in_task=True))
             return nodes

@@ -15,6 +15,7 @@ import types
 from typing import Any
 
 import pytest
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llama_index_hyde_plus import HyDE, MemoryCache, MultiQuery, TransformRetriever
@@ -251,3 +252,46 @@ def test_a_bound_method_keys_by_its_objects_state() -> None:
     en = HyDE(ScriptedLLM(completion_to_prompt=Fmt("EN").fmt)).cache_key_for(Q)
     fr = HyDE(ScriptedLLM(completion_to_prompt=Fmt("FR").fmt)).cache_key_for(Q)
     assert en != fr and en == HyDE(ScriptedLLM(completion_to_prompt=Fmt("EN").fmt)).cache_key_for(Q)
+
+
+class _HangingReranker(BaseNodePostprocessor):
+    release: Any = None
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        self.release.wait(30)
+        return list(reversed(nodes))
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async: bool) -> None:
+    import threading
+
+    reranker = _HangingReranker(release=threading.Event())
+    retriever = TransformRetriever(
+        StaticRetriever(DOCS, default=["renewals", "pto"]),
+        MultiQuery(ScriptedLLM(respond=_mq_reply), n=2),
+        reranker=reranker,
+        reranker_timeout=0.2,
+    )
+    try:
+        found = (
+            await asyncio.wait_for(retriever.asearch(Q), 10) if use_async else retriever.search(Q)
+        )
+        assert [n.node.node_id for n in found.nodes] == ["renewals", "pto"]  # as fused
+    finally:
+        reranker.release.set()
+    with pytest.raises(ValueError, match="reranker_timeout"):
+        TransformRetriever(StaticRetriever(DOCS), MultiQuery(ScriptedLLM()), reranker_timeout=0)
+
+
+def test_every_model_of_one_server_shares_its_worker_threads() -> None:
+    from llama_index_hyde_plus._workers import LLMPools
+
+    pools = LLMPools()
+    llms = [ScriptedLLM(model_name=f"ft:base:tenant-{i}") for i in range(3)]
+    for llm in llms:
+        object.__setattr__(llm, "api_base", "http://one-server:8000/v1")
+    assert len({id(pools.for_llm(llm)) for llm in llms}) == 1
+    assert pools.for_llm(ScriptedLLM(model_name="local-a")) is not pools.for_llm(llms[0])
