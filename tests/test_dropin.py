@@ -218,3 +218,27 @@ def test_a_core_transform_raising_a_non_exception_falls_back() -> None:
 
     found = TransformRetriever(_base(), Raising()).search(Q)
     assert found.transform.fallback and "Timeout" in (found.transform.error or "") and found.nodes
+
+
+def test_a_core_transform_handed_to_a_core_engine_returns_its_own_bundle() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Rewrites(_HungCore):
+        def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+            seen.append(metadata)
+            return QueryBundle(query_str="Foo bar\n" + query_bundle.query_str)
+
+    wrapped = CoreTransform(Rewrites(), metadata={"a": 1})
+    bundle = wrapped.run(QueryBundle("What is?"), {"index_summary": "s"})
+    assert bundle.query_str == "Foo bar\nWhat is?" and seen == [{"a": 1, "index_summary": "s"}]
+
+
+def test_a_core_transforms_query_text_is_searched_as_it_returns_it() -> None:
+    base = _base()
+
+    class Keeps(_HungCore):
+        def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+            return QueryBundle(query_str=query_bundle.query_str + "\n")
+
+    TransformRetriever(base, Keeps()).search(Q)
+    assert base.queries == [Q + "\n"]

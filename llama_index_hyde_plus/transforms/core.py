@@ -163,6 +163,11 @@ class CoreTransform(QueryTransformer):
     def _get_prompt_modules(self) -> PromptMixinType:
         return {"query_transform": self.core}
 
+    def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+        """As a core transform itself (handed to a core engine): the core transform's
+        bundle as it returns it, with the run's metadata over the constructor's."""
+        return self.core.run(query_bundle, {**(self.metadata or {}), **metadata})
+
     def _run_core(self, query: str) -> tuple[QueryBundle, list[Any]]:
         """The core transform's ``run`` (blocking) and the LLM events it raised."""
         _listen()
@@ -222,7 +227,7 @@ class CoreTransform(QueryTransformer):
                 f"{type(self.core).__name__}.run() must return a QueryBundle, "
                 f"not {type(bundle).__name__}"
             )
-        text = bundle.query_str.strip() or query
+        text = bundle.query_str if bundle.query_str.strip() else query  # as core passes it
         strs = tuple(s for s in bundle.embedding_strs if isinstance(s, str) and s.strip())
         strs = strs or (text,)
         return TransformResult(
