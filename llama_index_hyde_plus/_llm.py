@@ -341,14 +341,21 @@ class _Cancel(threading.Event):
 
 
 def _overrun(attempts: _Attempts, job: Job | None) -> Exception:
-    """The error of an attempt whose time ran out: our timeout, or, when no worker ever
-    took it, a `QueuedTooLongError` (the LLM was not called: not the provider's
-    failure, so its breaker does not count it)."""
-    if job is None or job.started:
+    """The error of an attempt whose time ran out: our timeout, or a
+    `QueuedTooLongError` when it spent most of its time waiting in line for a worker
+    (never taken, or taken with less than half its time left): the provider was not
+    given the time to answer, so its breaker does not count it."""
+    if job is None:
         return attempts.timed_out()
+    now = time.monotonic()
+    ran = 0.0 if job.started_at is None else now - job.started_at
+    waited = (job.started_at or now) - job.submitted_at
+    if ran >= waited:
+        return attempts.timed_out()
+    state = "was never made" if job.started_at is None else f"ran only {ran:.2f}s"
     return QueuedTooLongError(
-        f"the LLM call waited {attempts.timeout:g}s for one of its provider's worker threads "
-        "(all busy) and was never made"
+        f"the LLM call waited {waited:.2f}s of its {attempts.timeout:g}s for one of its "
+        f"provider's worker threads (all busy) and {state}"
     )
 
 

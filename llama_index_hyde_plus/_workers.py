@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -57,7 +58,10 @@ class QueuedTooLongError(LLMNotCalledError):
 class Job:
     """One call on a worker: ``done`` is set once it returned or raised."""
 
-    __slots__ = ("_error", "_on_done", "_value", "abandoned", "call", "done", "started")
+    __slots__ = (
+        *("_error", "_on_done", "_value", "abandoned", "call", "done", "started"),
+        *("submitted_at", "started_at"),
+    )
 
     def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None) -> None:
         self.call = call
@@ -65,6 +69,8 @@ class Job:
         self.abandoned = False
         self.started = False
         """Whether a worker took it (False: it still waits in line, or never ran)."""
+        self.submitted_at = time.monotonic()
+        self.started_at: float | None = None
         self._on_done = on_done
         self._value: Any = None
         self._error: BaseException | None = None
@@ -142,7 +148,7 @@ class DaemonWorkers:
     def _work(self, inbox: queue.SimpleQueue[Job | None]) -> None:
         job: Job | None = inbox.get()
         while job is not None:
-            job.started = True
+            job.started, job.started_at = True, time.monotonic()
             try:
                 job._value = job.call()
             except BaseException as exc:

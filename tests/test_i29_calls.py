@@ -538,3 +538,17 @@ async def test_a_call_that_never_left_the_line_does_not_count_against_the_provid
         holder.join()
     assert result.fallback and "QueuedTooLongError" in (result.error or "")
     assert breaker.state == "closed"  # the provider was never asked: not its failure
+
+
+async def test_calls_that_spent_most_of_their_time_in_line_do_not_open_the_breaker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
+    monkeypatch.setattr(_llm, "has_native_async", lambda model: False)  # the blocking path
+    llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.", delay=0.2)  # a healthy 0.2 s
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=60)
+    hyde = HyDE(llm, timeout=0.5, retry=NO_RETRY, breaker=breaker)
+    results = await asyncio.gather(*(hyde.atransform(f"{Q} {i}") for i in range(8)))
+    late = [r for r in results if r.fallback]
+    assert late and all("QueuedTooLongError" in (r.error or "") for r in late)
+    assert breaker.state == "closed"  # a provider answering in 0.2 s is not down
