@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import types
+import threading
 from typing import Any
 
 import pytest
@@ -224,10 +224,10 @@ def test_a_formatter_the_key_cannot_read_disables_the_cache_rather_than_collidin
 
     class Opaque:
         def __init__(self, prefix: str) -> None:
-            self.style = types.SimpleNamespace(prefix=prefix)  # no plain form
+            self.style = [prefix, threading.Lock()]  # a part with no plain form
 
         def fmt(self, prompt: str) -> str:
-            return f"{self.style.prefix}:{prompt}"
+            return f"{self.style[0]}:{prompt}"
 
     cache = MemoryCache()
     wrong = 0
@@ -295,3 +295,40 @@ def test_every_model_of_one_server_shares_its_worker_threads() -> None:
         object.__setattr__(llm, "api_base", "http://one-server:8000/v1")
     assert len({id(pools.for_llm(llm)) for llm in llms}) == 1
     assert pools.for_llm(ScriptedLLM(model_name="local-a")) is not pools.for_llm(llms[0])
+
+
+def test_what_a_callable_computes_with_is_read_in_full() -> None:
+    """Round 4: parts inside containers, tuple or secret-named keys, private and extra
+    pydantic attributes were dropped from the key, so EN and FR shared one entry."""
+    from pydantic import BaseModel, PrivateAttr
+
+    class Fmt:
+        def __init__(self, prefix: str) -> None:
+            self.prefix = prefix
+
+        def fmt(self, prompt: str) -> str:
+            return f"{self.prefix}:{prompt}"
+
+    class Private(BaseModel):
+        _pre: str = PrivateAttr(default="")
+
+        def fmt(self, prompt: str) -> str:
+            return f"{self._pre}:{prompt}"
+
+    def boxed(lang: str) -> Any:
+        box = [Fmt(lang)]
+        return lambda p: box[0].fmt(p)
+
+    def keyed(lang: str) -> Any:
+        table = {("k",): lang, "token": lang}
+        return lambda p: f"{table[('k',)]}{table['token']}{p}"
+
+    def private(lang: str) -> Any:
+        model = Private()
+        model._pre = lang
+        return model.fmt
+
+    for make in (boxed, keyed, private):
+        en = HyDE(ScriptedLLM(completion_to_prompt=make("EN"))).cache_key_for(Q)
+        fr = HyDE(ScriptedLLM(completion_to_prompt=make("FR"))).cache_key_for(Q)
+        assert en != fr, make.__name__

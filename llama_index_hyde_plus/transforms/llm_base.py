@@ -671,56 +671,88 @@ def _callable_identity(value: Any, depth: int) -> Any:
     """What a callable field contributes to the key: its qualified name and what it
     computes with (a function's code, the names it uses, its constants, nested code,
     defaults and closure values; a ``partial``'s function and arguments; a bound
-    method's object; a callable object's class and attributes), so two lambdas, two
-    closures of one factory over other strings or two partials never share a key. A
-    callable over values with no plain form raises `Unkeyable`: the transform is then
-    not cached (an identity such as ``id()`` is reused once the object is gone). The
-    globals a function reads are not in the key: change a prompt format by changing
-    the function, not a module variable it reads."""
+    method's object; a callable object's class and attributes), all of it read in full
+    (`_exact`), so two lambdas, two closures of one factory over other strings or two
+    partials never share a key. A callable over anything with no plain form raises
+    `Unkeyable`: the transform is then not cached (an identity such as ``id()`` is
+    reused once the object is gone). The globals a function reads are not in the key:
+    change a prompt format by changing the function, not a module variable it reads."""
     name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
     if isinstance(value, type) or inspect.isbuiltin(value):
         return name
     if isinstance(value, functools.partial):
-        parts = [_plain(value.func, depth + 1), _plain(value.args, depth + 1)]
-        parts.append(_plain(value.keywords, depth + 1))
-        return _keyable(["partial", *parts], value)
+        return ["partial", *(_exact(v, depth) for v in (value.func, value.args, value.keywords))]
     if inspect.ismethod(value):
-        return _keyable([_plain(value.__func__, depth + 1), _state(value.__self__, depth)], value)
+        return [_exact(value.__func__, depth), _exact_object(value.__self__, depth)]
     if not inspect.isfunction(value):  # an object with __call__: its class and state
-        kind = type(value)
-        return _keyable([f"{kind.__module__}.{kind.__qualname__}", _state(value, depth)], value)
+        return _exact_object(value, depth)
     cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
-    parts = [_code_identity(value.__code__)]
-    parts += [_plain(v, depth + 1) for v in (*cells, *(value.__defaults__ or ()))]
-    _keyable(parts, value)
+    parts = [_code_identity(value.__code__, depth)]
+    parts += [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
     return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
 
 
-def _state(obj: Any, depth: int) -> Any:
-    """An object's attributes as plain data (a pydantic model's settings), or `_SKIP`."""
+_BIG_ARRAY = 4096
+"""Elements above which a numpy array enters a key by the hash of its bytes."""
+
+
+def _exact(value: Any, depth: int) -> Any:
+    """``value`` as plain data with nothing left out (what a callable computes with), or
+    `Unkeyable` when any part of it has no plain form. Unlike settings (`_plain`),
+    nothing is dropped: a dropped part could be the one that differs."""
+    if depth > _MAX_DEPTH:
+        raise Unkeyable("nested too deep for a cache key")
+    depth += 1
+    if isinstance(value, enum.Enum):
+        value = value.value
+    elif isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if type(value).__module__ == "numpy" and callable(getattr(value, "tobytes", None)):
+        if getattr(value, "dtype", None) is not None and value.dtype.hasobject:
+            return [_exact(v, depth) for v in value.tolist()]
+        if getattr(value, "size", 0) > _BIG_ARRAY:
+            digest = hashlib.sha256(value.tobytes()).hexdigest()
+            return ["ndarray", str(value.dtype), list(value.shape), digest]
+        value = value.tolist()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return ["bytes", hashlib.sha256(value).hexdigest()]
+    if isinstance(value, (list, tuple)):
+        return [_exact(v, depth) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_exact(v, depth) for v in value), key=repr)
+    if isinstance(value, Mapping):
+        items = [[_exact(k, depth), _exact(v, depth)] for k, v in value.items()]
+        return sorted(items, key=repr)
+    if callable(value) and not isinstance(value, BaseModel):
+        return _callable_identity(value, depth)
+    return _exact_object(value, depth)
+
+
+def _exact_object(obj: Any, depth: int) -> Any:
+    """An object as its class and every attribute (a pydantic model's fields, private
+    attributes and extras included), read by `_exact`; `Unkeyable` without them."""
+    kind = type(obj)
+    state: dict[str, Any] = {}
     if isinstance(obj, BaseModel):
-        return _model_settings(obj, depth + 1)
-    attributes = getattr(obj, "__dict__", None)
-    if not isinstance(attributes, dict):
-        return _SKIP
-    state = {k: _plain(v, depth + 1) for k, v in attributes.items() if isinstance(k, str)}
-    return _SKIP if _SKIP in state.values() else state  # all of it, or no key at all
+        state.update(dict(obj))
+        state.update(getattr(obj, "__pydantic_private__", None) or {})
+        state.update(getattr(obj, "__pydantic_extra__", None) or {})
+    elif isinstance(getattr(obj, "__dict__", None), dict) and not hasattr(kind, "__slots__"):
+        state.update(vars(obj))
+    else:
+        raise Unkeyable(f"{kind.__qualname__} has no plain form for a cache key")
+    return [f"{kind.__module__}.{kind.__qualname__}", _exact(state, depth)]
 
 
-def _keyable(parts: list[Any], value: Any) -> list[Any]:
-    if any(p is _SKIP for p in parts):
-        raise Unkeyable(f"{value!r} has no stable cache-key form; not caching")
-    return parts
-
-
-def _code_identity(code: CodeType) -> Any:
+def _code_identity(code: CodeType, depth: int) -> Any:
     """A code object as plain data: its bytecode, the names it uses and its constants,
-    nested code included (``_SKIP`` for a constant with no plain form)."""
+    nested code included."""
     consts = [
-        _code_identity(c) if isinstance(c, CodeType) else _plain(c, 1) for c in code.co_consts
+        _code_identity(c, depth) if isinstance(c, CodeType) else _exact(c, depth)
+        for c in code.co_consts
     ]
-    if _SKIP in consts:
-        return _SKIP
     return [code.co_code.hex(), list(code.co_names), consts]
 
 
