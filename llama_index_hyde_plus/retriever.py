@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -25,6 +24,8 @@ from llama_index.core.settings import Settings
 
 from . import expansion, plan
 from ._checks import check_int, is_int, is_number
+from ._llm import WORKERS
+from ._workers import Job
 from .fusion import FusionMode, fuse, scored, unique_nodes
 from .provenance import summary, tag_nodes
 from .reliability import failure
@@ -199,6 +200,11 @@ def _reused(transformed: TransformResult | None) -> TransformResult | None:
         return None
     spent = transformed.generation_usage or transformed.usage
     return replace(transformed, usage=Usage(), generation_usage=spent)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _joined(step: plan.Fanout, outcomes: list[Any], question: Any) -> None:
@@ -843,19 +849,26 @@ class TransformRetriever(BaseRetriever):
         (a reranker is one more component that never breaks search)."""
         if self.reranker is None or not nodes:
             return nodes
-        reranker, bundle = self.reranker, question.bundle()
-        run = contextvars.copy_context().run
-        job = self._thread_pool().submit(
-            run, reranker.postprocess_nodes, nodes, query_bundle=bundle
-        )
         try:
-            return job.result(self.reranker_timeout)
-        except FutureTimeout:
-            self._rerank_failed(TimeoutError(f"no answer within {self.reranker_timeout:g}s"))
-            return nodes
+            job = self._rerank_job(nodes, question.bundle())
+            if not job.done.wait(self.reranker_timeout):
+                job.abandon()
+                raise TimeoutError(f"no answer within {self.reranker_timeout:g}s")
+            return job.result()  # type: ignore[no-any-return]
         except BaseException as exc:
             self._rerank_failed(failure(exc))
             return nodes
+
+    def _rerank_job(
+        self, nodes: list[NodeWithScore], bundle: QueryBundle, on_done: Any = None
+    ) -> Job:
+        """The blocking reranker on worker threads of its own (`_llm.WORKERS`, keyed by
+        its class): one that hangs holds only those, never the fan-out's threads or the
+        event loop's executor, and once they all hold overrun calls it is skipped at once."""
+        reranker = self.reranker
+        assert reranker is not None
+        pool = WORKERS.for_llm(reranker)
+        return pool.submit(lambda: reranker.postprocess_nodes(nodes, query_bundle=bundle), on_done)
 
     async def _areranked_or_kept(
         self, nodes: list[NodeWithScore], question: Question
@@ -884,7 +897,15 @@ class TransformRetriever(BaseRetriever):
         assert self.reranker is not None
         if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
             return await self.reranker.apostprocess_nodes(nodes, query_bundle=bundle)
-        return await asyncio.to_thread(self.reranker.postprocess_nodes, nodes, query_bundle=bundle)
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        job = self._rerank_job(nodes, bundle, lambda: loop.call_soon_threadsafe(_wake, woken))
+        try:
+            await woken
+        except BaseException:  # the timeout, or our own cancellation
+            job.abandon()
+            raise
+        return job.result()  # type: ignore[no-any-return]
 
     def _finish(
         self,

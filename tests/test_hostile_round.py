@@ -332,3 +332,29 @@ def test_what_a_callable_computes_with_is_read_in_full() -> None:
         en = HyDE(ScriptedLLM(completion_to_prompt=make("EN"))).cache_key_for(Q)
         fr = HyDE(ScriptedLLM(completion_to_prompt=make("FR"))).cache_key_for(Q)
         assert en != fr, make.__name__
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_hung_reranker_calls_hold_neither_the_fan_out_nor_the_loops_threads(
+    use_async: bool,
+) -> None:
+    reranker = _HangingReranker(release=threading.Event())
+    retriever = TransformRetriever(
+        StaticRetriever(DOCS, default=["renewals", "pto"]),
+        MultiQuery(ScriptedLLM(respond=_mq_reply), n=2),
+        reranker=reranker,
+        reranker_timeout=0.1,
+        max_concurrency=1,
+    )
+    try:
+        for _ in range(8):  # each leaves a hung reranker call behind
+            found = (
+                await asyncio.wait_for(retriever.asearch(Q), 10)
+                if use_async
+                else retriever.search(Q)
+            )
+            assert [n.node.node_id for n in found.nodes] == ["renewals", "pto"]
+        if use_async:  # the app's own blocking work still has the loop's threads
+            assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
+    finally:
+        reranker.release.set()
