@@ -358,3 +358,34 @@ async def test_hung_reranker_calls_hold_neither_the_fan_out_nor_the_loops_thread
             assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
     finally:
         reranker.release.set()
+
+
+def test_keyword_only_defaults_and_class_data_are_in_the_key() -> None:
+    """Round 5: EN and FR shared entries through these two."""
+
+    class Fmt:
+        def __init__(self, prefix: str) -> None:
+            self.prefix = prefix
+
+        def fmt(self, prompt: str) -> str:
+            return f"{self.prefix}:{prompt}"
+
+    def kwd(lang: str) -> Any:
+        def f(p: str, *, _f: Fmt = Fmt(lang)) -> str:
+            return _f.fmt(p)
+
+        return f
+
+    def cls(lang: str) -> Any:
+        class Made:
+            pre = lang
+
+            def __call__(self, p: str) -> str:
+                return f"{self.pre}:{p}"
+
+        return Made()
+
+    for make in (kwd, cls):
+        en = HyDE(ScriptedLLM(completion_to_prompt=make("EN"))).cache_key_for(Q)
+        fr = HyDE(ScriptedLLM(completion_to_prompt=make("FR"))).cache_key_for(Q)
+        assert en != fr, make.__name__

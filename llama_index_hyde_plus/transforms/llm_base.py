@@ -688,7 +688,9 @@ def _callable_identity(value: Any, depth: int) -> Any:
         return _exact_object(value, depth)
     cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
     parts = [_code_identity(value.__code__, depth)]
+    keywords = value.__kwdefaults__ or {}
     parts += [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
+    parts.append(_exact(keywords, depth))
     return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
 
 
@@ -743,7 +745,19 @@ def _exact_object(obj: Any, depth: int) -> Any:
         state.update(vars(obj))
     else:
         raise Unkeyable(f"{kind.__qualname__} has no plain form for a cache key")
-    return [f"{kind.__module__}.{kind.__qualname__}", _exact(state, depth)]
+    shared = {  # data a class of the caller's own holds for every instance (a factory's)
+        k: v
+        for cls in kind.__mro__
+        if cls.__module__ not in ("builtins", "pydantic.main")
+        and not cls.__module__.startswith(("llama_index.", "pydantic"))
+        for k, v in vars(cls).items()
+        if not k.startswith("__") and isinstance(v, _DATA)
+    }
+    return [f"{kind.__module__}.{kind.__qualname__}", _exact(state, depth), _exact(shared, depth)]
+
+
+_DATA = (str, int, float, bool, bytes, tuple, list, dict, set, frozenset, type(None))
+"""Class attributes that are data (not methods or descriptors), read into a key."""
 
 
 def _code_identity(code: CodeType, depth: int) -> Any:
