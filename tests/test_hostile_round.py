@@ -371,7 +371,7 @@ def test_keyword_only_defaults_and_class_data_are_in_the_key() -> None:
             return f"{self.prefix}:{prompt}"
 
     def kwd(lang: str) -> Any:
-        def f(p: str, *, _f: Fmt = Fmt(lang)) -> str:
+        def f(p: str, *, _f: Fmt = Fmt(lang)) -> str:  # noqa: B008 - the case under test
             return _f.fmt(p)
 
         return f
@@ -389,3 +389,18 @@ def test_keyword_only_defaults_and_class_data_are_in_the_key() -> None:
         en = HyDE(ScriptedLLM(completion_to_prompt=make("EN"))).cache_key_for(Q)
         fr = HyDE(ScriptedLLM(completion_to_prompt=make("FR"))).cache_key_for(Q)
         assert en != fr, make.__name__
+
+
+TEMPLATES = {"style": "EN"}
+
+
+def test_the_module_data_a_formatter_reads_is_in_the_key() -> None:
+    """Round 5: a lambda reading a module-level table kept its key when the table
+    changed, and served the old format's generations."""
+    fmt = lambda p: f"{TEMPLATES['style']}:{p}"  # noqa: E731
+    before = HyDE(ScriptedLLM(completion_to_prompt=fmt)).cache_key_for(Q)
+    TEMPLATES["style"] = "FR"
+    try:
+        assert HyDE(ScriptedLLM(completion_to_prompt=fmt)).cache_key_for(Q) != before
+    finally:
+        TEMPLATES["style"] = "EN"

@@ -675,8 +675,9 @@ def _callable_identity(value: Any, depth: int) -> Any:
     (`_exact`), so two lambdas, two closures of one factory over other strings or two
     partials never share a key. A callable over anything with no plain form raises
     `Unkeyable`: the transform is then not cached (an identity such as ``id()`` is
-    reused once the object is gone). The globals a function reads are not in the key:
-    change a prompt format by changing the function, not a module variable it reads."""
+    reused once the object is gone). The module data a function reads (a string, a
+    dict...) is in the key too; the modules, functions and classes it calls are keyed by
+    name only."""
     name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
     if isinstance(value, type) or inspect.isbuiltin(value):
         return name
@@ -691,6 +692,9 @@ def _callable_identity(value: Any, depth: int) -> Any:
     keywords = value.__kwdefaults__ or {}
     parts += [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
     parts.append(_exact(keywords, depth))
+    names = _names_used(value.__code__)
+    data = {n: g for n, g in value.__globals__.items() if n in names and isinstance(g, _DATA)}
+    parts.append(_exact(data, depth))  # the module data it reads (a template, a table)
     return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
 
 
@@ -768,6 +772,15 @@ def _code_identity(code: CodeType, depth: int) -> Any:
         for c in code.co_consts
     ]
     return [code.co_code.hex(), list(code.co_names), consts]
+
+
+def _names_used(code: CodeType) -> set[str]:
+    """The global names ``code`` and the code nested in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _names_used(const)
+    return names
 
 
 def _filled(cell: Any) -> bool:
