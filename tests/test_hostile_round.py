@@ -404,3 +404,23 @@ def test_the_module_data_a_formatter_reads_is_in_the_key() -> None:
         assert HyDE(ScriptedLLM(completion_to_prompt=fmt)).cache_key_for(Q) != before
     finally:
         TEMPLATES["style"] = "EN"
+
+
+def test_a_formatter_whose_state_fails_to_read_disables_the_cache() -> None:
+    class Sly:
+        def __init__(self, prefix: str) -> None:
+            self.prefix = prefix
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "__dict__":
+                raise RuntimeError("no peeking")
+            return object.__getattribute__(self, name)
+
+        def __call__(self, prompt: str) -> str:
+            return f"{self.prefix}:{prompt}"
+
+    cache = MemoryCache()
+    for lang in ("EN", "FR", "EN", "FR"):
+        llm = ScriptedLLM([f"answered in {lang}"], completion_to_prompt=Sly(lang))
+        assert HyDE(llm, cache=cache).transform(Q).hypothetical == (f"answered in {lang}",)
+    assert len(cache) == 0

@@ -657,7 +657,12 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, BaseModel):
         return _model_settings(value, depth)
     if callable(value):
-        return _callable_identity(value, depth)
+        try:
+            return _callable_identity(value, depth)
+        except Unkeyable:
+            raise
+        except Exception as exc:  # a state that fails to read keys nothing: no cache
+            raise Unkeyable(f"{value!r} cannot be read for a cache key ({exc})") from exc
     return _SKIP
 
 
