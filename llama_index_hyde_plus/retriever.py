@@ -180,6 +180,25 @@ def detect_search_type(retriever: BaseRetriever) -> Literal["dense", "keyword", 
     return "dense"
 
 
+def _check_options(
+    top_k: Any, max_concurrency: Any, search_type: Any, reranker: Any, reranker_timeout: Any
+) -> None:
+    """A `TypeError` / `ValueError` naming the first `TransformRetriever` option that is
+    not valid."""
+    if top_k is not None and (not is_int(top_k) or top_k < 1):
+        raise ValueError("top_k must be an int >= 1 or None")
+    if not is_int(max_concurrency) or max_concurrency < 1:
+        raise ValueError("max_concurrency must be an int >= 1")
+    if search_type not in ("auto", "dense", "keyword", "hybrid"):
+        raise ValueError("search_type must be one of 'auto', 'dense', 'keyword', 'hybrid'")
+    if reranker is not None and not isinstance(reranker, BaseNodePostprocessor):
+        raise TypeError("reranker must be a LlamaIndex node postprocessor")
+    if reranker_timeout is not None and (
+        not is_number(reranker_timeout) or not 0 < reranker_timeout < 1e6
+    ):
+        raise ValueError("reranker_timeout must be > 0 seconds (and finite), or None")
+
+
 def _one_transform(
     transformer: QueryTransformer | BaseQueryTransform | None,
     query_transform: BaseQueryTransform | None,
@@ -308,18 +327,7 @@ class TransformRetriever(BaseRetriever):
         transformer = as_transformer(
             _one_transform(transformer, query_transform), transform_metadata
         )
-        if top_k is not None and (not is_int(top_k) or top_k < 1):
-            raise ValueError("top_k must be an int >= 1 or None")
-        if not is_int(max_concurrency) or max_concurrency < 1:
-            raise ValueError("max_concurrency must be an int >= 1")
-        if search_type not in ("auto", "dense", "keyword", "hybrid"):
-            raise ValueError("search_type must be one of 'auto', 'dense', 'keyword', 'hybrid'")
-        if reranker is not None and not isinstance(reranker, BaseNodePostprocessor):
-            raise TypeError("reranker must be a LlamaIndex node postprocessor")
-        if reranker_timeout is not None and (
-            not is_number(reranker_timeout) or not 0 < reranker_timeout < 1e6
-        ):
-            raise ValueError("reranker_timeout must be > 0 seconds (and finite), or None")
+        _check_options(top_k, max_concurrency, search_type, reranker, reranker_timeout)
         if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
             raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
         self.retriever = retriever
