@@ -39,3 +39,13 @@ def check_number(value: Any, name: str, low: float, high: float) -> float:
             f"{name} must be a finite number between {low:g} and {high:g}, not {value!r}"
         )
     return float(value)
+
+
+def check_folder(path: Any, name: str) -> None:
+    """Raise a `ValueError` naming ``name`` when ``path`` (a `pathlib.Path`) is not an
+    existing folder, saying which of the two it is: missing, or something else."""
+    if path.is_dir():
+        return
+    if not path.exists():
+        raise ValueError(f"{name} does not exist: {path}")
+    raise ValueError(f"{name} must be a folder, not a file: {path}")

@@ -20,7 +20,7 @@ from typing import Any
 from llama_index.core import Document
 from llama_index.core.readers.base import BaseReader
 
-from ._checks import is_int
+from ._checks import check_folder, is_int
 from ._files import json_lines, not_regular_reason, read_regular_bytes
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
@@ -235,8 +235,7 @@ def read_folder(folder: Path) -> FolderContents:
     file that is not UTF-8, a line that is not a JSON object, a ``text`` that is null
     or not a string, and a document id used twice (with both places). Files of other
     types, unreadable files (an encrypted PDF) and empty ones are listed as skipped."""
-    if not folder.is_dir():
-        raise ValueError(f"DIR must be a folder: {folder}")
+    check_folder(folder, "DIR")
     contents = FolderContents()
     files = _visible_files(folder, contents)
     readable = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES + DOCS_SUFFIXES]

@@ -109,7 +109,7 @@ ERRORS: list[tuple[list[str], str]] = [
     (["query", "q", "--index", "HERE", "--config", "MISSING"], "config file not found"),
     (["transform", "q", "-m", "magic"], "--method must be one of"),
     (["transform", "q", "-n", "1.5"], "Invalid value for '--num-queries'"),
-    (["index", "MISSING", "--out", "OUT"], "DIR must be a folder"),
+    (["index", "MISSING", "--out", "OUT"], "DIR does not exist"),
     (["tune", "--dataset", "HERE", "-t", "hdye"], "did you mean 'hyde'?"),
     (["tune", "--dataset", "HERE", "--tolerance", "100"], "--tolerance must be between"),
     (["tune", "--dataset", "MISSING"], "dataset folder not found"),

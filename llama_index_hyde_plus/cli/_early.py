@@ -12,6 +12,7 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
+from .._checks import check_folder
 from ._console import fail
 
 
@@ -37,8 +38,7 @@ def store_address(index: Path | None, uri: str | None) -> None:
 
 def documents_folder(folder: Path) -> None:
     """As `readers.read_folder`: ``DIR`` is a folder."""
-    if not folder.is_dir():
-        raise ValueError(f"DIR must be a folder: {folder}")
+    check_folder(folder, "DIR")
 
 
 def config_file(path: Path | None) -> None:

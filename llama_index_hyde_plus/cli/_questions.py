@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeAlias
 
 import typer
 
+from .._checks import check_folder
 from . import _console as ui
 from ._console import progress_bar, task
 
@@ -63,8 +64,7 @@ class DocsChoice:
         from ..chunking import Chunking
         from ..evaluation.questions import check_set_folder
 
-        if not self.docs.is_dir():
-            raise ValueError(f"--docs must be a folder: {self.docs}")
+        check_folder(self.docs, "--docs")
         docs = self.docs.expanduser().resolve()
         questions = self.folder.expanduser().resolve()
         for flag, path in (("--questions-dir", self.folder), *outputs):

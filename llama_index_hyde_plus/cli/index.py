@@ -89,7 +89,8 @@ def index(
     docs: Annotated[
         Path,
         typer.Argument(
-            help="Folder of documents: .txt .md .rst .jsonl, with [docs] .pdf .docx .html .csv."
+            metavar="DIR",
+            help="Folder of documents: .txt .md .rst .jsonl, with [docs] .pdf .docx .html .csv.",
         ),
     ],
     out: Annotated[
