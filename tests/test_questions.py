@@ -98,8 +98,9 @@ async def test_generation_keeps_fair_questions_and_says_why_others_were_rejected
     llm = ScriptedLLM(respond=respond, forbid_sync=True)
     seen: list[int] = []
     qset = await generate_questions(chunks(), llm, n=10, seed=0, progress=seen.append)
-    assert sum(seen) == 11 and qset.sampled == 10  # the failed call was tried again
+    assert qset.sampled == 10 and llm.async_calls == 11  # the failed call was tried again
     assert len(qset.questions) == 1  # the others are duplicates of it
+    assert seen == [1]  # the bar counts questions kept, never the 11 calls (past n=10)
     reasons = qset.reasons
     assert reasons["copies a span of its chunk"] == 1
     assert reasons["the LLM call failed"] == 1

@@ -213,12 +213,9 @@ async def generate_questions(
                 reply = await _llm.acomplete(llm, _prompt(prompt, chunk.get_content()), options)
             except Exception as exc:
                 return f"\x00{type(exc).__name__}: {exc}", 0
-            finally:
-                if progress is not None:
-                    progress(1)
             return reply.text, reply.usage.total_tokens
 
-    kept, tried = await _rounds(order, one, n, calls)
+    kept, tried = await _rounds(order, one, n, calls, progress)
     return kept.result(seed, tried)
 
 
@@ -227,11 +224,13 @@ async def _rounds(
     ask: Callable[[TextNode], Awaitable[tuple[str, int]]],
     n: int,
     calls: int,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[_Kept, int]:
     """Ask for questions in rounds (each as many calls as questions still wanted):
     failed calls once more first, then fresh chunks of ``order``, until ``n`` are
     kept, ``calls`` are spent or the chunks run out; the kept set and how many
-    chunks were tried."""
+    chunks were tried. ``progress(1)`` is called for each question kept, so a bar of
+    ``n`` never counts past its total."""
     kept = _Kept()
     fresh, again = deque(order), deque[TextNode]()
     while len(kept.questions) < n and calls > 0 and (fresh or again):
@@ -245,7 +244,8 @@ async def _rounds(
             if reply[0].startswith("\x00") and not retried:
                 again.append(chunk)  # tried once more, first in the next round
                 continue
-            kept.judge(chunk, reply)
+            if kept.judge(chunk, reply) and progress is not None:
+                progress(1)
     for chunk in again:  # the budget ran out before their second try
         kept.rejected.append(RejectedQuestion(chunk.node_id, "", "the LLM call failed"))
     return kept, len(order) - len(fresh)
@@ -271,22 +271,24 @@ class _Kept:
     seen: set[str] = field(default_factory=set)
     tokens: int = 0
 
-    def judge(self, chunk: TextNode, reply: tuple[str, int]) -> None:
+    def judge(self, chunk: TextNode, reply: tuple[str, int]) -> bool:
+        """Keep the question of ``reply`` or record why not; whether it was kept."""
         text, tokens = reply
         self.tokens += tokens
         if text.startswith("\x00"):
             self.rejected.append(RejectedQuestion(chunk.node_id, text[1:], "the LLM call failed"))
-            return
+            return False
         question = clean_question(text)
         reason = check_question(question, chunk.get_content())
         if reason is None and question is not None and question.lower() in self.seen:
             reason = "the same question as another chunk's"
         if reason is not None or question is None:
             self.rejected.append(RejectedQuestion(chunk.node_id, text, reason or "no question"))
-            return
+            return False
         self.seen.add(question.lower())
         qid = f"g{len(self.questions) + 1}"
         self.questions.append(GeneratedQuestion(qid, question, chunk.node_id))
+        return True
 
     def result(self, seed: int, sampled: int) -> QuestionSet:
         reasons = dict(Counter(r.reason for r in self.rejected))
