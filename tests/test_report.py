@@ -50,6 +50,33 @@ def test_outputs_are_written(tmp_path: Path) -> None:
     assert md.count("\n| ") >= 3
 
 
+def test_terminal_table_fits_80_columns_with_every_header_and_the_changed_share(
+    tmp_path: Path,
+) -> None:
+    res = result(tmp_path)
+    res.reports[1].label = "hyde:include_query=true,question_weight=0.7"
+    console = Console(width=80, record=True)
+    console.print(rich_table(res))
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    header = next(line for line in text.splitlines() if "transform" in line)
+    for name in ("transform", "nDCG@10", "Δ pts [95% CI]", "W/T/L", "chg", "skip/fb", "p50"):
+        assert name in header, name
+    changed = res.reports[1].changed
+    assert 0 < changed <= res.reports[1].queries  # the scripted passage moves rankings
+    assert f"{100 * changed / res.reports[1].queries:.0f}%" in text
+    assert "…" not in text  # nothing cut off
+
+
+def test_results_json_has_per_question_scores_and_the_changed_count(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    data = json.loads(write_outputs(res, tmp_path / "out")[0].read_text())
+    hyde = data["results"][1]
+    assert hyde["changed_rankings"] == res.reports[1].changed
+    assert set(hyde["per_query_ndcg@10"]) == set(res.reports[1].per_query_ndcg)
+    assert all(0 <= v <= 1 for v in hyde["per_query_ndcg@10"].values())
+
+
 def test_terminal_table_lists_every_transform(tmp_path: Path) -> None:
     console = Console(width=200, record=True)
     console.print(rich_table(result(tmp_path)))

@@ -195,13 +195,11 @@ def _prepare(
 
 
 def _show(result: Any, out: Path, note: str | None = None) -> None:
-    from rich.console import Console
-
     from ..evaluation.report import rich_table, verdicts, write_outputs
 
     if result.config.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.config['stand_in']}.")
-    Console(width=max(ui.console.width, 160)).print(rich_table(result))
+    ui.console.print(rich_table(result))
     for line in verdicts(result):
         ui.console.print(f"  {line}")
     if note is not None:

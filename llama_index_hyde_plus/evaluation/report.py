@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from .._files import (
@@ -103,9 +104,52 @@ def _best(result: EvalResult) -> dict[str, float]:
     return {m: max(r.scores[m] for r in result.reports) for m in MEASURES}
 
 
+TERMINAL_HEADERS = ["transform", "nDCG@10", "Δ pts [95% CI]", "W/T/L", "p", "chg", "skip/fb", "p50"]
+"""The terminal table's columns: what fits 80 columns (``results.md`` has them all)."""
+
+
+def _interval(report: TransformReport) -> str:
+    if report.delta_vs_none is None:
+        return "-"
+    low, high = report.interval_vs_none or (math.nan, math.nan)
+    if math.isnan(low):
+        return _delta(report)
+    return f"{_delta(report)} [{low * 100:+.1f},{high * 100:+.1f}]"
+
+
+def _share(count: int, report: TransformReport) -> str:
+    if report.delta_vs_none is None:
+        return "-"
+    return f"{100 * count / max(report.queries, 1):.0f}%"
+
+
+def _seconds(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "cached"
+    return f"{seconds * 1000:.0f}ms" if seconds < 10 else f"{seconds:.0f}s"
+
+
+def _terminal_row(report: TransformReport, best: float) -> list[str]:
+    score = f"{report.scores['nDCG@10']:.3f}"
+    return [
+        report.label,
+        f"[bold green]{score}[/]" if abs(report.scores["nDCG@10"] - best) < 1e-12 else score,
+        _interval(report),
+        _wtl(report),
+        "-" if report.p_value_vs_none is None else f"{report.p_value_vs_none:.2f}",
+        _share(report.changed, report),
+        f"{report.skipped}/{report.fallbacks}",
+        _seconds(report.latency_p50_s),
+    ]
+
+
 def rich_table(result: EvalResult) -> Table:
-    """The terminal table of an `eval` run: one row per transform, the best value of
-    each column in bold green.
+    """The terminal table of an `eval` run, within 80 columns: one row per transform
+    with nDCG@10 (the best in bold green), its difference from `none` in points with
+    the 95% interval, wins/ties/losses and p, the share of queries whose ranking it
+    changed (``chg``), how many a gate skipped and how many fell back to plain search
+    (``skip/fb``; a fallback is a timeout or a failure), and the median latency.
+    ``results.md`` has every measure.
 
     Args:
         result: the run.
@@ -113,18 +157,17 @@ def rich_table(result: EvalResult) -> Table:
     table = Table(
         title=f"{result.dataset}: {result.queries} queries, {result.documents} documents",
         title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        pad_edge=False,
     )
-    for i, header in enumerate(HEADERS):
-        table.add_column(header, justify="left" if i == 0 else "right")
-    best = _best(result)
+    table.add_column(TERMINAL_HEADERS[0], overflow="fold", min_width=12)
+    for header in TERMINAL_HEADERS[1:]:  # only the interval may wrap (at its space)
+        wraps = header == TERMINAL_HEADERS[2]
+        table.add_column(header, justify="right", no_wrap=not wraps, overflow="fold")
+    best = max(r.scores["nDCG@10"] for r in result.reports)
     for report in result.reports:
-        row = _row(report, best)
-        table.add_row(
-            *[
-                c.replace("**", "") if not c.startswith("**") else f"[bold green]{c.strip('*')}[/]"
-                for c in row
-            ]
-        )
+        table.add_row(*_terminal_row(report, best))
     return table
 
 

@@ -175,6 +175,8 @@ class TransformReport:
     """Each query's ranked document ids (to tell a configuration that changes nothing)."""
     identical_to_none: bool = False
     """Every query's ranking equals `none`'s: the configuration is a no-op here."""
+    changed: int = 0
+    """How many queries' rankings differ from `none`'s (of those both ranked)."""
 
     @property
     def verdict(self) -> str:
@@ -192,9 +194,8 @@ class TransformReport:
         self.p_value_vs_none = paired_t_test(mine, base)
         self.interval_vs_none = paired_interval(mine, base)
         ranked = set(self.rankings) & set(baseline.rankings)
-        self.identical_to_none = bool(ranked) and all(
-            self.rankings[k] == baseline.rankings[k] for k in ranked
-        )
+        self.changed = sum(1 for k in ranked if self.rankings[k] != baseline.rankings[k])
+        self.identical_to_none = bool(ranked) and self.changed == 0
 
     def to_dict(self) -> dict[str, Any]:
         """This transform's record in ``results.json``'s ``results``: the scores
@@ -228,7 +229,9 @@ class TransformReport:
             "losses": self.losses,
             "verdict": self.verdict if self.delta_vs_none is not None else None,
             "skipped_by_gate": self.skipped,
+            "changed_rankings": self.changed,
             "identical_to_none": self.identical_to_none,
+            "per_query_ndcg@10": {k: round(v, 4) for k, v in sorted(self.per_query_ndcg.items())},
             "options": self.options,
             "examples": self.examples,
         }
