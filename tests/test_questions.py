@@ -50,6 +50,36 @@ def test_sampling_is_seeded_and_ignores_order_and_empty_chunks() -> None:
         sample_chunks(nodes, 0, seed=0)
 
 
+HTTPX_CHUNK = (
+    "Set the my-app environment variable MY_APP_TOKEN before you create an httpx.Client: "
+    "the client reads the token and sends it with every request to my-app."
+)
+
+
+@pytest.mark.parametrize(
+    ("question", "reason"),
+    [
+        ("What would the answer be if a user asks:", "not a question (no question mark)"),
+        (
+            "What is the output of the above response?",
+            "asks about the passage or the prompt, not its content",
+        ),
+        (
+            "What would the answer be to this for a user?",
+            "asks about the passage or the prompt, not its content",
+        ),
+        ('What does "my-app" stand for?', "names too little of its chunk"),
+        ("Which environment variable holds the token the client sends?", None),
+        ("How does httpx.Client send the token with requests?", None),
+    ],
+)
+def test_questions_that_echo_the_prompt_or_name_too_little_of_the_chunk_are_rejected(
+    question: str, reason: str | None
+) -> None:
+    # what the bundled model wrote for httpx's documentation (issue #33)
+    assert check_question(question, HTTPX_CHUNK) == reason
+
+
 @pytest.mark.parametrize(
     ("reply", "question"),
     [
@@ -78,9 +108,9 @@ def test_a_question_copying_a_long_span_of_its_chunk_is_rejected() -> None:
     assert check_question("Kestrel backup window closes?", PASSAGE) == "copies a span of its chunk"
     assert check_question("Why?", PASSAGE) == "too short"
     meta = "Why does the passage mention Frankfurt?"
-    assert check_question(meta, PASSAGE) == "asks about the passage, not its content"
+    assert check_question(meta, PASSAGE) == "asks about the passage or the prompt, not its content"
     above = "How can I improve the above passage for readability?"
-    assert check_question(above, PASSAGE) == "asks about the passage, not its content"
+    assert check_question(above, PASSAGE) == "asks about the passage or the prompt, not its content"
     assert check_question(None, PASSAGE) == "no question in the reply"
     assert check_question("Why " + "really " * 80 + "?", PASSAGE) == "too long"
 
@@ -88,12 +118,12 @@ def test_a_question_copying_a_long_span_of_its_chunk_is_rejected() -> None:
 async def test_generation_keeps_fair_questions_and_says_why_others_were_rejected() -> None:
     def respond(prompt: str) -> str:
         if "team 3 " in prompt:
-            return "Chunk 3 says that team 3 owns service number 21."  # a copy
+            return "Is it true that team 3 owns service number 21?"  # a copy
         if "team 5 " in prompt:
             raise RuntimeError("provider down")
         if "team 7 " in prompt:
             return ""
-        return "Which group is responsible for this service?"  # the same for every chunk
+        return "Which team owns this service?"  # the same for every chunk
 
     llm = ScriptedLLM(respond=respond, forbid_sync=True)
     seen: list[int] = []

@@ -61,6 +61,122 @@ _META = re.compile(
     r"(?:passage|text|excerpt|paragraph|chunk)\b",
     re.I,
 )
+_PROMPT_ECHO = re.compile(
+    r"\b(?:above|following|aforementioned|previous)\b|\b(?:a|the)\s+user\s+asks?\b|"
+    r"\bthe\s+(?:answer|question|reply)\b",
+    re.I,
+)
+"""Words that point at the prompt rather than the documents: "the above response",
+"if a user asks", "what would the answer be"."""
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "if",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "from",
+        "as",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "do",
+        "does",
+        "did",
+        "done",
+        "have",
+        "has",
+        "had",
+        "can",
+        "could",
+        "should",
+        "would",
+        "will",
+        "shall",
+        "may",
+        "might",
+        "must",
+        "what",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "when",
+        "where",
+        "why",
+        "how",
+        "this",
+        "that",
+        "these",
+        "those",
+        "it",
+        "its",
+        "it's",
+        "there",
+        "their",
+        "they",
+        "them",
+        "i",
+        "you",
+        "your",
+        "we",
+        "our",
+        "my",
+        "me",
+        "he",
+        "she",
+        "his",
+        "her",
+        "not",
+        "no",
+        "yes",
+        "so",
+        "than",
+        "then",
+        "also",
+        "about",
+        "into",
+        "over",
+        "under",
+        "between",
+        "any",
+        "all",
+        "some",
+        "each",
+        "such",
+        "more",
+        "most",
+        "other",
+        "same",
+        "only",
+        "very",
+        "use",
+        "used",
+        "using",
+        "one",
+        "two",
+        "get",
+        "make",
+    ]
+)
+NAMED_WORDS = 2
+"""A question must name at least this many of its chunk's words (not stopwords)..."""
+NAMED_SHARE = 0.5
+"""...and at least this share of its own such words: it asks about what the chunk says."""
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 _PREFIX = re.compile(r"^\s*(?:[-*•]|\d+[.)]|q(?:uestion)?\s*\d*\s*[:.)-])\s*", re.IGNORECASE)
 
@@ -154,7 +270,11 @@ def longest_shared_run(question: str, passage: str) -> int:
 
 
 def check_question(question: str | None, passage: str) -> str | None:
-    """Why ``question`` is not a fair test of ``passage`` (None when it is)."""
+    """Why ``question`` is not a fair test of ``passage`` (None when it is): it must be
+    a question (ending with ``?``) of `MIN_WORDS` words or more, about the documents
+    rather than the passage or the prompt ("the above response", "if a user asks"),
+    not a copy of a span, and name what the chunk says (`NAMED_WORDS`, `NAMED_SHARE`:
+    "What does my-app stand for?" names one of its chunk's words of two)."""
     if not question:
         return "no question in the reply"
     count = len(words(question))
@@ -162,11 +282,17 @@ def check_question(question: str | None, passage: str) -> str | None:
         return "too short"
     if len(question) > MAX_CHARACTERS:
         return "too long"
-    if _META.search(question):
-        return "asks about the passage, not its content"
+    if not question.rstrip().endswith("?"):
+        return "not a question (no question mark)"
+    if _META.search(question) or _PROMPT_ECHO.search(question):
+        return "asks about the passage or the prompt, not its content"
     run = longest_shared_run(question, passage)
     if run >= COPY_WORDS or (run >= 4 and run >= COPY_SHARE * count):
         return "copies a span of its chunk"
+    own = {w for w in words(question) if w not in _STOPWORDS and not w.isdigit()}
+    named = own & set(words(passage))
+    if len(named) < min(NAMED_WORDS, len(own)) or len(named) < NAMED_SHARE * len(own):
+        return "names too little of its chunk"
     return None
 
 
