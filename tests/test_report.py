@@ -226,3 +226,26 @@ def test_a_few_bytes_appended_to_the_chart_make_it_theirs(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
         write_outputs(res, out)
     assert (out / "results.png").read_bytes() == tagged
+
+
+def test_an_eval_ends_with_one_recommendation_a_user_can_act_on(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.report import recommendation
+
+    res = result(tmp_path)
+    hyde = res.reports[1]
+    hyde.label, hyde.queries = "hyde:question_weight=0.7", 300
+    hyde.delta_vs_none, hyde.p_value_vs_none, hyde.interval_vs_none = 0.021, 0.004, (0.008, 0.034)
+    hyde.wins, hyde.ties, hyde.losses, hyde.fallbacks = 40, 240, 20, 0
+    said = recommendation(res)
+    assert said.startswith("Recommendation: use `hyde:question_weight=0.7`")
+    assert "+2.1 [+0.8,+3.4]" in said and "p = 0.004" in said
+
+    hyde.p_value_vs_none = 0.3  # a gain that could be chance
+    said = recommendation(res)
+    assert said.startswith("Recommendation: keep plain search (`none`)")
+    assert "no transform gains significantly" in said and "p = 0.30" in said
+
+    hyde.p_value_vs_none, hyde.fallbacks = 0.004, 31  # the score is partly plain search's
+    said = recommendation(res)
+    assert "keep plain search" in said and "31 of 300 queries fell back" in said
+    assert said in markdown(res)

@@ -195,7 +195,7 @@ def _prepare(
 
 
 def _show(result: Any, out: Path, note: str | None = None) -> None:
-    from ..evaluation.report import rich_table, verdicts, write_outputs
+    from ..evaluation.report import recommendation, rich_table, verdicts, write_outputs
 
     if result.config.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.config['stand_in']}.")
@@ -209,3 +209,4 @@ def _show(result: Any, out: Path, note: str | None = None) -> None:
     ui.console.print(
         f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
     )
+    ui.console.print(f"[bold]{recommendation(result)}[/]")

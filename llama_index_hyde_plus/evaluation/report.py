@@ -193,6 +193,46 @@ def verdicts(result: EvalResult) -> list[str]:
     return lines
 
 
+def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
+    """The one thing to do after an `eval` run: use the best transform whose gain over
+    `none` is significant (p < ``alpha`` and a positive difference), with its options;
+    else keep plain search, naming the best candidate and why it is not enough. A
+    transform that fell back on more than a tenth of its queries is never recommended
+    (its score is partly plain search's): the reason says so.
+
+    Args:
+        result: the run.
+        alpha: the significance level of the paired t-test against `none`.
+    """
+    rows = [r for r in result.reports if r.delta_vs_none is not None]
+    if not rows:
+        return "Recommendation: nothing to compare (run `none` beside a transform)."
+    gaining = [
+        r
+        for r in rows
+        if (r.delta_vs_none or 0) > 0
+        and r.p_value_vs_none is not None
+        and r.p_value_vs_none < alpha
+        and r.fallbacks <= 0.1 * max(r.queries, 1)
+    ]
+    if gaining:
+        best = max(gaining, key=lambda r: r.scores["nDCG@10"])
+        return (
+            f"Recommendation: use `{best.label}` ({_interval(best)} nDCG@10 points, "
+            f"p = {best.p_value_vs_none:.3f}, {_wtl(best)} wins/ties/losses)."
+        )
+    top = max(rows, key=lambda r: r.scores["nDCG@10"])
+    why = (
+        f"{top.fallbacks} of {top.queries} queries fell back (timeouts or failures)"
+        if top.fallbacks > 0.1 * max(top.queries, 1)
+        else "no transform gains significantly here"
+    )
+    return (
+        f"Recommendation: keep plain search (`none`): {why}; the best, `{top.label}`, "
+        f"is {_interval(top)} points (p = {_p(top).rstrip(' *')})."
+    )
+
+
 def markdown(result: EvalResult, command: str | None = None) -> str:
     """``results.md``: the command, how to read the table, the table, the verdicts,
     the configuration and where the time went.
@@ -226,6 +266,7 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     said = verdicts(result)
     if said:
         lines += [f"- {line}" for line in said] + [""]
+    lines += [f"**{recommendation(result)}**", ""]
     config = ", ".join(f"{k}={v}" for k, v in result.config.items())
     lines.append(f"Config: {config}.")
     lines += ["", timing_line(result)]
