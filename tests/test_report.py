@@ -249,3 +249,21 @@ def test_an_eval_ends_with_one_recommendation_a_user_can_act_on(tmp_path: Path) 
     said = recommendation(res)
     assert "keep plain search" in said and "31 of 300 queries fell back" in said
     assert said in markdown(res)
+
+
+def test_the_chart_labels_say_how_many_queries_fell_back_or_changed(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.report import delta_label
+
+    hyde = result(tmp_path).reports[1]
+    hyde.queries, hyde.changed, hyde.skipped, hyde.fallbacks = 300, 150, 12, 23
+    label = delta_label(hyde)
+    assert "50% changed" in label and "12 skipped" in label and "23 fell back" in label
+
+
+def test_titles_count_chunks_for_questions_written_from_chunks(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    res.unit = "chunks"
+    assert f"{res.documents} chunks" in markdown(res)
+    console = Console(width=80, record=True)
+    console.print(rich_table(res))
+    assert f"{res.documents} chunks" in console.export_text()

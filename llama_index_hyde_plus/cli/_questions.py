@@ -228,4 +228,5 @@ class DataChoice:
             return load_beir(self.dataset, split, limit=limit), None
         folder = question_set(self.docs, embed_model, llm, max_length)
         ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
-        return replace(ds, name=self.docs.docs.resolve().name), caveat(folder)
+        named = replace(ds, name=self.docs.docs.resolve().name, unit="chunks")
+        return named, caveat(folder)

@@ -188,7 +188,7 @@ def _prepare(
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
     ui.err.print(
-        f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} documents; "
+        f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} {ds.unit}; "
         f"transforms: {', '.join(s.label for s in specs)}"
     )
     return specs, ds, note, embed_model, model

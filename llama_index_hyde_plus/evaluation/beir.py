@@ -31,6 +31,9 @@ class BeirDataset:
     queries: dict[str, str]  # query id -> text, in file order
     qrels: dict[str, dict[str, int]]  # query id -> doc id -> relevance
     corpus_sha256: str
+    unit: str = "documents"
+    """What the corpus holds, as titles say it: ``documents``, or ``chunks`` for a
+    question set written from a user's chunks (``eval --docs``)."""
 
     def document_text(self, doc_id: str) -> str:
         """The document's title and text, one line apart, as it is embedded."""

@@ -155,7 +155,7 @@ def rich_table(result: EvalResult) -> Table:
         result: the run.
     """
     table = Table(
-        title=f"{result.dataset}: {result.queries} queries, {result.documents} documents",
+        title=f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 0, 0, 1),
@@ -247,7 +247,7 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     if result.config.get("stand_in"):
         lines += [f"**Not a real model.** {result.config['stand_in']}.", ""]
     lines += [
-        f"{result.dataset}: {result.queries} queries, {result.documents} documents. "
+        f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}. "
         "Best value per column in bold; Δ is nDCG@10 minus `none`'s in points; wins/ties/"
         "losses count queries whose nDCG@10 is above/equal to/below `none`'s; p is a paired "
         "t-test of per-query nDCG@10 against `none` (* below 0.05), and the 95% interval "
@@ -292,11 +292,17 @@ CHART_COLOURS = {"helps": "#2e8b57", "hurts": "#c0392b", "no clear difference": 
 
 
 def delta_label(report: TransformReport) -> str:
-    """``+7.0 (-5.1 to +19.1)`` and the verdict's first words, for the Δ chart."""
+    """``+7.0 (-5.1 to +19.1)``, the verdict's first words, and how many queries fell
+    back, were skipped or had their ranking changed, for the Δ chart."""
     delta = (report.delta_vs_none or 0.0) * 100
     low, high = report.interval_vs_none or (math.nan, math.nan)
     interval = "" if math.isnan(low) else f"\n95% CI {low * 100:+.1f} to {high * 100:+.1f}"
-    return f"{delta:+.1f}{interval}\n{report.verdict.split(':')[0]}"
+    counts = [f"{_share(report.changed, report)} changed"]
+    if report.skipped:
+        counts.append(f"{report.skipped} skipped")
+    if report.fallbacks:
+        counts.append(f"{report.fallbacks} fell back")
+    return f"{delta:+.1f}{interval}\n{report.verdict.split(':')[0]}\n{', '.join(counts)}"
 
 
 def _scores_panel(ax: Any, result: EvalResult) -> None:
@@ -358,7 +364,7 @@ def chart(result: EvalResult) -> Any:
     _scores_panel(axes[0][0], result)
     if compared:
         _delta_panel(axes[0][1], compared)
-    fig.suptitle(f"{result.dataset}: {result.queries} queries, {result.documents} documents")
+    fig.suptitle(f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}")
     fig.tight_layout()
     return fig
 

@@ -267,6 +267,8 @@ class EvalResult:
     index_seconds: float
     index_cached: bool
     wall_seconds: float = 0.0
+    unit: str = "documents"
+    """What ``documents`` counts: ``documents``, or ``chunks`` (`BeirDataset.unit`)."""
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per phase, in the order they ran: ``index`` (build or load) and one per
     transform label, after what a command did first (`include_earlier`: loading the
@@ -289,6 +291,7 @@ class EvalResult:
             "dataset": self.dataset,
             "queries": self.queries,
             "documents": self.documents,
+            "unit": self.unit,
             "config": self.config,
             "index_seconds": round(self.index_seconds, 2),
             "index_cached": self.index_cached,
@@ -726,6 +729,7 @@ def run_eval(
         dataset=ds.name,
         queries=len(ds.queries),
         documents=len(ds.corpus),
+        unit=ds.unit,
         config={**(config or {}), **extra},
         reports=reports,
         index_seconds=session.index_seconds,
