@@ -118,8 +118,10 @@ _HYBRID_MODES = {"hybrid", "semantic_hybrid"}
 
 RERANK_CANDIDATES = 50
 """How many of the question's hits a reranking transform (``strategy="rerank"``)
-reorders before the top ``similarity_top_k`` are kept, when the retriever is built from
-an index (`TransformRetriever.from_index`, `HyDERAG`)."""
+reorders: the one depth every caller gets (`TransformRetriever.from_index`, `HyDERAG`,
+``hyde-plus query``, ``eval``, ``tune``, ``serve``). Hits past it (``eval`` and ``serve``
+fetch 100) follow in the order found, so a ranking does not depend on how deep the
+wrapped retriever fetched."""
 
 
 def candidate_depth(guards: Guards, top_k: int) -> int:
@@ -545,7 +547,8 @@ class TransformRetriever(BaseRetriever):
         if isinstance(step, plan.Rerank):
             assert hits is not None and self.embedder is not None
             generated = self.embedder.texts(step.passages)
-            return _reranked(hits, self.doc_vectors.get(hits), generated, step), []
+            head = hits[:RERANK_CANDIDATES]
+            return _reranked(hits, self.doc_vectors.get(head), generated, step), []
         if isinstance(step, plan.Feedback):
             assert hits is not None
             vectors = self.doc_vectors.get(hits[: step.k])
@@ -563,7 +566,8 @@ class TransformRetriever(BaseRetriever):
         if isinstance(step, plan.Rerank):
             assert hits is not None and self.embedder is not None
             generated = await self.embedder.atexts(step.passages)
-            return _reranked(hits, await self.doc_vectors.aget(hits), generated, step), []
+            head = hits[:RERANK_CANDIDATES]
+            return _reranked(hits, await self.doc_vectors.aget(head), generated, step), []
         if isinstance(step, plan.Feedback):
             assert hits is not None
             vectors = await self.doc_vectors.aget(hits[: step.k])
@@ -1010,10 +1014,16 @@ def _reranked(
     generated: list[Vec],
     step: plan.Rerank,
 ) -> list[NodeWithScore]:
-    """``hits`` reordered by the blend (see `_blend`); `plan.UnusableVector` when a
-    passage or document vector cannot be used (the caller keeps ``hits`` as found)."""
+    """The first `RERANK_CANDIDATES` of ``hits`` (``doc_vectors`` are theirs) reordered
+    by the blend (see `_blend`), then the rest in the order found, scored below them;
+    `plan.UnusableVector` when a passage or document vector cannot be used (the caller
+    keeps ``hits`` as found)."""
     plan.check_vectors([*doc_vectors, *generated], "document or passage")
-    return _blend(hits, doc_vectors, expansion.mean_unit(generated), step.blend)
+    head = _blend(hits[:RERANK_CANDIDATES], doc_vectors, expansion.mean_unit(generated), step.blend)
+    seen = {item.node.node_id for item in head}
+    rest = unique_nodes([x for x in hits[RERANK_CANDIDATES:] if x.node.node_id not in seen])
+    floor = min((float(item.score or 0.0) for item in head), default=0.0)
+    return [*head, *(scored(item.node, floor - 1e-6 * (i + 1)) for i, item in enumerate(rest))]
 
 
 def _blend(

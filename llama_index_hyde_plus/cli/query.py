@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -104,11 +105,14 @@ def _search(
     options: dict[str, Any],
     config_file: Path | None,
     llm: str,
-    retriever: Any,
+    open_retriever: Callable[[int], Any],
     top_k: int,
 ) -> tuple[str, SearchResult]:
+    """Build the transform, open the store at the depth its guards need
+    (`retriever.candidate_depth`: a reranking config reorders as many candidates here
+    as in ``eval`` and ``from_index``), search, and keep ``top_k``."""
     from ..models import describe_llm, resolve_llm
-    from ..retriever import TransformRetriever
+    from ..retriever import TransformRetriever, candidate_depth
     from ..transforms.config import load_config
     from ..transforms.factory import build, resolve_name
     from ..transforms.registry import transform_class
@@ -125,6 +129,7 @@ def _search(
     given = transform_options(method, **options)
     model = resolve_llm(llm) if transform_class(method).uses_llm else None
     transformer = build(method, model, given, config=config)
+    retriever = open_retriever(candidate_depth(transformer.guards, top_k))
     searcher = TransformRetriever(retriever, transformer, top_k=top_k)
     if model is None:
         return method, searcher.search(question)
@@ -286,10 +291,13 @@ def query(
             index=index_path, uri=uri, collection=collection, token=milvus_token or ""
         )
         depth = top_k * GROUP_POOL if group_by_file else top_k
-        with working("Loading the index and the embedding model"):
-            retriever = store.open(depth, embed=embed)
+
+        def open_retriever(fetch: int) -> Any:
+            with working("Loading the index and the embedding model"):
+                return store.open(fetch, embed=embed)
+
         transform, result = _search(
-            question, transform, options, config_file, llm, retriever, depth
+            question, transform, options, config_file, llm, open_retriever, depth
         )
     _show(question, transform, result, top_k, group_by_file=group_by_file, as_json=as_json)
 
