@@ -33,27 +33,35 @@ from llama_index_hyde_plus.testing import echo_llm
 INIT_PARAMS = {"protocolVersion": 1, "client": {"name": "t", "version": "1"}}
 
 
-def post(url: str, message: Any, session: str | None = None) -> Any:
-    """POST one JSON-RPC frame (or batch); the decoded reply (None for a 204)."""
+def post(url: str, message: Any, session: str | None = None, bearer: str | None = None) -> Any:
+    """POST one JSON-RPC frame (or batch); the decoded reply (None for a 204), with the
+    HTTP status beside it in ``["http"]`` when it is not 200."""
     headers = {"Content-Type": "application/json"}
     if session is not None:
         headers[SESSION_HEADER] = session
+    if bearer is not None:
+        headers["Authorization"] = f"Bearer {bearer}"
     request = urllib.request.Request(
         url, data=json.dumps(message).encode(), method="POST", headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             body = resp.read()
-    except urllib.error.HTTPError as exc:  # pragma: no cover - shown on failure
-        raise AssertionError(f"HTTP {exc.code}: {exc.read()!r}") from exc
+    except urllib.error.HTTPError as exc:
+        return {**json.loads(exc.read()), "http": exc.code}
     return json.loads(body) if body.strip() else None
 
 
 def call(
-    url: str, method: str, params: Any = None, session: str | None = None, id_: Any = 1
+    url: str,
+    method: str,
+    params: Any = None,
+    session: str | None = None,
+    id_: Any = 1,
+    bearer: str | None = None,
 ) -> Any:
     message = {"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}
-    return post(url, message, session)
+    return post(url, message, session, bearer)
 
 
 def code(reply: Any) -> int | None:
@@ -380,3 +388,27 @@ def test_serve_sessionless_shared_over_http_end_to_end() -> None:
         assert call(served.url, "query/transform", TRANSFORM)["result"]["queries"]
     finally:
         served.stop()
+
+
+def test_replicas_sharing_a_token_share_sessions_and_still_demand_the_token() -> None:
+    from .conftest import Served
+
+    first = Served("--llm", "scripted", "--token", "replica-secret")
+    second = Served("--llm", "scripted", "--token", "replica-secret")
+    other = Served("--llm", "scripted", "--token", "another-secret")
+    try:
+        init = call(first.url, "initialize", INIT_PARAMS, bearer="replica-secret")
+        token = init["result"]["_meta"]["session"]
+        served = call(second.url, "query/transform", TRANSFORM, token, bearer="replica-secret")
+        assert served["result"]["queries"]
+        again = call(second.url, "initialize", INIT_PARAMS, token, bearer="replica-secret")
+        assert code(again) == rcp.Errc.INVALID_REQUEST
+        # a session is no credential: without the bearer token, 401 before any session
+        refused = call(second.url, "query/transform", TRANSFORM, token)
+        assert refused["http"] == 401 and code(refused) == rcp.Errc.UNAUTHORIZED
+        # a server with another token signs with another key
+        foreign = call(other.url, "query/transform", TRANSFORM, token, bearer="another-secret")
+        assert code(foreign) == rcp.Errc.NOT_INITIALIZED
+    finally:
+        for served_process in (first, second, other):
+            served_process.stop()
