@@ -13,27 +13,36 @@ string, number or null (-32600), and any unexpected error in the SDK (-32603).
 
 Over stdio (`serve_stdio`) one client is served, with the SDK's session rules: one
 handshake per session. Over HTTP (`rcp_http.RcpHttpServer`, uvicorn + Starlette)
-the dispatcher is `HttpRcpServer`: HTTP is connectionless (the official client opens
-a connection per call), so the state is *stateless after a valid handshake*: every
-``initialize`` is judged on its own, only a successful one unlocks the gated methods,
-and nothing a client sends afterwards (a bogus ``initialize``, a notification) can
-lock other clients out again.
+the dispatcher is `HttpRcpServer`. HTTP is connectionless (the official client opens
+a connection per call and sends no session), so sessions are the spec's (§5.2): a
+successful ``initialize`` issues a token in ``result._meta.session``; a request that
+sends it back in the `SESSION_HEADER` (``RCP-Session``) header is in that session,
+where a second ``initialize`` is -32600 (§13). Requests without one are, by default,
+*stateless after a valid handshake*: every ``initialize`` is judged on its own, only a
+successful one unlocks the gated methods, and nothing a client sends afterwards (a
+bogus ``initialize``, a notification) can lock other clients out again; with
+``sessionless="shared"`` they are one session for the whole server instead (the
+reference SDK's HTTP model, which the protocol's conformance harness expects).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import hashlib
+import hmac
 import json
 import logging
 import math
 import os
+import secrets
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import IO, Any
+from typing import IO, Any, Literal, get_args
 
 import numpy as np
 import rcp
@@ -281,11 +290,15 @@ def build_server(
     name: str = "hyde-plus",
     version: str = __version__,
     http: bool = False,
+    sessionless: Sessionless = "stateless",
+    session_key: bytes | None = None,
 ) -> RcpServer:
-    """An `RcpServer` (`HttpRcpServer` with ``http=True``) advertising ``transform``
-    (and ``retrieve``, with the store's modes, when the service has a retriever) with
-    our handlers registered."""
-    server: RcpServer = HttpRcpServer() if http else RcpServer()
+    """An `RcpServer` (`HttpRcpServer` with ``http=True``, with its ``sessionless``
+    policy and ``session_key``) advertising ``transform`` (and ``retrieve``, with the
+    store's modes, when the service has a retriever) with our handlers registered."""
+    server: RcpServer = (
+        HttpRcpServer(sessionless=sessionless, session_key=session_key) if http else RcpServer()
+    )
     server.set_info(name, version)
     server.advertise(
         rcp.Capability.Transform,
@@ -642,12 +655,16 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
     max_depth = MAX_DEPTH
     max_bytes = MAX_BODY_BYTES
     _initialized: bool  # the SDK's handshake flag
+    _negotiated: int  # the version the SDK's handshake agreed
 
     def __init__(self) -> None:
         super().__init__()
         self.shutdown_requested = False
 
-    def handle(self, request: Any) -> Any:
+    def handle(self, request: Any, session: str | None = None) -> Any:
+        """One request object -> its reply (None for a notification). ``session`` is
+        the HTTP session the request names (`HttpRcpServer`); over stdio the
+        connection is the session and it is None."""
         id_: Any = None
         if isinstance(request, dict) and isinstance(request.get("method"), str):
             if request.get("jsonrpc") != "2.0":
@@ -681,28 +698,29 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
                         {"field": "protocolVersion"},
                     )
         try:
-            return self._dispatch_request(request)
+            return self._dispatch_request(request, session)
         except PROPAGATE:
             raise
         except BaseException as exc:  # the SDK promises "never raises"; hold it to that
             logger.warning("rcp: %s while handling a request", type(exc).__name__, exc_info=True)
             return _error(id_, rcp.Errc.INTERNAL_ERROR, f"internal error ({type(exc).__name__})")
 
-    def _dispatch_request(self, request: Any) -> Any:
+    def _dispatch_request(self, request: Any, session: str | None) -> Any:
         return super().handle(request)
 
-    def handle_line(self, line: str) -> str:
+    def handle_line(self, line: str, session: str | None = None) -> str:
         """One frame (a request, a notification or a batch) -> the reply text ("" when
-        nothing is to be answered). Never raises."""
+        nothing is to be answered), every request of it in ``session`` (see `handle`).
+        Never raises."""
         try:
-            return self._handle_line(line)
+            return self._handle_line(line, session)
         except PROPAGATE:
             raise
         except BaseException as exc:  # pragma: no cover - last resort
             logger.warning("rcp: %s while handling a frame", type(exc).__name__, exc_info=True)
             return error_frame(rcp.Errc.INTERNAL_ERROR, f"internal error ({type(exc).__name__})")
 
-    def _handle_line(self, line: str) -> str:
+    def _handle_line(self, line: str, session: str | None) -> str:
         if len(line) > self.max_bytes:
             return error_frame(
                 rcp.Errc.PAYLOAD_TOO_LARGE,
@@ -735,32 +753,166 @@ class RcpServer(rcp.Server):  # type: ignore[misc]
                     "split it into smaller batches",
                     {"maxBatch": self.max_batch},
                 )
-            replies = [r for r in (self.handle(item) for item in message) if r is not None]
+            replies = [r for r in (self.handle(m, session) for m in message) if r is not None]
             return dumps(replies) if replies else ""
-        reply = self.handle(message)
+        reply = self.handle(message, session)
         return dumps(reply) if reply is not None else ""
 
 
-class HttpRcpServer(RcpServer):
-    """`RcpServer` for connectionless HTTP: stateless after a valid handshake.
+SESSION_HEADER = "RCP-Session"
+"""The HTTP header a client sends its session token back in (§5.2)."""
+Sessionless = Literal["stateless", "shared"]
+"""How `HttpRcpServer` serves requests that name no session: ``stateless`` (each
+``initialize`` judged on its own; after the first successful one the gated methods are
+served to everyone) or ``shared`` (they are one session for the whole server: a second
+successful ``initialize`` among them is -32600)."""
+OPEN_METHODS = frozenset(
+    {
+        rcp.Method.INITIALIZE,
+        rcp.Method.INFO,
+        rcp.Method.PING,
+        rcp.Method.SHUTDOWN,
+        rcp.Method.CANCEL,
+    }
+)
+"""The methods callable outside a session (§13); every other one is gated."""
+_MAX_TOKEN_CHARS = 128
 
-    Every ``initialize`` is judged on a throwaway copy of the session, so any client
-    may handshake (again) and a bogus one (version 0, ``1e999``, a notification) only
-    gets its own error. The first successful handshake unlocks the gated methods for
-    good; before it they get -32001. The flag only ever goes from locked to unlocked,
-    so no client can lock the others out, and requests served concurrently from
-    several threads never see it flip back.
+
+def session_key(token: str) -> bytes:
+    """The key that signs session tokens, derived from the server's bearer token, so
+    that replicas sharing a ``--token`` accept each other's sessions (the bearer
+    token cannot be recovered from it, nor from the session tokens it signs)."""
+    return hashlib.sha256(b"hyde-plus rcp session key\0" + token.encode("utf-8")).digest()
+
+
+class SessionTokens:
+    """Session tokens that need no table (§5.2): ``VERSION.NONCE.MAC``, the MAC an
+    HMAC-SHA256 of the negotiated version and a random nonce under ``key``. Any server
+    holding the key recognises a session any of them issued, however many, across
+    restarts; nothing is stored per session.
+
+    Args:
+        key: the signing key; None: a random one, so only this object's tokens pass.
     """
 
-    def _dispatch_request(self, request: Any) -> Any:
-        if isinstance(request, dict) and request.get("method") == rcp.Method.INITIALIZE:
-            probe = copy.copy(self)
-            probe._initialized = False
-            reply = rcp.Server.handle(probe, request)
-            if probe._initialized:
-                self._initialized = True
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key if key is not None else secrets.token_bytes(32)
+
+    def _mac(self, body: str) -> str:
+        digest = hmac.new(self._key, body.encode("ascii"), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest[:18]).decode("ascii")
+
+    def issue(self, version: int) -> str:
+        """A new session token for a handshake that negotiated ``version``."""
+        body = f"{version}.{secrets.token_urlsafe(16)}"
+        return f"{body}.{self._mac(body)}"
+
+    def version(self, token: str) -> int | None:
+        """The version negotiated in the session ``token`` names; None when it is not a
+        token this key signed (forged, altered, another server's, not ASCII)."""
+        if len(token) > _MAX_TOKEN_CHARS or not token.isascii():
+            return None
+        body, _, mac = token.rpartition(".")
+        version, _, nonce = body.partition(".")
+        if not (version.isdigit() and nonce):
+            return None
+        if not hmac.compare_digest(mac, self._mac(body)):
+            return None
+        return int(version)
+
+
+class HttpRcpServer(RcpServer):
+    """`RcpServer` for connectionless HTTP, with the spec's sessions (§5.2, §13).
+
+    A successful ``initialize`` issues a session token (`SessionTokens`) in
+    ``result._meta.session``. A request naming a session this server's key signed is
+    served in it: gated methods are served, a second ``initialize`` is -32600. One
+    naming any other session gets -32001 for a gated method (``info`` and ``ping``
+    still answer; an ``initialize`` opens a new session).
+
+    Requests naming no session follow ``sessionless`` (`Sessionless`). ``stateless``:
+    every ``initialize`` is judged on a throwaway copy of the session, so any client
+    may handshake (again) and a bogus one (version 0, ``1e999``, a notification) only
+    gets its own error; the first successful handshake unlocks the gated methods for
+    good, the flag only ever going from locked to unlocked, so no client can lock the
+    others out. ``shared``: they are one session, the SDK's (the reference server's
+    HTTP model): the first successful ``initialize`` wins, any later one is -32600.
+
+    Args:
+        sessionless: the policy for requests that name no session.
+        session_key: the key that signs session tokens (`session_key` derives one
+            from a bearer token); None: a random one, sessions of this process only.
+    """
+
+    def __init__(
+        self, *, sessionless: Sessionless = "stateless", session_key: bytes | None = None
+    ) -> None:
+        if sessionless not in get_args(Sessionless):
+            raise ValueError(
+                f"sessionless must be one of {', '.join(get_args(Sessionless))}, "
+                f"not {sessionless!r}"
+            )
+        super().__init__()
+        self.sessionless = sessionless
+        self.tokens = SessionTokens(session_key)
+        self._handshake = threading.Lock()
+
+    def _dispatch_request(self, request: Any, session: str | None) -> Any:
+        if not isinstance(request, dict):
+            return super()._dispatch_request(request, session)
+        method = request.get("method")
+        if session is not None:
+            version = self.tokens.version(session)
+            if version is not None:
+                return self._in_session(request, version)
+            if method not in OPEN_METHODS:
+                return _error(
+                    request.get("id"),
+                    rcp.Errc.NOT_INITIALIZED,
+                    f"the session in {SESSION_HEADER} is not one this server issued (expired "
+                    "or another server's): call 'initialize' without it for a new session",
+                    {"header": SESSION_HEADER},
+                )
+        if method != rcp.Method.INITIALIZE:
+            return super()._dispatch_request(request, session)
+        if self.sessionless == "shared" and session is None:
+            with self._handshake:  # one winner among concurrent handshakes
+                reply = super()._dispatch_request(request, session)
+                return self._with_session(reply, self._negotiated)
+        probe = copy.copy(self)
+        probe._initialized = False
+        reply = rcp.Server.handle(probe, request)
+        if probe._initialized:
+            self._initialized = True
+        return self._with_session(reply, probe._negotiated)
+
+    def _in_session(self, request: dict[str, Any], version: int) -> Any:
+        """``request`` served in an initialized session that negotiated ``version``."""
+        if request.get("method") == rcp.Method.INITIALIZE:
+            return _error(
+                request.get("id"),
+                rcp.Errc.INVALID_REQUEST,
+                f"this session ({SESSION_HEADER}) is already initialized; re-negotiation "
+                "is not permitted mid-session (call 'initialize' without it for a new "
+                "session)",
+            )
+        probe = copy.copy(self)
+        probe._initialized = True
+        probe._negotiated = version
+        return rcp.Server.handle(probe, request)
+
+    def _with_session(self, reply: Any, version: int) -> Any:
+        """A successful ``initialize`` reply with a new session in ``_meta.session``."""
+        if not isinstance(reply, dict) or not isinstance(reply.get("result"), dict):
             return reply
-        return super()._dispatch_request(request)
+        result = reply["result"]
+        meta = result.get("_meta")
+        result["_meta"] = {
+            **(meta if isinstance(meta, dict) else {}),
+            "session": self.tokens.issue(version),
+        }
+        return reply
 
 
 def _silence_stdout() -> None:

@@ -23,7 +23,8 @@ HTTP/1.1 parsing, keep-alive, chunked bodies and duplicate or conflicting
 
 Requests are served concurrently: the event loop only parses and routes, and the RCP
 dispatch (LLM calls, searches) runs in a pool of worker threads. The path is ignored
-(the official client posts to ``/rcp/<method>``); any method but POST gets 405.
+(the official client posts to ``/rcp/<method>``); any method but POST gets 405. The
+``RCP-Session`` header, when sent, names the request's session (`rcp.HttpRcpServer`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._checks import is_int
-from .rcp import MAX_BODY_BYTES, PROPAGATE, RcpServer, dumps, not_utf8
+from .rcp import MAX_BODY_BYTES, PROPAGATE, SESSION_HEADER, RcpServer, dumps, not_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -465,7 +466,8 @@ class _Endpoint:
         self.inflight += 1
         try:
             loop = asyncio.get_running_loop()
-            reply = await loop.run_in_executor(self.pool, self.server.handle_line, text)
+            session = request.headers.get(SESSION_HEADER)
+            reply = await loop.run_in_executor(self.pool, self.server.handle_line, text, session)
         finally:
             self.inflight -= 1
         if not reply:

@@ -18,6 +18,7 @@ from ._options import Collection, IndexPath, MilvusToken, Uri, Verbose
 if TYPE_CHECKING:
     import socket
 
+    from ..rcp import Sessionless
     from ..stores import Store
 
 
@@ -88,6 +89,35 @@ def check_writable(writable: bool, http: int | None, token: str | None, has_inde
             "--writable over HTTP needs --token (or HYDE_PLUS_TOKEN): index/add and "
             "index/delete change the index, so only a caller with the token may call them"
         )
+
+
+SessionlessOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sessionless",
+        metavar="stateless|shared",
+        help="HTTP requests without an RCP-Session header: stateless (default: any "
+        "client may initialize) or shared (one session for the whole server, as the "
+        "protocol's conformance harness expects: a second initialize is -32600).",
+    ),
+]
+
+
+def check_sessionless(sessionless: str | None, http: int | None) -> Sessionless:
+    """The ``--sessionless`` policy (default ``stateless``): HTTP only, and one of
+    `rcp.Sessionless`."""
+    from typing import cast, get_args
+
+    from ..rcp import Sessionless
+
+    if sessionless is None:
+        return "stateless"
+    if http is None:
+        raise fail("--sessionless applies to --http only (over stdio the pipe is the session)")
+    choices = get_args(Sessionless)
+    if sessionless not in choices:
+        raise fail(f"--sessionless must be {' or '.join(choices)}, not {sessionless!r}")
+    return cast("Sessionless", sessionless)
 
 
 def _bind(host: str, port: int, token: str | None) -> socket.socket:
@@ -258,6 +288,7 @@ def serve(
     cache: CacheSpec = "memory",
     embed: RerankEmbed = None,
     writable: Writable = False,
+    sessionless: SessionlessOption = None,
     verbose: Verbose = False,
 ) -> None:
     """Serve the Retrieval Context Protocol: query/transform, and retrieve and rerank
@@ -266,6 +297,7 @@ def serve(
     setup_logging(verbose)
     _check_flags(stdio, http, token, timeout, max_inflight, cache)
     check_writable(writable, http, token, index_path is not None or uri is not None)
+    policy = check_sessionless(sessionless, http)
     with early.refused():
         if index_path is not None or uri is not None:
             early.store_address(index_path, uri)
@@ -277,7 +309,7 @@ def serve(
         store, llm, timeout, config_files, cache=cache, embed=embed, writable=writable
     )
     warm_up(service.llm)
-    _run(service, store, llm, sock, token, max_inflight)
+    _run(service, store, llm, sock, token, max_inflight, policy)
 
 
 def _describe_cache(cache: Any) -> str:
@@ -299,9 +331,10 @@ def _run(
     sock: socket.socket | None,
     token: str | None,
     max_inflight: int,
+    sessionless: Sessionless = "stateless",
 ) -> None:
     from ..models import describe_llm
-    from ..rcp import build_server, serve_stdio
+    from ..rcp import build_server, serve_stdio, session_key
     from ..rcp_http import Limits, RcpHttpServer
     from ..timeouts import describe_timeout
 
@@ -320,14 +353,22 @@ def _run(
         except KeyboardInterrupt:
             pass
         return
+    rcp_server = build_server(
+        service,
+        http=True,
+        sessionless=sessionless,
+        session_key=session_key(token) if token else None,
+    )
     server = RcpHttpServer(
-        build_server(service, http=True),
+        rcp_server,
         sock=sock,
         token=token,
         limits=Limits(max_inflight=max_inflight),
     )
     ui.err.print(
-        f"RCP server on {server.url} ({what}{', token required' if token else ''}); Ctrl-C to stop"
+        f"RCP server on {server.url} ({what}{', token required' if token else ''}"
+        f"{', sessionless requests: one shared session' if sessionless == 'shared' else ''}"
+        "); Ctrl-C to stop"
     )
     try:
         server.serve_forever()
