@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from .stores.faiss import load_index
     from .transforms import (
         Decompose,
-        Guards,
         HyDE,
         MultiQuery,
         QueryTransformer,
@@ -46,7 +45,6 @@ _HOMES = {
     "SearchResult": ".retriever",
     "TransformRetriever": ".retriever",
     "Decompose": ".transforms",
-    "Guards": ".transforms",
     "HyDE": ".transforms",
     "MultiQuery": ".transforms",
     "QueryTransformer": ".transforms",
@@ -75,7 +73,6 @@ def __dir__() -> list[str]:
 __all__ = [
     "Decompose",
     "FusionMode",
-    "Guards",
     "HyDE",
     "HyDERAG",
     "HyDERAGResult",

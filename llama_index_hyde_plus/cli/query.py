@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -135,6 +136,11 @@ def _search(
         return method, searcher.search(question)
     with working(f"{method}: {describe_llm(model)} is writing"):
         return method, searcher.search(question)
+
+
+def _open_store(store: Any, embed: str | None, depth: int) -> Any:
+    with working("Loading the index and the embedding model"):
+        return store.open(depth, embed=embed)
 
 
 def source_of(item: NodeWithScore) -> str:
@@ -291,14 +297,8 @@ def query(
             index=index_path, uri=uri, collection=collection, token=milvus_token or ""
         )
         depth = top_k * GROUP_POOL if group_by_file else top_k
-
-        def open_retriever(fetch: int) -> Any:
-            with working("Loading the index and the embedding model"):
-                return store.open(fetch, embed=embed)
-
-        transform, result = _search(
-            question, transform, options, config_file, llm, open_retriever, depth
-        )
+        opener = partial(_open_store, store, embed)
+        transform, result = _search(question, transform, options, config_file, llm, opener, depth)
     _show(question, transform, result, top_k, group_by_file=group_by_file, as_json=as_json)
 
 

@@ -249,17 +249,19 @@ def _store(
         )
 
 
+StdioFlag = Annotated[bool, typer.Option("--stdio", help="Serve one client on stdin/stdout.")]
+HttpPort = Annotated[
+    int | None, typer.Option("--http", help="Serve HTTP on this port (0: a free one).")
+]
+
+
 def serve(
     index_path: IndexPath = None,
     uri: Uri = None,
     collection: Collection = "hyde_plus",
     milvus_token: MilvusToken = None,
-    stdio: Annotated[
-        bool, typer.Option("--stdio", help="Serve one client on stdin/stdout.")
-    ] = False,
-    http: Annotated[
-        int | None, typer.Option("--http", help="Serve HTTP on this port (0: a free one).")
-    ] = None,
+    stdio: StdioFlag = False,
+    http: HttpPort = None,
     host: Annotated[str, typer.Option(help="HTTP bind address (IPv4 or IPv6).")] = "127.0.0.1",
     token: Annotated[
         str | None,

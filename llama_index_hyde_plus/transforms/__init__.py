@@ -1,6 +1,6 @@
 """The transforms. Import them from the package root."""
 
-from .base import ChainTransform, Guards, QueryTransformer, SearchSpec, TransformResult
+from .base import ChainTransform, QueryTransformer, SearchSpec, TransformResult
 from .decompose import Decompose
 from .feedback import Rocchio
 from .hyde import HyDE
@@ -11,7 +11,6 @@ from .step_back import StepBack
 __all__ = [
     "ChainTransform",
     "Decompose",
-    "Guards",
     "HyDE",
     "MultiQuery",
     "QueryTransformer",
