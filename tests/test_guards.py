@@ -79,6 +79,22 @@ def test_the_weight_changes_what_is_found(faiss_index: VectorStoreIndex) -> None
     assert ids(question_only.nodes) == ["lunch"]
 
 
+def test_a_profile_chooses_the_shipped_defaults_explicitly_and_repr_shows_it() -> None:
+    bundled = ScriptedLLM([P1], model_name="SmolLM2-135M-Instruct-Q4_1")
+    strong = ScriptedLLM([P1], model_name="gpt-4o-mini")
+    assert HyDE(bundled, profile="capable").generator == "capable"
+    assert HyDE(strong, profile="small").generator == "small"
+    assert HyDE(strong, profile="small").query_weight == HyDE.SHIPPED["small"].query_weight
+    assert HyDE(strong, profile="small").transform(Q).defaults == "small"
+    assert HyDE(bundled).generator == "small"  # "auto" reads the model's name
+    assert repr(HyDE(strong)) == "HyDE(llm='gpt-4o-mini', profile='auto: capable')"
+    assert repr(MultiQuery(bundled, profile="capable")) == (
+        "MultiQuery(llm='SmolLM2-135M-Instruct-Q4_1', profile='capable')"
+    )
+    with pytest.raises(ValueError, match="profile must be one of auto, small, capable"):
+        HyDE(strong, profile="large")  # type: ignore[typeddict-item]
+
+
 def test_plain_hyde_ships_guarded_defaults_for_the_small_model_and_weights_for_others() -> None:
     small = HyDE(ScriptedLLM([P1], model_name="SmolLM2-135M-Instruct-Q4_1"))
     capable = HyDE(ScriptedLLM([P1], model_name="gpt-4o-mini"))

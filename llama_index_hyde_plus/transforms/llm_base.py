@@ -39,7 +39,7 @@ from ..singleflight import SingleFlight
 from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
-from .options import LLMOptions, breaker_from, check_option_names
+from .options import PROFILES, LLMOptions, breaker_from, check_option_names
 from .parsing import clean_reply
 
 if TYPE_CHECKING:
@@ -133,6 +133,11 @@ class LLMTransform(QueryTransformer):
             raise ValueError("timeout must be > 0 seconds (and finite)")
         retry = options.get("retry")
         prices = options.get("prices")
+        profile = options.get("profile", "auto")
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
+        self.profile = profile
+        """``"auto"``, ``"small"`` or ``"capable"``: see `generator`."""
         self._llm = llm
         self._prompt = _template(options.get("prompt") or self.default_prompt, self.prompt_vars)
         self.temperature = temperature
@@ -146,6 +151,16 @@ class LLMTransform(QueryTransformer):
         self._flights: SingleFlight[TransformResult] = SingleFlight()
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
 
+    def __repr__(self) -> str:
+        """``HyDE(llm='gpt-4o-mini', profile='auto: capable')``: the model and which
+        shipped defaults it gets."""
+        try:
+            name = _llm.model_name(self.llm) or type(self.llm).__name__
+        except Exception:  # Settings.llm that cannot be resolved (no key)
+            name = "Settings.llm (unresolved)"
+        profile = f"auto: {self.generator}" if self.profile == "auto" else self.profile
+        return f"{type(self).__name__}(llm={name!r}, profile={profile!r})"
+
     @property
     def llm(self) -> LLM:
         """The transform's own LLM; ``Settings.llm`` when none was given."""
@@ -153,11 +168,14 @@ class LLMTransform(QueryTransformer):
 
     @property
     def generator(self) -> str:
-        """``"small"`` (the bundled SmolLM2-135M) or ``"capable"`` (any other LLM):
-        which of the shipped defaults apply when options are left unset. An LLM that
-        cannot be resolved (``Settings.llm`` without a key) counts as capable: its call
-        fails and falls back anyway. Read once per LLM object (its metadata is rebuilt on
-        every access, and a search asks several times)."""
+        """Which of the shipped defaults apply when options are left unset: the
+        ``profile`` given, else (``"auto"``) ``"small"`` for the bundled SmolLM2-135M and
+        ``"capable"`` for any other LLM. An LLM that cannot be resolved (``Settings.llm``
+        without a key) counts as capable: its call fails and falls back anyway. Read once
+        per LLM object (its metadata is rebuilt on every access, and a search asks
+        several times)."""
+        if self.profile != "auto":
+            return self.profile
         try:
             llm = self.llm
         except Exception:

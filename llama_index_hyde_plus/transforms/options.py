@@ -8,7 +8,7 @@ keyword arguments of its class; these shared ones arrive as ``**options`` typed 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.prompts import BasePromptTemplate
@@ -16,6 +16,10 @@ from llama_index.core.prompts import BasePromptTemplate
 from ..cache import TransformCache
 from ..reliability import CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
+
+Profile = Literal["auto", "small", "capable"]
+"""Which shipped defaults a transform uses (see `LLMOptions`)."""
+PROFILES: tuple[str, ...] = ("auto", "small", "capable")
 
 
 class LLMOptions(TypedDict, total=False):
@@ -34,6 +38,10 @@ class LLMOptions(TypedDict, total=False):
       when absent).
     - ``breaker``: a `CircuitBreaker` (share one across transforms of one provider);
       absent: a new breaker of the transform's own; ``None``: no breaker.
+    - ``profile``: which shipped defaults apply to the options left unset:
+      ``"small"`` (tuned for the bundled SmolLM2-135M: the question dominates),
+      ``"capable"`` (tuned for a strong model's text), or ``"auto"`` (the default:
+      ``"small"`` for the bundled model's name, else ``"capable"``). Shown in ``repr``.
     """
 
     prompt: str | BasePromptTemplate | None
@@ -44,6 +52,7 @@ class LLMOptions(TypedDict, total=False):
     cache: TransformCache | None
     retry: RetryPolicy | None
     breaker: CircuitBreaker | None
+    profile: Profile
 
 
 LLM_OPTION_NAMES: frozenset[str] = frozenset(LLMOptions.__annotations__)
