@@ -51,10 +51,10 @@ def check_folder(folder: Path, kind: str, flag: str) -> Path:
     if folder.is_dir() and any(folder.iterdir()):
         found = marker_kind(folder)
         if found != kind:
-            why = f"it holds hyde-plus {found}" if found else f"it has no {MARKER} marker"
+            why = f"its {MARKER} marker says {found}" if found else f"no {MARKER} marker"
             raise ValueError(
-                f"{flag} {folder} is a folder that is neither empty nor hyde-plus {kind} "
-                f"({why}); it is left alone: choose a new or empty folder"
+                f"{flag} {folder} is neither empty nor a hyde-plus {kind} folder ({why}); "
+                "it is left alone: choose a new or empty folder"
             )
     check_creatable(folder, flag)
     return folder

@@ -522,9 +522,9 @@ def test_a_folder_whose_hyde_plus_json_is_not_ours_is_left_untouched(
     result = index_cli(a_docs_folder(tmp_path), out)
     assert result.exit_code == 2, result.output
     assert f"--out {out}" in result.output and "Traceback" not in result.output
-    assert "neither empty nor hyde-plus faiss-index" in result.output
+    assert "neither empty nor a hyde-plus index folder" in result.output
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    with pytest.raises(ValueError, match="neither empty nor hyde-plus faiss-index"):
+    with pytest.raises(ValueError, match="neither empty nor a hyde-plus index folder"):
         build(out)
 
 
@@ -629,7 +629,7 @@ def test_a_folder_of_data_folders_without_metadata_is_refused_not_emptied(
     backups.mkdir()
     shutil.copytree(source / read_meta(source)["data"], backups / read_meta(source)["data"])
     before = sorted(str(p.relative_to(backups)) for p in backups.rglob("*"))
-    with pytest.raises(ValueError, match="neither empty nor hyde-plus faiss-index"):
+    with pytest.raises(ValueError, match="neither empty nor a hyde-plus index folder"):
         build(backups)
     assert sorted(str(p.relative_to(backups)) for p in backups.rglob("*")) == before
 

@@ -29,7 +29,7 @@ from .._owned import MARKER, check_folder, claim, locked_folder, write_text_atom
 
 logger = logging.getLogger(__name__)
 
-KIND = "faiss-index"
+KIND = "index"
 META_FILE = "hyde_plus.json"
 CURRENT_LINK = "current"
 """The link inside an index folder to its data folder in use: a stable path that plain
