@@ -564,7 +564,7 @@ def test_eval_docs_refuses_a_questions_dir_that_is_not_a_set_before_any_work(
             *("--llm", "scripted", "--embed", "local", "--cache-dir", str(tmp_path / "c")),
         ],
     )
-    assert result.exit_code == 2 and "not a hyde-plus question-set folder" in result.output
+    assert result.exit_code == 2 and "nor a hyde-plus question-set folder" in result.output
     assert "Writing questions" not in result.output
     assert (mine / "notes.txt").read_text() == "keep"
 

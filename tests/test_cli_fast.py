@@ -165,7 +165,7 @@ def test_the_early_checks_give_the_library_s_messages(tmp_path: Path) -> None:
     from llama_index_hyde_plus.models import MissingExtraError, require_extra
     from llama_index_hyde_plus.readers import read_folder
     from llama_index_hyde_plus.stores import open_store
-    from llama_index_hyde_plus.stores.faiss_folder import read_meta
+    from llama_index_hyde_plus.stores.faiss import read_meta
     from llama_index_hyde_plus.transforms.config import load_config
 
     missing, folder = tmp_path / "missing", tmp_path

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus._owned import MARKER
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.stores.faiss import build_faiss_index, load_faiss_index
-from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK, read_meta
+from llama_index_hyde_plus.stores.faiss import build_faiss_index, load_faiss_index, read_meta
+from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK
 from llama_index_hyde_plus.stores.nodes import EmbeddingMismatchError
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 

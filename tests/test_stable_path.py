@@ -12,7 +12,8 @@ from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus._owned import MARKER
 from llama_index_hyde_plus.stores import FaissStore
-from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK, read_meta
+from llama_index_hyde_plus.stores.faiss import read_meta
+from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
 VERSIONS = [
