@@ -15,12 +15,11 @@ rewriting the whole folder per call.
 Order of a write, so that a crash at any point loses nothing that was there before:
 everything is embedded first (no write yet); then the new chunks are upserted (each
 replaces the row of its id, or is added); then the document's chunks that the new
-version no longer has are deleted; then the record beside a Milvus Lite file is brought
-up to date. Dying after the upsert leaves the new version plus, at worst, stale chunks
-of the old one; repeating the same ``index/add`` (it is idempotent) removes them. Milvus
-keeps a write it acknowledged (a cluster in its log, Milvus Lite in its files: a process
-killed right after the answer loses none), so no ``flush`` is called (a cluster limits
-those: they seal segments).
+version no longer has are deleted. Dying after the upsert leaves the new version plus,
+at worst, stale chunks of the old one; repeating the same ``index/add`` (it is
+idempotent) removes them. Milvus keeps a write it acknowledged (a cluster in its log,
+Milvus Lite in its files: a process killed right after the answer loses none), so no
+``flush`` is called (a cluster limits those: they seal segments).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,9 +189,7 @@ class MilvusWriter:
 
     ``index`` is the served ``VectorStoreIndex`` (its vector store is switched to upsert
     by primary key); ``embed_model`` the index's; ``chunking`` as the index was built
-    (None: one node per document); ``after_write`` is called after every write that
-    changed rows (to update the record beside a Milvus Lite file). Writes are
-    serialised: one at a time per server."""
+    (None: one node per document). Writes are serialised: one at a time per server."""
 
     kind = "milvus"
 
@@ -201,14 +198,11 @@ class MilvusWriter:
         index: Any,
         embed_model: BaseEmbedding,
         chunking: Chunking | None,
-        *,
-        after_write: Callable[[], None] | None = None,
     ) -> None:
         self.store = index.vector_store
         self.store.upsert_mode = True  # Milvus upsert: replace the row of the same id
         self.embed_model = embed_model
         self.chunking = chunking
-        self.after_write = after_write
         self._lock = threading.Lock()
 
     @property
@@ -236,7 +230,6 @@ class MilvusWriter:
         with self._lock:
             self.store.add(nodes)
             self._drop_stale(ids, {n.node_id for n in nodes})
-            self._written()
         return AddResult(ids, len(nodes))
 
     def _drop_stale(self, documents: Sequence[str], keep: set[str]) -> None:
@@ -257,9 +250,4 @@ class MilvusWriter:
                 self.store.client.delete(
                     collection_name=self.collection, pks=[str(r["id"]) for r in rows]
                 )
-                self._written()
             return len(found)
-
-    def _written(self) -> None:
-        if self.after_write is not None:
-            self.after_write()

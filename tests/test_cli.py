@@ -564,7 +564,7 @@ def test_eval_docs_refuses_a_questions_dir_that_is_not_a_set_before_any_work(
             *("--llm", "scripted", "--embed", "local", "--cache-dir", str(tmp_path / "c")),
         ],
     )
-    assert result.exit_code == 2 and "is not a question set" in result.output
+    assert result.exit_code == 2 and "nor a hyde-plus question-set folder" in result.output
     assert "Writing questions" not in result.output
     assert (mine / "notes.txt").read_text() == "keep"
 
@@ -601,7 +601,9 @@ def test_eval_refuses_an_out_folder_holding_results_it_did_not_write(
     result = runner.invoke(
         app, ["eval", "--dataset", str(tiny), "--transforms", "none", "--out", str(out)]
     )
-    assert result.exit_code == 2 and f"--out {out / name} exists and is not" in result.output
+    assert (
+        result.exit_code == 2 and f"--out {out} is neither empty nor a hyde-plus" in result.output
+    )
     assert "Traceback" not in result.output and (out / name).read_text() == "someone else's"
 
 
@@ -665,7 +667,7 @@ def test_eval_docs_never_touches_a_folder_with_a_foreign_manifest(tmp_path: Path
             *("--out", str(tmp_path / "out")),
         ],
     )
-    assert result.exit_code == 2 and "is not a question set written by hyde-plus" in result.output
+    assert result.exit_code == 2 and "nor a hyde-plus question-set folder" in result.output
     assert sorted(p.name for p in app_dir.iterdir()) == ["index.html", "manifest.json"]
     assert not (tmp_path / "out").exists()
 

@@ -140,6 +140,11 @@ def test_the_light_names_are_the_registry_s_the_stores_and_the_defaults() -> Non
     assert names.DEFAULT_CHUNK_SIZE == chunking.DEFAULT_CHUNK_SIZE
     assert names.DEFAULT_CHUNK_OVERLAP == chunking.DEFAULT_CHUNK_OVERLAP
     assert names.TIMEOUT_POLICY == timeouts.POLICY
+    from typing import get_args
+
+    from llama_index_hyde_plus import rcp
+
+    assert get_args(rcp.Sessionless) == names.SESSIONLESS
 
 
 def _outcome(function: Callable[[], Any]) -> tuple[str, str]:
@@ -165,7 +170,7 @@ def test_the_early_checks_give_the_library_s_messages(tmp_path: Path) -> None:
     from llama_index_hyde_plus.models import MissingExtraError, require_extra
     from llama_index_hyde_plus.readers import read_folder
     from llama_index_hyde_plus.stores import open_store
-    from llama_index_hyde_plus.stores.faiss_folder import read_meta
+    from llama_index_hyde_plus.stores.faiss import read_meta
     from llama_index_hyde_plus.transforms.config import load_config
 
     missing, folder = tmp_path / "missing", tmp_path

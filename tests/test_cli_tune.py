@@ -192,7 +192,7 @@ def test_tune_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path, flag:
     result, _ = _tune(tmp_path, "--transform", "rocchio", flag, str(mine))
     assert result.exit_code == 2, result.output  # type: ignore[attr-defined]
     output = result.output  # type: ignore[attr-defined]
-    assert f"{flag} {mine} exists and is not" in output and "refusing to overwrite" in output
+    assert f"{flag} {mine} exists and is not" in output and "it is left alone" in output
     assert "Traceback" not in output and "queries; tuning" not in output  # before loading
     assert mine.read_bytes() == before
 
@@ -219,17 +219,18 @@ def test_tune_refuses_outputs_inside_the_documents(tmp_path: Path) -> None:
     assert sorted(p.name for p in docs.iterdir()) == ["guide.md"]
 
 
-def test_a_config_edited_by_hand_is_theirs_and_never_overwritten(tmp_path: Path) -> None:
+def test_a_rerun_replaces_its_own_config_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """A config tune wrote is its output (its ``hyde_plus_config`` key names it), edited
+    or not: the next run replaces it and says so."""
     first, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3")
     assert first.exit_code == 0, first.output  # type: ignore[attr-defined]
+    assert "replacing" not in first.output  # type: ignore[attr-defined]
     config = json.loads(out.read_text())
-    config["my_comment"] = "k=3 is what production runs"
-    out.write_text(json.dumps(config, indent=2))
-    before = out.read_bytes()
+    out.write_text(json.dumps({**config, "my_comment": "edited"}, indent=2))
     again, _ = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=5")
-    assert again.exit_code == 2, again.output  # type: ignore[attr-defined]
-    assert "is not a config hyde-plus wrote" in again.output  # type: ignore[attr-defined]
-    assert out.read_bytes() == before
+    assert again.exit_code == 0, again.output  # type: ignore[attr-defined]
+    assert f"replacing {out.name} in" in again.output  # type: ignore[attr-defined]
+    assert json.loads(out.read_text())["options"]["k"] == 5
 
 
 def test_tune_refuses_one_path_for_out_and_report_before_any_work(tmp_path: Path) -> None:

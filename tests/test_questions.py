@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -210,7 +209,7 @@ def test_a_set_is_never_written_over_a_folder_that_is_not_one(tmp_path: Path) ->
     from llama_index_hyde_plus.evaluation.questions import GeneratedQuestion
 
     qset.questions.append(GeneratedQuestion("g1", "Who owns service 7?", "doc1.md#1"))
-    with pytest.raises(ValueError, match="is not a question set"):
+    with pytest.raises(ValueError, match="neither empty nor a hyde-plus question-set folder"):
         write_question_set(qset, chunks(), mine, {})
     assert (mine / "notes.txt").read_text() == "keep me"
     assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # no temp folder left
@@ -261,79 +260,37 @@ def test_labels_refuse_empty_targets_bad_grades_and_drop_queries_with_nothing_to
         read_labels(labels, chunks())
 
 
-async def test_a_set_edited_by_hand_is_never_replaced(tmp_path: Path) -> None:
-    from llama_index_hyde_plus.evaluation.questions import edited
+async def test_a_set_is_replaced_by_the_next_run_which_says_so_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A set in a folder hyde-plus owns is its own output, edited or not: regenerating
+    it (another seed, say) replaces its files, and says so."""
+    import logging
 
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
     nodes = chunks()
     llm = ScriptedLLM(respond=lambda p: f"Which team runs service {p.split('Chunk ')[1][:2]}?")
     qset = await generate_questions(nodes, llm, n=3, seed=1)
     folder = write_question_set(qset, nodes, tmp_path / "set", {})
-    assert not edited(folder)
+    assert not caplog.records
     with (folder / "queries.jsonl").open("a") as f:
         f.write('{"_id": "mine", "text": "My own question?"}\n')
-    assert edited(folder)
-    with pytest.raises(
-        ValueError, match=r"was edited since it was written \(queries.jsonl changed\); it is kept"
-    ):
-        write_question_set(qset, nodes, folder, {})
-    assert "My own question?" in (folder / "queries.jsonl").read_text()
+    write_question_set(qset, nodes, folder, {"docs": "y"})
+    assert "My own question?" not in (folder / "queries.jsonl").read_text()
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("replacing corpus.jsonl, queries.jsonl, test.tsv, rejected.jsonl")
     corpus = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines()]
     assert corpus[0]["title"].startswith("doc")  # the chunk's source file
 
 
-def _edit_manifest(path: Path) -> None:
-    path.write_text(json.dumps({**json.loads(path.read_text()), "note": "checked by Ann"}))
-
-
-@pytest.mark.parametrize(
-    ("name", "edit"),
-    [
-        ("corpus.jsonl", lambda p: p.write_text(p.read_text().replace("team 1 ", "team one "))),
-        ("rejected.jsonl", lambda p: p.write_text('{"chunk": "x", "reason": "mine"}\n')),
-        (
-            "queries.jsonl",
-            lambda p: p.write_text(p.read_text() + '{"_id": "q", "text": "Mine?"}\n'),
-        ),
-        ("qrels/test.tsv", lambda p: p.write_text(p.read_text() + "q\tdoc1.md#1\t1\n")),
-        ("manifest.json", _edit_manifest),
-        ("rejected.jsonl", lambda p: p.unlink()),
-    ],
-)
-def test_an_edit_to_any_file_of_a_set_keeps_it_and_names_the_file(
-    tmp_path: Path, name: str, edit: Callable[[Path], object]
-) -> None:
-    """Regenerating (another seed, say) never replaces a set edited by hand, whichever of
-    its files was edited; the refusal names it and every file stays as the user left it."""
-    from llama_index_hyde_plus.evaluation.questions import SET_FILES, edited
-
-    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
-    edit(folder / name)
-    before = {n: (folder / n).read_bytes() for n in SET_FILES if (folder / n).exists()}
-    assert edited(folder) == [name]
-    with pytest.raises(ValueError, match=rf"edited since it was written \({name} changed\)"):
-        write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
-    assert {n: (folder / n).read_bytes() for n in SET_FILES if (folder / n).exists()} == before
-    assert [p.name for p in tmp_path.iterdir()] == ["set"]  # no temp folder left
-
-
-def test_an_unchanged_set_is_replaced_even_after_tune_marked_it(tmp_path: Path) -> None:
-    from llama_index_hyde_plus.evaluation.questions import edited, mark_tuned
+def test_a_set_marked_tuned_is_replaced_like_any_other(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.questions import mark_tuned
 
     folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
     mark_tuned(folder)
-    assert edited(folder) == [] and read_manifest(folder)["tuned"] is True  # type: ignore[index]
+    assert read_manifest(folder)["tuned"] is True  # type: ignore[index]
     write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
     assert read_manifest(folder)["docs"] == "y"  # type: ignore[index]
-
-
-def test_marking_a_set_tuned_does_not_hide_a_hand_edit(tmp_path: Path) -> None:
-    from llama_index_hyde_plus.evaluation.questions import edited, mark_tuned
-
-    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
-    (folder / "corpus.jsonl").write_text("")
-    _edit_manifest(folder / "manifest.json")
-    mark_tuned(folder)
-    assert edited(folder) == ["corpus.jsonl", "manifest.json"]
 
 
 def _one_question_set() -> QuestionSet:
@@ -347,21 +304,17 @@ def _one_question_set() -> QuestionSet:
     [
         {"name": "my web app", "start_url": "/"},
         {"format": 1, "name": "a web app that happens to say format 1"},
-        {"format": 1, "files_sha256": "not a digest"},
-        {"format": 1, "files_sha256": "0" * 64},
-        {"format": 1, "files_sha256": {"queries.jsonl": "0" * 64}},
     ],
 )
 def test_a_folder_holding_some_manifest_json_is_not_a_set(
     tmp_path: Path, manifest: dict[str, object]
 ) -> None:
-    """A manifest.json is not enough: its own fields must be a set's, else nothing in
-    the folder is touched."""
+    """A manifest.json is not enough (the folder has no marker): nothing in it is touched."""
     app = tmp_path / "app"
     app.mkdir()
     (app / "manifest.json").write_text(json.dumps(manifest))
     (app / "index.html").write_text("<html>keep</html>")
-    with pytest.raises(ValueError, match="is not a question set written by hyde-plus"):
+    with pytest.raises(ValueError, match="is neither empty nor a hyde-plus question-set folder"):
         write_question_set(_one_question_set(), chunks(), app, {"docs": "x"})
     assert sorted(p.name for p in app.iterdir()) == ["index.html", "manifest.json"]
     assert json.loads((app / "manifest.json").read_text()) == manifest
@@ -388,17 +341,20 @@ def test_a_fifo_named_manifest_json_never_blocks_and_is_not_a_set(tmp_path: Path
     worker.start()
     worker.join(timeout=300)  # a hang guard, not a timing: the refusal is immediate
     assert outcome and isinstance(outcome[0], ValueError), "blocked on the FIFO"
-    assert "is not a question set written by hyde-plus" in str(outcome[0])
+    assert "neither empty nor a hyde-plus question-set folder" in str(outcome[0])
     assert [p.name for p in folder.iterdir()] == ["manifest.json"]
 
 
-def test_a_set_holding_a_users_file_is_not_replaced(tmp_path: Path) -> None:
+def test_a_users_file_in_a_set_is_kept_and_a_folder_in_the_way_refused(tmp_path: Path) -> None:
     folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
     (folder / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match=r"also holds files hyde-plus did not write \(notes.txt\)"):
-        write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
+    write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
     assert (folder / "notes.txt").read_text() == "mine"
-    assert read_manifest(folder)["docs"] == "x"  # type: ignore[index]
+    (folder / "rejected.jsonl").unlink()
+    (folder / "rejected.jsonl").mkdir()
+    with pytest.raises(ValueError, match=r"--questions-dir: .*rejected.jsonl is a folder"):
+        write_question_set(_one_question_set(), chunks(), folder, {"docs": "z"})
+    assert read_manifest(folder)["docs"] == "y"  # type: ignore[index]
 
 
 def test_replacing_a_set_leaves_only_the_new_set(tmp_path: Path) -> None:
@@ -449,23 +405,3 @@ def test_an_empty_folder_for_a_set_is_filled_in_place(tmp_path: Path) -> None:
     assert private.stat().st_mode & 0o777 == 0o700 and private.stat().st_ino == inode
     assert read_manifest(folder)["docs"] == "x"  # type: ignore[index]
     assert [p.name for p in tmp_path.iterdir()] == ["qpriv"]
-
-
-def test_an_old_set_that_cannot_be_deleted_only_warns_once_the_new_set_is_in_place(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    import logging
-
-    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
-    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
-    real_unlink = Path.unlink
-
-    def stuck(self: Path, missing_ok: bool = False) -> None:
-        if self.name == "queries.jsonl" and ".set-old-" in str(self):
-            raise PermissionError(1, "Operation not permitted", str(self))
-        real_unlink(self, missing_ok=missing_ok)
-
-    monkeypatch.setattr(Path, "unlink", stuck)
-    write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
-    assert read_manifest(folder)["docs"] == "y"  # type: ignore[index]
-    assert any("replaced question set stays in" in r.getMessage() for r in caplog.records)

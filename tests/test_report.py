@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -85,55 +86,55 @@ def test_terminal_table_lists_every_transform(tmp_path: Path) -> None:
     assert "hyde" in markdown(result(tmp_path))
 
 
-def test_outputs_are_overwritten_when_this_tool_wrote_them(tmp_path: Path) -> None:
+def test_a_re_run_replaces_its_own_results_and_says_so_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Results in a folder hyde-plus owns are its own output (edited or not): a re-run
+    replaces them, saying so; files of the user's beside them are kept."""
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
     res = result(tmp_path)
     out = tmp_path / "out"
     write_outputs(res, out, command="first")
+    assert not caplog.records
+    (out / "results.md").write_text("# edited\n")
+    (out / "notes.txt").write_text("mine")
     write_outputs(res, out, command="second")  # a re-run into the same folder
     assert json.loads((out / "results.json").read_text())["command"] == "second"
     assert "second" in (out / "results.md").read_text()
+    assert (out / "notes.txt").read_text() == "mine"
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line == f"replacing results.json, results.md, results.png in {out} from the previous run"
 
 
-def test_a_results_file_someone_else_wrote_is_never_overwritten(tmp_path: Path) -> None:
+def test_a_folder_hyde_plus_does_not_own_is_never_written_into(tmp_path: Path) -> None:
     res = result(tmp_path)
-    out = tmp_path / "out"
-    write_outputs(res, out)
-    (out / "results.md").write_text("# My own results\n")  # edited by hand: now theirs
-    with pytest.raises(ValueError, match=r"results\.md exists and is not an eval report"):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "results.md").write_text("# My own results\n")
+    with pytest.raises(
+        ValueError, match=rf"--out {out} is neither empty nor a hyde-plus eval-results"
+    ):
         write_outputs(res, out)
+    assert [p.name for p in out.iterdir()] == ["results.md"]
     assert (out / "results.md").read_text() == "# My own results\n"
 
 
-def test_results_edited_by_hand_are_theirs_and_never_overwritten(tmp_path: Path) -> None:
-    res = result(tmp_path)
-    out = tmp_path / "out"
-    write_outputs(res, out)
-    md = out / "results.md"
-    md.write_text(md.read_text() + "\nMy analysis: the gain is real.\n")
-    with pytest.raises(ValueError, match=r"results\.md exists and is not an eval report"):
-        write_outputs(res, out)
-    assert md.read_text().endswith("My analysis: the gain is real.\n")
-    md.unlink()
-    data = json.loads((out / "results.json").read_text())
-    data["notes"] = "irreplaceable"
-    (out / "results.json").write_text(json.dumps(data, indent=2))
-    with pytest.raises(ValueError, match=r"results\.json exists and is not eval results"):
-        write_outputs(res, out)
-    assert json.loads((out / "results.json").read_text())["notes"] == "irreplaceable"
-
-
-def test_results_re_indented_by_hand_are_theirs_even_with_the_same_content(
-    tmp_path: Path,
+@pytest.mark.parametrize("thing", ["folder", "link"])
+def test_a_users_folder_or_link_where_a_result_goes_is_refused_naming_it(
+    tmp_path: Path, thing: str
 ) -> None:
     res = result(tmp_path)
     out = tmp_path / "out"
     write_outputs(res, out)
-    results = out / "results.json"
-    reformatted = json.dumps(json.loads(results.read_text()), indent=4)
-    results.write_text(reformatted)
-    with pytest.raises(ValueError, match=r"results\.json exists and is not eval results"):
+    target = out / "results.md"
+    target.unlink()
+    if thing == "folder":
+        target.mkdir()
+    else:
+        target.symlink_to(tmp_path / "elsewhere.md")
+    with pytest.raises(ValueError, match=rf"--out: {target} is a {thing} hyde-plus did not write"):
         write_outputs(res, out)
-    assert results.read_text() == reformatted
+    assert not (tmp_path / "elsewhere.md").exists()
 
 
 def test_a_re_run_replaces_results_atomically_so_hard_links_keep_the_old_run(
@@ -150,47 +151,6 @@ def test_a_re_run_replaces_results_atomically_so_hard_links_keep_the_old_run(
     assert {p.name: p.read_bytes() for p in archive.iterdir()} == before
     assert "second run" in (out / "results.md").read_text()
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_a_chart_edited_by_hand_is_theirs_even_with_our_metadata_kept(tmp_path: Path) -> None:
-    """An image editor that keeps the PNG's text chunks but changes pixels makes the
-    chart the user's: the seal records the image data's sha256."""
-    import zlib
-
-    res = result(tmp_path)
-    out = tmp_path / "out"
-    write_outputs(res, out)
-    png = (out / "results.png").read_bytes()
-    i = png.index(b"IDAT") + 4  # flip one byte of the image data, fix the chunk's CRC
-    length = int.from_bytes(png[i - 8 : i - 4], "big")
-    body = bytearray(png[i : i + length])
-    body[len(body) // 2] ^= 0xFF
-    crc = zlib.crc32(b"IDAT" + bytes(body)).to_bytes(4, "big")
-    edited = png[:i] + bytes(body) + crc + png[i + length + 4 :]
-    (out / "results.png").write_bytes(edited)
-    with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
-        write_outputs(res, out)
-    assert (out / "results.png").read_bytes() == edited
-
-
-def test_a_chart_the_user_added_a_note_to_is_theirs(tmp_path: Path) -> None:
-    """A text chunk (a comment, a caption) or a gamma chunk added after the image data
-    makes the chart the user's too: the seal covers every chunk, not the pixels alone."""
-    import zlib
-
-    res = result(tmp_path)
-    out = tmp_path / "out"
-    write_outputs(res, out)
-    png = (out / "results.png").read_bytes()
-    body = b"Comment\x00MY NOTES"
-    chunk = len(body).to_bytes(4, "big") + b"tEXt" + body
-    chunk += zlib.crc32(b"tEXt" + body).to_bytes(4, "big")
-    end = png.rindex(b"IEND") - 4
-    noted = png[:end] + chunk + png[end:]
-    (out / "results.png").write_bytes(noted)
-    with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
-        write_outputs(res, out)
-    assert (out / "results.png").read_bytes() == noted
 
 
 def test_a_full_disk_while_writing_results_leaves_the_old_run_whole(
@@ -214,18 +174,6 @@ def test_a_full_disk_while_writing_results_leaves_the_old_run_whole(
         write_outputs(res, out, command="second run")
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no run mixed, no .tmp
-
-
-def test_a_few_bytes_appended_to_the_chart_make_it_theirs(tmp_path: Path) -> None:
-    res = result(tmp_path)
-    out = tmp_path / "out"
-    write_outputs(res, out)
-    with (out / "results.png").open("ab") as chart:
-        chart.write(b"MINE")  # fewer bytes than a chunk header
-    tagged = (out / "results.png").read_bytes()
-    with pytest.raises(ValueError, match=r"results\.png exists and is not an eval chart"):
-        write_outputs(res, out)
-    assert (out / "results.png").read_bytes() == tagged
 
 
 def test_an_eval_ends_with_one_recommendation_a_user_can_act_on(tmp_path: Path) -> None:

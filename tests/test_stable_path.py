@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from llama_index.core import Document, StorageContext, load_index_from_storage
 from llama_index.vector_stores.faiss import FaissVectorStore
 
+from llama_index_hyde_plus._owned import MARKER
 from llama_index_hyde_plus.stores import FaissStore
-from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK, read_meta
+from llama_index_hyde_plus.stores.faiss import read_meta
+from llama_index_hyde_plus.stores.faiss_folder import CURRENT_LINK
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
 VERSIONS = [
@@ -42,7 +45,7 @@ def test_plain_llama_index_opens_the_stable_path_after_two_rebuilds(tmp_path: Pa
         assert link.is_symlink() and os.readlink(link) == data_folders[-1]  # relative
     assert len(set(data_folders)) == 3  # the data folder moved each time
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [CURRENT_LINK, data_folders[-1], "hyde_plus.json"]
+        [MARKER, CURRENT_LINK, data_folders[-1], "hyde_plus.json"]
     )  # the old data and every temporary link are gone
     assert _open_with_plain_llama_index(out / CURRENT_LINK, embed) == ["lisbon"]
 
@@ -51,7 +54,7 @@ def test_plain_llama_index_opens_the_stable_path_after_two_rebuilds(tmp_path: Pa
     assert _open_with_plain_llama_index(moved / CURRENT_LINK, embed) == ["lisbon"]
 
 
-def test_a_current_that_is_not_a_link_is_left_alone(tmp_path: Path) -> None:
+def test_a_current_that_is_not_a_link_is_refused_and_left_alone(tmp_path: Path) -> None:
     embed = DeterministicEmbedding(dim=64)
     out = tmp_path / "idx"
     store = FaissStore(out)
@@ -59,6 +62,7 @@ def test_a_current_that_is_not_a_link_is_left_alone(tmp_path: Path) -> None:
     (out / CURRENT_LINK).unlink()
     (out / CURRENT_LINK).mkdir()
     (out / CURRENT_LINK / "mine.txt").write_text("keep me")
-    store.build([Document(text="Second.", id_="b")], embed, embed_spec="d", max_length=256)
+    with pytest.raises(ValueError, match=r"current is not the link hyde-plus makes"):
+        store.build([Document(text="Second.", id_="b")], embed, embed_spec="d", max_length=256)
     assert (out / CURRENT_LINK / "mine.txt").read_text() == "keep me"
-    assert store.load(embed).docstore.get_document("b") is not None
+    assert store.load(embed).docstore.get_document("a") is not None

@@ -27,7 +27,7 @@ def refused() -> Iterator[None]:
 
 def store_address(index: Path | None, uri: str | None) -> None:
     """As `stores.open_store`: exactly one of ``--index`` and ``--uri``; an ``--index``
-    folder that exists (`stores.faiss_folder.read_meta`)."""
+    folder that exists (`stores.faiss.read_meta`)."""
     if (index is None) == (uri is None):
         raise ValueError("give exactly one of --index (FAISS) and --uri (Milvus)")
     if index is not None and not index.exists():

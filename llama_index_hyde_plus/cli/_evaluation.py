@@ -104,7 +104,7 @@ class SearchChoice:
         if self.uri is not None or self.kind != "faiss":
             raise ValueError("--index is a FAISS index folder; leave out --store/--uri with it")
         from ..models import concrete_embedding_spec
-        from ..stores.faiss_folder import read_meta
+        from ..stores.faiss import read_meta
 
         wanted = {
             "--chunk-size": docs.chunk_size,

@@ -28,6 +28,9 @@ METHODS: tuple[str, ...] = ("hyde", "multi-query", "step-back", "decompose", "re
 SPELLINGS: dict[str, str] = {"multiquery": "multi-query", "stepback": "step-back"}
 """Other spellings `transforms.registry.transform_class` forgives."""
 
+SESSIONLESS: tuple[str, ...] = ("stateless", "shared")
+"""`rcp.Sessionless`: what an HTTP server does with requests that carry no session."""
+
 STORE_KINDS: tuple[str, ...] = ("faiss", "milvus")
 """`stores.STORE_KINDS`: the ``--store`` choices."""
 

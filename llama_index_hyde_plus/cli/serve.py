@@ -106,15 +106,14 @@ SessionlessOption = Annotated[
 def check_sessionless(sessionless: str | None, http: int | None) -> Sessionless:
     """The ``--sessionless`` policy (default ``stateless``): HTTP only, and one of
     `rcp.Sessionless`."""
-    from typing import cast, get_args
+    from typing import cast
 
-    from ..rcp import Sessionless
+    from ._names import SESSIONLESS as choices
 
     if sessionless is None:
         return "stateless"
     if http is None:
         raise fail("--sessionless applies to --http only (over stdio the pipe is the session)")
-    choices = get_args(Sessionless)
     if sessionless not in choices:
         raise fail(f"--sessionless must be {' or '.join(choices)}, not {sessionless!r}")
     return cast("Sessionless", sessionless)

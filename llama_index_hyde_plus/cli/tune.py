@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .._files import is_our_markdown
 from . import _console as ui
 from . import _early as early
 from . import _options as opt
@@ -36,6 +34,7 @@ def _check_flags(name: str, tolerance: float, dataset: Path | None) -> None:
 
 
 def _check(name: str, split: str, out: Path, report: Path | None) -> None:
+    from ..evaluation.report import is_tune_report
     from ..evaluation.tune import check_writable
 
     if split.strip().lower() == "test":  # ("generated" for --docs: no real test split)
@@ -45,11 +44,8 @@ def _check(name: str, split: str, out: Path, report: Path | None) -> None:
             raise ValueError(f"--report {report} is the --out file; give each its own path")
         check_writable(out, "--out")
         if report is not None:
-            check_writable(report, "--report", "a tune report", TUNE_REPORT)
+            check_writable(report, "--report", "a tune report", is_tune_report)
 
-
-TUNE_REPORT = partial(is_our_markdown, by="tune")
-"""How an existing ``--report`` is recognised as a tune report hyde-plus wrote."""
 
 TuneTransform = Annotated[
     str, typer.Option("--transform", "-t", help=f"One of: {', '.join(TRANSFORMS[1:])}.")
@@ -180,8 +176,7 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
     is marked so (``eval`` on it then warns)."""
     from rich.console import Console
 
-    from .._files import sealed_markdown
-    from ..evaluation.report import tune_markdown, tune_table
+    from ..evaluation.report import is_tune_report, tune_markdown, tune_table
     from ..evaluation.tune import check_writable, write_output
 
     if question_set is not None:
@@ -199,6 +194,6 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
         )
     if report is not None:
         with reported():
-            report = check_writable(report, "--report", "a tune report", TUNE_REPORT)
-        write_output(report, sealed_markdown(tune_markdown(result, command_line("tune")), "tune"))
+            report = check_writable(report, "--report", "a tune report", is_tune_report)
+        write_output(report, tune_markdown(result, command_line("tune")))
     ui.console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")

@@ -17,13 +17,10 @@ a transform that wins here is likely to win on real questions, one that loses ma
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import os
 import random
 import re
-import shutil
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +31,16 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import TextNode
 
 from .. import _llm
-from .._files import make_folder_beside, read_regular_bytes, sha256_file, write_text_atomic
+from .._files import read_regular_bytes
+from .._owned import (
+    check_folder,
+    check_outputs,
+    claim,
+    marker_kind,
+    say_replacing,
+    write_all_atomic,
+    write_text_atomic,
+)
 
 QUESTION_PROMPT = (
     "Read the passage and write one question that a user of this document collection "
@@ -420,210 +426,66 @@ def write_beir_folder(
     rejected: Sequence[dict[str, Any]] = (),
 ) -> Path:
     """Write a BEIR folder of ``chunks`` with ``queries`` and ``judgments`` at
-    ``folder``: written beside and renamed into place, so an interrupted run never
-    leaves half a set; an existing folder that is not a set is refused."""
+    ``folder`` (new, empty, or a question set hyde-plus wrote: `check_set_folder`),
+    every file beside its target then renamed, the manifest last, saying which files
+    of an earlier set it replaces."""
     folder = folder.expanduser()
     check_set_folder(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_folder_beside(folder.parent, f".{folder.name}-")
-    try:
-        _write_files(tmp, chunks, queries, judgments, rejected)
-        record = {"format": SET_FORMAT, **manifest}
-        _write_manifest(tmp, {**record, "files_sha256": _digests(tmp, record)})
-        _replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    paths = [folder / name for name in SET_FILES]
+    say_replacing(check_outputs(paths, "--questions-dir"))
+    claim(folder, SET_KIND)
+    (folder / "qrels").mkdir(exist_ok=True)
+    corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
+    contents = [
+        _jsonl(corpus),
+        _jsonl([{"_id": qid, "text": text} for qid, text in queries]),
+        "\n".join(lines) + "\n",
+        _jsonl(rejected),
+        json.dumps({"format": SET_FORMAT, **manifest}, indent=2) + "\n",
+    ]
+    write_all_atomic([(p, text.encode("utf-8")) for p, text in zip(paths, contents, strict=True)])
     return folder
 
 
 SET_FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "rejected.jsonl", "manifest.json")
-"""Every file a question set holds (relative to its folder); nothing else is deleted."""
-_MANIFEST = "manifest.json"
-
-
-def _file_sha256(path: Path) -> str:
-    """The sha256 of a regular file's bytes; "" for anything else (missing, a link, a
-    FIFO: never opened, so nothing blocks)."""
-    if path.is_symlink() or not path.is_file():
-        return ""
-    return sha256_file(path)
-
-
-def _record_sha256(record: dict[str, Any]) -> str:
-    """The sha256 of a manifest's fields other than ``files_sha256`` (which cannot hold
-    its own hash), as sorted JSON: a change of any field shows, re-indenting does not."""
-    fields = json.loads(json.dumps({k: v for k, v in record.items() if k != "files_sha256"}))
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
-
-def _digests(folder: Path, record: dict[str, Any]) -> dict[str, str]:
-    """Each of `SET_FILES` by name, with its sha256 as it is now in ``folder`` (the
-    manifest's: of ``record``, its fields)."""
-    found = {name: _file_sha256(folder / name) for name in SET_FILES if name != _MANIFEST}
-    return {**found, _MANIFEST: _record_sha256(record)}
-
-
-def edited(folder: Path) -> list[str]:
-    """The files of the set at ``folder`` changed (or removed) by hand since it was
-    written, in `SET_FILES` order; empty when none was, or the folder is no set."""
-    manifest = read_manifest(folder)
-    if manifest is None:
-        return []
-    now = _digests(folder.expanduser(), manifest)
-    return [name for name in SET_FILES if manifest["files_sha256"][name] != now[name]]
-
-
-def _foreign(folder: Path) -> list[str]:
-    """What ``folder`` holds besides the files of a set (links count as foreign)."""
-    mine = {Path(name) for name in SET_FILES} | {Path("qrels")}
-    found = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        ok = rel in mine and not path.is_symlink()
-        if not ok or (path.is_dir() != (rel == Path("qrels"))):
-            found.append(str(rel))
-    return found
+"""Every file a question set holds (relative to its folder), the manifest last."""
+SET_KIND = "question-set"
+"""What the marker of a question-set folder names (`_owned`)."""
 
 
 def check_set_folder(folder: Path, flag: str = "--questions-dir") -> None:
-    """A `ValueError` unless ``folder`` is absent, an empty folder, or a question set
-    this tool wrote: its ``manifest.json`` carries the set's own fields (`read_manifest`)
-    and it holds nothing but the set's files, so replacing it deletes nothing else."""
+    """A `ValueError` naming ``flag`` unless a question set may be written at
+    ``folder``: absent, empty, or a set hyde-plus wrote (not a link to one)."""
     folder = folder.expanduser()
     if folder.is_symlink():
         raise ValueError(
             f"{flag} {folder} is a symbolic link; give the folder itself (its real path)"
         )
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{flag} {folder} is a file, not a folder; choose a new or empty folder")
-    if not folder.is_dir() or not any(folder.iterdir()):
-        return
-    if read_manifest(folder) is None:
-        raise ValueError(
-            f"{flag} {folder} exists and is not a question set written by hyde-plus "
-            "(no manifest.json of one); it is kept: choose a new or empty folder"
-        )
-    foreign = _foreign(folder)
-    if foreign:
-        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        raise ValueError(
-            f"{flag} {folder} is a question set but also holds files hyde-plus did not "
-            f"write ({', '.join(foreign[:5])}{more}); it is kept: move them or choose "
-            "another folder"
-        )
+    check_folder(folder, SET_KIND, flag)
 
 
-def _replace(tmp: Path, folder: Path) -> None:
-    """Move the new set ``tmp`` to ``folder``, never over a set edited by hand; the old
-    set is moved aside first and only its own files are deleted."""
-    changed = edited(folder) if folder.exists() else []
-    if changed:
-        raise ValueError(
-            f"the question set in {folder} was edited since it was written "
-            f"({', '.join(changed)} changed); it is kept: move it or choose another "
-            "--questions-dir (use it as it is with --dataset)"
-        )
-    aside = None
-    try:
-        if folder.is_dir() and any(folder.iterdir()):
-            check_set_folder(folder)  # again, just before it is replaced
-            aside = make_folder_beside(folder.parent, f".{folder.name}-old-")
-            os.replace(folder, aside)
-            os.replace(tmp, folder)
-        elif folder.is_dir():  # an empty folder (or a link to one): filled in place
-            _fill(tmp, folder)
-        else:
-            os.replace(tmp, folder)
-    except OSError as exc:
-        raise ValueError(
-            f"could not write the question set {folder} ({exc.strerror}): is another run "
-            "writing it at the same time? Run one at a time or use another --questions-dir"
-        ) from exc
-    if aside is not None:
-        _remove_set(aside)  # the new set is in place: the old one's removal may only warn
-
-
-def _fill(tmp: Path, folder: Path) -> None:
-    """Move the new set's entries from ``tmp`` into the empty ``folder``, the manifest
-    last (a set is a set only with it), so the folder keeps its permissions and a
-    link to it stays a link."""
-    entries = sorted(tmp.iterdir(), key=lambda p: p.name == "manifest.json")
-    for entry in entries:
-        os.replace(entry, folder / entry.name)
-    tmp.rmdir()
-
-
-def _remove_set(folder: Path) -> None:
-    """Delete the files of a set at ``folder`` and the folder, if nothing else is there;
-    a file that cannot be deleted leaves the folder where it is, with a warning."""
-    try:
-        for name in SET_FILES:
-            (folder / name).unlink(missing_ok=True)
-    except OSError as exc:
-        logger.warning("the replaced question set stays in %s (%s)", folder, exc.strerror)
-        return
-    for empty in (folder / "qrels", folder):
-        try:
-            empty.rmdir()
-        except OSError:
-            return  # something else appeared: leave it
-
-
-def _jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-
-
-def _write_files(
-    folder: Path,
-    chunks: Sequence[TextNode],
-    queries: Sequence[tuple[str, str]],
-    judgments: Sequence[Judgment],
-    rejected: Sequence[dict[str, Any]],
-) -> None:
-    corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
-    _jsonl(folder / "corpus.jsonl", corpus)
-    _jsonl(folder / "queries.jsonl", [{"_id": qid, "text": text} for qid, text in queries])
-    (folder / "qrels").mkdir()
-    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
-    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
-    _jsonl(folder / "rejected.jsonl", rejected)
-
-
-def _write_manifest(folder: Path, record: dict[str, Any]) -> None:
-    write_text_atomic(folder / "manifest.json", json.dumps(record, indent=2) + "\n")
+def _jsonl(rows: Sequence[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 def mark_tuned(folder: Path) -> None:
     """Record in the set's manifest that `tune` chose settings on it (so `eval` on the
     same set can warn that the scores are optimistic)."""
     manifest = read_manifest(folder)
-    if manifest is None:
-        return
-    recorded = manifest["files_sha256"]
-    record = {**manifest, "tuned": True}
-    if recorded[_MANIFEST] == _record_sha256(manifest):  # a hand edit stays one
-        record["files_sha256"] = {**recorded, _MANIFEST: _record_sha256(record)}
-    _write_manifest(folder.expanduser(), record)
-
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+    if manifest is not None:
+        text = json.dumps({**manifest, "tuned": True}, indent=2) + "\n"
+        write_text_atomic(folder.expanduser() / "manifest.json", text)
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of the question set at ``folder``: None when there is none, it is
-    unreadable, or it lacks a set's own fields (``format``, and ``files_sha256``: the
-    sha256 of each of `SET_FILES` by name, which `write_beir_folder` writes): then the
-    folder is no set of ours."""
-    path = folder.expanduser() / "manifest.json"
+    """The manifest of the question set hyde-plus wrote at ``folder``: None when the
+    folder is no set of ours (no marker), or the manifest is missing or unreadable."""
+    folder = folder.expanduser()
+    if marker_kind(folder) != SET_KIND:
+        return None
     try:
-        data = json.loads(read_regular_bytes(path).decode("utf-8"))  # a FIFO never blocks
+        data = json.loads(read_regular_bytes(folder / "manifest.json").decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    if not isinstance(data, dict) or data.get("format") != SET_FORMAT:
-        return None
-    digests = data.get("files_sha256")
-    if not isinstance(digests, dict) or sorted(digests) != sorted(SET_FILES):
-        return None
-    ok = all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values())
-    return data if ok else None
+    return data if isinstance(data, dict) and data.get("format") == SET_FORMAT else None

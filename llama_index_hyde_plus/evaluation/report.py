@@ -3,27 +3,16 @@ PNG bar chart."""
 
 from __future__ import annotations
 
-import hashlib
 import io
+import json
 import math
-import zlib
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rich import box
 from rich.table import Table
 
-from .._files import (
-    check_creatable,
-    check_replaceable,
-    is_our_markdown,
-    is_sealed_json,
-    sealed_json,
-    sealed_markdown,
-    write_all_atomic,
-)
+from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .metrics import LABELS, MEASURES
 from .runner import EvalResult, TransformReport
 from .tune import TuneResult
@@ -370,118 +359,43 @@ def chart(result: EvalResult) -> Any:
 
 
 def bar_chart(result: EvalResult) -> bytes:
-    """`chart` of ``result`` as a sealed PNG (`sealed_png`)."""
+    """`chart` of ``result`` as PNG bytes."""
     import matplotlib.pyplot as plt
 
     fig = chart(result)
     png = io.BytesIO()
-    fig.savefig(png, format="png", metadata={"Software": PNG_SOFTWARE})
+    fig.savefig(png, format="png", metadata={"Software": "hyde-plus eval"})
     plt.close(fig)
-    return sealed_png(png.getvalue())
+    return png.getvalue()
 
 
 RESULT_FILES = ("results.json", "results.md", "results.png")
-PNG_SOFTWARE = "hyde-plus eval"
-"""Recorded in every chart's PNG metadata: an existing ``results.png`` is overwritten
-only when it carries it."""
+RESULTS_KIND = "eval-results"
+"""What the marker of an eval ``--out`` folder names (`_owned`)."""
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_SEAL_KEY = b"hyde-plus-sha256"
-
-
-def _png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
-    """``(type, data)`` of each chunk of the PNG ``data`` ([] if it is not one)."""
-    if not data.startswith(_PNG_SIGNATURE):
-        return []
-    chunks, i = [], len(_PNG_SIGNATURE)
-    while i + 8 <= len(data):
-        length = int.from_bytes(data[i : i + 4], "big")
-        kind, body = data[i + 4 : i + 8], data[i + 8 : i + 8 + length]
-        chunks.append((kind, body))
-        i += 12 + length
-    return chunks
-
-
-def _chunks_sha256(chunks: list[tuple[bytes, bytes]]) -> str:
-    """The sha256 of every chunk (type, length and data) but the seal itself."""
-    digest = hashlib.sha256()
-    for kind, body in chunks:
-        if kind == b"tEXt" and body.startswith(_PNG_SEAL_KEY + b"\x00"):
-            continue
-        digest.update(kind + len(body).to_bytes(4, "big") + body)
-    return digest.hexdigest()
-
-
-def sealed_png(data: bytes) -> bytes:
-    """The PNG ``data`` with a text chunk recording the sha256 of all its other chunks,
-    so an edited chart (pixels changed, a note, a colour profile or gamma added, the
-    metadata kept) is not taken for ours."""
-    body = _PNG_SEAL_KEY + b"\x00" + _chunks_sha256(_png_chunks(data)).encode()
-    chunk = (
-        len(body).to_bytes(4, "big")
-        + b"tEXt"
-        + body
-        + zlib.crc32(b"tEXt" + body).to_bytes(4, "big")
-    )
-    end = data.rindex(b"IEND") - 4  # the IEND chunk starts with its length
-    return data[:end] + chunk + data[end:]
-
-
-def _is_our_png(head: bytes) -> bool:
-    """Whether ``head`` (a whole file) is a chart `bar_chart` wrote, unedited (every
-    chunk as written)."""
-    chunks = _png_chunks(head)
-    seals = [body for kind, body in chunks if kind == b"tEXt" and body.startswith(_PNG_SEAL_KEY)]
-    if len(seals) != 1 or PNG_SOFTWARE.encode() not in head[:4096]:
-        return False
-    whole = len(_PNG_SIGNATURE) + sum(12 + len(body) for _, body in chunks)
-    if whole != len(head) or chunks[-1][0] != b"IEND":  # bytes appended after IEND
-        return False
-    return seals[0][len(_PNG_SEAL_KEY) + 1 :].decode("ascii", "replace") == _chunks_sha256(chunks)
-
-
-#: How each results file this tool wrote is recognised before it is overwritten.
-_OURS: dict[str, tuple[str, Callable[[bytes], bool]]] = {
-    "results.json": ("eval results", lambda head: is_sealed_json(head, "dataset", "results")),
-    "results.md": ("an eval report", partial(is_our_markdown, by="eval")),
-    "results.png": ("an eval chart", _is_our_png),
-}
-
-
-def check_results_folder(out: Path) -> Path:
-    """``out`` (expanded) if the results can be written there: absent or a folder, no
-    ``results.*`` in it that is a folder, and a writable folder as its nearest existing
-    ancestor; else a `ValueError` naming ``--out``. `eval` calls it before any work."""
-    out = Path(out).expanduser()
-    if out.is_symlink() and not out.exists():
-        raise ValueError(f"--out {out} is a link to nothing; give a folder for the results")
-    if out.exists() and not out.is_dir():
-        raise ValueError(
-            f"--out {out} is a file, not a folder; give a folder for {', '.join(RESULT_FILES)}"
-        )
-    for name in RESULT_FILES:
-        if (out / name).is_dir():
-            raise ValueError(f"--out {out} holds a folder named {name}; choose another --out")
-        kind, ours = _OURS[name]
-        check_replaceable(out / name, "--out", kind, ours)
-    check_creatable(out, f"--out {out}")
-    return out
+def check_results_folder(out: Path) -> list[Path]:
+    """The results files an eval run into ``out`` replaces, if it may write there (new,
+    empty, or eval results hyde-plus wrote; no folder or link where a results file
+    goes); else a `ValueError` naming ``--out``. `eval` calls it before any work."""
+    out = check_folder(out, RESULTS_KIND, "--out")
+    return check_outputs([out / name for name in RESULT_FILES], "--out")
 
 
 def write_outputs(result: EvalResult, out: Path, command: str | None = None) -> list[Path]:
-    """Write ``results.json``, ``results.md`` and ``results.png`` into ``out``, all or
-    none (`write_all_atomic`: a full disk or a kill mid-write leaves the old run whole,
-    never two runs mixed; a hard link to an old file keeps it)."""
-    out = check_results_folder(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write ``results.json``, ``results.md`` and ``results.png`` into ``out`` (each
+    beside its target, then all renamed: a full disk or a kill mid-write leaves the old
+    run whole), saying which files of an earlier run it replaces."""
+    out = Path(out).expanduser()
+    say_replacing(check_results_folder(out))
+    claim(out, RESULTS_KIND)
     payload = result.to_dict()
     if command:
         payload["command"] = command
     paths = [out / name for name in RESULT_FILES]
     contents = [
-        sealed_json(payload).encode("utf-8"),
-        sealed_markdown(markdown(result, command), "eval").encode("utf-8"),
+        (json.dumps(payload, indent=2) + "\n").encode("utf-8"),
+        markdown(result, command).encode("utf-8"),
         bar_chart(result),
     ]
     write_all_atomic(list(zip(paths, contents, strict=True)))
@@ -557,6 +471,16 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
     return table
 
 
+TUNE_TITLE = "# hyde-plus tune report"
+"""The first line of every tune report: an existing ``--report`` is replaced only when
+it starts so (`is_tune_report`)."""
+
+
+def is_tune_report(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a tune report hyde-plus wrote."""
+    return head.startswith(TUNE_TITLE.encode())
+
+
 def tune_markdown(result: TuneResult, command: str | None = None, top: int | None = None) -> str:
     """The markdown report of a `tune` sweep: the command, the table (`tune_rows`),
     and which configuration was chosen and why.
@@ -566,7 +490,7 @@ def tune_markdown(result: TuneResult, command: str | None = None, top: int | Non
         command: the command line that made it, shown first; None: not shown.
         top: how many configurations to show, best first; None: all.
     """
-    lines: list[str] = []
+    lines = [f"{TUNE_TITLE}: {result.winner.label} on {result.dataset}", ""]
     if command:
         lines += ["```bash", command, "```", ""]
     if result.extra.get("stand_in"):

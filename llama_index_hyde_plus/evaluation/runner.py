@@ -286,7 +286,7 @@ class EvalResult:
         self.wall_seconds = total
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``results.json`` record (`write_outputs` adds the command and a seal)."""
+        """The ``results.json`` record (`write_outputs` adds the command)."""
         return {
             "dataset": self.dataset,
             "queries": self.queries,

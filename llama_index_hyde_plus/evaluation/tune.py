@@ -7,6 +7,7 @@ transform cache, and picks the simplest configuration within ``tolerance`` of th
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,13 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from llama_index.core.llms import LLM
 
-from .._files import (
-    check_creatable,
-    check_replaceable,
-    is_sealed_json,
-    sealed_json,
-    write_text_atomic,
-)
+from .._owned import check_file, say_replacing, write_text_atomic
 from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
@@ -272,34 +267,35 @@ def write_config(result: TuneResult, path: Path) -> Path:
     """Write the winner as JSON to ``path`` (atomically: a temporary file renamed; the
     permissions the umask gives)."""
     path = check_writable(path, "--out")
-    write_output(path, sealed_json(config_payload(result)))
+    write_output(path, json.dumps(config_payload(result), indent=2) + "\n")
     return path
 
 
 def is_our_config(head: bytes) -> bool:
-    """Whether a file starting with ``head`` is a config `write_config` wrote."""
-    return is_sealed_json(head, "hyde_plus_config", "transform", "options")
+    """Whether a file starting with ``head`` is a config `write_config` wrote (a JSON
+    object carrying ``hyde_plus_config``, the key that names what it is)."""
+    try:
+        data = json.loads(head.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "hyde_plus_config" in data
 
 
 def check_writable(
     path: Path, what: str, kind: str = "a config", ours: Callable[[bytes], bool] = is_our_config
 ) -> Path:
-    """``path`` (expanded) if a file can be written there: not a folder, absent or a
-    file this tool wrote (``ours``: a tune config by default), and its nearest existing
-    ancestor a writable folder (missing folders are made only when the file is
-    written: a run refused later leaves nothing). Else a `ValueError` naming ``what``."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise ValueError(f"{what} must be a file path, not a folder: {path}")
-    check_replaceable(path, what, kind, ours)
-    check_creatable(path.parent, what)
-    return path
+    """``path`` (expanded) if a file can be written there: absent or a file this tool
+    wrote (``ours``: a tune config by default), its folder creatable; else a
+    `ValueError` naming ``what`` (`check_file`)."""
+    return check_file(path, what, kind, ours)
 
 
 def write_output(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, making its missing folders first."""
+    """Write ``text`` to ``path`` atomically, making its missing folders first and
+    saying so when it replaces the file of an earlier run."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot create the folder {path.parent} ({exc.strerror})") from exc
+    say_replacing([path] if path.exists() else [])
     write_text_atomic(path, text)

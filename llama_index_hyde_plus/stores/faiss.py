@@ -7,6 +7,7 @@ layout, and how a build replaces one without losing anything, is `faiss_folder`.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,14 +20,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 
 from ..chunking import Chunking
 from .base import BuildSettings, Store
-from .faiss_folder import (
-    META_FILE,
-    check_index_target,
-    data_folder,
-    read_meta,
-    rebuild_hint,
-    write_index,
-)
+from .faiss_folder import META_FILE, check_index_target, write_index
 from .nodes import (
     EmbeddingMismatchError,
     IndexInfo,
@@ -40,6 +34,64 @@ from .nodes import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The metadata of the index at ``path`` (a `ValueError` naming the file if it is
+    missing or unreadable)."""
+    meta_path = path / META_FILE
+    if not path.exists():
+        raise ValueError(
+            f"index {path} does not exist; build one with `hyde-plus index DIR --out {path}`"
+        )
+    if not meta_path.is_file():
+        hint = " (a Milvus Lite database? open it with --uri)" if path.suffix == ".db" else ""
+        raise ValueError(
+            f"{path} is not a hyde-plus index (no {META_FILE}){hint}; build one with "
+            "`hyde-plus index DIR --out PATH`"
+        )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"{meta_path} is corrupt ({exc}); {rebuild_hint(path)}") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path} is corrupt (not a JSON object); {rebuild_hint(path)}")
+    return dict(meta)
+
+
+def rebuild_hint(path: Path) -> str:
+    """The advice an error about a damaged or unreadable index at ``path`` ends with.
+
+    Args:
+        path: the index folder.
+    """
+    return f"rebuild it with `hyde-plus index DIR --out {path}`"
+
+
+def data_folder(path: Path, meta: dict[str, Any]) -> Path:
+    """The data folder ``meta`` names inside the index at ``path``. Only a plain child
+    name is followed: none (a first build interrupted before its switch), ``..``, a
+    path, or a link leading out of the index is a `ValueError`."""
+    name: object = meta.get("data")
+    if name is None:
+        raise ValueError(
+            f"the index at {path} is incomplete (its first build was interrupted); "
+            f"{rebuild_hint(path)}"
+        )
+    plain = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\x00")
+        and Path(name).name == name
+    )
+    if plain and isinstance(name, str):
+        data = path / name
+        if not data.is_symlink() or data.resolve().parent == path.resolve():
+            return data
+    raise ValueError(
+        f"{path / META_FILE}: 'data' must name a folder inside the index, not {name!r:.80}; "
+        f"{rebuild_hint(path)}"
+    )
 
 
 def build_faiss_index(

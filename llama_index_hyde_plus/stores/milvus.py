@@ -12,14 +12,9 @@ HyDE embedding and the BM25 side the passage text (query plus passage with
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-import os
 import re
-import shlex
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -33,7 +28,15 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from .._redact import redact_uri
 from ..chunking import Chunking
 from .base import BuildSettings, Store
-from .faiss_folder import is_index_meta, pause_for_tests
+from .milvus_builds import (
+    check_name_is_ours,
+    fill_and_switch,
+    is_local_uri,
+    is_our_record,
+    record_path,
+    recorded_builds,
+    resolve,
+)
 from .nodes import (
     EmbeddingMismatchError,
     IndexInfo,
@@ -105,33 +108,6 @@ def is_database(uri: str) -> bool:
     return (Path(uri) / "databases").is_dir()
 
 
-def _is_build_of(name: str, collection: str) -> bool:
-    """Whether ``name`` is one of the physical collections hyde-plus builds behind the
-    alias ``collection`` (``<collection>__`` and 12 hex digits), not merely a name
-    that starts the same way."""
-    return re.fullmatch(re.escape(collection) + r"__[0-9a-f]{12}", name) is not None
-
-
-def drop_command(uri: str, name: str) -> str:
-    """The one-line command that drops the collection ``name`` at ``uri``: no hyde-plus
-    command drops a collection, so every message about one it keeps says how."""
-    where = str(Path(uri).expanduser()) if is_local_uri(uri) else redact_uri(uri)
-    code = (  # JSON strings are Python strings; the shell quoting survives any path
-        "from pymilvus import MilvusClient; "
-        f"MilvusClient({json.dumps(where)}).drop_collection({json.dumps(name)})"
-    )
-    return f"python -c {shlex.quote(code)}"
-
-
-def is_local_uri(uri: str) -> bool:
-    """A Milvus Lite file (not ``http://``, ``https://`` or ``tcp://``)."""
-    return "://" not in uri
-
-
-def _meta_path(uri: str, collection: str) -> Path | None:
-    return Path(f"{uri}.{collection}.hyde_plus.json") if is_local_uri(uri) else None
-
-
 def milvus_store(
     uri: str,
     *,
@@ -182,24 +158,17 @@ def build_milvus_index(
     chunking: Chunking | None = None,
     total: TotalFn | None = None,
 ) -> VectorStoreIndex:
-    """Embed ``documents`` into a new hybrid collection and switch ``collection`` to it.
-
-    ``collection`` is a Milvus alias of the collection that holds the data
-    (``<collection>__<id>``): the new one is filled beside the old, the alias is moved
-    to it in one step, and only then is the old one dropped, so an interrupted build
-    leaves the old collection serving. Beside a Milvus Lite file, a small JSON records
-    how each collection was embedded (the entry of the new one is written before the
-    switch, so it always describes what the alias points at). ``chunking``, ``total``:
-    as in `build_faiss_index`. A collection or alias called ``collection`` that
-    hyde-plus did not make is never touched: the build is refused before any embedding.
-    A build that fails before the switch drops the collection it made (and its record
-    entry); a successful one drops only the builds it replaced (`_drop_replaced`)."""
+    """Embed ``documents`` into a new hybrid collection and switch ``collection`` (an
+    alias) to it, dropping only the builds it replaced (`milvus_builds`: an interrupted
+    build leaves the old collection serving; no rows are read back). ``chunking``,
+    ``total``: as in `build_faiss_index`. A collection or alias called ``collection``
+    that hyde-plus did not make is refused before any embedding."""
     check_collection_name(collection)
     uri = check_uri(uri)
     if is_local_uri(uri):
         Path(uri).parent.mkdir(parents=True, exist_ok=True)  # as `--out` does for FAISS
     client = _client(uri, token)
-    _check_name_is_ours(client, uri, collection)
+    check_name_is_ours(client, uri, collection)
     nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
     if not nodes:
         raise ValueError("no documents to index")
@@ -217,191 +186,14 @@ def build_milvus_index(
         "max_length": max_length,
         "collection": collection,
     }
-    return _fill_and_switch(client, nodes, embed_model, (uri, collection, token), entry)
 
+    def fill(physical: str) -> VectorStoreIndex:
+        store = milvus_store(uri, collection=physical, dim=dim, token=token)
+        storage = StorageContext.from_defaults(vector_store=store)
+        return VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
 
-def _fill_and_switch(
-    client: Any,
-    nodes: Sequence[Any],
-    embed_model: BaseEmbedding,
-    where: tuple[str, str, str],
-    entry: dict[str, Any],
-) -> VectorStoreIndex:
-    """Write ``nodes`` into a new ``<collection>__<id>``, record it, move the alias
-    ``collection`` to it, then drop the builds it replaced. The record lists the build
-    (marked ``writing``) before its collection is created, so a build killed while
-    writing rows leaves no collection the next build does not know to drop; the entry
-    is completed (row count, digest) before the alias moves. Any failure before the
-    alias moved drops the new collection and its record entry (`_discard`). ``where``:
-    the URI, the collection (alias) and the token."""
-    uri, collection, token = where
-    before = _resolve(client, collection)
-    physical = f"{collection}__{uuid.uuid4().hex[:12]}"
-    entry = {**entry, "physical_collection": physical}
-    _update_meta(uri, collection, add={physical: {**entry, "writing": True}})
-    try:
-        store = milvus_store(uri, collection=physical, dim=entry["dim"], token=token)
-        index = VectorStoreIndex(
-            nodes,
-            storage_context=StorageContext.from_defaults(vector_store=store),
-            embed_model=embed_model,
-        )
-        entry["content_sha256"] = content_digest(client, physical)
-        _update_meta(uri, collection, add={physical: entry})
-        pause_for_tests("milvus")
-        _switch_alias(client, collection, physical)
-    except BaseException:
-        _discard(client, uri, collection, physical, before)
-        raise
-    _drop_replaced(client, uri, collection, physical, before)
+    index: VectorStoreIndex = fill_and_switch(client, (uri, collection), entry, fill)
     return index
-
-
-def _discard(client: Any, uri: str, collection: str, physical: str, before: str | None) -> None:
-    """Best effort after a failed build: drop ``physical`` (ours: this build made it)
-    and its record entry, unless it is what ``collection`` now serves, or the only data
-    left (the legacy collection ``before`` was dropped but the alias not made)."""
-    try:
-        now = _resolve(client, collection)
-        if now == physical or (now is None and before is not None):
-            return
-        if physical in client.list_collections():
-            client.drop_collection(physical)
-        _update_meta(uri, collection, drop={physical})
-    except Exception as exc:  # the build's own error is the one to report
-        logger.warning("could not clean up the failed build %s: %s", physical, exc)
-
-
-def _drop_replaced(
-    client: Any, uri: str, collection: str, physical: str, before: str | None
-) -> None:
-    """Drop the builds ``physical`` replaced: those the record beside a Milvus Lite file
-    lists (the previous one, interrupted ones, and ones still marked ``writing``: never
-    served), or, on a server (no record), the one the alias pointed at ``before``. A
-    build `_why_kept` gives a reason for (or that cannot be read) is kept and stays
-    recorded, with a warning saying how to drop it. A collection the alias pointed at
-    that no record lists (the record was moved away) is kept and left unrecorded."""
-    recorded = _recorded_builds(uri, collection)
-    candidates = set(recorded) if recorded is not None else ({before} if before else set())
-    existing = set(client.list_collections())
-    kept: set[str] = set()
-    for name in sorted(candidates - {physical}):
-        if name not in existing or not _is_build_of(name, collection):
-            continue
-        entry = recorded.get(name) if recorded is not None else None
-        why = _drop_unless_kept(client, uri, name, collection, entry, local=recorded is not None)
-        if why:
-            kept.add(name)
-            logger.warning(
-                "kept the replaced build %s of collection %r: %s; drop it yourself when "
-                "you no longer need it: %s",
-                name,
-                collection,
-                why,
-                drop_command(uri, name),
-            )
-    if recorded is not None and before and before not in recorded and before in existing:
-        logger.warning(
-            "kept the collection %s that the alias %r pointed at: no hyde-plus record "
-            "lists it (the record %s was missing), so it may be yours; drop it yourself "
-            "when you no longer need it: %s",
-            before,
-            collection,
-            _meta_path(uri, collection),
-            drop_command(uri, before),
-        )
-    _update_meta(uri, collection, keep={physical} | kept)
-
-
-def _drop_unless_kept(
-    client: Any, uri: str, name: str, collection: str, entry: Any, *, local: bool
-) -> str:
-    """Drop the replaced build ``name`` unless `_why_kept` says why not; that reason
-    ("" when dropped). A build Milvus cannot read or drop is kept, with Milvus's error
-    as the reason, so one damaged build never fails the build that replaced it."""
-    try:
-        with _untraced():
-            why = _why_kept(client, name, collection, entry, local=local)
-        if not why:
-            client.drop_collection(name)
-        return why
-    except Exception as exc:
-        return f"Milvus cannot read it ({unreadable_reason(uri, exc)})"
-
-
-def _why_kept(client: Any, name: str, collection: str, entry: Any, *, local: bool) -> str:
-    """Why the replaced build ``name`` must stay ("" when it may go): it carries an
-    alias other than ``collection`` (the user's pin), or its record entry (``local``:
-    a Milvus Lite record; a server has none) cannot prove its rows are the ones this
-    tool wrote: rows added, deleted or edited, or an entry of an older hyde-plus that
-    kept no digest. An entry still marked ``writing`` is a build that never served."""
-    others = set(client.list_aliases(collection_name=name).get("aliases") or [])
-    if others - {collection}:
-        return (
-            f"it carries the alias(es) {', '.join(sorted(others - {collection}))} (the "
-            "next build removes it once you drop them)"
-        )
-    if not local:
-        return ""  # a server build without a record: the alias pointed at it, nothing more
-    if not isinstance(entry, dict):
-        return "its record entry is damaged, so edits to its rows cannot be ruled out"
-    if entry.get("writing") is True:
-        return ""  # recorded before its rows were written, never switched in
-    wrote, digest = entry.get("chunks"), entry.get("content_sha256")
-    if not isinstance(digest, str):
-        return (
-            "it was recorded by an older hyde-plus that kept no digest of its rows, so "
-            "edits to its rows cannot be ruled out"
-        )
-    rows = client.query(collection_name=name, output_fields=["count(*)"])
-    count = rows[0].get("count(*)") if rows else None
-    if count != wrote:
-        return f"it holds {count} rows where this tool wrote {wrote} (rows added or removed)"
-    if content_digest(client, name) != digest:
-        return "its rows are not the ones this tool wrote (rows edited, or replaced one for one)"
-    return ""
-
-
-#: Rows read at a time by `content_digest`.
-_DIGEST_BATCH = 5000
-
-
-def content_digest(client: Any, name: str) -> str:
-    """A digest of every row of the collection ``name`` (all fields but those Milvus
-    derives, such as the BM25 sparse vector), independent of row order: the sum of
-    each row's sha256 modulo 2**256, and the row count. Recorded when a build is
-    written and compared before a replaced build is dropped, so a build whose rows the
-    user upserted or replaced one for one is kept. Reads the whole collection."""
-    derived = _derived_fields(client, name)
-    total, count = 0, 0
-    loaded = client.get_load_state(name)["state"].name == "Loaded"
-    if not loaded:  # a build whose process was killed: released when Lite restarted
-        client.load_collection(name)
-    try:
-        # the iterator warns that Milvus Lite has no server clock: held back
-        with _held_back(("pymilvus.orm.iterator",), below=logging.ERROR):
-            rows = client.query_iterator(
-                name, batch_size=_DIGEST_BATCH, filter="", output_fields=["*"]
-            )
-            try:
-                while batch := rows.next():
-                    for row in batch:
-                        kept = {k: v for k, v in row.items() if k not in derived}
-                        text = json.dumps(kept, sort_keys=True, default=str).encode("utf-8")
-                        total += int.from_bytes(hashlib.sha256(text).digest(), "big")
-                        count += 1
-            finally:
-                rows.close()
-    finally:
-        if not loaded:
-            client.release_collection(name)
-    return f"{count}:{total % (1 << 256):064x}"
-
-
-def _derived_fields(client: Any, name: str) -> set[str]:
-    """The fields of ``name`` Milvus fills itself (function outputs such as BM25)."""
-    fields = client.describe_collection(name).get("fields") or []
-    return {str(f.get("name")) for f in fields if f.get("is_function_output")}
 
 
 #: The loggers of pymilvus and Milvus Lite that log each failed call with a traceback
@@ -432,158 +224,6 @@ def _held_back(names: Sequence[str], *, below: int) -> Iterator[None]:
     finally:
         for target in targets:
             target.removeFilter(hold)
-
-
-def _recorded_builds(uri: str, collection: str) -> dict[str, Any] | None:
-    """The physical collections the record beside a Milvus Lite file lists as builds of
-    ``collection``, with what the record says of each (None on a server, which has no
-    record)."""
-    path = _meta_path(uri, collection)
-    if path is None:
-        return None
-    if not path.is_file():
-        return {}
-    entries = _read_meta_file(path).get("collections") or {}
-    return {str(k): v for k, v in entries.items()} if isinstance(entries, dict) else {}
-
-
-def _switch_alias(client: Any, alias: str, physical: str) -> None:
-    if _alias_target(client, alias) is not None:
-        client.alter_alias(physical, alias)  # atomic: queries see the old or the new
-        return
-    client.create_alias(physical, alias)  # no collection has the name (checked first)
-
-
-def _check_name_is_ours(client: Any, uri: str, collection: str) -> None:
-    """A `ValueError` when ``collection`` is an alias of a collection hyde-plus did not
-    build, or a collection of that very name (not an alias): it is someone's data."""
-    target = _alias_of(client, collection)
-    if target is not None and not _is_build_of(target, collection):
-        raise ValueError(
-            f"{redact_uri(uri)} already has an alias {collection!r} (of collection "
-            f"{target!r}) that hyde-plus did not make; it is left alone: choose another "
-            "--collection"
-        )
-    recorded = _recorded_builds(uri, collection)
-    meta = _meta_path(uri, collection)
-    if meta is not None and not (meta.exists() or meta.is_symlink()):
-        recorded = None  # no record at all (moved away, a copied database): the build
-        # goes ahead and keeps the collection the alias pointed at (`_drop_replaced`)
-    if target is not None and recorded is not None and target not in recorded:
-        raise ValueError(
-            f"{redact_uri(uri)} has an alias {collection!r} pointing at {target!r}, which "
-            f"is named like a hyde-plus build but is not one the record "
-            f"{_meta_path(uri, collection)} lists (your collection, or a build whose "
-            "record was lost); it is left alone. If it is a hyde-plus build, move that "
-            "record aside and build again: the build moves the alias and keeps "
-            f"{target!r} for you to drop ({drop_command(uri, target)}); else choose "
-            "another --collection"
-        )
-    if collection not in client.list_collections() or target is not None:
-        return
-    # a collection that carries the name itself is never dropped, even one an old
-    # record file says hyde-plus built before it used aliases: a record cannot prove it
-    raise ValueError(
-        f"{redact_uri(uri)} already has a collection {collection!r} that is not an alias "
-        "hyde-plus made (yours, or built by a hyde-plus older than aliases); it is left "
-        "alone: drop it yourself or choose another --collection"
-    )
-
-
-def _alias_of(client: Any, alias: str) -> str | None:
-    """The collection the alias ``alias`` points at, whoever made it; None when there
-    is no such alias (checked first, since describing a missing alias logs an RPC
-    error)."""
-    if alias not in (client.list_aliases().get("aliases") or []):
-        return None
-    return str(client.describe_alias(alias)["collection_name"])
-
-
-def _alias_target(client: Any, alias: str) -> str | None:
-    """The collection ``alias`` points at when it is one of our builds
-    (``<alias>__<id>``); None otherwise."""
-    target = _alias_of(client, alias)
-    return target if target is not None and _is_build_of(target, alias) else None
-
-
-def _resolve(client: Any, collection: str) -> str | None:
-    """The collection that holds the data of ``collection`` (an alias, or a collection
-    built before aliases were used); None when there is none."""
-    target = _alias_target(client, collection)
-    if target is not None:
-        return target
-    return collection if collection in client.list_collections() else None
-
-
-def _is_our_meta_file(path: Path) -> bool:
-    """Whether ``path`` is absent or the record `_update_meta` writes (format 2 with its
-    collections) or the one a build wrote before aliases (an index's metadata)."""
-    if not (path.exists() or path.is_symlink()):
-        return True
-    if path.is_symlink() or not path.is_file():
-        return False
-    try:
-        data = _read_meta_file(path)
-    except (ValueError, OSError):
-        return False
-    if data.get("format") == 2 and isinstance(data.get("collections"), dict):
-        return True
-    return is_index_meta(data)
-
-
-def _read_meta_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(_corrupt(path, str(exc))) from exc
-    if not isinstance(data, dict):
-        raise ValueError(_corrupt(path, "not a JSON object"))
-    return data
-
-
-def _corrupt(path: Path, why: str) -> str:
-    """What to do about a damaged record: what `hyde-plus index` then accepts."""
-    return (
-        f"{path} is corrupt ({why}): move it aside (say to {path.name}.bad) and rebuild "
-        "with `hyde-plus index DIR --store milvus` and the same --uri and --collection; "
-        "the rebuild keeps the collection served until now, for you to drop"
-    )
-
-
-def _update_meta(
-    uri: str,
-    collection: str,
-    *,
-    add: dict[str, dict[str, Any]] | None = None,
-    keep: set[str] | None = None,
-    drop: set[str] | None = None,
-) -> None:
-    """Add entries to (keep only ``keep`` in, remove ``drop`` from) the metadata file,
-    atomically."""
-    path = _meta_path(uri, collection)
-    if path is None:
-        return
-    data: dict[str, Any] = {}
-    if not _is_our_meta_file(path):
-        raise ValueError(f"{path} is not hyde-plus's record of the collection; left untouched")
-    if path.is_file():
-        data = _read_meta_file(path)
-        if "collections" not in data:
-            data = {}  # written before aliases: it describes no build of ours
-    entries = dict(data.get("collections") or {})
-    entries.update(add or {})
-    if keep is not None:
-        entries = {k: v for k, v in entries.items() if k in keep}
-    for name in drop or set():
-        entries.pop(name, None)
-    text = json.dumps({**data, "format": 2, "collections": entries}, indent=2)  # keeps
-    pending = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # the user's keys
-    try:
-        pending.write_text(text, encoding="utf-8")
-        os.replace(pending, path)
-    except BaseException:
-        pending.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
-        raise
 
 
 #: Milvus Lite's message for an index file cut short (a full disk leaves one empty).
@@ -649,18 +289,10 @@ def read_milvus_meta(
 ) -> dict[str, Any] | None:
     """How a local collection was embedded (None for a cluster or an unknown file)."""
     uri = check_uri(uri)
-    meta = _meta_path(uri, collection)
-    if meta is None or not meta.is_file():
+    entries = recorded_builds(uri, collection)
+    if not entries or not is_database(uri):
         return None
-    data = _read_meta_file(meta)
-    if "collections" not in data:
-        return data  # written before aliases were used: one collection, no choice
-    entries = data["collections"] or {}
-    if not isinstance(entries, dict) or not entries:
-        return None
-    if not is_database(uri):
-        return None
-    physical = _resolve(_client(uri, token), collection)
+    physical = resolve(_client(uri, token), collection)
     entry = entries.get(physical) if physical else None
     return dict(entry) if isinstance(entry, dict) else None
 
@@ -682,7 +314,7 @@ def load_milvus_index(
             "`hyde-plus index DIR --store milvus --uri PATH`"
         )
     client = _client(uri, token)
-    physical = _resolve(client, collection)
+    physical = resolve(client, collection)
     if physical is None:
         raise ValueError(
             f"no collection {collection!r} at {redact_uri(uri)}; build it with `hyde-plus "
@@ -805,25 +437,6 @@ def hybrid_retriever(index: VectorStoreIndex, top_k: int = 10) -> MilvusHybridRe
     return MilvusHybridRetriever(index, top_k)
 
 
-def record_writes(uri: str, collection: str, physical: str, client: Any) -> None:
-    """After rows of ``physical`` were written outside a build (RCP ``index/add`` /
-    ``index/delete``), bring its entry in the record beside a Milvus Lite file up to
-    date (row count and digest), so the next build still knows the rows as ours and
-    drops the build it replaces. Reads the whole collection; nothing on a server (no
-    record) or for a build the record does not list. Killed before this, the record
-    is stale, and the next build keeps the old collection with a warning (never
-    drops data it cannot vouch for)."""
-    recorded = _recorded_builds(uri, collection)
-    entry = (recorded or {}).get(physical)
-    if not isinstance(entry, dict):
-        return
-    digest = content_digest(client, physical)
-    count = int(digest.partition(":")[0])
-    _update_meta(
-        uri, collection, add={physical: {**entry, "chunks": count, "content_sha256": digest}}
-    )
-
-
 class MilvusStore(Store):
     """Collection (an alias) ``collection`` at ``uri``: a Milvus Lite file path or a
     cluster URL with ``token``. Needs the ``milvus`` extra."""
@@ -859,19 +472,19 @@ class MilvusStore(Store):
         user's own collection or alias has (asked of the database when it exists, so the
         refusal comes before the embedding model loads)."""
         if not is_local_uri(self.uri):
-            _check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
+            check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
             return
         self._check_local(docs)
         if is_database(self.uri):
-            _check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
+            check_name_is_ours(_client(self.uri, self.token), self.uri, self.collection)
 
     def _check_local(self, docs: Path | None) -> None:
         target = Path(self.uri)  # absolute, links resolved, checked (`check_uri`)
         source = docs.expanduser().resolve() if docs is not None else None
         if source is not None and (target == source or source in target.parents):
             raise ValueError(f"--uri {self.uri} is inside the documents folder {docs}")
-        meta = _meta_path(self.uri, self.collection)
-        if meta is not None and not _is_our_meta_file(meta):
+        meta = record_path(self.uri, self.collection)
+        if meta is not None and not is_our_record(meta):
             raise ValueError(
                 f"--uri {self.uri}: {meta} exists and is not hyde-plus's record of the "
                 "collection (or is damaged); refusing to overwrite it: move it aside and run "
@@ -928,13 +541,4 @@ class MilvusStore(Store):
         embedded with ``embed_model`` and chunked as the build recorded."""
         from ..index_writes import MilvusWriter, chunking_from_meta
 
-        physical = str(getattr(index.vector_store, "collection_name", ""))
-        client = getattr(index.vector_store, "client", None)
-
-        def after_write() -> None:
-            if is_local_uri(self.uri):
-                record_writes(self.uri, self.collection, physical, client)
-
-        return MilvusWriter(
-            index, embed_model, chunking_from_meta(self.meta()), after_write=after_write
-        )
+        return MilvusWriter(index, embed_model, chunking_from_meta(self.meta()))

@@ -1,0 +1,177 @@
+"""The one pattern for everything hyde-plus writes to disk.
+
+A folder hyde-plus owns (a FAISS index, eval results, a question set) carries one
+marker file, ``.hyde-plus``, naming what it is. A folder is written only when it is
+new, empty, or marked as that kind; inside it hyde-plus replaces its own output files
+(as ``build/`` or ``htmlcov/`` are replaced) and says so. Anything else in the way (a
+user's file, folder or link where an output goes; a folder of someone else's files) is
+refused with an error naming the path and the option. Every file is written beside its
+target and renamed over it, so a kill at any point leaves the old file whole; builds
+in one folder take a lock, so they write one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MARKER = ".hyde-plus"
+"""The file naming what a folder hyde-plus owns is; its first line is ``hyde-plus <kind>``."""
+
+_EXPLAINED = "This folder was written by hyde-plus, which replaces its own files in it.\n"
+
+
+def marker_kind(folder: Path) -> str | None:
+    """The kind the marker in ``folder`` names, or None (no marker, or not one of ours)."""
+    path = folder / MARKER
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1024:
+            return None
+        first = path.read_text(encoding="utf-8").partition("\n")[0]
+    except (OSError, UnicodeDecodeError):
+        return None
+    return first.removeprefix("hyde-plus ") if first.startswith("hyde-plus ") else None
+
+
+def check_folder(folder: Path, kind: str, flag: str) -> Path:
+    """``folder`` (``~`` expanded) if hyde-plus may write ``kind`` there: absent, an
+    empty folder, or one marked as ``kind``, with a writable folder as its nearest
+    existing ancestor; else a `ValueError` naming ``flag`` and the path."""
+    folder = Path(folder).expanduser()
+    if folder.is_symlink() and not folder.exists():
+        raise ValueError(f"{flag} {folder} is a link to nothing; give a folder")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag} {folder} is a file, not a folder; give a new or empty folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        found = marker_kind(folder)
+        if found != kind:
+            why = f"its {MARKER} marker says {found}" if found else f"no {MARKER} marker"
+            raise ValueError(
+                f"{flag} {folder} is neither empty nor a hyde-plus {kind} folder ({why}); "
+                "it is left alone: choose a new or empty folder"
+            )
+    check_creatable(folder, flag)
+    return folder
+
+
+def claim(folder: Path, kind: str) -> bool:
+    """Make ``folder`` (and its parents) if needed and mark it as ``kind`` (checked by
+    `check_folder` first); whether it was unmarked before (new or empty)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if marker_kind(folder) == kind:
+        return False
+    write_all_atomic([(folder / MARKER, f"hyde-plus {kind}\n{_EXPLAINED}".encode())])
+    return True
+
+
+def check_outputs(paths: Sequence[Path], flag: str) -> list[Path]:
+    """The ``paths`` (outputs inside a folder hyde-plus owns) that exist and will be
+    replaced; a `ValueError` naming ``flag`` for one that is a folder or a link (a
+    user's, in the way: never followed nor replaced)."""
+    for path in paths:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "a link" if path.is_symlink() else "a folder"
+            raise ValueError(
+                f"{flag}: {path} is {what} hyde-plus did not write; it is left alone: "
+                "move it away or choose another folder"
+            )
+    return [p for p in paths if p.exists()]
+
+
+def say_replacing(paths: Sequence[Path]) -> None:
+    """Log (a warning: shown by the CLI) the one line saying which of hyde-plus's own
+    files a run replaces; nothing when it replaces none."""
+    if paths:
+        names = ", ".join(p.name for p in paths)
+        logger.warning("replacing %s in %s from the previous run", names, paths[0].parent)
+
+
+def check_file(path: Path, flag: str, kind: str, ours: Callable[[bytes], bool]) -> Path:
+    """``path`` (expanded) if a file may be written there outside any folder hyde-plus
+    owns: absent, or a regular file ``ours`` recognises from its first 64 KB as
+    ``kind``; its folder creatable. Else a `ValueError` naming ``flag`` and the path."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{flag} must be a file path, not a folder: {path}")
+    if path.exists() or path.is_symlink():
+        try:
+            regular = path.is_file() and not path.is_symlink()
+            head = path.open("rb").read(1 << 16) if regular else b""
+        except OSError as exc:
+            raise ValueError(f"{flag} {path} cannot be read ({exc.strerror})") from exc
+        if not ours(head):
+            raise ValueError(
+                f"{flag} {path} exists and is not {kind} hyde-plus wrote; it is left "
+                "alone: choose another path (or remove the file yourself)"
+            )
+    check_creatable(path.parent, flag)
+    return path
+
+
+def check_creatable(path: Path, what: str) -> None:
+    """A `ValueError` unless the nearest existing folder at or above ``path`` is
+    writable: missing folders are made only when something is written."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{what}: cannot write in {existing}")
+
+
+@contextmanager
+def locked_folder(folder: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``folder`` itself while the block runs (no
+    lock file; a killed holder releases it); ``on_wait`` is called once if another
+    holder makes it wait. Where `fcntl` is missing (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder we may write but not list: run unlocked
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` as `write_all_atomic` does."""
+    write_all_atomic([(path, text.encode("utf-8"))])
+
+
+def write_all_atomic(files: Sequence[tuple[Path, bytes]]) -> None:
+    """Write every ``(path, data)`` to a temporary file beside it, then rename them all
+    into place: an error (a full disk) or a kill while writing leaves every old file
+    whole and no temporary file behind (only a kill between the renames, which need no
+    space, can leave some replaced). Files get the permissions the umask gives."""
+    pending: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            pending.append((tmp, path))
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+        for tmp, path in pending:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in pending:
+            tmp.unlink(missing_ok=True)  # those renamed already are gone: no-op
+        raise

@@ -1,0 +1,254 @@
+"""How a Milvus build replaces the collection a name serves, never touching another's.
+
+The name a user gives (``collection``) is a Milvus alias of the collection that holds
+the data, ``<collection>__<12 hex>``: a build fills a new one beside the old, moves
+the alias to it in one step (queries see the old or the new), then drops the builds it
+replaced. Beside a Milvus Lite file, a record (``<uri>.<collection>.hyde_plus.json``)
+lists the builds hyde-plus made and how each was embedded; a build is recorded (as
+``writing``) before its collection exists, so a killed build is dropped by the next.
+A rebuild drops only what the record lists (on a server, which has no record, the
+build the alias pointed at), keeps a build that carries another alias (the user's
+pin), and reads no rows back. A name that is the user's own collection or alias is
+refused before anything is embedded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .._owned import write_text_atomic
+from .._redact import redact_uri
+
+logger = logging.getLogger(__name__)
+
+
+def is_local_uri(uri: str) -> bool:
+    """A Milvus Lite file (not ``http://``, ``https://`` or ``tcp://``)."""
+    return "://" not in uri
+
+
+def record_path(uri: str, collection: str) -> Path | None:
+    """Where the record of ``collection``'s builds is kept (None on a server)."""
+    return Path(f"{uri}.{collection}.hyde_plus.json") if is_local_uri(uri) else None
+
+
+def is_build_of(name: str, collection: str) -> bool:
+    """Whether ``name`` is one of the collections hyde-plus builds behind the alias
+    ``collection`` (``<collection>__`` and 12 hex digits)."""
+    return re.fullmatch(re.escape(collection) + r"__[0-9a-f]{12}", name) is not None
+
+
+def drop_command(uri: str, name: str) -> str:
+    """The one-line command that drops the collection ``name`` at ``uri``: no hyde-plus
+    command drops a collection it keeps, so every message about one says how."""
+    where = str(Path(uri).expanduser()) if is_local_uri(uri) else redact_uri(uri)
+    code = (
+        "from pymilvus import MilvusClient; "
+        f"MilvusClient({json.dumps(where)}).drop_collection({json.dumps(name)})"
+    )
+    return f"python -c {shlex.quote(code)}"
+
+
+def alias_of(client: Any, alias: str) -> str | None:
+    """The collection the alias ``alias`` points at, whoever made it (None: no such alias)."""
+    if alias not in (client.list_aliases().get("aliases") or []):
+        return None
+    return str(client.describe_alias(alias)["collection_name"])
+
+
+def resolve(client: Any, collection: str) -> str | None:
+    """The collection that holds the data of ``collection``: the build its alias points
+    at, or a collection of that very name; None when there is none."""
+    target = alias_of(client, collection)
+    if target is not None and is_build_of(target, collection):
+        return target
+    return collection if collection in client.list_collections() else None
+
+
+def check_name_is_ours(client: Any, uri: str, collection: str) -> None:
+    """A `ValueError` when ``collection`` is the user's: an alias of a collection
+    hyde-plus did not build (or that its record does not list), or a collection of
+    that very name."""
+    where = redact_uri(uri)
+    target = alias_of(client, collection)
+    if target is not None and not is_build_of(target, collection):
+        raise ValueError(
+            f"{where} already has an alias {collection!r} (of collection {target!r}) that "
+            "hyde-plus did not make; it is left alone: choose another --collection"
+        )
+    recorded = recorded_builds(uri, collection)
+    path = record_path(uri, collection)
+    if target is not None and path is not None and path.exists() and target not in recorded:
+        raise ValueError(
+            f"{where} has an alias {collection!r} pointing at {target!r}, which is named "
+            f"like a hyde-plus build but is not one the record {path} lists; it is left "
+            "alone: choose another --collection"
+        )
+    if target is None and collection in client.list_collections():
+        raise ValueError(
+            f"{where} already has a collection {collection!r} that is not an alias "
+            "hyde-plus made; it is left alone: choose another --collection"
+        )
+
+
+def fill_and_switch(
+    client: Any, where: tuple[str, str], entry: dict[str, Any], fill: Callable[[str], Any]
+) -> Any:
+    """Record a new build of ``where`` (the URI and the alias), ``fill`` it (``fill``
+    creates the collection it is given and writes the rows; its result is returned),
+    move the alias to it, then drop the builds it replaced. A failure before the alias
+    moved drops the new collection and its record entry again."""
+    uri, collection = where
+    before = resolve(client, collection)
+    physical = f"{collection}__{uuid.uuid4().hex[:12]}"
+    entry = {**entry, "physical_collection": physical}
+    update_record(uri, collection, add={physical: {**entry, "writing": True}})
+    try:
+        result = fill(physical)
+        update_record(uri, collection, add={physical: entry})
+        switch_alias(client, collection, physical)
+    except BaseException:
+        _discard(client, where, physical)
+        raise
+    _drop_replaced(client, where, physical, before)
+    return result
+
+
+def switch_alias(client: Any, alias: str, physical: str) -> None:
+    """Point ``alias`` at ``physical`` in one step. Only an alias of one of our builds
+    is moved; otherwise it is created, which fails if someone made it meanwhile."""
+    target = alias_of(client, alias)
+    if target is not None and is_build_of(target, alias):
+        client.alter_alias(physical, alias)  # atomic: queries see the old or the new
+    else:
+        client.create_alias(physical, alias)
+
+
+def _discard(client: Any, where: tuple[str, str], physical: str) -> None:
+    """Best effort after a failed build: drop ``physical`` (this build made it) and
+    its record entry, unless the alias already serves it."""
+    uri, collection = where
+    try:
+        if resolve(client, collection) == physical:
+            return
+        if physical in client.list_collections():
+            client.drop_collection(physical)
+        update_record(uri, collection, drop={physical})
+    except Exception as exc:  # the build's own error is the one to report
+        logger.warning("could not clean up the failed build %s: %s", physical, exc)
+
+
+def _drop_replaced(client: Any, where: tuple[str, str], physical: str, before: str | None) -> None:
+    """Drop the builds ``physical`` replaced: those the record lists (on a server, the
+    one the alias pointed at ``before``). One that carries another alias, or that
+    Milvus fails to drop, is kept and stays recorded, with a warning saying how to
+    drop it."""
+    uri, collection = where
+    path = record_path(uri, collection)
+    names = set(recorded_builds(uri, collection)) if path else {before} - {None}
+    existing = set(client.list_collections())
+    kept: set[str] = set()
+    for name in sorted(n for n in names - {physical} if n and n in existing):
+        if not is_build_of(name, collection):
+            continue
+        why = _why_kept(client, name, collection)
+        if why:
+            kept.add(name)
+            logger.warning(
+                "kept the replaced build %s of collection %r: %s; drop it yourself when "
+                "you no longer need it: %s",
+                *(name, collection, why, drop_command(uri, name)),
+            )
+    if path is not None and before and before not in names and before in existing:
+        logger.warning(
+            "kept the collection %s that the alias %r pointed at: the record %s does not "
+            "list it; drop it yourself when you no longer need it: %s",
+            *(before, collection, path, drop_command(uri, before)),
+        )
+    update_record(uri, collection, keep={physical} | kept)
+
+
+def _why_kept(client: Any, name: str, collection: str) -> str:
+    """Drop the replaced build ``name`` unless it carries another alias than
+    ``collection`` (the user's pin); why it was kept ("" when dropped)."""
+    try:
+        others = set(client.list_aliases(collection_name=name).get("aliases") or [])
+        if others - {collection}:
+            pins = ", ".join(sorted(others - {collection}))
+            return f"it carries the alias(es) {pins} (the next build drops it once you drop them)"
+        client.drop_collection(name)
+    except Exception as exc:
+        return f"Milvus could not drop it ({getattr(exc, 'message', '') or exc})"
+    return ""
+
+
+def recorded_builds(uri: str, collection: str) -> dict[str, Any]:
+    """The builds the record lists, with what it says of each ({} without a record)."""
+    path = record_path(uri, collection)
+    if path is None or not path.is_file():
+        return {}
+    entries = read_record(path).get("collections") or {}
+    return {str(k): v for k, v in entries.items()} if isinstance(entries, dict) else {}
+
+
+def is_our_record(path: Path) -> bool:
+    """Whether ``path`` is absent or a record `update_record` writes."""
+    if not (path.exists() or path.is_symlink()):
+        return True
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        data = read_record(path)
+    except (ValueError, OSError):
+        return False
+    return data.get("format") == 2 and isinstance(data.get("collections"), dict)
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The record at ``path``; a `ValueError` saying what to do when it is damaged."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(_corrupt(path, str(exc))) from exc
+    if not isinstance(data, dict):
+        raise ValueError(_corrupt(path, "not a JSON object"))
+    return data
+
+
+def _corrupt(path: Path, why: str) -> str:
+    return (
+        f"{path} is corrupt ({why}): move it aside (say to {path.name}.bad) and rebuild "
+        "with `hyde-plus index DIR --store milvus` and the same --uri and --collection; "
+        "the rebuild keeps the collection served until now, for you to drop"
+    )
+
+
+def update_record(
+    uri: str,
+    collection: str,
+    *,
+    add: dict[str, dict[str, Any]] | None = None,
+    keep: set[str] | None = None,
+    drop: set[str] | None = None,
+) -> None:
+    """Add entries to (keep only ``keep`` in, remove ``drop`` from) the record,
+    atomically; the keys the user added to it stay."""
+    path = record_path(uri, collection)
+    if path is None:
+        return
+    if not is_our_record(path):
+        raise ValueError(f"{path} is not hyde-plus's record of the collection; left untouched")
+    data = read_record(path) if path.is_file() else {}
+    entries = {**(data.get("collections") or {}), **(add or {})}
+    if keep is not None:
+        entries = {k: v for k, v in entries.items() if k in keep}
+    for name in drop or set():
+        entries.pop(name, None)
+    write_text_atomic(path, json.dumps({**data, "format": 2, "collections": entries}, indent=2))
