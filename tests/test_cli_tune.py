@@ -41,7 +41,7 @@ def _tune(tmp_path: Path, *args: str) -> tuple[object, Path]:
 def test_tune_rocchio_sweeps_writes_a_config_and_eval_and_query_accept_it(
     tmp_path: Path,
 ) -> None:
-    result, out = _tune(tmp_path, "--transform", "rocchio")
+    result, out = _tune(tmp_path, "--transform", "rocchio", "--write-anyway")
     assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
     output = result.output  # type: ignore[attr-defined]
     assert "warning" in output and "test split" in output  # tuning on test is flagged
@@ -198,12 +198,26 @@ def test_tune_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path, flag:
 
 
 def test_tune_overwrites_its_own_config_and_report(tmp_path: Path) -> None:
-    first, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3")
+    first, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3", "--write-anyway")
     assert first.exit_code == 0, first.output  # type: ignore[attr-defined]
-    again, _ = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=5")
+    again, _ = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=5", "--write-anyway")
     assert again.exit_code == 0, again.output  # type: ignore[attr-defined]
     assert json.loads(out.read_text())["options"]["k"] == 5
     assert "rocchio:k=5" in (tmp_path / "tune.md").read_text()
+
+
+def test_a_sweep_that_does_not_beat_plain_search_says_keep_it_and_writes_no_config(
+    tmp_path: Path,
+) -> None:
+    result, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3")
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    output = " ".join(result.output.split())  # type: ignore[attr-defined]
+    said = output[output.rindex("Recommendation:") :]  # the last thing said
+    assert said.startswith("Recommendation: keep plain search (`none`)"), output
+    assert said.endswith("No config written.")
+    assert not out.exists()
+    report = (tmp_path / "tune.md").read_text()
+    assert "keep plain search" in report and "skip/fb" in report
 
 
 def test_tune_refuses_outputs_inside_the_documents(tmp_path: Path) -> None:
@@ -222,12 +236,12 @@ def test_tune_refuses_outputs_inside_the_documents(tmp_path: Path) -> None:
 def test_a_rerun_replaces_its_own_config_and_says_so_in_one_line(tmp_path: Path) -> None:
     """A config tune wrote is its output (its ``hyde_plus_config`` key names it), edited
     or not: the next run replaces it and says so."""
-    first, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3")
+    first, out = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=3", "--write-anyway")
     assert first.exit_code == 0, first.output  # type: ignore[attr-defined]
     assert "replacing" not in first.output  # type: ignore[attr-defined]
     config = json.loads(out.read_text())
     out.write_text(json.dumps({**config, "my_comment": "edited"}, indent=2))
-    again, _ = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=5")
+    again, _ = _tune(tmp_path, "--transform", "rocchio", "--grid", "k=5", "--write-anyway")
     assert again.exit_code == 0, again.output  # type: ignore[attr-defined]
     assert f"replacing {out.name} in" in again.output  # type: ignore[attr-defined]
     assert json.loads(out.read_text())["options"]["k"] == 5

@@ -156,6 +156,27 @@ def test_config_records_how_the_winner_was_chosen(tmp_path: Path) -> None:
     assert config_payload(tune_result({}))["options"] == {}
 
 
+def test_a_config_says_its_tolerance_in_points_as_the_command_line_does() -> None:
+    tuned = config_payload(tune_result({}))["tuned_on"]
+    assert tuned["tolerance_points"] == round(DEFAULT_TOLERANCE * 100, 4)  # 0.2, as --tolerance
+    assert "tolerance" not in tuned and tuned["fallbacks"] == 0
+
+
+def test_tune_recommends_the_winner_only_when_it_beats_plain_search(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.report import tune_markdown, tune_recommendation
+
+    result = tune_result({"query_weight": 0.8})
+    result.winner.delta_vs_none, result.winner.interval_vs_none = 0.05, (0.01, 0.09)
+    said = tune_recommendation(result, tmp_path / "c.json")
+    assert said.startswith("Recommendation: use `hyde:query_weight=0.8` (--config ")
+    assert "+5.0 [+1.0,+9.0]" in said and "p = 0.012" in said
+    result.winner.p_value_vs_none = 0.4
+    said = tune_recommendation(result, None)
+    assert said.startswith("Recommendation: keep plain search (`none`)")
+    assert said.endswith("No config written.")
+    assert said in tune_markdown(result)
+
+
 def test_write_config_overwrites_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     write_config(tune_result({"query_weight": 0.5}), path)

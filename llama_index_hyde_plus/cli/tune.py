@@ -68,6 +68,14 @@ Grid = Annotated[
 Depth = Annotated[int, typer.Option(help="Results kept per query (rerank depth).")]
 
 
+WriteAnyway = Annotated[
+    bool,
+    typer.Option(
+        "--write-anyway", help="Write the chosen config even when it does not beat plain search."
+    ),
+]
+
+
 def tune(
     dataset: opt.OptDataset = None,
     docs: q.Docs = None,
@@ -97,11 +105,13 @@ def tune(
     store: opt.StoreKind = None,
     uri: opt.Uri = None,
     milvus_token: opt.MilvusToken = None,
+    write_anyway: WriteAnyway = False,
     verbose: opt.Verbose = False,
 ) -> None:
     """Sweep a transform's search options on a training split (or on questions written
-    from your --docs) and write the winner: the simplest configuration within
-    --tolerance points of the best. Each query is generated once and reused."""
+    from your --docs) and write the winner, the simplest configuration within
+    --tolerance points of the best, when it beats plain search (significantly, p < 0.05).
+    Each query is generated once and reused."""
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
     name, split = transform.strip().lower(), split if docs is None else "generated"
@@ -120,8 +130,10 @@ def tune(
     )
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
-    with reported():
-        path = write_config(result, out)
+    path = None
+    if result.winner.gains() or write_anyway:
+        with reported():
+            path = write_config(result, out)
     _show(result, path, report, questions_dir if docs is not None else None)
 
 
@@ -171,12 +183,10 @@ def _load(
     return configs, ds, embed_model, model if needs_llm(name) else None
 
 
-def _show(result: Any, path: Path, report: Path | None, question_set: Path | None) -> None:
+def _show(result: Any, path: Path | None, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
-    from rich.console import Console
-
-    from ..evaluation.report import is_tune_report, tune_markdown, tune_table
+    from ..evaluation.report import is_tune_report, tune_markdown, tune_recommendation, tune_table
     from ..evaluation.tune import check_writable, write_output
 
     if question_set is not None:
@@ -185,15 +195,12 @@ def _show(result: Any, path: Path, report: Path | None, question_set: Path | Non
         mark_tuned(question_set)
     if result.extra.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
-    Console(width=max(ui.console.width, 120)).print(tune_table(result))
+    ui.console.print(tune_table(result))
     ui.console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
-    if (result.winner.delta_vs_none or 0.0) < 0:
-        ui.err.print(
-            "[bold yellow]warning:[/] the chosen configuration scores below `none` on this "
-            "split; searching without this transform is the safer choice here"
-        )
     if report is not None:
         with reported():
             report = check_writable(report, "--report", "a tune report", is_tune_report)
-        write_output(report, tune_markdown(result, command_line("tune")))
-    ui.console.print(f"[dim]Wrote {path}; use it with --config {path}[/]")
+        write_output(report, tune_markdown(result, command_line("tune"), config=path))
+    if path is not None:
+        ui.console.print(f"[dim]Wrote {path}[/]")
+    ui.console.print(f"[bold]{tune_recommendation(result, path)}[/]")

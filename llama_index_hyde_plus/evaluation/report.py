@@ -196,30 +196,46 @@ def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
     rows = [r for r in result.reports if r.delta_vs_none is not None]
     if not rows:
         return "Recommendation: nothing to compare (run `none` beside a transform)."
-    gaining = [
-        r
-        for r in rows
-        if (r.delta_vs_none or 0) > 0
-        and r.p_value_vs_none is not None
-        and r.p_value_vs_none < alpha
-        and r.fallbacks <= 0.1 * max(r.queries, 1)
-    ]
+    gaining = [r for r in rows if r.gains(alpha)]
     if gaining:
-        best = max(gaining, key=lambda r: r.scores["nDCG@10"])
-        return (
-            f"Recommendation: use `{best.label}` ({_interval(best)} nDCG@10 points, "
-            f"p = {best.p_value_vs_none:.3f}, {_wtl(best)} wins/ties/losses)."
-        )
-    top = max(rows, key=lambda r: r.scores["nDCG@10"])
+        return _use(max(gaining, key=lambda r: r.scores["nDCG@10"]))
+    return _keep_plain(max(rows, key=lambda r: r.scores["nDCG@10"]), "transform")
+
+
+def _use(report: TransformReport, how: str = "") -> str:
+    return (
+        f"Recommendation: use `{report.label}`{how} ({_interval(report)} nDCG@10 points, "
+        f"p = {report.p_value_vs_none or 0:.3f}, {_wtl(report)} wins/ties/losses)."
+    )
+
+
+def _keep_plain(top: TransformReport, what: str, role: str = "best") -> str:
     why = (
         f"{top.fallbacks} of {top.queries} queries fell back (timeouts or failures)"
         if top.fallbacks > 0.1 * max(top.queries, 1)
-        else "no transform gains significantly here"
+        else f"no {what} gains significantly here"
     )
     return (
-        f"Recommendation: keep plain search (`none`): {why}; the best, `{top.label}`, "
+        f"Recommendation: keep plain search (`none`): {why}; the {role}, `{top.label}`, "
         f"is {_interval(top)} points (p = {_p(top).rstrip(' *')})."
     )
+
+
+def tune_recommendation(result: TuneResult, config: Path | None) -> str:
+    """The one thing to do after a `tune` sweep: use the chosen configuration (with
+    ``--config`` ``config``) when it beats `none` (`TransformReport.gains`), else keep
+    plain search.
+
+    Args:
+        result: the sweep.
+        config: where the configuration was written; None: it was not.
+    """
+    winner = result.winner
+    if winner.gains():
+        how = f" (--config {config})" if config is not None else ""
+        return _use(winner, how)
+    said = _keep_plain(winner, "configuration", "chosen")
+    return said + (" No config written." if config is None else "")
 
 
 def markdown(result: EvalResult, command: str | None = None) -> str:
@@ -410,44 +426,15 @@ def tune_rows(result: TuneResult, top: int | None = None) -> list[list[str]]:
     rows = []
     for report in [*shown, *(r for r in (result.winner,) if r not in shown)]:
         mark = "chosen" if report is result.winner else ("best" if report is result.best else "")
-        rows.append(
-            [
-                report.label,
-                f"{report.scores['nDCG@10']:.4f}",
-                _delta(report),
-                _wtl(report),
-                _p(report),
-                f"{report.scores['R@100']:.4f}",
-                str(report.skipped) if report.skipped else "-",
-                mark,
-            ]
-        )
+        rows.append([*_terminal_row(report, math.nan)[:-1], mark])
     base = result.baseline
-    rows.append(
-        [
-            "none",
-            f"{base.scores['nDCG@10']:.4f}",
-            "-",
-            "-",
-            "-",
-            f"{base.scores['R@100']:.4f}",
-            "-",
-            "baseline",
-        ]
-    )
+    rows.append([*_terminal_row(base, math.nan)[:-1], "baseline"])
     return rows
 
 
-TUNE_HEADERS = [
-    "configuration",
-    "nDCG@10",
-    "Δ (pts)",
-    "wins/ties/losses",
-    "p vs none",
-    "Recall@100",
-    "gated",
-    "",
-]
+TUNE_HEADERS = ["configuration", "nDCG@10", "Δ pts [95% CI]", "W/T/L", "p", "chg", "skip/fb", ""]
+"""The tune table's columns (terminal and ``--report``): as `TERMINAL_HEADERS`, and
+the chosen / best / baseline mark."""
 
 
 def tune_table(result: TuneResult, top: int | None = 15) -> Table:
@@ -462,9 +449,15 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
         title=f"tune {result.transform} on {result.dataset} {result.split} "
         f"({result.queries} queries, {len(result.reports)} configurations)",
         title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        pad_edge=False,
     )
-    for i, header in enumerate(TUNE_HEADERS):
-        table.add_column(header, justify="left" if i in (0, 7) else "right")
+    table.add_column(TUNE_HEADERS[0], overflow="fold", min_width=12)
+    for header in TUNE_HEADERS[1:-1]:
+        wraps = header == TUNE_HEADERS[2]
+        table.add_column(header, justify="right", no_wrap=not wraps, overflow="fold")
+    table.add_column(TUNE_HEADERS[-1], no_wrap=True)
     for row in tune_rows(result, top):
         style = "bold green" if row[-1] == "chosen" else None
         table.add_row(*row, style=style)
@@ -481,14 +474,20 @@ def is_tune_report(head: bytes) -> bool:
     return head.startswith(TUNE_TITLE.encode())
 
 
-def tune_markdown(result: TuneResult, command: str | None = None, top: int | None = None) -> str:
+def tune_markdown(
+    result: TuneResult,
+    command: str | None = None,
+    top: int | None = None,
+    config: Path | None = None,
+) -> str:
     """The markdown report of a `tune` sweep: the command, the table (`tune_rows`),
-    and which configuration was chosen and why.
+    which configuration was chosen and why, and the recommendation.
 
     Args:
         result: the sweep.
         command: the command line that made it, shown first; None: not shown.
         top: how many configurations to show, best first; None: all.
+        config: where the chosen configuration was written; None: it was not.
     """
     lines = [f"{TUNE_TITLE}: {result.winner.label} on {result.dataset}", ""]
     if command:
@@ -504,5 +503,7 @@ def tune_markdown(result: TuneResult, command: str | None = None, top: int | Non
         f"Chosen: `{w.label}` ({w.verdict}); best: `{result.best.label}` "
         f"({result.best.scores['nDCG@10']:.4f}). The simplest configuration within "
         f"{result.tolerance * 100:.1f} points of the best is chosen.",
+        "",
+        f"**{tune_recommendation(result, config)}**",
     ]
     return "\n".join(lines) + "\n"

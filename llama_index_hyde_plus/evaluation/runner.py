@@ -183,6 +183,17 @@ class TransformReport:
         """The comparison with `none` in words: helps / hurts / no clear difference."""
         return verdict(self.delta_vs_none, self.p_value_vs_none)
 
+    def gains(self, alpha: float = 0.05) -> bool:
+        """Whether this beats `none` as a recommendation requires: a positive difference,
+        significant (p < ``alpha``), on a score that is not mostly plain search's (at
+        most a tenth of its queries fell back). `eval` and `tune` decide by this."""
+        return (
+            (self.delta_vs_none or 0.0) > 0
+            and self.p_value_vs_none is not None
+            and self.p_value_vs_none < alpha
+            and self.fallbacks <= 0.1 * max(self.queries, 1)
+        )
+
     def compare_with(self, baseline: TransformReport) -> None:
         """Fill the paired comparison with ``baseline`` (the `none` run)."""
         mine, base = self.per_query_ndcg, baseline.per_query_ndcg

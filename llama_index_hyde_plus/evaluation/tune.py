@@ -257,7 +257,8 @@ def config_payload(result: TuneResult) -> dict[str, Any]:
             "wins_ties_losses": [w.wins, w.ties, w.losses],
             "best_label": result.best.label,
             "best_ndcg@10": round(result.best.scores["nDCG@10"], 5),
-            "tolerance": result.tolerance,
+            "tolerance_points": round(result.tolerance * 100, 4),
+            "fallbacks": w.fallbacks,
             **result.extra,
         },
     }
