@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import time
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import CodeType
@@ -248,7 +249,8 @@ class LLMTransform(QueryTransformer):
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
         """The cache key of ``query``: method, LLM class, model, the LLM's own
-        generation settings (`llm_settings`), prompt template, the transform's
+        generation settings (`llm_settings`), prompt template and what else changes
+        its rendering (`_prompt_rendering`: function mappings...), the transform's
         generation options (`_params`), query and, for a grounded transform, the
         passages shown to the model. Plain data only: the same in every process."""
         llm = self.llm
@@ -261,6 +263,9 @@ class LLMTransform(QueryTransformer):
             "params": self._params(),
             "query": query,
         }
+        rendering = _prompt_rendering(self._prompt)
+        if rendering:
+            parts["prompt_rendering"] = rendering
         if context:
             parts["context"] = list(context)
         return cache_key(parts)
@@ -477,6 +482,20 @@ class LLMTransform(QueryTransformer):
         return replace(result, latency_s=time.perf_counter() - start)
 
 
+def _prompt_rendering(prompt: BasePromptTemplate) -> dict[str, Any]:
+    """What changes how ``prompt`` renders besides its template text, for the key:
+    partial values, variable mappings, function mappings (each callable by
+    `_callable_identity`) and the output parser, each by `_exact` (`Unkeyable`: no
+    cache). Empty for a plain prompt, whose key is thus its template alone."""
+    fields = {
+        "kwargs": prompt.kwargs,
+        "template_var_mappings": prompt.template_var_mappings,
+        "function_mappings": prompt.function_mappings,
+        "output_parser": prompt.output_parser,
+    }
+    return {name: _exact(value, 0) for name, value in fields.items() if value}
+
+
 def _number(value: Any, name: str) -> float | None:
     """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
     if value is None or is_number(value):
@@ -577,12 +596,19 @@ _NOT_SETTINGS = frozenset(
 """LLM settings that are not in the cache key (see `llm_settings`)."""
 
 _SECRET = re.compile(
-    r"(?:^|_)(?:api_?key|key|secret|password|passwd|token|credentials?|auth|authorization)"
-    r"(?:$|_)",
+    r"^(?:key|token|auth|authorization|credentials?|password|passwd|secret)$"
+    r"|(?:^|_)(?:api_?key|password|passwd|secret|credentials?|authorization)(?:$|_)"
+    r"|(?:^|_)(?:access|auth|bearer|api|hf|hub|id|refresh|session|private)_?token$"
+    r"|(?:^|_)(?:access|private|secret|subscription)_?key(?:_id)?$"
+    r"|^auth_",
     re.IGNORECASE,
 )
-"""Names of secrets (``api_key``, ``hf_token``, ``client_secret``), never in a key;
-``max_tokens`` (plural) is a setting."""
+"""Names of secrets, never in a key: ``api_key``, ``openai_api_key``, ``hf_token``,
+``access_token``, ``client_secret``, ``password``, ``auth_*``, a bare ``token`` or
+``key``. Only secrets: a generation setting named for tokens (``stop_token``,
+``eos_token``, ``stop_token_ids``, ``max_tokens``) is in the key. A secret the rule
+misses only costs a cache miss when it changes (the key is a hash); a setting it
+wrongly dropped would serve another setting's generation."""
 
 _SKIP = object()
 _MAX_DEPTH = 16
@@ -672,20 +698,36 @@ class Unkeyable(TypeError):
     another setting could share."""
 
 
-def _callable_identity(value: Any, depth: int) -> Any:
+def _callable_identity(value: Any, depth: int, within: frozenset[int] = frozenset()) -> Any:
     """What a callable field contributes to the key: its qualified name and what it
-    computes with (a function's code, the names it uses, its constants, nested code,
-    defaults and closure values; a ``partial``'s function and arguments; a bound
-    method's object; a callable object's class and attributes), all of it read in full
-    (`_exact`), so two lambdas, two closures of one factory over other strings or two
-    partials never share a key. A callable over anything with no plain form raises
-    `Unkeyable`: the transform is then not cached (an identity such as ``id()`` is
-    reused once the object is gone). The module data a function reads (a string, a
-    dict...) is in the key too; the modules, functions and classes it calls are keyed by
-    name only."""
+    computes with, all of it read in full (`_exact`), so two lambdas, two closures of
+    one factory over other strings or two partials never share a key:
+
+    - a function: its code (bytecode, names, constants, nested code), defaults, closure
+      values, and every global name its code reads (``co_names``) resolved in its
+      ``__globals__``: data by value, objects by their state (as a closure's), a
+      module by the attributes of it the code names (``CONF.lang``, ``cfg.LANG``), a
+      function of the same module by its own identity (so a redefined helper changes
+      the key); the classes, and the functions and modules of other modules, by name;
+      a read of the process environment (``os.environ``, ``os.getenv``) keys the whole
+      environment;
+    - a bound built-in method (``"EN {}".format``, ``{...}.get``, ``pattern.sub``): its
+      object (`_exact`) and name; a ``partial``: its function and arguments; a bound
+      method: its function and object; a callable object: its class and attributes.
+
+    Anything with no plain form raises `Unkeyable`: the transform is then not cached
+    (an identity such as ``id()`` is reused once the object is gone). ``within``: the
+    functions being keyed, so a recursive helper is keyed once."""
     name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    if isinstance(value, type) or inspect.isbuiltin(value):
+    if isinstance(value, type):
         return name
+    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return f"{value.__objclass__.__qualname__}.{value.__name__}"  # str.format, unbound
+    if inspect.isbuiltin(value):
+        owner = value.__self__
+        if owner is None or isinstance(owner, types.ModuleType):
+            return name  # len, math.sqrt: a built-in function
+        return f"{name}#{_digest(_exact(owner, depth))}"  # a built-in bound to its data
     if isinstance(value, functools.partial):
         return ["partial", *(_exact(v, depth) for v in (value.func, value.args, value.keywords))]
     if inspect.ismethod(value):
@@ -698,9 +740,52 @@ def _callable_identity(value: Any, depth: int) -> Any:
     parts += [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
     parts.append(_exact(keywords, depth))
     names = _names_used(value.__code__)
-    data = {n: g for n, g in value.__globals__.items() if n in names and isinstance(g, _DATA)}
-    parts.append(_exact(data, depth))  # the module data it reads (a template, a table)
-    return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
+    within = within | {id(value)}
+    reads = [
+        [n, _global_form(value.__globals__[n], value, names, depth, within)]
+        for n in sorted(names)
+        if n in value.__globals__
+    ]
+    parts.append(reads)  # the globals it reads (a template, a table, a config object)
+    return f"{name}#{_digest(parts)}"
+
+
+def _digest(parts: Any) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _global_form(
+    value: Any, reader: Any, names: set[str], depth: int, within: frozenset[int]
+) -> Any:
+    """A global that function ``reader`` reads (its code names ``names``), for its key
+    (see `_callable_identity`)."""
+    if value is os.environ or value is os.getenv or value is getattr(os, "environb", None):
+        return ["environ", _exact(dict(os.environ), depth)]
+    if isinstance(value, types.ModuleType):
+        attrs = vars(value)
+        return [
+            value.__name__,
+            [[n, _module_attr_form(attrs[n], depth)] for n in sorted(names) if n in attrs],
+        ]
+    if inspect.isfunction(value):
+        same_module = value.__module__ == reader.__module__
+        if same_module and id(value) not in within:
+            return _callable_identity(value, depth + 1, within)
+        return f"{value.__module__}.{value.__qualname__}"
+    return _exact(value, depth)
+
+
+def _module_attr_form(value: Any, depth: int) -> Any:
+    """An attribute read through a module (``cfg.LANG``): data and objects by value;
+    modules, classes and functions by name (the functions a function calls are code,
+    keyed by name); the process environment in full."""
+    if value is os.environ or value is os.getenv or value is getattr(os, "environb", None):
+        return ["environ", _exact(dict(os.environ), depth)]
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
+    if isinstance(value, type) or inspect.isfunction(value) or inspect.isbuiltin(value):
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    return _exact(value, depth)
 
 
 _BIG_ARRAY = 4096
@@ -729,6 +814,10 @@ def _exact(value: Any, depth: int) -> Any:
         return value
     if isinstance(value, (bytes, bytearray)):
         return ["bytes", hashlib.sha256(value).hexdigest()]
+    if isinstance(value, re.Pattern):
+        return ["re", _exact(value.pattern, depth), value.flags]
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
     if isinstance(value, (list, tuple)):
         return [_exact(v, depth) for v in value]
     if isinstance(value, (set, frozenset)):
