@@ -6,19 +6,23 @@ store entries expire in the store and a hit cannot be mutated."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from llama_index.core.prompts import PromptTemplate
+from llama_index.core.storage.kvstore import SimpleKVStore
 from pydantic import Field
 
-from llama_index_hyde_plus import HyDE, MemoryCache
-from llama_index_hyde_plus.testing import ScriptedLLM
+from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
+from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
+from llama_index_hyde_plus.transforms import llm_base
 from llama_index_hyde_plus.transforms.llm_base import Unkeyable
 
 Q = "Why did revenue drop?"
@@ -282,3 +286,85 @@ def test_token_generation_settings_are_in_the_key(field: str, first: Any, second
 )
 def test_secrets_are_never_in_the_key(field: str, first: Any, second: Any) -> None:
     assert _token_key(**{field: first}) == _token_key(**{field: second})
+
+
+# -- D5: a blocking cache store never hangs a search -----------------------------------
+_RELEASE = threading.Event()
+
+
+class _BlockingStore(SimpleKVStore):
+    """A KV store whose every read and write blocks (a stopped Redis with no socket
+    timeout) until the test ends."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        _RELEASE.wait(120)
+
+    def put(self, *args: Any, **kwargs: Any) -> None:
+        _RELEASE.wait(120)
+
+
+@pytest.fixture
+def blocking_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStoreCache]:
+    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.2, raising=False)
+    _RELEASE.clear()
+    yield KVStoreCache(_BlockingStore())
+    _RELEASE.set()
+
+
+def _blocked_retriever(cache: KVStoreCache) -> TransformRetriever:
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=cache, timeout=5)
+    return TransformRetriever(StaticRetriever({"a": "x"}, default=["a"]), transform)
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()`` on a daemon thread; its result, or a failure if it is still running
+    after ``seconds`` (it hangs)."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"still running after {seconds}s: it hangs"
+    return box[0]
+
+
+def test_a_blocking_cache_store_never_hangs_a_sync_search(blocking_cache: KVStoreCache) -> None:
+    retriever = _blocked_retriever(blocking_cache)
+    result = _within(20, lambda: retriever.search(Q))
+    assert [n.node.node_id for n in result.nodes] == ["a"]
+    assert result.transform.hypothetical == ("a passage",)  # generated, not cached
+
+
+def test_a_blocking_cache_store_never_hangs_an_async_search_nor_its_loop(
+    blocking_cache: KVStoreCache,
+) -> None:
+    retriever = _blocked_retriever(blocking_cache)
+
+    async def main() -> tuple[Any, int]:
+        results = await asyncio.gather(*(retriever.asearch(f"{Q} {i}") for i in range(8)))
+        # the loop's default executor is free: the app's own to_thread work still runs
+        free = await asyncio.wait_for(asyncio.to_thread(lambda: 1), 5)
+        return results, free
+
+    results, free = _within(30, lambda: asyncio.run(main()))  # asyncio.run exits too
+    assert free == 1
+    assert all(r.transform.hypothetical == ("a passage",) for r in results)
+
+
+def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
+    blocking_cache: KVStoreCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
+    _within(60, lambda: [transform.transform(f"{Q} {i}") for i in range(20)])  # 40 overrun
+    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 60.0, raising=False)
+    result = _within(10, lambda: transform.transform(Q + " once more"))  # not 2 x 60 s
+    assert result.hypothetical == ("a passage",) and not result.cached
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_async: bool) -> None:
+    cache = KVStoreCache(SimpleKVStore())
+    llm = ScriptedLLM(respond=lambda p: "a passage")
+    transform = HyDE(llm=llm, cache=cache)
+    for _ in range(2):
+        result = await transform.atransform(Q) if use_async else transform.transform(Q)
+    assert result.cached and len(llm.prompts) == 1

@@ -19,10 +19,10 @@ import os
 import re
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import CodeType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
@@ -34,6 +34,7 @@ from pydantic import BaseModel
 
 from .. import _llm
 from .._checks import is_number
+from .._workers import Job, WorkersBusyError
 from ..cache import TransformCache, cache_key, holds_objects
 from ..reliability import CircuitOpenError, RetryPolicy, failure
 from ..singleflight import SingleFlight
@@ -312,6 +313,59 @@ class LLMTransform(QueryTransformer):
     def _cache_io_is_blocking(self) -> bool:
         return self.cache is not None and not holds_objects(self.cache)
 
+    def _cache_job(self, call: Callable[[], _T], on_done: Any = None) -> Job | None:
+        """``call`` (a `_lookup` or `_store`) on the cache's own worker threads (one
+        pool per cache class, `_llm.WORKERS`, as a reranker's): a store that hangs
+        holds only those, never the caller nor the event loop's executor. None when
+        they all hold calls that overran `CACHE_TIMEOUT_S`: the cache is skipped."""
+        try:
+            return _llm.WORKERS.for_llm(self.cache).submit(call, on_done)
+        except WorkersBusyError:
+            logger.warning("the transform cache is not answering; skipping it")
+            return None
+
+    def _cache_io(self, call: Callable[[], _T | None], what: str) -> _T | None:
+        """``call`` on the cache: in place for an in-process cache, else on its worker
+        threads within `CACHE_TIMEOUT_S` (past it, a read is a miss and a write is
+        dropped; None)."""
+        if not self._cache_io_is_blocking():
+            return call()
+        job = self._cache_job(call)
+        if job is None:
+            return None
+        answered = False
+        try:
+            answered = job.done.wait(CACHE_TIMEOUT_S)
+        finally:
+            if not answered:
+                job.abandon()
+        if not answered:
+            _cache_overran(what)
+            return None
+        return job.result()  # type: ignore[no-any-return]
+
+    async def _acache_io(self, call: Callable[[], _T | None], what: str) -> _T | None:
+        """Async twin of `_cache_io`: the call on the cache's worker threads, awaited
+        within `CACHE_TIMEOUT_S`; cancelling the await abandons it."""
+        if not self._cache_io_is_blocking():
+            return call()
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        job = self._cache_job(call, lambda: loop.call_soon_threadsafe(_wake, woken))
+        if job is None:
+            return None
+        try:
+            await asyncio.wait_for(woken, CACHE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            job.abandon()
+            if not job.done.is_set():
+                _cache_overran(what)
+                return None
+        except BaseException:
+            job.abandon()
+            raise
+        return job.result()  # type: ignore[no-any-return]
+
     def _key(self, query: str, context: Sequence[str] | None) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the
         call then falls back on its own)."""
@@ -332,13 +386,13 @@ class LLMTransform(QueryTransformer):
         if key is None:
             return self._generate(query, context)
         start = time.perf_counter()
-        hit = self._lookup(key, query, start)
+        hit = self._cache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
             return hit
 
         def work() -> TransformResult:
             result = self._generate(query, context)
-            self._store(key, result)
+            self._cache_io(lambda: self._store(key, result), "write")
             return result
 
         result, shared = self._flights.run(key, work, _shareable)
@@ -348,28 +402,21 @@ class LLMTransform(QueryTransformer):
         self, query: str, *, context: Sequence[str] | None = None
     ) -> TransformResult:
         """Async twin of `transform`: native ``acomplete``, never a blocking call (a
-        cache on disk is read and written in a worker thread)."""
+        cache on disk or a network is read and written on its own worker threads,
+        `_acache_io`)."""
         validate_query(query)
         context = self._context(context)
         key = self._key(query, context)
         if key is None:
             return await self._agenerate(query, context)
         start = time.perf_counter()
-        blocking = self._cache_io_is_blocking()
-        hit = (
-            await asyncio.to_thread(self._lookup, key, query, start)
-            if blocking
-            else self._lookup(key, query, start)
-        )
+        hit = await self._acache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
             return hit
 
         async def work() -> TransformResult:
             result = await self._agenerate(query, context)
-            if blocking:
-                await asyncio.to_thread(self._store, key, result)
-            else:
-                self._store(key, result)
+            await self._acache_io(lambda: self._store(key, result), "write")
             return result
 
         result, shared = await self._flights.arun(key, work, _shareable)
@@ -494,6 +541,29 @@ def _prompt_rendering(prompt: BasePromptTemplate) -> dict[str, Any]:
         "output_parser": prompt.output_parser,
     }
     return {name: _exact(value, 0) for name, value in fields.items() if value}
+
+
+CACHE_TIMEOUT_S = 2.0
+"""Seconds one read or write of a transform cache that is not in process (SQLite,
+Redis, any KV store) may take: past it a read is a miss and a write is dropped, never
+a hang (the call goes on on the cache's worker thread, and once all of them hold such
+calls the cache is skipped at once)."""
+
+_T = TypeVar("_T")
+
+
+def _cache_overran(what: str) -> None:
+    logger.warning(
+        "transform cache %s took over %gs; %s",
+        what,
+        CACHE_TIMEOUT_S,
+        "calling the LLM" if what == "read" else "not cached",
+    )
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _number(value: Any, name: str) -> float | None:
