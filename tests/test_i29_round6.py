@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.storage.kvstore import SimpleKVStore
 from pydantic import Field
 
-from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
+from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever, _workers
 from llama_index_hyde_plus.kv_cache import KVStoreCache
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms import llm_base
@@ -368,3 +369,81 @@ async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_asyn
     for _ in range(2):
         result = await transform.atransform(Q) if use_async else transform.transform(Q)
     assert result.cached and len(llm.prompts) == 1
+
+
+# -- D7: one cap on worker threads across all pools ------------------------------------
+@pytest.fixture
+def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """At most 4 worker threads in the process (the cap is `MAX_THREADS`), and an
+    event that ends the hung calls."""
+    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(4), raising=False)
+    release = threading.Event()
+    yield release
+    release.set()
+
+
+def test_hung_calls_over_many_pools_hold_at_most_the_global_thread_cap(
+    few_thread_slots: threading.Event,
+) -> None:
+    pools = [_workers.DaemonWorkers(max_busy=2, name=f"test-{i}") for i in range(4)]
+    started = 0
+    with pytest.raises(_workers.WorkersBusyError):
+        for pool in pools:
+            for _ in range(2):
+                pool.submit(lambda: few_thread_slots.wait(60))
+                started += 1
+    assert started == 4
+    assert pools[2].busy() == 0  # the refused call holds no slot of its pool
+
+
+def test_a_thread_slot_is_free_again_once_its_worker_exits(
+    few_thread_slots: threading.Event,
+) -> None:
+    pools = [_workers.DaemonWorkers(max_busy=1, max_idle=0) for _ in range(4)]
+    jobs = [pool.submit(lambda: few_thread_slots.wait(60)) for pool in pools]
+    few_thread_slots.set()
+    assert all(job.done.wait(10) for job in jobs)
+    for _ in range(100):  # the workers exit (max_idle=0) and give their slots back
+        if _workers._thread_slots._value == 4:  # type: ignore[attr-defined]
+            break
+        threading.Event().wait(0.05)
+    job = _workers.DaemonWorkers().submit(lambda: 7)
+    assert job.done.wait(10) and job.result() == 7
+
+
+class _BlockingLLM(CustomLLM):
+    """An LLM with only a blocking ``complete`` (the async path runs it on a worker
+    thread too), hung until ``release`` is set."""
+
+    model_name: str = "blocking"
+    release: Any = Field(default=None, exclude=True)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name=self.model_name)
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self.release.wait(60)
+        return CompletionResponse(text="")
+
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_past_the_thread_cap_a_hung_provider_falls_back_at_once_uncounted(
+    few_thread_slots: threading.Event, use_async: bool
+) -> None:
+    transforms = [
+        HyDE(
+            llm=_BlockingLLM(model_name=f"tenant-{use_async}-{m}", release=few_thread_slots),
+            timeout=0.05,
+            retry=None,
+        )
+        for m in range(6)
+    ]
+    results = [await t.atransform_safe(Q) if use_async else t.transform_safe(Q) for t in transforms]
+    assert all(r.fallback for r in results)
+    assert "WorkersBusyError" in (results[-1].error or "")
+    breaker = transforms[-1].breaker
+    assert breaker is None or breaker.state == "closed"
