@@ -447,3 +447,71 @@ async def test_past_the_thread_cap_a_hung_provider_falls_back_at_once_uncounted(
     assert "WorkersBusyError" in (results[-1].error or "")
     breaker = transforms[-1].breaker
     assert breaker is None or breaker.state == "closed"
+
+
+# -- D8: KV store entries expire in Redis, and a hit is a copy --------------------------
+class ResponseError(Exception):
+    """What redis-py raises for a command the server does not know (by its name)."""
+
+
+class _FakeRedisClient:
+    def __init__(self, knows_hexpire: bool) -> None:
+        self.knows_hexpire = knows_hexpire
+        self.expiries: list[tuple[str, int, str]] = []
+
+    def hexpire(self, name: str, seconds: int, *fields: str) -> list[int]:
+        if not self.knows_hexpire:
+            raise ResponseError("unknown command 'HEXPIRE'")
+        self.expiries += [(name, seconds, f) for f in fields]
+        return [1] * len(fields)
+
+
+class _RedisLikeStore(SimpleKVStore):
+    """A KV store with a Redis client the way ``RedisKVStore`` holds one."""
+
+    def __init__(self, client: _FakeRedisClient) -> None:
+        super().__init__()
+        self._redis_client = client
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_entries_expire_in_redis_itself_when_it_supports_field_expiry(
+    use_async: bool,
+) -> None:
+    client = _FakeRedisClient(knows_hexpire=True)
+    cache = KVStoreCache(_RedisLikeStore(client), ttl_s=90.5)
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=cache)
+    await transform.atransform(Q) if use_async else transform.transform(Q)
+    assert client.expiries == [(cache.collection, 91, transform.cache_key_for(Q))]
+
+
+def test_a_redis_without_field_expiry_still_caches_and_is_asked_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = _FakeRedisClient(knows_hexpire=False)
+    cache = KVStoreCache(_RedisLikeStore(client), ttl_s=60)
+    llm = ScriptedLLM(respond=lambda p: "a passage")
+    transform = HyDE(llm=llm, cache=cache)
+    for question in (Q, Q + " again", Q):
+        transform.transform(question)
+    assert len(llm.prompts) == 2 and cache._no_field_expiry
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_mutating_a_kv_cache_hit_never_changes_a_later_hit(use_async: bool) -> None:
+    cache = KVStoreCache(SimpleKVStore())
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=cache)
+    await transform.atransform(Q) if use_async else transform.transform(Q)
+    key = transform.cache_key_for(Q)
+    cache.get(key)["hypothetical"].append("EVIL")  # type: ignore[index]
+    hit = await transform.atransform(Q) if use_async else transform.transform(Q)
+    assert hit.cached and hit.hypothetical == ("a passage",)
+
+
+def test_mutating_a_value_after_storing_it_never_changes_the_entry() -> None:
+    cache = KVStoreCache(SimpleKVStore())
+    value: dict[str, Any] = {"hypothetical": ["a passage"]}
+    cache.set("k", value)
+    value["hypothetical"].append("EVIL")
+    assert cache.get("k") == {"hypothetical": ["a passage"]}
