@@ -45,6 +45,16 @@ once than one API key is usually allowed (higher concurrency is a rate-limit err
 anyway), and small enough that a hung provider holds a bounded number of threads."""
 
 
+MAX_THREADS = 256
+"""Worker threads all pools together may hold at once (idle ones included): with many
+providers hung at once (100 model names x `MAX_BUSY`), a call that would start one
+more fails at once with `WorkersBusyError` (its transform falls back; no breaker
+counts it) instead of the process growing thousands of threads."""
+
+_thread_slots = threading.BoundedSemaphore(MAX_THREADS)
+"""One slot per live worker thread, across every `DaemonWorkers` (see `MAX_THREADS`)."""
+
+
 class WorkersBusyError(LLMNotCalledError):
     """Every LLM worker thread is busy: the LLM was not called."""
 
@@ -123,11 +133,20 @@ class DaemonWorkers:
             inbox = self._idle.pop() if self._idle else None
         if inbox is None:
             inbox = queue.SimpleQueue()
+            slots = _thread_slots
+            if not slots.acquire(blocking=False):
+                with self._lock:
+                    self._running.discard(job)
+                raise WorkersBusyError(
+                    f"all {MAX_THREADS} worker threads of the process are busy or idle in "
+                    "their pools; not calling"
+                )
             try:
                 threading.Thread(
-                    target=self._work, args=(inbox,), name=self.name, daemon=True
+                    target=self._work, args=(inbox, slots), name=self.name, daemon=True
                 ).start()
             except BaseException:
+                slots.release()
                 with self._lock:
                     self._running.discard(job)
                 raise
@@ -145,7 +164,13 @@ class DaemonWorkers:
                     return job
         return None
 
-    def _work(self, inbox: queue.SimpleQueue[Job | None]) -> None:
+    def _work(self, inbox: queue.SimpleQueue[Job | None], slots: threading.Semaphore) -> None:
+        try:
+            self._serve(inbox)
+        finally:
+            slots.release()  # the thread's slot of `MAX_THREADS`
+
+    def _serve(self, inbox: queue.SimpleQueue[Job | None]) -> None:
         job: Job | None = inbox.get()
         while job is not None:
             job.started, job.started_at = True, time.monotonic()

@@ -14,6 +14,7 @@ it (the transform decides what is stored).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -49,8 +50,11 @@ class KVStoreCache:
     processes through the store).
 
     Each entry is the result's JSON form with the time it was written; a read of an
-    entry older than ``ttl_s`` seconds is a miss (and deletes it). Calls are blocking
-    (the async path of a transform makes them in a worker thread).
+    entry older than ``ttl_s`` seconds is a miss (and deletes it); on Redis 7.4+ each
+    entry also expires in Redis itself (``HEXPIRE``), elsewhere expired entries stay
+    until read. What is read and written is a copy: changing a hit changes no later
+    one. Calls are blocking (a transform makes them on worker threads of the cache's
+    own, each bounded by ``llm_base.CACHE_TIMEOUT_S``).
 
     Args:
         kvstore: the store, e.g. ``RedisKVStore(redis_uri="redis://localhost:6379")``.
@@ -84,6 +88,7 @@ class KVStoreCache:
         self._lock = threading.Lock()
         self._down = False
         self._skip_until = 0.0  # time.monotonic() before which the store is not asked
+        self._no_field_expiry = False  # the Redis has no HEXPIRE (older than 7.4)
 
     @classmethod
     def from_uri(
@@ -165,7 +170,7 @@ class KVStoreCache:
         if self.ttl_s is not None and not -CLOCK_SKEW_S <= age <= self.ttl_s:  # or from the future
             self._forget(key)
             return None
-        return value
+        return copy.deepcopy(value)  # an in-process store hands out its own dict
 
     def _forget(self, key: str) -> None:
         try:
@@ -178,14 +183,35 @@ class KVStoreCache:
         skipped with a warning."""
         if self._skipping():
             return
+        entry = {"created": time.time(), "result": copy.deepcopy(value)}
         try:
-            self.kvstore.put(
-                key, {"created": time.time(), "result": value}, collection=self.collection
-            )
+            self.kvstore.put(key, entry, collection=self.collection)
         except BaseException as exc:
             self._outage("write", failure(exc))
             return
         self._healthy()
+        self._expire(key)
+
+    def _expire(self, key: str) -> None:
+        """Let a Redis that can (7.4+: ``HEXPIRE``) drop the entry itself once ``ttl_s``
+        ran out, so entries nobody reads again do not pile up. An older Redis, or any
+        other store, keeps them until they are read (a read of an expired entry
+        deletes it) or the collection is cleared."""
+        client = getattr(self.kvstore, "_redis_client", None)
+        if (
+            self.ttl_s is None
+            or self._no_field_expiry
+            or not callable(getattr(client, "hexpire", None))
+        ):
+            return
+        try:
+            client.hexpire(self.collection, math.ceil(self.ttl_s), key)  # type: ignore[union-attr]
+        except BaseException as exc:
+            if type(exc).__name__ != "ResponseError":  # an unknown command: Redis < 7.4
+                self._outage("expiry", failure(exc))
+                return
+            self._no_field_expiry = True
+            logger.debug("this Redis has no HEXPIRE (7.4+); expired entries go when read")
 
     def describe(self) -> str:
         """Where the entries are, without credentials: ``redis HOST:PORT/DB`` for a

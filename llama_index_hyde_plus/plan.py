@@ -157,8 +157,13 @@ def check_vectors(vectors: Sequence[Sequence[float]], what: str, dim: int | None
 def is_question(spec: SearchSpec, query: str) -> bool:
     """Whether ``spec`` is the plain question ``query`` searched as itself: no passages
     mixed in and nothing else embedded for it (a core transform's
-    ``custom_embedding_strs`` make a different search of the same text)."""
-    return not spec.passages and spec.text == query and spec.embedding_strs in ((), (query,))
+    ``custom_embedding_strs`` or ``embedding`` make a different search of the same text)."""
+    return (
+        not spec.passages
+        and spec.embedding is None
+        and spec.text == query
+        and spec.embedding_strs in ((), (query,))
+    )
 
 
 def question_alone(step: Step | None, query: str) -> bool:

@@ -36,7 +36,7 @@ from .transforms.base import (
     TransformResult,
     validate_query,
 )
-from .transforms.core import CoreTransform, as_transformer
+from .transforms.core import CoreTransform, as_transformer, caller_bundle
 from .usage import Usage
 from .vectors import DocVectors, Embedder, embed_model_of
 
@@ -449,9 +449,10 @@ class TransformRetriever(BaseRetriever):
             run = contextvars.copy_context().run
             searching = self._thread_pool().submit(run, self._question_hits, question)
         context = plan.context_for(guards, hits)
-        result = _reused(transformed) or self.transformer.transform_safe(
-            question.text, context=context
-        )
+        with caller_bundle(question.given):
+            result = _reused(transformed) or self.transformer.transform_safe(
+                question.text, context=context
+            )
         pending = None  # a fan-out's own search of the question, joined with the others
         if searching is not None and guards.needs_question_hits:
             hits = self._overlapped(searching.result(), guards)
@@ -496,9 +497,10 @@ class TransformRetriever(BaseRetriever):
             searching = asyncio.ensure_future(self._aquestion_hits(question))
         context = plan.context_for(guards, hits)
         try:
-            result = _reused(transformed) or await self.transformer.atransform_safe(
-                question.text, context=context
-            )
+            with caller_bundle(question.given):
+                result = _reused(transformed) or await self.transformer.atransform_safe(
+                    question.text, context=context
+                )
         except BaseException:
             if searching is not None:
                 searching.cancel()
@@ -732,6 +734,10 @@ class TransformRetriever(BaseRetriever):
                 bundles.append(None)
             elif own:  # our vector of the question only if it can be searched with
                 bundles.append(question.bundle(_searchable(dense[0]) if dense else None))
+            elif spec.embedding is not None:  # a core transform's own vector, as given
+                vector = list(spec.embedding)
+                plan.check_vectors([vector], "transformed")
+                bundles.append(QueryBundle(query_str=spec.text, embedding=vector))
             elif dense is None:
                 strs = list(spec.embedding_strs)
                 bundles.append(QueryBundle(query_str=spec.text, custom_embedding_strs=strs))

@@ -62,6 +62,9 @@ class SearchSpec:
     weight: float = 1.0
     """This search's weight in the fusion of a fan-out (the question's own list can
     count more than a paraphrase's)."""
+    embedding: tuple[float, ...] | None = None
+    """A vector searched as given (a core transform's ``QueryBundle.embedding``), as
+    core's ``TransformRetriever`` searches it: nothing is embedded for this search."""
 
 
 Strategy = Literal["replace", "rerank"]

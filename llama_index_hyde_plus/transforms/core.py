@@ -4,9 +4,11 @@ So a `TransformRetriever` wraps a user's own core transform, or core's
 ``HyDEQueryTransform`` / ``DecomposeQueryTransform``, with this package's fallback,
 usage accounting and events: the core transform's ``run`` is called with the question,
 and the ``QueryBundle`` it returns is searched as core's own ``TransformRetriever``
-would search it (its ``query_str`` as the text, its ``embedding_strs`` averaged into
-the vector). An exception from it becomes a fallback to the question's own search. On
-the async path it runs in a worker thread (core transforms are blocking).
+would search it (its ``query_str`` as the text, its ``embedding`` as given, else its
+``embedding_strs`` averaged into the vector). Under a ``TransformRetriever`` it is
+given the caller's own bundle (`caller_bundle`), as core gives it. An exception from
+it becomes a fallback to the question's own search. On the async path it runs in a
+worker thread (core transforms are blocking).
 
 Usage: the LLM calls the core transform makes are read from LlamaIndex's
 instrumentation events (``LLMCompletionEndEvent`` / ``LLMChatEndEvent``) raised while it
@@ -16,8 +18,10 @@ runs, in this context only, and priced like this package's own calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
@@ -38,8 +42,26 @@ _POLICY: Any = object()
 _CALLS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
     "hyde_plus_core_calls", default=None
 )
+_CALLER_BUNDLE: contextvars.ContextVar[QueryBundle | None] = contextvars.ContextVar(
+    "hyde_plus_core_caller_bundle", default=None
+)
+"""The bundle the caller of a search gave (`caller_bundle`), for a core transform."""
 _listening = threading.Lock()
 _handler: Any = None
+
+
+@contextlib.contextmanager
+def caller_bundle(bundle: QueryBundle | None) -> Iterator[None]:
+    """Within it, a `CoreTransform` of the question ``bundle.query_str`` is given
+    ``bundle`` itself (its ``custom_embedding_strs``, ``embedding``), as core's
+    ``TransformRetriever`` gives its transform the caller's bundle; ``TransformRetriever``
+    sets it around its transform call (in this context only: the worker thread a core
+    transform runs on copies it)."""
+    token = _CALLER_BUNDLE.set(bundle)
+    try:
+        yield
+    finally:
+        _CALLER_BUNDLE.reset(token)
 
 
 def _listen() -> None:
@@ -173,10 +195,11 @@ class CoreTransform(QueryTransformer):
         _listen()
         calls: list[Any] = []
         token = _CALLS.set(calls)
+        given = _CALLER_BUNDLE.get()
+        if given is None or given.query_str != query:
+            given = QueryBundle(query_str=query, custom_embedding_strs=[query])
         try:
-            bundle = self.core.run(
-                QueryBundle(query_str=query, custom_embedding_strs=[query]), self.metadata
-            )
+            bundle = self.core.run(given, self.metadata)
         finally:
             _CALLS.reset(token)
         return bundle, calls
@@ -230,6 +253,7 @@ class CoreTransform(QueryTransformer):
         text = bundle.query_str if bundle.query_str.strip() else query  # as core passes it
         strs = tuple(s for s in bundle.embedding_strs if isinstance(s, str) and s.strip())
         strs = strs or (text,)
+        vector = None if bundle.embedding is None else tuple(float(x) for x in bundle.embedding)
         return TransformResult(
             query=query,
             method=self.method,
@@ -237,7 +261,7 @@ class CoreTransform(QueryTransformer):
             hypothetical=tuple(s for s in dict.fromkeys(strs) if s not in (query, text)),
             include_query=False,
             usage=_usage_of(calls, getattr(self.core, "_llm", None)),
-            specs=(SearchSpec(text=text, embedding_strs=strs),),
+            specs=(SearchSpec(text=text, embedding_strs=strs, embedding=vector),),
         )
 
 

@@ -18,10 +18,11 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import CodeType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
@@ -33,6 +34,7 @@ from pydantic import BaseModel
 
 from .. import _llm
 from .._checks import is_number
+from .._workers import Job, WorkersBusyError
 from ..cache import TransformCache, cache_key, holds_objects
 from ..reliability import CircuitOpenError, RetryPolicy, failure
 from ..singleflight import SingleFlight
@@ -266,7 +268,8 @@ class LLMTransform(QueryTransformer):
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
         """The cache key of ``query``: method, LLM class, model, the LLM's own
-        generation settings (`llm_settings`), prompt template, the transform's
+        generation settings (`llm_settings`), prompt template and what else changes
+        its rendering (`_prompt_rendering`: function mappings...), the transform's
         generation options (`_params`), query and, for a grounded transform, the
         passages shown to the model. Plain data only: the same in every process."""
         llm = self.llm
@@ -279,6 +282,9 @@ class LLMTransform(QueryTransformer):
             "params": self._params(),
             "query": query,
         }
+        rendering = _prompt_rendering(self._prompt)
+        if rendering:
+            parts["prompt_rendering"] = rendering
         if context:
             parts["context"] = list(context)
         return cache_key(parts)
@@ -325,6 +331,59 @@ class LLMTransform(QueryTransformer):
     def _cache_io_is_blocking(self) -> bool:
         return self.cache is not None and not holds_objects(self.cache)
 
+    def _cache_job(self, call: Callable[[], _T], on_done: Any = None) -> Job | None:
+        """``call`` (a `_lookup` or `_store`) on the cache's own worker threads (one
+        pool per cache class, `_llm.WORKERS`, as a reranker's): a store that hangs
+        holds only those, never the caller nor the event loop's executor. None when
+        they all hold calls that overran `CACHE_TIMEOUT_S`: the cache is skipped."""
+        try:
+            return _llm.WORKERS.for_llm(self.cache).submit(call, on_done)
+        except WorkersBusyError:
+            logger.warning("the transform cache is not answering; skipping it")
+            return None
+
+    def _cache_io(self, call: Callable[[], _T | None], what: str) -> _T | None:
+        """``call`` on the cache: in place for an in-process cache, else on its worker
+        threads within `CACHE_TIMEOUT_S` (past it, a read is a miss and a write is
+        dropped; None)."""
+        if not self._cache_io_is_blocking():
+            return call()
+        job = self._cache_job(call)
+        if job is None:
+            return None
+        answered = False
+        try:
+            answered = job.done.wait(CACHE_TIMEOUT_S)
+        finally:
+            if not answered:
+                job.abandon()
+        if not answered:
+            _cache_overran(what)
+            return None
+        return job.result()  # type: ignore[no-any-return]
+
+    async def _acache_io(self, call: Callable[[], _T | None], what: str) -> _T | None:
+        """Async twin of `_cache_io`: the call on the cache's worker threads, awaited
+        within `CACHE_TIMEOUT_S`; cancelling the await abandons it."""
+        if not self._cache_io_is_blocking():
+            return call()
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        job = self._cache_job(call, lambda: loop.call_soon_threadsafe(_wake, woken))
+        if job is None:
+            return None
+        try:
+            await asyncio.wait_for(woken, CACHE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            job.abandon()
+            if not job.done.is_set():
+                _cache_overran(what)
+                return None
+        except BaseException:
+            job.abandon()
+            raise
+        return job.result()  # type: ignore[no-any-return]
+
     def _key(self, query: str, context: Sequence[str] | None) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the
         call then falls back on its own)."""
@@ -345,13 +404,13 @@ class LLMTransform(QueryTransformer):
         if key is None:
             return self._generate(query, context)
         start = time.perf_counter()
-        hit = self._lookup(key, query, start)
+        hit = self._cache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
             return hit
 
         def work() -> TransformResult:
             result = self._generate(query, context)
-            self._store(key, result)
+            self._cache_io(lambda: self._store(key, result), "write")
             return result
 
         result, shared = self._flights.run(key, work, _shareable)
@@ -361,28 +420,21 @@ class LLMTransform(QueryTransformer):
         self, query: str, *, context: Sequence[str] | None = None
     ) -> TransformResult:
         """Async twin of `transform`: native ``acomplete``, never a blocking call (a
-        cache on disk is read and written in a worker thread)."""
+        cache on disk or a network is read and written on its own worker threads,
+        `_acache_io`)."""
         validate_query(query)
         context = self._context(context)
         key = self._key(query, context)
         if key is None:
             return await self._agenerate(query, context)
         start = time.perf_counter()
-        blocking = self._cache_io_is_blocking()
-        hit = (
-            await asyncio.to_thread(self._lookup, key, query, start)
-            if blocking
-            else self._lookup(key, query, start)
-        )
+        hit = await self._acache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
             return hit
 
         async def work() -> TransformResult:
             result = await self._agenerate(query, context)
-            if blocking:
-                await asyncio.to_thread(self._store, key, result)
-            else:
-                self._store(key, result)
+            await self._acache_io(lambda: self._store(key, result), "write")
             return result
 
         result, shared = await self._flights.arun(key, work, _shareable)
@@ -495,6 +547,43 @@ class LLMTransform(QueryTransformer):
         return replace(result, latency_s=time.perf_counter() - start)
 
 
+def _prompt_rendering(prompt: BasePromptTemplate) -> dict[str, Any]:
+    """What changes how ``prompt`` renders besides its template text, for the key:
+    partial values, variable mappings, function mappings (each callable by
+    `_callable_identity`) and the output parser, each by `_exact` (`Unkeyable`: no
+    cache). Empty for a plain prompt, whose key is thus its template alone."""
+    fields = {
+        "kwargs": prompt.kwargs,
+        "template_var_mappings": prompt.template_var_mappings,
+        "function_mappings": prompt.function_mappings,
+        "output_parser": prompt.output_parser,
+    }
+    return {name: _exact(value, 0) for name, value in fields.items() if value}
+
+
+CACHE_TIMEOUT_S = 2.0
+"""Seconds one read or write of a transform cache that is not in process (SQLite,
+Redis, any KV store) may take: past it a read is a miss and a write is dropped, never
+a hang (the call goes on on the cache's worker thread, and once all of them hold such
+calls the cache is skipped at once)."""
+
+_T = TypeVar("_T")
+
+
+def _cache_overran(what: str) -> None:
+    logger.warning(
+        "transform cache %s took over %gs; %s",
+        what,
+        CACHE_TIMEOUT_S,
+        "calling the LLM" if what == "read" else "not cached",
+    )
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _number(value: Any, name: str) -> float | None:
     """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
     if value is None or is_number(value):
@@ -595,12 +684,19 @@ _NOT_SETTINGS = frozenset(
 """LLM settings that are not in the cache key (see `llm_settings`)."""
 
 _SECRET = re.compile(
-    r"(?:^|_)(?:api_?key|key|secret|password|passwd|token|credentials?|auth|authorization)"
-    r"(?:$|_)",
+    r"^(?:key|token|auth|authorization|credentials?|password|passwd|secret)$"
+    r"|(?:^|_)(?:api_?key|password|passwd|secret|credentials?|authorization)(?:$|_)"
+    r"|(?:^|_)(?:access|auth|bearer|api|hf|hub|id|refresh|session|private)_?token$"
+    r"|(?:^|_)(?:access|private|secret|subscription)_?key(?:_id)?$"
+    r"|^auth_",
     re.IGNORECASE,
 )
-"""Names of secrets (``api_key``, ``hf_token``, ``client_secret``), never in a key;
-``max_tokens`` (plural) is a setting."""
+"""Names of secrets, never in a key: ``api_key``, ``openai_api_key``, ``hf_token``,
+``access_token``, ``client_secret``, ``password``, ``auth_*``, a bare ``token`` or
+``key``. Only secrets: a generation setting named for tokens (``stop_token``,
+``eos_token``, ``stop_token_ids``, ``max_tokens``) is in the key. A secret the rule
+misses only costs a cache miss when it changes (the key is a hash); a setting it
+wrongly dropped would serve another setting's generation."""
 
 _SKIP = object()
 _MAX_DEPTH = 16
@@ -690,20 +786,36 @@ class Unkeyable(TypeError):
     another setting could share."""
 
 
-def _callable_identity(value: Any, depth: int) -> Any:
+def _callable_identity(value: Any, depth: int, within: frozenset[int] = frozenset()) -> Any:
     """What a callable field contributes to the key: its qualified name and what it
-    computes with (a function's code, the names it uses, its constants, nested code,
-    defaults and closure values; a ``partial``'s function and arguments; a bound
-    method's object; a callable object's class and attributes), all of it read in full
-    (`_exact`), so two lambdas, two closures of one factory over other strings or two
-    partials never share a key. A callable over anything with no plain form raises
-    `Unkeyable`: the transform is then not cached (an identity such as ``id()`` is
-    reused once the object is gone). The module data a function reads (a string, a
-    dict...) is in the key too; the modules, functions and classes it calls are keyed by
-    name only."""
+    computes with, all of it read in full (`_exact`), so two lambdas, two closures of
+    one factory over other strings or two partials never share a key:
+
+    - a function: its code (bytecode, names, constants, nested code), defaults, closure
+      values, and every global name its code reads (``co_names``) resolved in its
+      ``__globals__``: data by value, objects by their state (as a closure's), a
+      module by the attributes of it the code names (``CONF.lang``, ``cfg.LANG``), a
+      function of the same module by its own identity (so a redefined helper changes
+      the key); the classes, and the functions and modules of other modules, by name;
+      a read of the process environment (``os.environ``, ``os.getenv``) keys the whole
+      environment;
+    - a bound built-in method (``"EN {}".format``, ``{...}.get``, ``pattern.sub``): its
+      object (`_exact`) and name; a ``partial``: its function and arguments; a bound
+      method: its function and object; a callable object: its class and attributes.
+
+    Anything with no plain form raises `Unkeyable`: the transform is then not cached
+    (an identity such as ``id()`` is reused once the object is gone). ``within``: the
+    functions being keyed, so a recursive helper is keyed once."""
     name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    if isinstance(value, type) or inspect.isbuiltin(value):
+    if isinstance(value, type):
         return name
+    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return f"{value.__objclass__.__qualname__}.{value.__name__}"  # str.format, unbound
+    if inspect.isbuiltin(value):
+        owner = value.__self__
+        if owner is None or isinstance(owner, types.ModuleType):
+            return name  # len, math.sqrt: a built-in function
+        return f"{name}#{_digest(_exact(owner, depth))}"  # a built-in bound to its data
     if isinstance(value, functools.partial):
         return ["partial", *(_exact(v, depth) for v in (value.func, value.args, value.keywords))]
     if inspect.ismethod(value):
@@ -716,9 +828,52 @@ def _callable_identity(value: Any, depth: int) -> Any:
     parts += [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
     parts.append(_exact(keywords, depth))
     names = _names_used(value.__code__)
-    data = {n: g for n, g in value.__globals__.items() if n in names and isinstance(g, _DATA)}
-    parts.append(_exact(data, depth))  # the module data it reads (a template, a table)
-    return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
+    within = within | {id(value)}
+    reads = [
+        [n, _global_form(value.__globals__[n], value, names, depth, within)]
+        for n in sorted(names)
+        if n in value.__globals__
+    ]
+    parts.append(reads)  # the globals it reads (a template, a table, a config object)
+    return f"{name}#{_digest(parts)}"
+
+
+def _digest(parts: Any) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _global_form(
+    value: Any, reader: Any, names: set[str], depth: int, within: frozenset[int]
+) -> Any:
+    """A global that function ``reader`` reads (its code names ``names``), for its key
+    (see `_callable_identity`)."""
+    if value is os.environ or value is os.getenv or value is getattr(os, "environb", None):
+        return ["environ", _exact(dict(os.environ), depth)]
+    if isinstance(value, types.ModuleType):
+        attrs = vars(value)
+        return [
+            value.__name__,
+            [[n, _module_attr_form(attrs[n], depth)] for n in sorted(names) if n in attrs],
+        ]
+    if inspect.isfunction(value):
+        same_module = value.__module__ == reader.__module__
+        if same_module and id(value) not in within:
+            return _callable_identity(value, depth + 1, within)
+        return f"{value.__module__}.{value.__qualname__}"
+    return _exact(value, depth)
+
+
+def _module_attr_form(value: Any, depth: int) -> Any:
+    """An attribute read through a module (``cfg.LANG``): data and objects by value;
+    modules, classes and functions by name (the functions a function calls are code,
+    keyed by name); the process environment in full."""
+    if value is os.environ or value is os.getenv or value is getattr(os, "environb", None):
+        return ["environ", _exact(dict(os.environ), depth)]
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
+    if isinstance(value, type) or inspect.isfunction(value) or inspect.isbuiltin(value):
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    return _exact(value, depth)
 
 
 _BIG_ARRAY = 4096
@@ -747,6 +902,10 @@ def _exact(value: Any, depth: int) -> Any:
         return value
     if isinstance(value, (bytes, bytearray)):
         return ["bytes", hashlib.sha256(value).hexdigest()]
+    if isinstance(value, re.Pattern):
+        return ["re", _exact(value.pattern, depth), value.flags]
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
     if isinstance(value, (list, tuple)):
         return [_exact(v, depth) for v in value]
     if isinstance(value, (set, frozenset)):

@@ -1,0 +1,604 @@
+"""Issue #29, hostile round 6: the cache key covers bound built-ins, the globals a
+setting reads and a prompt's function mappings; secret names are exactly secrets; a
+blocking cache store never hangs a search; a wrapped core transform sees the caller's
+bundle and its own embedding is searched; worker threads have one overall cap; KV
+store entries expire in the store and a hit cannot be mutated."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
+from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.retrievers import TransformRetriever as CoreTransformRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.storage.kvstore import SimpleKVStore
+from pydantic import Field
+
+from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever, _workers
+from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+from llama_index_hyde_plus.transforms import llm_base
+from llama_index_hyde_plus.transforms.llm_base import Unkeyable
+
+Q = "Why did revenue drop?"
+
+
+def _key(respond: Callable[[str], str], **fields: Any) -> str:
+    transform = HyDE(llm=ScriptedLLM(respond=respond, **fields), cache=MemoryCache())
+    return transform.cache_key_for(Q)
+
+
+# -- D1: a bound built-in method is keyed by the object it is bound to -----------------
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("EN: {}".format, "FR: {}".format),
+        ({Q: "EN"}.get, {Q: "FR"}.get),
+        (re.compile("EN").sub, re.compile("FR").sub),
+        (b"EN".decode, b"FR".decode),
+    ],
+    ids=["str.format", "dict.get", "pattern.sub", "bytes.decode"],
+)
+def test_bound_builtins_over_other_data_have_other_keys(first: Any, second: Any) -> None:
+    assert _key(first) != _key(second)
+    assert _key(first) == _key(first)
+
+
+def test_bound_builtins_over_equal_data_share_a_key() -> None:
+    assert _key("EN: {}".format) == _key("EN: {}".format)
+
+
+def test_bound_builtin_prompt_functions_of_the_llm_are_keyed_by_their_data() -> None:
+    def key(**fields: Any) -> str:
+        return _key(lambda p: "x", **fields)
+
+    assert key(completion_to_prompt="EN {}".format) != key(completion_to_prompt="FR {}".format)
+    assert key(messages_to_prompt={1: "a"}.get) != key(messages_to_prompt={1: "b"}.get)
+
+
+def test_a_builtin_bound_to_unreadable_state_disables_the_cache() -> None:
+    with pytest.raises(Unkeyable):
+        _key(threading.Lock().acquire)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_two_format_templates_never_share_a_cached_generation(use_async: bool) -> None:
+    cache = MemoryCache()
+    results = []
+    for template in ("EN: {}", "FR: {}"):
+        llm = ScriptedLLM(respond=template.format)
+        transform = HyDE(llm=llm, cache=cache)
+        result = await transform.atransform(Q) if use_async else transform.transform(Q)
+        results.append((result, llm))
+    (english, _), (french, llm) = results
+    assert not french.cached and len(llm.prompts) == 1
+    assert english.hypothetical != french.hypothetical
+
+
+# -- D2: the globals a function reads are in its key ------------------------------------
+class _Conf:
+    def __init__(self, lang: str) -> None:
+        self.lang = lang
+
+
+CONF = _Conf("EN")
+LANGS = types.ModuleType("hyde_plus_test_langs")
+LANGS.LANG = "EN"  # type: ignore[attr-defined]
+
+
+def _reads_a_global_object(prompt: str) -> str:
+    return CONF.lang + prompt
+
+
+def _reads_a_module_attribute(prompt: str) -> str:
+    return LANGS.LANG + prompt  # type: ignore[attr-defined,no-any-return]
+
+
+def _reads_the_environment(prompt: str) -> str:
+    return os.environ.get("HYDE_PLUS_TEST_LANG", "EN") + prompt
+
+
+def _reads_getenv(prompt: str) -> str:
+    return (os.getenv("HYDE_PLUS_TEST_LANG") or "EN") + prompt
+
+
+def _helper(prompt: str) -> str:
+    return "EN" + prompt
+
+
+def _calls_a_helper(prompt: str) -> str:
+    return _helper(prompt)
+
+
+def _recursive(prompt: str, n: int = 2) -> str:
+    return prompt if n == 0 else _recursive(prompt, n - 1)
+
+
+def test_a_global_object_a_function_reads_is_keyed_by_its_state() -> None:
+    before = _key(_reads_a_global_object)
+    CONF.lang = "FR"
+    try:
+        assert _key(_reads_a_global_object) != before
+    finally:
+        CONF.lang = "EN"
+    assert _key(_reads_a_global_object) == before
+
+
+def test_a_module_attribute_a_function_reads_is_keyed_by_value() -> None:
+    before = _key(_reads_a_module_attribute)
+    LANGS.LANG = "FR"  # type: ignore[attr-defined]
+    try:
+        assert _key(_reads_a_module_attribute) != before
+    finally:
+        LANGS.LANG = "EN"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("reader", [_reads_the_environment, _reads_getenv])
+def test_a_function_reading_the_environment_is_keyed_by_it(
+    reader: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYDE_PLUS_TEST_LANG", "EN")
+    before = _key(reader)
+    monkeypatch.setenv("HYDE_PLUS_TEST_LANG", "FR")
+    assert _key(reader) != before
+
+
+def test_a_redefined_helper_of_the_same_module_changes_the_key() -> None:
+    global _helper
+    before = _key(_calls_a_helper)
+    original = _helper
+
+    def _french(prompt: str) -> str:
+        return "FR" + prompt
+
+    _helper = _french
+    try:
+        assert _key(_calls_a_helper) != before
+    finally:
+        _helper = original
+    assert _key(_calls_a_helper) == before
+
+
+def test_a_recursive_function_is_keyable() -> None:
+    assert _key(_recursive) == _key(_recursive)
+
+
+def _reads_a_lock(prompt: str) -> str:
+    with _LOCK:
+        return prompt
+
+
+_LOCK = threading.Lock()
+
+
+def test_a_global_with_no_plain_form_disables_the_cache_rather_than_being_ignored() -> None:
+    with pytest.raises(Unkeyable):
+        _key(_reads_a_lock)
+    transform = HyDE(llm=ScriptedLLM(respond=_reads_a_lock), cache=MemoryCache())
+    transform.transform(Q)
+    assert not transform.transform(Q).cached  # not cached: called again
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_changed_global_config_is_not_served_the_old_generation(use_async: bool) -> None:
+    cache = MemoryCache()
+
+    async def run() -> Any:
+        transform = HyDE(llm=ScriptedLLM(respond=_reads_a_global_object), cache=cache)
+        return await transform.atransform(Q) if use_async else transform.transform(Q)
+
+    english = await run()
+    CONF.lang = "FR"
+    try:
+        french = await run()
+    finally:
+        CONF.lang = "EN"
+    assert not french.cached
+    assert french.hypothetical[0].startswith("FR") and english.hypothetical[0].startswith("EN")
+
+
+# -- D3: a prompt's function mappings are in the key ------------------------------------
+def _mapped(language: str) -> PromptTemplate:
+    def render(**kwargs: Any) -> str:
+        return f"in {language}: {kwargs['query']}"
+
+    return PromptTemplate("Q: {query}", function_mappings={"query": render})
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_prompts_with_other_function_mappings_never_share_a_generation(
+    use_async: bool,
+) -> None:
+    cache = MemoryCache()
+    results = []
+    for language in ("English", "French"):
+        llm = ScriptedLLM(respond=lambda p: "reply to " + p)
+        transform = HyDE(llm=llm, prompt=_mapped(language), cache=cache)
+        result = await transform.atransform(Q) if use_async else transform.transform(Q)
+        results.append((result, llm))
+    assert not results[1][0].cached and len(results[1][1].prompts) == 1
+    assert "French" in results[1][0].hypothetical[0]
+
+
+def test_a_plain_prompt_keeps_its_key_and_equal_mappings_share_one() -> None:
+    plain = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), cache=MemoryCache())
+    same = HyDE(
+        llm=ScriptedLLM(respond=lambda p: "x"), prompt=plain.prompt.get_template(), cache=None
+    )
+    assert plain.cache_key_for(Q) == same.cache_key_for(Q)
+    one = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), prompt=_mapped("English"))
+    two = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), prompt=_mapped("English"))
+    assert one.cache_key_for(Q) == two.cache_key_for(Q) != plain.cache_key_for(Q)
+
+
+# -- D4: secret names are exactly secrets ----------------------------------------------
+class _TokenLLM(ScriptedLLM):
+    stop_token: str = Field(default="\n")
+    eos_token: str = Field(default="</s>")
+    hf_token: str = Field(default="hf_x")
+    access_token: str = Field(default="a")
+    client_secret: str = Field(default="s")
+    openai_api_key: str = Field(default="k")
+    password: str = Field(default="p")
+    additional_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+def _token_key(**fields: Any) -> str:
+    llm = _TokenLLM(respond=lambda p: "x", **fields)
+    return HyDE(llm=llm, cache=MemoryCache()).cache_key_for(Q)
+
+
+@pytest.mark.parametrize(
+    ("field", "first", "second"),
+    [
+        ("stop_token", "\n", "."),
+        ("eos_token", "</s>", "<|end|>"),
+        ("additional_kwargs", {"stop_token_ids": [1]}, {"stop_token_ids": [2]}),
+        ("additional_kwargs", {"eos_token": "</s>"}, {"eos_token": "<|end|>"}),
+        ("additional_kwargs", {"bos_token_id": 1}, {"bos_token_id": 2}),
+        ("additional_kwargs", {"max_new_tokens": 1}, {"max_new_tokens": 2}),
+    ],
+)
+def test_token_generation_settings_are_in_the_key(field: str, first: Any, second: Any) -> None:
+    assert _token_key(**{field: first}) != _token_key(**{field: second})
+
+
+@pytest.mark.parametrize(
+    ("field", "first", "second"),
+    [
+        ("hf_token", "hf_a", "hf_b"),
+        ("access_token", "a", "b"),
+        ("client_secret", "a", "b"),
+        ("openai_api_key", "a", "b"),
+        ("password", "a", "b"),
+        ("additional_kwargs", {"api_key": "a"}, {"api_key": "b"}),
+        ("additional_kwargs", {"token": "a"}, {"token": "b"}),
+        ("additional_kwargs", {"auth_token": "a"}, {"auth_token": "b"}),
+        ("additional_kwargs", {"authorization": "a"}, {"authorization": "b"}),
+        ("additional_kwargs", {"aws_session_token": "a"}, {"aws_session_token": "b"}),
+        ("additional_kwargs", {"aws_access_key_id": "a"}, {"aws_access_key_id": "b"}),
+    ],
+)
+def test_secrets_are_never_in_the_key(field: str, first: Any, second: Any) -> None:
+    assert _token_key(**{field: first}) == _token_key(**{field: second})
+
+
+# -- D5: a blocking cache store never hangs a search -----------------------------------
+_RELEASE = threading.Event()
+
+
+class _BlockingStore(SimpleKVStore):
+    """A KV store whose every read and write blocks (a stopped Redis with no socket
+    timeout) until the test ends."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        _RELEASE.wait(120)
+
+    def put(self, *args: Any, **kwargs: Any) -> None:
+        _RELEASE.wait(120)
+
+
+@pytest.fixture
+def blocking_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStoreCache]:
+    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.2, raising=False)
+    _RELEASE.clear()
+    yield KVStoreCache(_BlockingStore())
+    _RELEASE.set()
+
+
+def _blocked_retriever(cache: KVStoreCache) -> TransformRetriever:
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=cache, timeout=5)
+    return TransformRetriever(StaticRetriever({"a": "x"}, default=["a"]), transform)
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()`` on a daemon thread; its result, or a failure if it is still running
+    after ``seconds`` (it hangs)."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"still running after {seconds}s: it hangs"
+    return box[0]
+
+
+def test_a_blocking_cache_store_never_hangs_a_sync_search(blocking_cache: KVStoreCache) -> None:
+    retriever = _blocked_retriever(blocking_cache)
+    result = _within(20, lambda: retriever.search(Q))
+    assert [n.node.node_id for n in result.nodes] == ["a"]
+    assert result.transform.hypothetical == ("a passage",)  # generated, not cached
+
+
+def test_a_blocking_cache_store_never_hangs_an_async_search_nor_its_loop(
+    blocking_cache: KVStoreCache,
+) -> None:
+    retriever = _blocked_retriever(blocking_cache)
+
+    async def main() -> tuple[Any, int]:
+        results = await asyncio.gather(*(retriever.asearch(f"{Q} {i}") for i in range(8)))
+        # the loop's default executor is free: the app's own to_thread work still runs
+        free = await asyncio.wait_for(asyncio.to_thread(lambda: 1), 5)
+        return results, free
+
+    results, free = _within(30, lambda: asyncio.run(main()))  # asyncio.run exits too
+    assert free == 1
+    assert all(r.transform.hypothetical == ("a passage",) for r in results)
+
+
+def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
+    blocking_cache: KVStoreCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
+    _within(60, lambda: [transform.transform(f"{Q} {i}") for i in range(20)])  # 40 overrun
+    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 60.0, raising=False)
+    result = _within(10, lambda: transform.transform(Q + " once more"))  # not 2 x 60 s
+    assert result.hypothetical == ("a passage",) and not result.cached
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_async: bool) -> None:
+    cache = KVStoreCache(SimpleKVStore())
+    llm = ScriptedLLM(respond=lambda p: "a passage")
+    transform = HyDE(llm=llm, cache=cache)
+    for _ in range(2):
+        result = await transform.atransform(Q) if use_async else transform.transform(Q)
+    assert result.cached and len(llm.prompts) == 1
+
+
+# -- D7: one cap on worker threads across all pools ------------------------------------
+@pytest.fixture
+def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """At most 4 worker threads in the process (the cap is `MAX_THREADS`), and an
+    event that ends the hung calls."""
+    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(4), raising=False)
+    release = threading.Event()
+    yield release
+    release.set()
+
+
+def test_hung_calls_over_many_pools_hold_at_most_the_global_thread_cap(
+    few_thread_slots: threading.Event,
+) -> None:
+    pools = [_workers.DaemonWorkers(max_busy=2, name=f"test-{i}") for i in range(4)]
+    started = 0
+    with pytest.raises(_workers.WorkersBusyError):
+        for pool in pools:
+            for _ in range(2):
+                pool.submit(lambda: few_thread_slots.wait(60))
+                started += 1
+    assert started == 4
+    assert pools[2].busy() == 0  # the refused call holds no slot of its pool
+
+
+def test_a_thread_slot_is_free_again_once_its_worker_exits(
+    few_thread_slots: threading.Event,
+) -> None:
+    pools = [_workers.DaemonWorkers(max_busy=1, max_idle=0) for _ in range(4)]
+    jobs = [pool.submit(lambda: few_thread_slots.wait(60)) for pool in pools]
+    few_thread_slots.set()
+    assert all(job.done.wait(10) for job in jobs)
+    for _ in range(100):  # the workers exit (max_idle=0) and give their slots back
+        if _workers._thread_slots._value == 4:  # type: ignore[attr-defined]
+            break
+        threading.Event().wait(0.05)
+    job = _workers.DaemonWorkers().submit(lambda: 7)
+    assert job.done.wait(10) and job.result() == 7
+
+
+class _BlockingLLM(CustomLLM):
+    """An LLM with only a blocking ``complete`` (the async path runs it on a worker
+    thread too), hung until ``release`` is set."""
+
+    model_name: str = "blocking"
+    release: Any = Field(default=None, exclude=True)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name=self.model_name)
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self.release.wait(60)
+        return CompletionResponse(text="")
+
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_past_the_thread_cap_a_hung_provider_falls_back_at_once_uncounted(
+    few_thread_slots: threading.Event, use_async: bool
+) -> None:
+    transforms = [
+        HyDE(
+            llm=_BlockingLLM(model_name=f"tenant-{use_async}-{m}", release=few_thread_slots),
+            timeout=0.05,
+            retry=None,
+        )
+        for m in range(6)
+    ]
+    results = [await t.atransform_safe(Q) if use_async else t.transform_safe(Q) for t in transforms]
+    assert all(r.fallback for r in results)
+    assert "WorkersBusyError" in (results[-1].error or "")
+    breaker = transforms[-1].breaker
+    assert breaker is None or breaker.state == "closed"
+
+
+# -- D8: KV store entries expire in Redis, and a hit is a copy --------------------------
+class ResponseError(Exception):
+    """What redis-py raises for a command the server does not know (by its name)."""
+
+
+class _FakeRedisClient:
+    def __init__(self, knows_hexpire: bool) -> None:
+        self.knows_hexpire = knows_hexpire
+        self.expiries: list[tuple[str, int, str]] = []
+
+    def hexpire(self, name: str, seconds: int, *fields: str) -> list[int]:
+        if not self.knows_hexpire:
+            raise ResponseError("unknown command 'HEXPIRE'")
+        self.expiries += [(name, seconds, f) for f in fields]
+        return [1] * len(fields)
+
+
+class _RedisLikeStore(SimpleKVStore):
+    """A KV store with a Redis client the way ``RedisKVStore`` holds one."""
+
+    def __init__(self, client: _FakeRedisClient) -> None:
+        super().__init__()
+        self._redis_client = client
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_entries_expire_in_redis_itself_when_it_supports_field_expiry(
+    use_async: bool,
+) -> None:
+    client = _FakeRedisClient(knows_hexpire=True)
+    cache = KVStoreCache(_RedisLikeStore(client), ttl_s=90.5)
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=cache)
+    await transform.atransform(Q) if use_async else transform.transform(Q)
+    assert client.expiries == [(cache.collection, 91, transform.cache_key_for(Q))]
+
+
+def test_a_redis_without_field_expiry_still_caches_and_is_asked_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = _FakeRedisClient(knows_hexpire=False)
+    cache = KVStoreCache(_RedisLikeStore(client), ttl_s=60)
+    llm = ScriptedLLM(respond=lambda p: "a passage")
+    transform = HyDE(llm=llm, cache=cache)
+    for question in (Q, Q + " again", Q):
+        transform.transform(question)
+    assert len(llm.prompts) == 2 and cache._no_field_expiry
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_mutating_a_kv_cache_hit_never_changes_a_later_hit(use_async: bool) -> None:
+    cache = KVStoreCache(SimpleKVStore())
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=cache)
+    await transform.atransform(Q) if use_async else transform.transform(Q)
+    key = transform.cache_key_for(Q)
+    cache.get(key)["hypothetical"].append("EVIL")  # type: ignore[index]
+    hit = await transform.atransform(Q) if use_async else transform.transform(Q)
+    assert hit.cached and hit.hypothetical == ("a passage",)
+
+
+def test_mutating_a_value_after_storing_it_never_changes_the_entry() -> None:
+    cache = KVStoreCache(SimpleKVStore())
+    value: dict[str, Any] = {"hypothetical": ["a passage"]}
+    cache.set("k", value)
+    value["hypothetical"].append("EVIL")
+    assert cache.get("k") == {"hypothetical": ["a passage"]}
+
+
+# -- D6: a wrapped core transform sees the caller's bundle, and its vector is searched ---
+class _CoreBase(BaseQueryTransform):
+    def _get_prompts(self) -> dict[str, Any]:
+        return {}
+
+    def _update_prompts(self, prompts: Any) -> None:
+        pass
+
+
+class _EmbeddingTransform(_CoreBase):
+    """A core transform that answers with a vector of its own."""
+
+    def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+        return QueryBundle(query_str=query_bundle.query_str, embedding=[1.0] + [0.0] * 7)
+
+
+class _SpyTransform(_CoreBase):
+    """A core transform that records what it was given and returns it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Any, ...]] = []
+
+    def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+        bundle = query_bundle
+        self.seen.append((bundle.query_str, bundle.custom_embedding_strs, bundle.embedding))
+        return query_bundle
+
+
+class _Recording(StaticRetriever):
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.bundles.append(query_bundle)
+        return super()._retrieve(query_bundle)
+
+
+def _recording() -> _Recording:
+    retriever = _Recording({"a": "x"}, default=["a"])
+    retriever.bundles = []
+    return retriever
+
+
+async def _retrieve(retriever: Any, query: Any, use_async: bool) -> Any:
+    return await retriever.aretrieve(query) if use_async else retriever.retrieve(query)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_core_transforms_own_embedding_is_searched_as_core_searches_it(
+    use_async: bool,
+) -> None:
+    searched: dict[str, set[tuple[float, ...]]] = {}
+    for name, make in (
+        ("core", lambda r: CoreTransformRetriever(r, _EmbeddingTransform())),
+        (
+            "ours",
+            lambda r: TransformRetriever(
+                r,
+                query_transform=_EmbeddingTransform(),
+                embed_model=DeterministicEmbedding(),
+                search_type="dense",
+            ),
+        ),
+    ):
+        inner = _recording()
+        await _retrieve(make(inner), "q", use_async)
+        searched[name] = {tuple(b.embedding or ()) for b in inner.bundles}
+    assert searched["ours"] == searched["core"] == {(1.0,) + (0.0,) * 7}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_core_transform_is_given_the_callers_own_bundle(use_async: bool) -> None:
+    given = QueryBundle("q", custom_embedding_strs=["special text"], embedding=[0.5, 0.5])
+    seen: dict[str, Any] = {}
+    for name, make in (
+        ("core", lambda r, t: CoreTransformRetriever(r, t)),
+        ("ours", lambda r, t: TransformRetriever(r, query_transform=t)),
+    ):
+        spy = _SpyTransform()
+        inner = _recording()
+        await _retrieve(make(inner, spy), given, use_async)
+        seen[name] = (spy.seen, {tuple(b.embedding or ()) for b in inner.bundles})
+    assert seen["ours"] == seen["core"]
+    assert seen["ours"][0] == [("q", ["special text"], [0.5, 0.5])]
