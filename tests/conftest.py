@@ -141,3 +141,31 @@ class LoopTicks:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+SLOW_MODULES = frozenset(
+    {
+        "test_cli",  # the CLI end to end, with the local embedder
+        "test_cli_fast",  # one subprocess per argument error
+        "test_cli_tune",
+        "test_cli_usability",
+        "test_docs_examples",  # every documentation page's code
+        "test_examples",
+        "test_indexing",  # builds killed in subprocesses
+        "test_kv_cache",  # a real Redis server
+        "test_milvus",  # Milvus Lite
+        "test_rcp_http",  # servers on loopback
+        "test_rcp_l2",
+        "test_rcp_sessions",
+        "test_readme",
+        "test_reuse_index",
+    }
+)
+"""Test modules outside the fast tier (``pytest -m "not slow and not local"``, see
+CONTRIBUTING.md): they start servers, subprocesses, Milvus Lite or the local models."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
