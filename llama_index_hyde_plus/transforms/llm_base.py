@@ -477,6 +477,29 @@ class LLMTransform(QueryTransformer):
         return replace(result, latency_s=time.perf_counter() - start)
 
 
+_SPECIAL_TAIL = 24
+"""Characters at the end of a reply so far that may hold a special token half written
+(``<|im_e``), which cleaning removes once it is whole."""
+
+
+def reply_past(limit: int, text: str, label: re.Pattern[str] | None = None) -> bool:
+    """Whether the reply ``text`` so far already decides what trimming it to ``limit``
+    characters keeps (`trim_passage`: the last sentence end inside the limit, else a
+    word break), so the rest need not be generated (`CallOptions.enough`): its content
+    (`clean_reply`, less a ``label`` the model echoed at its start, less a tail that
+    may be a special token half written) runs past the limit, the one character past
+    it included."""
+    if len(text) <= limit:
+        return False
+    body = clean_reply(text)
+    if label is not None:
+        body = label.sub("", body, count=1)
+    tail = body.rfind("<", max(0, len(body) - _SPECIAL_TAIL))
+    if tail >= 0:
+        body = body[:tail]
+    return len(body.rstrip()) > limit
+
+
 def _number(value: Any, name: str) -> float | None:
     """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
     if value is None or is_number(value):
@@ -692,15 +715,31 @@ def _callable_identity(value: Any, depth: int) -> Any:
         return [_exact(value.__func__, depth), _exact_object(value.__self__, depth)]
     if not inspect.isfunction(value):  # an object with __call__: its class and state
         return _exact_object(value, depth)
+    state = _function_state(value, depth)
+    known = None if state is None else _function_memo.get(id(value))
+    if known is not None and known[0] == state:
+        return known[1]
+    identity = _function_identity(value, name, depth)
+    if state is not None:
+        if len(_function_memo) >= _CODE_MEMO_SIZE:
+            _function_memo.clear()
+        _function_memo[id(value)] = (state, identity)
+    return identity
+
+
+def _function_identity(value: Any, name: str, depth: int) -> str:
+    """`_callable_identity` of a plain function, read in full."""
     cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
-    parts = [_code_identity(value.__code__, depth)]
     keywords = value.__kwdefaults__ or {}
-    parts += [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
+    parts = [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
     parts.append(_exact(keywords, depth))
-    names = _names_used(value.__code__)
-    data = {n: g for n, g in value.__globals__.items() if n in names and isinstance(g, _DATA)}
+    code_part, names = _code_read(value.__code__, depth)
+    space = value.__globals__
+    data = {n: space[n] for n in names if n in space and isinstance(space[n], _DATA)}
     parts.append(_exact(data, depth))  # the module data it reads (a template, a table)
-    return f"{name}#{hashlib.sha256(repr(parts).encode()).hexdigest()[:16]}"
+    # repr([code, *parts]), the code's part read once per code object (it is immutable)
+    text = "[" + ", ".join([code_part, *map(repr, parts)]) + "]"
+    return f"{name}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 _BIG_ARRAY = 4096
@@ -779,13 +818,100 @@ def _code_identity(code: CodeType, depth: int) -> Any:
     return [code.co_code.hex(), list(code.co_names), consts]
 
 
-def _names_used(code: CodeType) -> set[str]:
+class _Thawed(Exception):
+    """A function's state holds something that may change in place (a list, a dict,
+    an object): its key part is read again on every call."""
+
+
+def _frozen(value: Any, depth: int) -> Any:
+    """``value`` as what `_function_state` compares: immutable data as its type and
+    itself, a code object, class or builtin as itself, a function as its state;
+    `_Thawed` for anything that could change without its identity changing."""
+    if depth > _MAX_DEPTH:
+        raise _Thawed
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return (type(value), value)
+    if isinstance(value, CodeType):
+        return value
+    if isinstance(value, (tuple, frozenset)):
+        return (type(value), tuple(_frozen(v, depth + 1) for v in value))
+    if isinstance(value, enum.Enum):
+        return (type(value), value, _frozen(value.value, depth + 1))
+    if inspect.isfunction(value):
+        state = _function_state(value, depth + 1)
+        if state is None:
+            raise _Thawed
+        return state
+    if isinstance(value, type) or inspect.isbuiltin(value):
+        return (value, getattr(value, "__module__", "?"), getattr(value, "__qualname__", "?"))
+    raise _Thawed
+
+
+def _function_state(value: Any, depth: int) -> tuple[Any, ...] | None:
+    """Everything `_function_identity` reads of the function ``value`` (its name, code,
+    closure cells, defaults, keyword-only defaults and the module data its code reads),
+    as `_frozen` parts, so that an equal state is the same key part: None when a part
+    may change in place (then the key part is read in full every time)."""
+    try:
+        cells = tuple(
+            _frozen(c.cell_contents, depth) if _filled(c) else None
+            for c in (value.__closure__ or ())
+        )
+        keywords = tuple((k, _frozen(v, depth)) for k, v in (value.__kwdefaults__ or {}).items())
+        space = value.__globals__
+        names = _code_read(value.__code__, depth)[1]
+        data = tuple(
+            (n, _frozen(space[n], depth))
+            for n in names
+            if n in space and isinstance(space[n], _DATA)
+        )
+        return (
+            value,
+            depth,
+            value.__module__,
+            value.__qualname__,
+            value.__code__,
+            cells,
+            _frozen(value.__defaults__, depth),
+            keywords,
+            data,
+        )
+    except _Thawed:
+        return None
+
+
+_CODE_MEMO_SIZE = 1024
+_function_memo: dict[int, tuple[tuple[Any, ...], str]] = {}
+"""The key part of a function (`_function_identity`) by its id, with the state it was
+read from (`_function_state`, which holds the function itself, so an id is never
+reused while its entry is kept): served while the state is equal."""
+_code_memo: dict[int, tuple[CodeType, int, str, frozenset[str]]] = {}
+"""What `_code_read` read of a code object, by its id: the entry holds the code
+object itself, so an id is never reused while its entry is kept."""
+
+
+def _code_read(code: CodeType, depth: int) -> tuple[str, frozenset[str]]:
+    """``repr(_code_identity(code, depth))`` and the global names the code reads
+    (`_names_used`): pure functions of an immutable code object, read once (hashing
+    its bytecode was most of a cache key's cost). Looked up by identity, not by the
+    code's own hash, which reads all of it again."""
+    known = _code_memo.get(id(code))
+    if known is not None and known[0] is code and known[1] == depth:
+        return known[2], known[3]
+    read = repr(_code_identity(code, depth)), _names_used(code)
+    if len(_code_memo) >= _CODE_MEMO_SIZE:
+        _code_memo.clear()
+    _code_memo[id(code)] = (code, depth, *read)
+    return read
+
+
+def _names_used(code: CodeType) -> frozenset[str]:
     """The global names ``code`` and the code nested in it read."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, CodeType):
             names |= _names_used(const)
-    return names
+    return frozenset(names)
 
 
 def _filled(cell: Any) -> bool:
