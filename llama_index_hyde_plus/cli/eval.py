@@ -83,6 +83,33 @@ Configs = Annotated[
 ]
 
 
+def check_timeout(timeout: float | None) -> None:
+    """``--timeout``, checked before anything loads."""
+    if timeout is not None and not 0 < timeout < 1e6:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--timeout")
+
+
+def with_timeout(options: dict[str, Any], name: str, timeout: float | None) -> dict[str, Any]:
+    """``options`` with ``timeout`` for a transform that calls the LLM (``--timeout``)."""
+    from ..evaluation.runner import needs_llm
+
+    return options if timeout is None or not needs_llm(name) else {**options, "timeout": timeout}
+
+
+def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
+    """What to do when generations ran out of time: fewer in flight, so that each
+    gets the model (or the provider's rate) sooner; None when none did."""
+    timed_out = sum(getattr(r, "timeouts", 0) for r in reports)
+    if not timed_out:
+        return None
+    fewer = max(1, concurrency // 2)
+    return (
+        f"{timed_out} generation(s) ran out of time and searched with the question alone: "
+        f"fewer in flight (--concurrency {fewer}, now {concurrency}) gives each one the "
+        "model sooner; a longer --timeout waits longer for it"
+    )
+
+
 def _check_inputs(dataset: Path | None, config_files: list[Path] | None) -> None:
     """The eval extra and the input paths, checked with no library imported; then the
     extra's modules imported."""
@@ -122,13 +149,17 @@ def eval_cmd(
     uri: opt.Uri = None,
     milvus_token: opt.MilvusToken = None,
     config_files: Configs = None,
+    timeout: opt.Timeout = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Score transforms on a BEIR dataset, or on your own documents (--docs, with
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
     setup_logging(verbose)
+    check_timeout(timeout)
     _check_inputs(dataset, config_files)
+    from dataclasses import replace
+
     from ..evaluation import run_eval
 
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
@@ -139,6 +170,7 @@ def eval_cmd(
     specs, ds, note, embed_model, model = _prepare(
         source, where, models, transforms, config_files, split, limit, out, phases
     )
+    specs = [replace(s, options=with_timeout(s.options, s.name, timeout)) for s in specs]
     config = _config(models, model, where.kind, top_k, hyde_prompt=hyde_prompt or "default")
     config.update(split=split if note is None else "generated questions", questions=note)
     with progress_bar() as progress, reported():
@@ -154,6 +186,9 @@ def eval_cmd(
         )
     result.include_earlier(phases, time.perf_counter() - started)
     _show(result, out, note)
+    hint = timeout_hint(list(result.reports), concurrency)
+    if hint is not None:
+        ui.err.print(f"[yellow]{hint}[/]", soft_wrap=True)
 
 
 def _prepare(

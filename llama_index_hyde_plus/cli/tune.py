@@ -24,6 +24,7 @@ from ._evaluation import (
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
+from .eval import check_timeout, timeout_hint, with_timeout
 
 
 def _check_flags(name: str, tolerance: float, dataset: Path | None) -> None:
@@ -101,6 +102,7 @@ def tune(
     store: opt.StoreKind = None,
     uri: opt.Uri = None,
     milvus_token: opt.MilvusToken = None,
+    timeout: opt.Timeout = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Sweep a transform's search options on a training split (or on questions written
@@ -110,6 +112,7 @@ def tune(
     find_eval_extra("hyde-plus tune")
     name, split = transform.strip().lower(), split if docs is None else "generated"
     _check_flags(name, tolerance, dataset)
+    check_timeout(timeout)
     require_eval_extra("hyde-plus tune")
     from ..evaluation.tune import write_config
 
@@ -122,11 +125,19 @@ def tune(
     configs, ds, embed_model, model = _load(
         source, where, models, name, grid, split, limit, outputs
     )
+    if timeout is not None:  # every configuration's calls (not a swept option)
+        from ..transforms.registry import transform_class
+
+        grid_of = configs if configs is not None else transform_class(name).tune_grid()
+        configs = [with_timeout(dict(c), name, timeout) for c in grid_of]
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
     with reported():
         path = write_config(result, out)
     _show(result, path, report, questions_dir if docs is not None else None)
+    hint = timeout_hint([result.baseline, *result.reports], concurrency)
+    if hint is not None:
+        ui.err.print(f"[yellow]{hint}[/]", soft_wrap=True)
 
 
 def _sweep(
