@@ -201,14 +201,13 @@ def stops_when_enough(llm: Any) -> bool:
 
 
 def streams(llm: Any) -> bool:
-    """Whether ``llm``'s ``stream_complete`` hands its reply on as it is written, so
-    reading it can stop once it holds what is kept (`CallOptions.enough`): any LLM but
-    a `CustomLLM`, whose stream is often its whole reply in one piece, made by calling
-    ``complete`` (which reports the call twice), unless its class says it streams
-    (``streams_replies = True``)."""
-    from llama_index.core.llms.custom import CustomLLM
-
-    return getattr(type(llm), "streams_replies", False) is True or not isinstance(llm, CustomLLM)
+    """Whether ``llm``'s class says its ``stream_complete`` hands the reply on as it is
+    written (``streams_replies = True``), so reading it can stop once it holds what is
+    kept (`CallOptions.enough`). Opt-in: a streamed OpenAI reply carries no provider
+    token counts unless asked for in a provider-specific way, and a `CustomLLM`'s
+    stream is often its whole reply made by ``complete`` (reported twice), so other
+    LLMs answer in full, within the token cap the transform sets."""
+    return getattr(type(llm), "streams_replies", False) is True
 
 
 def _stopped_usage(usage: Usage, prompt: str, raw: Mapping[str, Any]) -> Usage:
