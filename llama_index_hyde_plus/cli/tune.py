@@ -24,12 +24,13 @@ from ._evaluation import (
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
-from .eval import check_timeout, timeout_hint, with_timeout
+from .eval import check_timeout, show_timeout_hint, with_timeout
 
 
-def _check_flags(name: str, tolerance: float, dataset: Path | None) -> None:
+def _check_flags(name: str, tolerance: float, dataset: Path | None, timeout: float | None) -> None:
     """The checks that need no library (before `require_eval_extra` imports)."""
     check_choice("--transform", name, TRANSFORMS[1:])
+    check_timeout(timeout)
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
     with early.refused():
@@ -111,8 +112,7 @@ def tune(
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
     name, split = transform.strip().lower(), split if docs is None else "generated"
-    _check_flags(name, tolerance, dataset)
-    check_timeout(timeout)
+    _check_flags(name, tolerance, dataset, timeout)
     require_eval_extra("hyde-plus tune")
     from ..evaluation.tune import write_config
 
@@ -125,19 +125,24 @@ def tune(
     configs, ds, embed_model, model = _load(
         source, where, models, name, grid, split, limit, outputs
     )
-    if timeout is not None:  # every configuration's calls (not a swept option)
-        from ..transforms.registry import transform_class
-
-        grid_of = configs if configs is not None else transform_class(name).tune_grid()
-        configs = [with_timeout(dict(c), name, timeout) for c in grid_of]
+    configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
     with reported():
         path = write_config(result, out)
     _show(result, path, report, questions_dir if docs is not None else None)
-    hint = timeout_hint([result.baseline, *result.reports], concurrency)
-    if hint is not None:
-        ui.err.print(f"[yellow]{hint}[/]", soft_wrap=True)
+    show_timeout_hint([result.baseline, *result.reports], concurrency)
+
+
+def _timed_grid(configs: Any, name: str, timeout: float | None) -> Any:
+    """The sweep's configurations (None: the transform's own grid) with ``--timeout``
+    in each: every configuration's calls, not a swept option."""
+    if timeout is None:
+        return configs
+    from ..transforms.registry import transform_class
+
+    grid = configs if configs is not None else transform_class(name).tune_grid()
+    return [with_timeout(dict(c), name, timeout) for c in grid]
 
 
 def _sweep(
