@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import socket
 import statistics
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--redis", default=None, help="a Redis URI (default: start one)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
+    load = os.getloadavg()[0]
     rows: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp, redis(args.redis, Path(tmp)) as uri:
         floor_retriever = base()
@@ -131,6 +133,7 @@ def main() -> None:
         Console().print(table)
     if uri is None:
         print("Redis rows left out: no redis-server on PATH and no --redis URI.")
+    print(f"{os.cpu_count()} cores, load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ requests over its wall time; latency is per request. Each row is the median of
 
     uv run --frozen --all-extras python benchmarks/local_generation.py [--n-parallel 4]
         [--threads N] [--max-tokens 128] [--repeat 3] [--markdown]
+
+With ``--hyde N`` it measures instead what stopping a generation once it holds what is
+kept saves (issue #32): HyDE at ``--max-characters`` (300) over N fixed questions, all
+in flight at once, each reply generated whole (before: the cap of max_characters / 4
+tokens) and stopped once it decides the kept passage (after): tokens written, tokens
+saved, wall time, and how many kept passages are identical.
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from llama_index_hyde_plus import HyDE
+from llama_index_hyde_plus._llm import CallOptions
 from llama_index_hyde_plus.local import LocalLLM, local_llm
 
 TOPICS = ["rivers", "mountains", "bread", "bridges", "clocks", "birds", "libraries", "trains"]
@@ -94,6 +103,79 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+QUESTIONS = [
+    "What causes ocean tides?",
+    "How do vaccines train the immune system?",
+    "Why is the sky blue?",
+    "What does a mitochondrion do?",
+    "How does a lithium-ion battery store energy?",
+    "Why do leaves change colour in autumn?",
+    "What is the greenhouse effect?",
+    "How do noise-cancelling headphones work?",
+    "What makes bread rise?",
+    "Why does ice float on water?",
+]
+
+
+class WholeReplyHyDE(HyDE):
+    """HyDE generating every reply whole (up to its token cap): the behaviour before
+    generations stopped once they held what is kept."""
+
+    def _call_options(self) -> CallOptions:
+        from dataclasses import replace
+
+        return replace(super()._call_options(), enough=None)
+
+
+async def hyde_row(llm: LocalLLM, hyde: HyDE, questions: list[str]) -> dict[str, float]:
+    llm._seen.clear()  # the same seeds for both rows: the same samples
+    start = time.perf_counter()
+    results = await asyncio.gather(*(hyde.atransform(q) for q in questions))
+    wall = time.perf_counter() - start
+    return {
+        "written": sum(r.usage.output_tokens for r in results),
+        "saved": sum(r.usage.tokens_saved for r in results),
+        "fallbacks": sum(r.fallback for r in results),
+        "wall": wall,
+        "passages": results,  # type: ignore[dict-item]
+    }
+
+
+def hyde_main(llm: LocalLLM, n: int, max_characters: int, markdown_out: bool) -> None:
+    questions = (QUESTIONS * (n // len(QUESTIONS) + 1))[:n]
+    options: dict[str, Any] = {"max_characters": max_characters, "breaker": None, "timeout": 600}
+    before = asyncio.run(hyde_row(llm, WholeReplyHyDE(llm, **options), questions))
+    after = asyncio.run(hyde_row(llm, HyDE(llm, **options), questions))
+    same = sum(
+        a.hypothetical == b.hypothetical
+        for a, b in zip(before["passages"], after["passages"])  # type: ignore[call-overload]
+    )
+    title = (
+        f"HyDE with {llm.model_name} at max_characters={max_characters}: {n} questions in "
+        f"flight, n_parallel={llm.n_parallel}, {os.cpu_count()} cores, load "
+        f"{os.getloadavg()[0]:.1f}; kept passages identical: {same} of {n}"
+    )
+    rows = [("whole reply (before)", before), ("stopped once kept (after)", after)]
+    if markdown_out:
+        print(f"{title}\n\n| generation | tokens written | tokens saved | wall |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, r in rows:
+            print(f"| {name} | {r['written']:.0f} | {r['saved']:.0f} | {r['wall']:.1f} s |")
+        return
+    out = Table(title=title)
+    for column in ("generation", "tokens written", "tokens saved", "wall", "fallbacks"):
+        out.add_column(column, justify="left" if column == "generation" else "right")
+    for name, r in rows:
+        out.add_row(
+            name,
+            f"{r['written']:.0f}",
+            f"{r['saved']:.0f}",
+            f"{r['wall']:.1f} s",
+            f"{r['fallbacks']:.0f}",
+        )
+    Console(width=120).print(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-parallel", type=int, default=None, help="slots (default: ours)")
@@ -101,6 +183,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--hyde", type=int, default=None, help="HyDE questions (see above)")
+    parser.add_argument("--max-characters", type=int, default=300)
     args = parser.parse_args()
     kwargs: dict[str, int] = {"seed": 0, "max_tokens": args.max_tokens}
     if args.n_parallel is not None:
@@ -109,6 +193,9 @@ def main() -> None:
         kwargs["threads"] = args.threads
     llm = local_llm(**kwargs)
     llm.warm_up()
+    if args.hyde is not None:
+        hyde_main(llm, args.hyde, args.max_characters, args.markdown)
+        return
     asyncio.run(run(llm, 2, 8))  # first-call costs out of the way
     rows = [
         median_row([asyncio.run(run(llm, n, args.max_tokens)) for _ in range(args.repeat)])

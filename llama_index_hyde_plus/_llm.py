@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -136,7 +136,7 @@ class CallOptions:
     ``max_tokens`` go to the model (None: its own); ``timeout`` bounds the whole call,
     retries included; ``prices`` price its usage; ``host_callback_manager`` is told
     of it when the LLM's own handlers are not; ``retry`` and ``breaker`` decide
-    what a transient error does."""
+    what a transient error does; ``enough`` stops a streamed reply early."""
 
     temperature: float | None = None
     max_tokens: int | None = None
@@ -145,6 +145,10 @@ class CallOptions:
     host_callback_manager: CallbackManager | None = None
     retry: RetryPolicy = NO_RETRY
     breaker: CircuitBreaker | None = None
+    enough: Callable[[str], bool] | None = None
+    """True for a reply so far that holds all the caller keeps of it: an LLM that
+    `streams` stops generating there (the tokens it did not write are counted in
+    ``Usage.tokens_saved``). None: the whole reply is generated."""
 
     def llm_kwargs(self) -> dict[str, Any]:
         """The keyword arguments the model's ``complete`` receives."""
@@ -172,7 +176,109 @@ def _reply(
         local=is_local(llm),
         prices=prices,
     )
+    raw = response.raw
+    if isinstance(raw, Mapping) and raw.get(STOPPED_EARLY) is True:
+        usage = _stopped_usage(usage, prompt, raw)
     return LLMReply(text=text, usage=usage, model_id=_reported_model(response.raw))
+
+
+STOPPED_EARLY = "hyde_plus_stopped_early"
+"""Set in the ``raw`` reply of a generation stopped once it held what is kept, with
+``pieces`` (the tokens written: one a streamed piece, for llama.cpp and OpenAI-style
+servers) and ``cap`` (the tokens it was allowed)."""
+
+#: Set by `complete`/`acomplete` for an LLM that stops itself (`stops_when_enough`):
+#: its `CallOptions.enough`, read where the reply is generated (`LocalLLM`).
+ENOUGH: contextvars.ContextVar[Callable[[str], bool] | None] = contextvars.ContextVar(
+    "hyde_plus_enough", default=None
+)
+
+
+def stops_when_enough(llm: Any) -> bool:
+    """Whether ``llm`` reads `ENOUGH` and stops generating there itself (its class
+    sets ``stops_when_enough = True``, as `LocalLLM` does)."""
+    return getattr(type(llm), "stops_when_enough", False) is True
+
+
+def streams(llm: Any) -> bool:
+    """Whether ``llm``'s class says its ``stream_complete`` hands the reply on as it is
+    written (``streams_replies = True``), so reading it can stop once it holds what is
+    kept (`CallOptions.enough`). Opt-in: a streamed OpenAI reply carries no provider
+    token counts unless asked for in a provider-specific way, and a `CustomLLM`'s
+    stream is often its whole reply made by ``complete`` (reported twice), so other
+    LLMs answer in full, within the token cap the transform sets."""
+    return getattr(type(llm), "streams_replies", False) is True
+
+
+def _stopped_usage(usage: Usage, prompt: str, raw: Mapping[str, Any]) -> Usage:
+    """The usage of a generation stopped early: no provider counts came (they end the
+    reply), so the tokens written are its pieces, the prompt's estimated, and
+    ``tokens_saved`` what the cap still allowed."""
+    from .usage import estimate_tokens
+
+    pieces, cap = raw.get("pieces"), raw.get("cap")
+    if type(pieces) is not int:
+        return usage
+    prompt_tokens = usage.input_tokens if usage.usage_source == "provider" else None
+    if prompt_tokens is None:
+        prompt_tokens = estimate_tokens(prompt)
+    return replace(
+        usage,
+        input_tokens=prompt_tokens,
+        output_tokens=pieces,
+        total_tokens=prompt_tokens + pieces,
+        usage_source="estimated",
+        tokens_saved=max(0, cap - pieces) if type(cap) is int else 0,
+    )
+
+
+def _cap(llm: Any, kwargs: Mapping[str, Any]) -> int | None:
+    cap = kwargs.get("max_tokens", getattr(llm, "max_tokens", None))
+    return cap if type(cap) is int and cap > 0 else None
+
+
+def _stopped(
+    llm: Any, last: CompletionResponse | None, pieces: int, kwargs: dict[str, Any]
+) -> CompletionResponse:
+    """The reply of a stream stopped after ``pieces`` pieces (`STOPPED_EARLY`)."""
+    raw = {STOPPED_EARLY: True, "pieces": pieces, "cap": _cap(llm, kwargs)}
+    return CompletionResponse(text=last.text if last is not None else "", raw=raw)
+
+
+def _stream_until(
+    llm: LLM, prompt: str, kwargs: dict[str, Any], enough: Callable[[str], bool]
+) -> CompletionResponse:
+    """``llm.stream_complete`` read until ``enough(text)``; closing the stream then
+    stops the generation (a local model stops within a token, a remote stream is
+    closed). A stream that ends on its own is its last chunk, provider counts and all."""
+    stream = llm.stream_complete(prompt, **kwargs)
+    last: CompletionResponse | None = None
+    pieces = 0
+    try:
+        for chunk in stream:
+            last, pieces = chunk, pieces + bool(chunk.delta)
+            if enough(chunk.text or ""):
+                return _stopped(llm, last, pieces, kwargs)
+    finally:
+        stream.close()
+    return last if last is not None else CompletionResponse(text="")
+
+
+async def _astream_until(
+    llm: LLM, prompt: str, kwargs: dict[str, Any], enough: Callable[[str], bool]
+) -> CompletionResponse:
+    """`_stream_until` with ``astream_complete``."""
+    stream = await llm.astream_complete(prompt, **kwargs)
+    last: CompletionResponse | None = None
+    pieces = 0
+    try:
+        async for chunk in stream:
+            last, pieces = chunk, pieces + bool(chunk.delta)
+            if enough(chunk.text or ""):
+                return _stopped(llm, last, pieces, kwargs)
+    finally:
+        await stream.aclose()
+    return last if last is not None else CompletionResponse(text="")
 
 
 class _Attempts:
@@ -268,20 +374,58 @@ class _Attempts:
         return pause
 
 
+def _stop_rule(llm: Any, options: CallOptions) -> tuple[Callable[[str], bool] | None, bool]:
+    """``(enough, itself)``: the rule that stops this call's generation early (None: the
+    LLM can neither stop itself nor stream) and whether the LLM applies it itself."""
+    enough = options.enough
+    if enough is None:
+        return None, False
+    if stops_when_enough(llm):
+        return enough, True
+    return (enough, False) if streams(llm) else (None, False)
+
+
+def times_itself(llm: Any, budget: float) -> bool:
+    """Whether ``llm``'s own client gives up within ``budget`` seconds: a request
+    ``timeout`` (or ``request_timeout``) in seconds no longer than the budget, and no
+    retries of its own (``max_retries=0``; our retries are under the budget). Such a
+    call is made in the caller's thread, with no worker to hand it to."""
+    try:
+        retries = getattr(llm, "max_retries", None)
+        limit = getattr(llm, "timeout", None)
+        if limit is None:
+            limit = getattr(llm, "request_timeout", None)
+    except Exception:  # a property that raises vouches for nothing
+        return False
+    if type(retries) is not int or retries != 0 or not isinstance(limit, (int, float)):
+        return False
+    return not isinstance(limit, bool) and 0 < limit <= budget
+
+
 def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
     """Blocking completion, made as ``options`` say (`CallOptions`).
 
-    The timeout bounds the whole call, retries included: each attempt runs on an LLM
-    worker thread (`WORKERS`) and `LLMTimeoutError` is raised when the budget runs out
-    (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that can stop
-    generating does). A lazily loaded local model is loaded before the clock starts.
+    The timeout bounds the whole call, retries included: an LLM whose own client
+    gives up in time (`times_itself`) is called in this thread; any other attempt runs
+    on an LLM worker thread (`WORKERS`) and `LLMTimeoutError` is raised when the budget
+    runs out (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that
+    can stop generating does). A lazily loaded local model is loaded before the clock starts.
     Transient errors are retried per ``options.retry``; its breaker hears of the call
     once. Every failure raises an ``Exception``; only what `propagates` escapes as
     itself."""
     kwargs = options.llm_kwargs()
+    enough, itself = _stop_rule(llm, options)
 
     def call() -> CompletionResponse:
-        return llm.complete(prompt, **kwargs)
+        if enough is None:
+            return llm.complete(prompt, **kwargs)
+        if not itself:
+            return _stream_until(llm, prompt, kwargs, enough)
+        told = ENOUGH.set(enough)
+        try:
+            return llm.complete(prompt, **kwargs)
+        finally:
+            ENOUGH.reset(told)
 
     if _needs_loading(llm):
         # loading a local model is not answering: it happens before the clock starts
@@ -290,9 +434,10 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
         while True:
             budget = attempts.budget()
             try:
-                response = (
-                    call() if budget is None else _call_with_timeout(llm, call, budget, attempts)
-                )
+                if budget is None or times_itself(llm, budget):
+                    response = call()  # in this thread: no hand-off
+                else:
+                    response = _call_with_timeout(llm, call, budget, attempts)
                 break
             except BaseException as exc:
                 time.sleep(attempts.failed(exc))
@@ -402,14 +547,19 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
         await asyncio.to_thread(getattr(llm, "warm_up"))  # noqa: B009
     native = has_native_async(llm)
     kwargs = options.llm_kwargs()
+    enough, itself = _stop_rule(llm, options)
     with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
         while True:
             budget = attempts.budget()
             cancel = None if native else _Cancel()  # only a thread needs telling
-            if cancel is None:
+            if cancel is None and enough is not None and not itself:
+                coro = _astream_until(llm, prompt, kwargs, enough)
+            elif cancel is None:
                 coro = llm.acomplete(prompt, **kwargs)
+                if itself:
+                    coro = _atold(enough, coro)
             else:
-                coro = _in_thread(llm, prompt, kwargs, cancel)
+                coro = _in_thread(llm, prompt, kwargs, cancel, enough, itself)
             try:
                 response = await _bounded(coro, budget, cancel, attempts)
                 break
@@ -468,19 +618,29 @@ def _drop(task: asyncio.Future[Any]) -> None:
 
 
 async def _in_thread(
-    llm: LLM, prompt: str, kwargs: dict[str, Any], cancel: threading.Event
+    llm: LLM,
+    prompt: str,
+    kwargs: dict[str, Any],
+    cancel: threading.Event,
+    enough: Callable[[str], bool] | None = None,
+    itself: bool = False,
 ) -> CompletionResponse:
-    """``llm.complete`` on an LLM worker thread (`WORKERS`); cancelling the await sets
-    ``cancel`` and abandons the thread."""
+    """``llm.complete`` (streamed until ``enough``, when given) on an LLM worker
+    thread (`WORKERS`); cancelling the await sets ``cancel`` and abandons the thread."""
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
 
     def wake() -> None:
         loop.call_soon_threadsafe(_resolve, woken)
 
-    job = WORKERS.for_llm(llm).submit(
-        _telling(cancel, partial(llm.complete, prompt, **kwargs)), wake
+    call: Callable[[], CompletionResponse] = (
+        partial(_stream_until, llm, prompt, kwargs, enough)
+        if enough is not None and not itself
+        else partial(llm.complete, prompt, **kwargs)
     )
+    if itself:
+        call = partial(_told, enough, call)
+    job = WORKERS.for_llm(llm).submit(_telling(cancel, call), wake)
     if isinstance(cancel, _Cancel):
         cancel.job = job
     try:
@@ -497,6 +657,25 @@ async def _in_thread(
         if propagates(exc):  # a CancelledError from the thread is never this task's
             raise
         raise as_failure(exc) from exc
+
+
+def _told(enough: Callable[[str], bool] | None, call: Callable[[], T]) -> T:
+    """``call()`` with `ENOUGH` set to ``enough``."""
+    told = ENOUGH.set(enough)
+    try:
+        return call()
+    finally:
+        ENOUGH.reset(told)
+
+
+async def _atold(enough: Callable[[str], bool] | None, coro: Any) -> CompletionResponse:
+    """``await coro`` with `ENOUGH` set to ``enough`` (in this task's context, which
+    the call copies when it starts)."""
+    told = ENOUGH.set(enough)
+    try:
+        return await coro  # type: ignore[no-any-return]
+    finally:
+        ENOUGH.reset(told)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

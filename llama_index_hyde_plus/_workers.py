@@ -65,6 +65,38 @@ class QueuedTooLongError(LLMNotCalledError):
     it."""
 
 
+class Signal:
+    """A one-shot ``threading.Event`` (``set``, ``is_set``, ``wait``) on a bare lock:
+    waiting on it and setting it take no condition variable, so a call handed to a
+    worker and waited for costs the two thread wake-ups and little else."""
+
+    __slots__ = ("_flag", "_lock")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._lock = threading.Lock()
+        self._lock.acquire()  # held until set: a waiter blocks on it
+
+    def is_set(self) -> bool:
+        """Whether `set` was called."""
+        return self._flag
+
+    def set(self) -> None:
+        """Wake every waiter, now and later (call once: by the worker that ran the call)."""
+        if not self._flag:
+            self._flag = True
+            self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether it was set within ``timeout`` seconds (None: wait for it)."""
+        if self._flag:
+            return True
+        got = self._lock.acquire(True, -1 if timeout is None else max(timeout, 0.0))
+        if got:
+            self._lock.release()  # the next waiter passes too
+        return got or self._flag
+
+
 class Job:
     """One call on a worker: ``done`` is set once it returned or raised."""
 
@@ -75,7 +107,7 @@ class Job:
 
     def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None) -> None:
         self.call = call
-        self.done = threading.Event()
+        self.done = Signal()
         self.abandoned = False
         self.started = False
         """Whether a worker took it (False: it still waits in line, or never ran)."""

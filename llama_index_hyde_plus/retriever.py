@@ -271,8 +271,9 @@ def _has_native(obj: Any, name: str, base: type) -> bool:
 
 def _copy(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     """Fresh NodeWithScore wrappers (deduplicated by node id), so that scoring
-    downstream never touches the wrapped retriever's objects."""
-    return [scored(item.node, item.score) for item in unique_nodes(nodes)]
+    downstream never touches the wrapped retriever's objects. A shallow ``model_copy``:
+    half the cost of building one (a cache hit makes nothing else)."""
+    return [item.model_copy() for item in unique_nodes(nodes)]
 
 
 class TransformRetriever(BaseRetriever):

@@ -93,6 +93,10 @@ class Usage:
     """LLM calls made; 0 for a cache hit."""
     cached: bool = field(default=False)
     """Every usage summed was a cache hit's (not kept by `to_dict`)."""
+    tokens_saved: int = 0
+    """Completion tokens not generated because a streamed reply was stopped once it
+    held all that is kept (HyDE's ``max_characters``): at most, since it is the cap
+    (``max_tokens``) less the tokens written, and the model may have ended sooner."""
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -106,6 +110,7 @@ class Usage:
             cost_source=max(self.cost_source, other.cost_source, key=_COST_RANK.__getitem__),
             calls=self.calls + other.calls,
             cached=self.cached and other.cached,
+            tokens_saved=self.tokens_saved + other.tokens_saved,
         )
 
     @classmethod
@@ -124,6 +129,7 @@ class Usage:
             usage_source=data.get("usage_source", "none"),
             cost_source=data.get("cost_source", "none"),
             calls=int(data.get("calls", 0)),
+            tokens_saved=int(data.get("tokens_saved", 0)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,6 +142,7 @@ class Usage:
             "usage_source": self.usage_source,
             "cost_source": self.cost_source,
             "calls": self.calls,
+            **({"tokens_saved": self.tokens_saved} if self.tokens_saved else {}),
         }
 
 

@@ -43,7 +43,13 @@ def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
 
 
 def _config(
-    models: ModelChoice, model: Any, store: str, top_k: int, **extra: Any
+    models: ModelChoice,
+    model: Any,
+    store: str,
+    top_k: int,
+    split: str,
+    note: str | None,
+    hyde_prompt: str | None,
 ) -> dict[str, Any]:
     from ..models import describe_llm
 
@@ -58,7 +64,9 @@ def _config(
         "temperature": models.temperature,
         "max_tokens": models.max_tokens,
         "seed": models.seed,
-        **extra,
+        "hyde_prompt": hyde_prompt or "default",
+        "split": split if note is None else "generated questions",
+        "questions": note,
     }
 
 
@@ -83,9 +91,53 @@ Configs = Annotated[
 ]
 
 
-def _check_inputs(dataset: Path | None, config_files: list[Path] | None) -> None:
-    """The eval extra and the input paths, checked with no library imported; then the
-    extra's modules imported."""
+def check_timeout(timeout: float | None) -> None:
+    """``--timeout``, checked before anything loads."""
+    if timeout is not None and not 0 < timeout < 1e6:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--timeout")
+
+
+def with_timeout(options: dict[str, Any], name: str, timeout: float | None) -> dict[str, Any]:
+    """``options`` with ``timeout`` for a transform that calls the LLM (``--timeout``)."""
+    from ..evaluation.runner import needs_llm
+
+    return options if timeout is None or not needs_llm(name) else {**options, "timeout": timeout}
+
+
+def timed(specs: list[Any], timeout: float | None) -> list[Any]:
+    """The transform specs with ``--timeout`` in the options of those calling the LLM."""
+    from dataclasses import replace
+
+    return [replace(s, options=with_timeout(s.options, s.name, timeout)) for s in specs]
+
+
+def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
+    """Print `timeout_hint` when there is one."""
+    hint = timeout_hint(reports, concurrency)
+    if hint is not None:
+        ui.err.print(f"[yellow]{hint}[/]", soft_wrap=True)
+
+
+def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
+    """What to do when generations ran out of time: fewer in flight, so that each
+    gets the model (or the provider's rate) sooner; None when none did."""
+    timed_out = sum(getattr(r, "timeouts", 0) for r in reports)
+    if not timed_out:
+        return None
+    fewer = max(1, concurrency // 2)
+    return (
+        f"{timed_out} generation(s) ran out of time and searched with the question alone: "
+        f"fewer in flight (--concurrency {fewer}, now {concurrency}) gives each one the "
+        "model sooner; a longer --timeout waits longer for it"
+    )
+
+
+def _check_inputs(
+    dataset: Path | None, config_files: list[Path] | None, timeout: float | None
+) -> None:
+    """The eval extra, the input paths and ``--timeout``, checked with no library
+    imported; then the extra's modules imported."""
+    check_timeout(timeout)
     find_eval_extra("hyde-plus eval")
     with early.refused():
         early.dataset_folder(dataset)
@@ -122,13 +174,14 @@ def eval_cmd(
     uri: opt.Uri = None,
     milvus_token: opt.MilvusToken = None,
     config_files: Configs = None,
+    timeout: opt.Timeout = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Score transforms on a BEIR dataset, or on your own documents (--docs, with
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
     setup_logging(verbose)
-    _check_inputs(dataset, config_files)
+    _check_inputs(dataset, config_files, timeout)
     from ..evaluation import run_eval
 
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
@@ -139,12 +192,11 @@ def eval_cmd(
     specs, ds, note, embed_model, model = _prepare(
         source, where, models, transforms, config_files, split, limit, out, phases
     )
-    config = _config(models, model, where.kind, top_k, hyde_prompt=hyde_prompt or "default")
-    config.update(split=split if note is None else "generated questions", questions=note)
+    config = _config(models, model, where.kind, top_k, split, note, hyde_prompt)
     with progress_bar() as progress, reported():
         result = run_eval(
             ds,
-            specs,
+            timed(specs, timeout),
             llm=models.make_llm if model is not None else None,
             max_length=max_length,
             use_cache=cache,
@@ -153,7 +205,7 @@ def eval_cmd(
             **where.runner_kwargs(models, embed_model),
         )
     result.include_earlier(phases, time.perf_counter() - started)
-    _show(result, out, note)
+    _show(result, out, note, concurrency)
 
 
 def _prepare(
@@ -194,7 +246,7 @@ def _prepare(
     return specs, ds, note, embed_model, model
 
 
-def _show(result: Any, out: Path, note: str | None = None) -> None:
+def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1) -> None:
     from ..evaluation.report import recommendation, rich_table, verdicts, write_outputs
 
     if result.config.get("stand_in"):
@@ -209,4 +261,5 @@ def _show(result: Any, out: Path, note: str | None = None) -> None:
     ui.console.print(
         f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
     )
+    show_timeout_hint(result.reports, concurrency)
     ui.console.print(f"[bold]{recommendation(result)}[/]")

@@ -22,11 +22,13 @@ from ._evaluation import (
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
+from .eval import check_timeout, show_timeout_hint, with_timeout
 
 
-def _check_flags(name: str, tolerance: float, dataset: Path | None) -> None:
+def _check_flags(name: str, tolerance: float, dataset: Path | None, timeout: float | None) -> None:
     """The checks that need no library (before `require_eval_extra` imports)."""
     check_choice("--transform", name, TRANSFORMS[1:])
+    check_timeout(timeout)
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
     with early.refused():
@@ -105,6 +107,7 @@ def tune(
     store: opt.StoreKind = None,
     uri: opt.Uri = None,
     milvus_token: opt.MilvusToken = None,
+    timeout: opt.Timeout = None,
     write_anyway: WriteAnyway = False,
     verbose: opt.Verbose = False,
 ) -> None:
@@ -115,10 +118,8 @@ def tune(
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
     name, split = transform.strip().lower(), split if docs is None else "generated"
-    _check_flags(name, tolerance, dataset)
+    _check_flags(name, tolerance, dataset, timeout)
     require_eval_extra("hyde-plus tune")
-    from ..evaluation.tune import write_config
-
     _check(name, split, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
@@ -128,13 +129,31 @@ def tune(
     configs, ds, embed_model, model = _load(
         source, where, models, name, grid, split, limit, outputs
     )
+    configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
-    path = None
-    if result.winner.gains() or write_anyway:
-        with reported():
-            path = write_config(result, out)
+    path = _write(result, out) if result.winner.gains() or write_anyway else None
+    show_timeout_hint([result.baseline, *result.reports], concurrency)
     _show(result, path, report, questions_dir if docs is not None else None)
+
+
+def _write(result: Any, out: Path) -> Path:
+    """Write the chosen configuration to ``out`` (`evaluation.tune.write_config`)."""
+    from ..evaluation.tune import write_config
+
+    with reported():
+        return write_config(result, out)
+
+
+def _timed_grid(configs: Any, name: str, timeout: float | None) -> Any:
+    """The sweep's configurations (None: the transform's own grid) with ``--timeout``
+    in each: every configuration's calls, not a swept option."""
+    if timeout is None:
+        return configs
+    from ..transforms.registry import transform_class
+
+    grid = configs if configs is not None else transform_class(name).tune_grid()
+    return [with_timeout(dict(c), name, timeout) for c in grid]
 
 
 def _sweep(

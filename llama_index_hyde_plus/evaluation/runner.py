@@ -168,6 +168,8 @@ class TransformReport:
     """Mean nDCG@10 minus `none`'s."""
     skipped: int = 0
     """Queries whose expansion a gate skipped."""
+    timeouts: int = 0
+    """Queries whose generation ran out of time (the LLM's, or waiting for a worker)."""
     interval_vs_none: tuple[float, float] | None = None
     """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -426,6 +428,7 @@ class _QueryRecord:
     fallback: bool
     skipped: bool
     usage: Usage
+    timed_out: bool
     queries: list[str]
     hypothetical: list[str]
 
@@ -455,6 +458,7 @@ async def _run_one(
                 fallback=t.fallback,
                 skipped=bool(t.skipped),
                 usage=t.generation_usage or t.usage,
+                timed_out=(t.error or "").startswith(("LLMTimeoutError", "QueuedTooLongError")),
                 queries=list(t.search_queries),
                 hypothetical=list(t.hypothetical),
             )
@@ -590,6 +594,7 @@ class EvalSession:
             queries=len(records),
             examples=examples,
             skipped=sum(1 for r in records if r.skipped),
+            timeouts=sum(1 for r in records if r.timed_out),
             options=dict(options or {}),
             rankings={qid: tuple(docs) for qid, docs in run.items()},
         )

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -40,7 +40,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from pydantic import Field, PrivateAttr
 
-from .._llm import CANCEL_EVENT
+from .._llm import CANCEL_EVENT, ENOUGH, STOPPED_EARLY
 from .._streaming import Done, Producer, astream_in_thread, stream_in_thread
 from .gguf import control_tokens, escape_controls
 
@@ -129,10 +129,18 @@ class _Collector:
     stops llama.cpp) once one of the ``cancel`` events is set."""
 
     def __init__(
-        self, cancel: tuple[threading.Event, ...], on_delta: Callable[[str], None] | None
+        self,
+        cancel: tuple[threading.Event, ...],
+        on_delta: Callable[[str], None] | None,
+        enough: Callable[[str], bool] | None = None,
+        cap: int | None = None,
     ) -> None:
         self.cancel = cancel
         self.on_delta = on_delta
+        self.enough = enough
+        self.cap = cap
+        self.stopped_early = False
+        self.pieces = 0
         self.parts: list[str] = []
         self.head: dict[str, Any] = {}
         self.finish_reason: str | None = None
@@ -152,8 +160,12 @@ class _Collector:
             content = (choice.get("delta") or {}).get("content")
             if content:
                 self.parts.append(str(content))
+                self.pieces += 1
                 if self.on_delta is not None:
                     self.on_delta(str(content))
+                if self.enough is not None and self.enough("".join(self.parts)):
+                    self.stopped_early = True  # what is kept is written: stop here
+                    return True
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         if chunk.get("usage"):
@@ -166,14 +178,19 @@ class _Collector:
             error = self.error
             message = error.get("message") if isinstance(error, dict) else str(error)
             raise LocalLLMError(f"llama.cpp error: {message}")
-        if self.cancelled() and self.finish_reason is None:
+        if self.stopped_early:
+            early = {STOPPED_EARLY: True, "pieces": self.pieces, "cap": self.cap}
+        elif self.cancelled() and self.finish_reason is None:
             raise LocalLLMCancelledError("the call was cancelled; llama.cpp stopped generating")
+        else:
+            early = {}
         message = {"role": "assistant", "content": "".join(self.parts)}
-        choice = {"index": 0, "finish_reason": self.finish_reason, "message": message}
+        finish = "stop" if self.stopped_early else self.finish_reason
+        choice = {"index": 0, "finish_reason": finish, "message": message}
         response: dict[str, Any] = {**self.head, "object": "chat.completion", "choices": [choice]}
         if self.usage is not None:
             response["usage"] = self.usage
-        return response
+        return {**response, **early}
 
 
 class LocalLLM(CustomLLM):
@@ -199,6 +216,10 @@ class LocalLLM(CustomLLM):
     seed: int | None = Field(default=None)
     threads: int | None = Field(default=None)
     is_local: bool = Field(default=True)
+    stops_when_enough: ClassVar[bool] = True
+    """A call stops generating once the reply holds what its transform keeps (the
+    rule in `ENOUGH`, HyDE's ``max_characters``), llama.cpp told to stop at that token;
+    the reply's ``raw`` then says so (`STOPPED_EARLY`, with the tokens written)."""
 
     _server: Any = PrivateAttr(default=None)
     _controls: tuple[str, ...] = PrivateAttr(default=())
@@ -307,7 +328,7 @@ class LocalLLM(CustomLLM):
         if cancel is None:
             cancel = CANCEL_EVENT.get()
         events = (*_events(cancel), _IN_FLIGHT.exiting)
-        collector = _Collector(events, on_delta)
+        collector = _Collector(events, on_delta, ENOUGH.get(), request["max_tokens"])
         with _IN_FLIGHT:
             result = server.handle_chat_completions(request, collector.on_chunk)
         if isinstance(result, dict) and "error" in result:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ from .._llm import CallOptions
 from ..expansion import check_weight, keyword_query
 from ..usage import Usage
 from .base import Guards, SearchSpec, Strategy, TransformResult
-from .llm_base import LLMTransform, UnusableReplyError
+from .llm_base import LLMTransform, UnusableReplyError, reply_past
 from .options import LLMOptions
 from .parsing import dedupe, trim_passage
 from .prompts import GROUNDING_PREFIX, HYDE_PAPER_PROMPTS, HYDE_PROMPT
@@ -317,7 +318,8 @@ class HyDE(LLMTransform):
         own = getattr(self.llm, "max_tokens", None)
         if not (is_int(own) and 0 < own <= self.max_tokens):
             options = replace(options, max_tokens=self.max_tokens)  # below the model's cap
-        return options
+        enough = functools.partial(reply_past, self.max_characters, label=_ECHO)
+        return replace(options, enough=enough)
 
     def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
         if not self.grounded or not context:

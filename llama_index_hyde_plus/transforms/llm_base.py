@@ -584,6 +584,29 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+_SPECIAL_TAIL = 24
+"""Characters at the end of a reply so far that may hold a special token half written
+(``<|im_e``), which cleaning removes once it is whole."""
+
+
+def reply_past(limit: int, text: str, label: re.Pattern[str] | None = None) -> bool:
+    """Whether the reply ``text`` so far already decides what trimming it to ``limit``
+    characters keeps (`trim_passage`: the last sentence end inside the limit, else a
+    word break), so the rest need not be generated (`CallOptions.enough`): its content
+    (`clean_reply`, less a ``label`` the model echoed at its start, less a tail that
+    may be a special token half written) runs past the limit, the one character past
+    it included."""
+    if len(text) <= limit:
+        return False
+    body = clean_reply(text)
+    if label is not None:
+        body = label.sub("", body, count=1)
+    tail = body.rfind("<", max(0, len(body) - _SPECIAL_TAIL))
+    if tail >= 0:
+        body = body[:tail]
+    return len(body.rstrip()) > limit
+
+
 def _number(value: Any, name: str) -> float | None:
     """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
     if value is None or is_number(value):
@@ -823,11 +846,10 @@ def _callable_identity(value: Any, depth: int, within: frozenset[int] = frozense
     if not inspect.isfunction(value):  # an object with __call__: its class and state
         return _exact_object(value, depth)
     cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
-    parts = [_code_identity(value.__code__, depth)]
+    code_part, names = _code_read(value.__code__, depth)  # immutable: read once
     keywords = value.__kwdefaults__ or {}
-    parts += [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
+    parts = [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
     parts.append(_exact(keywords, depth))
-    names = _names_used(value.__code__)
     within = within | {id(value)}
     reads = [
         [n, _global_form(value.__globals__[n], value, names, depth, within)]
@@ -835,7 +857,8 @@ def _callable_identity(value: Any, depth: int, within: frozenset[int] = frozense
         if n in value.__globals__
     ]
     parts.append(reads)  # the globals it reads (a template, a table, a config object)
-    return f"{name}#{_digest(parts)}"
+    text = "[" + ", ".join([code_part, *map(repr, parts)]) + "]"  # repr([code, *parts])
+    return f"{name}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def _digest(parts: Any) -> str:
@@ -843,7 +866,7 @@ def _digest(parts: Any) -> str:
 
 
 def _global_form(
-    value: Any, reader: Any, names: set[str], depth: int, within: frozenset[int]
+    value: Any, reader: Any, names: frozenset[str], depth: int, within: frozenset[int]
 ) -> Any:
     """A global that function ``reader`` reads (its code names ``names``), for its key
     (see `_callable_identity`)."""
@@ -956,13 +979,34 @@ def _code_identity(code: CodeType, depth: int) -> Any:
     return [code.co_code.hex(), list(code.co_names), consts]
 
 
-def _names_used(code: CodeType) -> set[str]:
+_CODE_MEMO_SIZE = 1024
+_code_memo: dict[int, tuple[CodeType, int, str, frozenset[str]]] = {}
+"""What `_code_read` read of a code object, by its id: the entry holds the code
+object itself, so an id is never reused while its entry is kept."""
+
+
+def _code_read(code: CodeType, depth: int) -> tuple[str, frozenset[str]]:
+    """``repr(_code_identity(code, depth))`` and the global names the code reads
+    (`_names_used`): pure functions of an immutable code object, read once (hashing
+    its bytecode was most of a cache key's cost). Looked up by identity, not by the
+    code's own hash, which reads all of it again."""
+    known = _code_memo.get(id(code))
+    if known is not None and known[0] is code and known[1] == depth:
+        return known[2], known[3]
+    read = repr(_code_identity(code, depth)), _names_used(code)
+    if len(_code_memo) >= _CODE_MEMO_SIZE:
+        _code_memo.clear()
+    _code_memo[id(code)] = (code, depth, *read)
+    return read
+
+
+def _names_used(code: CodeType) -> frozenset[str]:
     """The global names ``code`` and the code nested in it read."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, CodeType):
             names |= _names_used(const)
-    return names
+    return frozenset(names)
 
 
 def _filled(cell: Any) -> bool:
