@@ -87,6 +87,7 @@ class Guards:
     strategy: Strategy = "replace"
     blend: float = 0.3
     gate: float | None = None
+    gate_relative: float | None = None
     feedback_k: int = 0
     feedback_alpha: float = 1.0
     feedback_beta: float = 0.0
@@ -102,6 +103,10 @@ class Guards:
             if not -1.0 <= float(self.gate) <= 1.0:  # NaN fails this too
                 raise ValueError("gate must be a cosine similarity between -1 and 1, or None")
             object.__setattr__(self, "gate", float(self.gate))
+        if self.gate_relative is not None:
+            object.__setattr__(
+                self, "gate_relative", check_number(self.gate_relative, "gate_relative", 0.0, 2.0)
+            )
         check_int(self.feedback_k, "feedback_k", 0, 100)
         for name in ("feedback_alpha", "feedback_beta"):
             object.__setattr__(self, name, check_feedback_weight(getattr(self, name), name))
@@ -109,7 +114,12 @@ class Guards:
     @property
     def needs_question_hits(self) -> bool:
         """Whether the question must be searched before the transform runs."""
-        return self.context_k > 0 or self.strategy == "rerank" or self.feedback_k > 0
+        return (
+            self.context_k > 0
+            or self.strategy == "rerank"
+            or self.feedback_k > 0
+            or self.gate_relative is not None
+        )
 
 
 NO_GUARDS = Guards()
