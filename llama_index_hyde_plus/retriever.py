@@ -866,7 +866,7 @@ class TransformRetriever(BaseRetriever):
         mode = self.fusion or self.transformer.default_fusion
         if mode is FusionMode.INTERLEAVE and len(set(weights)) > 1:
             mode = FusionMode.RRF  # interleaving cannot weigh lists; RRF can
-        return fuse(lists, mode, weights=weights)
+        return fuse(lists, mode, weights=weights, k=self.transformer.rrf_k)
 
     def _reranked_or_kept(
         self, nodes: list[NodeWithScore], question: Question

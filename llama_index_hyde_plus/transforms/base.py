@@ -17,7 +17,7 @@ from llama_index.core.schema import QueryBundle
 from .._checks import check_int, check_number, is_number
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
 from ..expansion import check_weight
-from ..fusion import FusionMode
+from ..fusion import RRF_K, FusionMode
 from ..reliability import failure
 from ..usage import Usage, sum_usage
 
@@ -432,6 +432,9 @@ class QueryTransformer(BaseQueryTransform):
     """Name reported in `TransformResult.method`; the class name when empty."""
     default_fusion: ClassVar[FusionMode] = FusionMode.RRF
     """Fusion a `TransformRetriever` uses for this transform unless told otherwise."""
+    rrf_k: int = RRF_K
+    """The ``k`` of RRF, ``w / (k + rank)``, when this transform's lists are fused by RRF:
+    the smaller, the more the top ranks of each list count."""
     include_query: bool = False
     """Whether the original query is searched too. False for a custom transformer, whose
     returned query (or queries) is what gets searched, as its author wrote it."""
