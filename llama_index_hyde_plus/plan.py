@@ -113,22 +113,34 @@ def _expanded(result: TransformResult) -> bool:
 
 def wants_gate(result: TransformResult, guards: Guards) -> bool:
     """Whether the gate must compare the generated text with the question."""
-    return guards.gate is not None and _expanded(result)
+    gated = guards.gate is not None or guards.gate_relative is not None
+    return gated and _expanded(result)
 
 
-def gate_verdict(result: TransformResult, guards: Guards, similarity: float) -> TransformResult:
+def gate_verdict(
+    result: TransformResult, guards: Guards, similarity: float, top: float | None = None
+) -> TransformResult:
     """``result``, or ``result`` marked skipped when the generated text's cosine
-    ``similarity`` to the question is below the gate (degraded when it is not a number)."""
-    assert guards.gate is not None
-    if not math.isfinite(similarity):
+    ``similarity`` to the question is below the gate, or more than ``gate_relative``
+    below ``top``, the question's cosine to its own top hit (None: no hit, so the
+    relative gate has nothing to compare with); degraded when a cosine is not a number."""
+    if not math.isfinite(similarity) or (top is not None and not math.isfinite(top)):
         return degraded(result, "the gate's similarity is not a number (a non-finite vector)")
-    if similarity >= guards.gate:
-        return result
-    reason = (
-        f"generated text disagrees with the question (cosine {similarity:.3f} < gate "
-        f"{guards.gate:g}); searched with the question alone"
-    )
-    return replace(result, skipped=reason)
+    if guards.gate is not None and similarity < guards.gate:
+        reason = (
+            f"generated text disagrees with the question (cosine {similarity:.3f} < gate "
+            f"{guards.gate:g}); searched with the question alone"
+        )
+        return replace(result, skipped=reason)
+    relative = guards.gate_relative
+    if relative is not None and top is not None and similarity < top - relative:
+        reason = (
+            f"generated text is further from the question than its own top hit "
+            f"(cosine {similarity:.3f} < top hit {top:.3f} - gate_relative "
+            f"{relative:g}); searched with the question alone"
+        )
+        return replace(result, skipped=reason)
+    return result
 
 
 def degraded(result: TransformResult, reason: str) -> TransformResult:

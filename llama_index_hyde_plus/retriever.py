@@ -464,7 +464,8 @@ class TransformRetriever(BaseRetriever):
             expanded = result
             if plan.wants_gate(result, guards) and self._have_embedder("gate"):
                 similarity = self._similarity(question, result)
-                expanded = plan.gate_verdict(result, guards, similarity)
+                top = self._top_similarity(question, hits, guards)
+                expanded = plan.gate_verdict(result, guards, similarity, top)
             step = self._planned(expanded, guards, hits)
             nodes, errors = self._carry_out(step, question, hits, pending)
             result = expanded
@@ -516,7 +517,8 @@ class TransformRetriever(BaseRetriever):
             expanded = result
             if plan.wants_gate(result, guards) and self._have_embedder("gate"):
                 similarity = await self._asimilarity(question, result)
-                expanded = plan.gate_verdict(result, guards, similarity)
+                top = await self._atop_similarity(question, hits, guards)
+                expanded = plan.gate_verdict(result, guards, similarity, top)
             step = self._planned(expanded, guards, hits)
             nodes, errors = await self._acarry_out(step, question, hits, pending)
             result = expanded
@@ -668,6 +670,22 @@ class TransformRetriever(BaseRetriever):
         assert self.embedder is not None
         generated = await self.embedder.atexts(result.hypothetical)
         return _similarity(await self._aown(question), generated)
+
+    def _top_similarity(
+        self, question: Question, hits: list[NodeWithScore] | None, guards: Guards
+    ) -> float | None:
+        """Cosine of the question's vector and its own top hit's stored vector (the
+        relative gate's reference); None with no relative gate or no hit."""
+        if guards.gate_relative is None or not hits:
+            return None
+        return _similarity(self._own(question), self.doc_vectors.get(hits[:1]))
+
+    async def _atop_similarity(
+        self, question: Question, hits: list[NodeWithScore] | None, guards: Guards
+    ) -> float | None:
+        if guards.gate_relative is None or not hits:
+            return None
+        return _similarity(await self._aown(question), await self.doc_vectors.aget(hits[:1]))
 
     def _have_embedder(self, what: str) -> bool:
         if self.embedder is not None:
@@ -859,7 +877,7 @@ class TransformRetriever(BaseRetriever):
         mode = self.fusion or self.transformer.default_fusion
         if mode is FusionMode.INTERLEAVE and len(set(weights)) > 1:
             mode = FusionMode.RRF  # interleaving cannot weigh lists; RRF can
-        return fuse(lists, mode, weights=weights)
+        return fuse(lists, mode, weights=weights, k=self.transformer.rrf_k)
 
     def _reranked_or_kept(
         self, nodes: list[NodeWithScore], question: Question

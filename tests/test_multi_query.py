@@ -75,7 +75,7 @@ def test_a_reply_of_only_echoes_falls_back() -> None:
 
 @pytest.mark.parametrize(
     ("model_name", "generator", "weight"),
-    [("SmolLM2-135M-Instruct-Q4_1", "small", 100.0), ("gpt-4o-mini", "capable", 20.0)],
+    [("SmolLM2-135M-Instruct-Q4_1", "small", 100.0), ("gpt-4o-mini", "capable", 5.0)],
 )
 def test_the_shipped_question_weight_depends_on_the_generator(
     model_name: str, generator: str, weight: float

@@ -25,7 +25,9 @@ class QueryListTransform(LLMTransform):
     ``max_characters`` long (trimmed at a sentence end, else a word break)."""
 
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "n"})
-    SEARCH_OPTIONS: ClassVar[frozenset[str]] = frozenset({"include_query", "original_weight"})
+    SEARCH_OPTIONS: ClassVar[frozenset[str]] = frozenset(
+        {"include_query", "original_weight", "rrf_k"}
+    )
     """Whether and how heavily the question's own list is fused: not in the cache key
     (``n`` and ``max_characters`` are: they change what is parsed from the reply)."""
     parse_excludes_query: ClassVar[bool] = True
@@ -36,10 +38,18 @@ class QueryListTransform(LLMTransform):
     (`LLMTransform.generator`), chosen on SciFact train (BENCHMARKS.md). ``"small"``,
     the bundled SmolLM2-135M: 100 (multi-query, decompose) or 50 (step-back, rewrite),
     close to a no-op on purpose (its queries only break near-ties; at lower weights
-    they cost 1 to 11 nDCG@10 points). ``"capable"``, any other LLM: 20, measured with
-    the strong-generator stand-in (its query a relevant document's title): +1.1 when
-    the model is right, -0.9 when half its queries are plausible but wrong; lower
-    weights gain more and cost more. Weigh your own with ``hyde-plus tune``."""
+    they cost 1 to 11 nDCG@10 points). ``"capable"``, any other LLM: 5 (multi-query,
+    step-back, rewrite) or 3 (decompose, two or more sub-queries), with RRF k 10
+    (`SHIPPED_RRF_K`), chosen on SciFact train with the strong-generator stand-in (its
+    query a relevant document's title; decompose's two titles): they keep 66% and 87%
+    of what weight 1 gains when the model is right and gain +1.1 and +1.2 when half
+    its queries are plausible but wrong (weight 1 there: -13 nDCG@10). Weigh your own
+    with ``hyde-plus tune``."""
+
+    SHIPPED_RRF_K: ClassVar[dict[str, int]] = {"small": 60, "capable": 10}
+    """RRF's ``k`` when nothing is said, by generator: 10 for a capable model (its
+    queries' top hits count at a moderate question weight; chosen with the stand-in on
+    SciFact train, BENCHMARKS.md), the usual 60 for the bundled model."""
 
     DEFAULT_N: ClassVar[int | None] = None
     """``n`` when none is given; None for a transform that writes exactly one query
@@ -52,6 +62,7 @@ class QueryListTransform(LLMTransform):
         n: int | None = None,
         include_query: bool = True,
         original_weight: float | None = None,
+        rrf_k: int | None = None,
         max_characters: int = MAX_QUERY_CHARACTERS,
         **options: Unpack[LLMOptions],
     ) -> None:
@@ -75,6 +86,9 @@ class QueryListTransform(LLMTransform):
                 raise ValueError("original_weight must be between 0 and 100")
             original_weight = float(original_weight)
         self._original_weight = original_weight
+        if rrf_k is not None:
+            check_int(rrf_k, "rrf_k", 1, 1000)
+        self._rrf_k = rrf_k
         self._rendered_instruction: tuple[object, int, str] | None = None
 
     @property
@@ -84,6 +98,14 @@ class QueryListTransform(LLMTransform):
         if self._original_weight is not None:
             return self._original_weight
         return self.SHIPPED_ORIGINAL_WEIGHT[self.generator]
+
+    @property
+    def rrf_k(self) -> int:  # type: ignore[override]
+        """RRF's ``k`` for this transform's lists: the one given, else the shipped one
+        for its generator (`SHIPPED_RRF_K`)."""
+        if self._rrf_k is not None:
+            return self._rrf_k
+        return self.SHIPPED_RRF_K[self.generator]
 
     def _search_fields(self) -> dict[str, Any]:
         """How the queries are searched, as `TransformResult` fields."""

@@ -17,7 +17,7 @@ from llama_index.core.schema import QueryBundle
 from .._checks import check_int, check_number, is_number
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
 from ..expansion import check_weight
-from ..fusion import FusionMode
+from ..fusion import RRF_K, FusionMode
 from ..reliability import failure
 from ..usage import Usage, sum_usage
 
@@ -90,6 +90,7 @@ class Guards:
     strategy: Strategy = "replace"
     blend: float = 0.3
     gate: float | None = None
+    gate_relative: float | None = None
     feedback_k: int = 0
     feedback_alpha: float = 1.0
     feedback_beta: float = 0.0
@@ -105,6 +106,10 @@ class Guards:
             if not -1.0 <= float(self.gate) <= 1.0:  # NaN fails this too
                 raise ValueError("gate must be a cosine similarity between -1 and 1, or None")
             object.__setattr__(self, "gate", float(self.gate))
+        if self.gate_relative is not None:
+            object.__setattr__(
+                self, "gate_relative", check_number(self.gate_relative, "gate_relative", 0.0, 2.0)
+            )
         check_int(self.feedback_k, "feedback_k", 0, 100)
         for name in ("feedback_alpha", "feedback_beta"):
             object.__setattr__(self, name, check_feedback_weight(getattr(self, name), name))
@@ -112,7 +117,12 @@ class Guards:
     @property
     def needs_question_hits(self) -> bool:
         """Whether the question must be searched before the transform runs."""
-        return self.context_k > 0 or self.strategy == "rerank" or self.feedback_k > 0
+        return (
+            self.context_k > 0
+            or self.strategy == "rerank"
+            or self.feedback_k > 0
+            or self.gate_relative is not None
+        )
 
 
 NO_GUARDS = Guards()
@@ -425,6 +435,9 @@ class QueryTransformer(BaseQueryTransform):
     """Name reported in `TransformResult.method`; the class name when empty."""
     default_fusion: ClassVar[FusionMode] = FusionMode.RRF
     """Fusion a `TransformRetriever` uses for this transform unless told otherwise."""
+    rrf_k: int = RRF_K
+    """The ``k`` of RRF, ``w / (k + rank)``, when this transform's lists are fused by RRF:
+    the smaller, the more the top ranks of each list count."""
     include_query: bool = False
     """Whether the original query is searched too. False for a custom transformer, whose
     returned query (or queries) is what gets searched, as its author wrote it."""

@@ -23,7 +23,7 @@ class Decompose(QueryListTransform):
     DEFAULT_N: ClassVar[int | None] = 3
     prompt_key: ClassVar[str] = "decompose_prompt"
     default_prompt: ClassVar[str] = DECOMPOSE_PROMPT
-    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 100.0, "capable": 20.0}
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 100.0, "capable": 3.0}
     """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""
     default_fusion: ClassVar[FusionMode] = FusionMode.INTERLEAVE
     parse_excludes_query: ClassVar[bool] = False

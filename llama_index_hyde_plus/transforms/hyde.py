@@ -46,6 +46,7 @@ class Shipped:
     query_weight: float
     gate: float | None
     strategy: Strategy = "replace"
+    gate_relative: float | None = None
 
 
 class HyDE(LLMTransform):
@@ -72,6 +73,10 @@ class HyDE(LLMTransform):
     - ``gate``: when the passages' mean embedding has a cosine similarity to the
       question below ``gate``, the expansion is skipped for that query
       (``result.skipped`` says why; it is not a failure). ``None`` turns it off.
+    - ``gate_relative=d``: skip it when that cosine is more than ``d`` below the
+      question's cosine to its own top hit (the question is searched while the LLM
+      writes, and a skipped query reuses those hits). It follows how well the question
+      itself is matched, where ``gate`` is one threshold for every question.
     - ``grounded=k``: the question's top ``k`` hits (each cut to
       ``context_characters``) are put in the prompt, so the model writes from the
       corpus instead of from memory. One extra search; cached like any generation.
@@ -112,6 +117,7 @@ class HyDE(LLMTransform):
             "strategy",
             "blend",
             "gate",
+            "gate_relative",
             "grounded",
             "context_characters",
         }
@@ -140,6 +146,7 @@ class HyDE(LLMTransform):
         strategy: Strategy | None = None,
         blend: float | None = None,
         gate: float | _Unset | None = UNSET,
+        gate_relative: float | _Unset | None = UNSET,
         grounded: int = 0,
         context_characters: int = 400,
         **options: Unpack[LLMOptions],
@@ -163,9 +170,10 @@ class HyDE(LLMTransform):
         self._query_weight, self._include_query = _resolve_weight(query_weight, include_query)
         self._keyword_weight = check_weight(keyword_weight, "keyword_weight")
         self._gate = gate
+        self._gate_relative = gate_relative
         self._fixed: Guards | None = None
         self._shipped_by_generator: dict[str, Guards] = {}
-        gate_given = not isinstance(gate, _Unset) and gate is not None
+        gate_given = any(not isinstance(g, _Unset) and g is not None for g in (gate, gate_relative))
         self._explicit_guards = strategy == "rerank" or gate_given or grounded > 0
         # checked now; the generator's shipped strategy and gate fill what is unset
         self._options = Guards(
@@ -173,6 +181,7 @@ class HyDE(LLMTransform):
             strategy=strategy or "replace",
             blend=self.DEFAULT_BLEND if blend is None else blend,
             gate=None if isinstance(gate, _Unset) else gate,
+            gate_relative=None if isinstance(gate_relative, _Unset) else gate_relative,
         )
 
     @property
@@ -227,7 +236,12 @@ class HyDE(LLMTransform):
         if guards is None:  # one per generator: the search path reads this every query
             shipped = self.SHIPPED[generator]
             gate = shipped.gate if isinstance(self._gate, _Unset) else self._gate
-            guards = replace(self._options, strategy=shipped.strategy, gate=gate)
+            relative = self._gate_relative
+            if isinstance(relative, _Unset):
+                relative = shipped.gate_relative
+            guards = replace(
+                self._options, strategy=shipped.strategy, gate=gate, gate_relative=relative
+            )
             self._shipped_by_generator[generator] = guards
         return guards
 
@@ -238,11 +252,14 @@ class HyDE(LLMTransform):
     @classmethod
     def complexity(cls, options: dict[str, Any]) -> int:
         """Grounding costs a search and a longer prompt (4), a gate extra embeddings
-        (2), a rerank the documents' vectors (1)."""
+        (2, the relative gate 2 more: the question's top hit), a rerank the documents'
+        vectors (1)."""
         level = 0
         if options.get("grounded"):
             level += 4
         if options.get("gate") is not None:
+            level += 2
+        if options.get("gate_relative") is not None:
             level += 2
         if options.get("strategy") == "rerank":
             level += 1

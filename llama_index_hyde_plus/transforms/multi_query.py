@@ -21,6 +21,6 @@ class MultiQuery(QueryListTransform):
     DEFAULT_N: ClassVar[int | None] = 3
     prompt_key: ClassVar[str] = "multi_query_prompt"
     default_prompt: ClassVar[str] = MULTI_QUERY_PROMPT
-    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 100.0, "capable": 20.0}
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 100.0, "capable": 5.0}
     """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""
     default_fusion: ClassVar[FusionMode] = FusionMode.RRF

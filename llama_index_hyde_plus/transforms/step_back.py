@@ -16,5 +16,5 @@ class StepBack(QueryListTransform):
     method: ClassVar[str] = "step-back"
     prompt_key: ClassVar[str] = "step_back_prompt"
     default_prompt: ClassVar[str] = STEP_BACK_PROMPT
-    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 50.0, "capable": 20.0}
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 50.0, "capable": 5.0}
     """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""
