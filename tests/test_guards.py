@@ -95,6 +95,15 @@ def test_a_profile_chooses_the_shipped_defaults_explicitly_and_repr_shows_it() -
         HyDE(strong, profile="large")  # type: ignore[typeddict-item]
 
 
+def test_a_profile_sweep_reuses_one_generation() -> None:
+    # the profile chooses search defaults only: its passages are the same (round 7, D8)
+    strong = ScriptedLLM([P1], model_name="gpt-4o-mini")
+    keys = {HyDE(strong, profile=p).cache_key_for(Q) for p in ("auto", "small", "capable")}
+    assert len(keys) == 1
+    lists = {MultiQuery(strong, profile=p).cache_key_for(Q) for p in ("auto", "small")}
+    assert len(lists) == 1
+
+
 def test_plain_hyde_ships_guarded_defaults_for_the_small_model_and_weights_for_others() -> None:
     small = HyDE(ScriptedLLM([P1], model_name="SmolLM2-135M-Instruct-Q4_1"))
     capable = HyDE(ScriptedLLM([P1], model_name="gpt-4o-mini"))

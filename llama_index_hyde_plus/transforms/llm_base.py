@@ -647,10 +647,10 @@ def _as_cached(result: TransformResult, start: float) -> TransformResult:
 
 
 NOT_GENERATION_OPTIONS: frozenset[str] = frozenset(
-    {"prompt", "cache", "callback_manager", "retry", "breaker", "timeout", "prices"}
+    {"prompt", "cache", "callback_manager", "retry", "breaker", "timeout", "prices", "profile"}
 )
 """The `LLMOptions` that do not change what the LLM writes, so are not in `_params`
-(the prompt is in the key as its template)."""
+(the prompt is in the key as its template; ``profile`` chooses search defaults only)."""
 
 
 @functools.cache
