@@ -284,7 +284,17 @@ class LLMPools:
 
     def for_llm(self, llm: object) -> DaemonWorkers:
         """The pool of ``llm``'s provider (made on first use)."""
-        key = provider_key(llm)
+        return self.for_key(provider_key(llm))
+
+    def for_cache(self, cache: object) -> DaemonWorkers:
+        """The pool of one cache object: a store that hangs holds its own threads only,
+        never those of another cache of its class. (The hung calls hold ``cache``, so
+        its id is not reused while they run.)"""
+        kind = type(cache)
+        return self.for_key((f"{kind.__module__}.{kind.__qualname__}", f"id={id(cache)}"))
+
+    def for_key(self, key: tuple[str, ...]) -> DaemonWorkers:
+        """The pool named ``key`` (made on first use)."""
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:

@@ -364,6 +364,19 @@ def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
     assert result.hypothetical == ("a passage",) and not result.cached
 
 
+def test_a_hung_cache_never_turns_off_another_cache_of_its_class(
+    blocking_cache: KVStoreCache,
+) -> None:
+    # round 7, D1: the threads of one store that hangs are its own
+    hung = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
+    _within(60, lambda: [hung.transform(f"{Q} {i}") for i in range(20)])  # its threads all hung
+    healthy = HyDE(
+        llm=ScriptedLLM(respond=lambda p: "a passage"), cache=KVStoreCache(SimpleKVStore())
+    )
+    healthy.transform(Q)
+    assert _within(10, lambda: healthy.transform(Q)).cached
+
+
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_async: bool) -> None:
     cache = KVStoreCache(SimpleKVStore())

@@ -333,11 +333,11 @@ class LLMTransform(QueryTransformer):
 
     def _cache_job(self, call: Callable[[], _T], on_done: Any = None) -> Job | None:
         """``call`` (a `_lookup` or `_store`) on the cache's own worker threads (one
-        pool per cache class, `_llm.WORKERS`, as a reranker's): a store that hangs
-        holds only those, never the caller nor the event loop's executor. None when
-        they all hold calls that overran `CACHE_TIMEOUT_S`: the cache is skipped."""
+        pool per cache object, `_llm.WORKERS`): a store that hangs holds only those,
+        never the caller, the event loop's executor nor another cache. None when they
+        all hold calls that overran `CACHE_TIMEOUT_S`: the cache is skipped."""
         try:
-            return _llm.WORKERS.for_llm(self.cache).submit(call, on_done)
+            return _llm.WORKERS.for_cache(self.cache).submit(call, on_done)
         except WorkersBusyError:
             logger.warning("the transform cache is not answering; skipping it")
             return None
