@@ -46,13 +46,15 @@ anyway), and small enough that a hung provider holds a bounded number of threads
 
 
 MAX_THREADS = 256
-"""Worker threads all pools together may hold at once (idle ones included): with many
-providers hung at once (100 model names x `MAX_BUSY`), a call that would start one
-more fails at once with `WorkersBusyError` (its transform falls back; no breaker
-counts it) instead of the process growing thousands of threads."""
+"""Calls all pools together may run at once: with many providers hung at once (100
+model names x `MAX_BUSY`), a call that would run one more fails at once with
+`WorkersBusyError` (its transform falls back; no breaker counts it) instead of the
+process growing thousands of threads. Idle workers hold no slot (a pool keeps at most
+``max_idle`` of them, for `IDLE_EXIT_S`), so healthy providers' bursts never lock out
+another provider."""
 
 _thread_slots = threading.BoundedSemaphore(MAX_THREADS)
-"""One slot per live worker thread, across every `DaemonWorkers` (see `MAX_THREADS`)."""
+"""One slot per running call, across every `DaemonWorkers` (see `MAX_THREADS`)."""
 
 
 class WorkersBusyError(LLMNotCalledError):
@@ -161,24 +163,21 @@ class DaemonWorkers:
                     )
                 self._waiting.append(job)  # a worker takes it when it is free
                 return job
+            if not _thread_slots.acquire(blocking=False):
+                raise WorkersBusyError(
+                    f"all {MAX_THREADS} worker threads of the process are running calls; "
+                    "not calling"
+                )
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
         if inbox is None:
             inbox = queue.SimpleQueue()
-            slots = _thread_slots
-            if not slots.acquire(blocking=False):
-                with self._lock:
-                    self._running.discard(job)
-                raise WorkersBusyError(
-                    f"all {MAX_THREADS} worker threads of the process are busy or idle in "
-                    "their pools; not calling"
-                )
             try:
                 threading.Thread(
-                    target=self._work, args=(inbox, slots), name=self.name, daemon=True
+                    target=self._serve, args=(inbox,), name=self.name, daemon=True
                 ).start()
             except BaseException:
-                slots.release()
+                _thread_slots.release()
                 with self._lock:
                     self._running.discard(job)
                 raise
@@ -186,7 +185,8 @@ class DaemonWorkers:
         return job
 
     def _next(self, finished: Job) -> Job | None:
-        """Free ``finished``'s slot and take the next queued call still wanted."""
+        """Free ``finished``'s place and take the next queued call still wanted, which
+        inherits its slot of `MAX_THREADS` (else the slot is released)."""
         with self._lock:
             self._running.discard(finished)
             while self._waiting:
@@ -194,13 +194,8 @@ class DaemonWorkers:
                 if not job.abandoned:
                     self._running.add(job)
                     return job
+        _thread_slots.release()
         return None
-
-    def _work(self, inbox: queue.SimpleQueue[Job | None], slots: threading.Semaphore) -> None:
-        try:
-            self._serve(inbox)
-        finally:
-            slots.release()  # the thread's slot of `MAX_THREADS`
 
     def _serve(self, inbox: queue.SimpleQueue[Job | None]) -> None:
         job: Job | None = inbox.get()

@@ -427,6 +427,36 @@ def test_a_thread_slot_is_free_again_once_its_worker_exits(
     assert job.done.wait(10) and job.result() == 7
 
 
+def test_idle_workers_of_healthy_pools_never_lock_another_pool_out(
+    few_thread_slots: threading.Event,
+) -> None:
+    # round 7, D2: four pools that each ran a call keep idle workers; a fifth still runs
+    pools = [_workers.DaemonWorkers(max_busy=2) for _ in range(4)]
+    done = [pool.submit(lambda: 1) for pool in pools]
+    assert all(job.done.wait(10) for job in done)
+    assert all(pool.idle() == 1 for pool in pools)  # 4 idle threads, the cap is 4
+    job = _workers.DaemonWorkers().submit(lambda: 7)
+    assert job.done.wait(10) and job.result() == 7
+
+
+def test_a_queued_call_inherits_the_slot_of_the_call_before_it(
+    few_thread_slots: threading.Event,
+) -> None:
+    pool = _workers.DaemonWorkers(max_busy=1)
+    first = pool.submit(lambda: few_thread_slots.wait(60))
+    queued = pool.submit(lambda: 8)  # waits in line, holds no slot yet
+    others = [_workers.DaemonWorkers().submit(lambda: few_thread_slots.wait(60)) for _ in range(3)]
+    with pytest.raises(_workers.WorkersBusyError):  # 4 calls running: the cap
+        _workers.DaemonWorkers().submit(lambda: 9)
+    few_thread_slots.set()
+    assert all(j.done.wait(10) for j in (first, queued, *others)) and queued.result() == 8
+    for _ in range(100):  # every slot comes back once the calls end
+        if _workers._thread_slots._value == 4:  # type: ignore[attr-defined]
+            break
+        threading.Event().wait(0.05)
+    assert _workers._thread_slots._value == 4  # type: ignore[attr-defined]
+
+
 class _BlockingLLM(CustomLLM):
     """An LLM with only a blocking ``complete`` (the async path runs it on a worker
     thread too), hung until ``release`` is set."""
