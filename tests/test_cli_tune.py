@@ -121,7 +121,9 @@ def test_tune_refuses_a_folder_as_out_and_an_unknown_transform(tmp_path: Path) -
 def test_tune_hyde_end_to_end_with_the_local_models(tmp_path: Path) -> None:
     """The real thing on the fixture: SmolLM2 writes free and grounded passages once
     per query, every configuration of the grid reuses them."""
-    result, out = _tune(tmp_path, "--transform", "hyde", "--llm", "local", "--concurrency", "2")
+    result, out = _tune(
+        tmp_path, "--transform", "hyde", "--llm", "local", "--concurrency", "2", "--write-anyway"
+    )
     assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
     config = json.loads(out.read_text())
     assert config["transform"] == "hyde"

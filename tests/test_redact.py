@@ -50,7 +50,7 @@ def test_eval_records_no_token_in_results(
 def test_tune_report_records_no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     report, config = tmp_path / "sweep.md", tmp_path / "tuned.json"
     args = [
-        *("tune", "--dataset", str(TINY), "--split", "test", "-t", "rocchio"),
+        *("tune", "--dataset", str(TINY), "--split", "test", "-t", "rocchio", "--write-anyway"),
         *("--grid", "alpha=1.0", "--embed", "local", "--milvus-token", "s3cret"),
         *("--out", str(config), "--report", str(report), "--cache-dir", str(tmp_path / "c")),
     ]

@@ -162,6 +162,7 @@ def test_tune_docs_reuses_the_index_too(tmp_path: Path, cli_index: tuple[Path, P
         app,
         [
             *("tune", "--docs", str(docs), "--qrels", str(labels), "-t", "rocchio"),
+            "--write-anyway",
             *("--index", str(out), "--chunk-size", "60", "--embed", "local"),
             *("--questions-dir", str(tmp_path / "set"), "--out", str(tmp_path / "rocchio.json")),
             *("--cache-dir", str(tmp_path / "cache")),
