@@ -104,7 +104,7 @@ class Job:
 
     __slots__ = (
         *("_error", "_on_done", "_value", "abandoned", "call", "done", "started"),
-        *("submitted_at", "started_at"),
+        *("submitted_at", "started_at", "slot"),
     )
 
     def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None) -> None:
@@ -118,6 +118,8 @@ class Job:
         self._on_done = on_done
         self._value: Any = None
         self._error: BaseException | None = None
+        self.slot: threading.Semaphore | None = None
+        """The `MAX_THREADS` slot it holds while it runs (released by its worker)."""
 
     def result(self) -> Any:
         """What the call returned; what it raised is raised (call when ``done``)."""
@@ -163,11 +165,13 @@ class DaemonWorkers:
                     )
                 self._waiting.append(job)  # a worker takes it when it is free
                 return job
-            if not _thread_slots.acquire(blocking=False):
+            slots = _thread_slots
+            if not slots.acquire(blocking=False):
                 raise WorkersBusyError(
                     f"all {MAX_THREADS} worker threads of the process are running calls; "
                     "not calling"
                 )
+            job.slot = slots
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
         if inbox is None:
@@ -177,7 +181,7 @@ class DaemonWorkers:
                     target=self._serve, args=(inbox,), name=self.name, daemon=True
                 ).start()
             except BaseException:
-                _thread_slots.release()
+                slots.release()
                 with self._lock:
                     self._running.discard(job)
                 raise
@@ -187,14 +191,17 @@ class DaemonWorkers:
     def _next(self, finished: Job) -> Job | None:
         """Free ``finished``'s place and take the next queued call still wanted, which
         inherits its slot of `MAX_THREADS` (else the slot is released)."""
+        slot, finished.slot = finished.slot, None
         with self._lock:
             self._running.discard(finished)
             while self._waiting:
                 job = self._waiting.popleft()
                 if not job.abandoned:
+                    job.slot = slot
                     self._running.add(job)
                     return job
-        _thread_slots.release()
+        if slot is not None:
+            slot.release()
         return None
 
     def _serve(self, inbox: queue.SimpleQueue[Job | None]) -> None:
