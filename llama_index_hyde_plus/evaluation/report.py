@@ -132,6 +132,19 @@ def _terminal_row(report: TransformReport, best: float) -> list[str]:
     ]
 
 
+def _narrow_table(title: str, headers: list[str]) -> Table:
+    """A table within 80 columns: the label column (``headers[0]``) folds, the
+    numbers never wrap except the interval (``headers[2]``, at its space)."""
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False
+    )
+    table.add_column(headers[0], overflow="fold", min_width=12)
+    for header in headers[1:]:
+        wraps = header == headers[2]
+        table.add_column(header, justify="right", no_wrap=not wraps, overflow="fold")
+    return table
+
+
 def rich_table(result: EvalResult) -> Table:
     """The terminal table of an `eval` run, within 80 columns: one row per transform
     with nDCG@10 (the best in bold green), its difference from `none` in points with
@@ -143,17 +156,8 @@ def rich_table(result: EvalResult) -> Table:
     Args:
         result: the run.
     """
-    table = Table(
-        title=f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 0, 0, 1),
-        pad_edge=False,
-    )
-    table.add_column(TERMINAL_HEADERS[0], overflow="fold", min_width=12)
-    for header in TERMINAL_HEADERS[1:]:  # only the interval may wrap (at its space)
-        wraps = header == TERMINAL_HEADERS[2]
-        table.add_column(header, justify="right", no_wrap=not wraps, overflow="fold")
+    title = f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}"
+    table = _narrow_table(title, TERMINAL_HEADERS)
     best = max(r.scores["nDCG@10"] for r in result.reports)
     for report in result.reports:
         table.add_row(*_terminal_row(report, best))
@@ -445,18 +449,11 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
         result: the sweep.
         top: how many configurations to show, best first; None: all.
     """
-    table = Table(
-        title=f"tune {result.transform} on {result.dataset} {result.split} "
-        f"({result.queries} queries, {len(result.reports)} configurations)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 0, 0, 1),
-        pad_edge=False,
+    title = (
+        f"tune {result.transform} on {result.dataset} {result.split} "
+        f"({result.queries} queries, {len(result.reports)} configurations)"
     )
-    table.add_column(TUNE_HEADERS[0], overflow="fold", min_width=12)
-    for header in TUNE_HEADERS[1:-1]:
-        wraps = header == TUNE_HEADERS[2]
-        table.add_column(header, justify="right", no_wrap=not wraps, overflow="fold")
+    table = _narrow_table(title, TUNE_HEADERS[:-1])
     table.add_column(TUNE_HEADERS[-1], no_wrap=True)
     for row in tune_rows(result, top):
         style = "bold green" if row[-1] == "chosen" else None
