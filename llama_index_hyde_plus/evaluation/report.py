@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .metrics import LABELS, MEASURES
-from .runner import EvalResult, TransformReport
+from .results import EvalResult, TransformReport
 from .tune import TuneResult
 
 
