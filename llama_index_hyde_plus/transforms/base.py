@@ -151,17 +151,30 @@ NO_GUARDS = Guards()
 class TransformResult:
     """What a transform made of one query: what to search, what it cost, and how it went.
 
-    ``query`` is the question as asked; ``method`` the transform's name (``"hyde"``,
-    ``"multi-query"``, ``"a+b"`` for ``a.then(b)``, or your class's); ``queries`` the
-    generated queries (HyDE: the question itself); `search_queries` what is searched
-    (the question first when ``include_query``, then ``queries``; HyDE: the question);
-    ``hypothetical`` HyDE's passages after trimming; ``usage`` the LLM calls' `Usage`;
-    ``fallback`` and ``error`` say the question was searched as asked because the
-    transform failed; ``skipped`` why a guard kept the question's own search (not a
-    failure); ``cached`` and ``generation_usage`` a cache hit and what the original call
-    cost; ``defaults`` which shipped defaults applied (``"small"``, ``"capable"``, None
-    when chosen); ``latency_s`` the transform's wall time; ``children`` the per-query
-    results of a composed transform.
+    The public fields, what an app reads (``SearchResult.transform``, ``query --json``):
+
+    - ``query``: the question as asked; ``method``: the transform's name (``"hyde"``,
+      ``"multi-query"``, ``"a+b"`` for ``a.then(b)``, or your class's).
+    - ``queries``: the generated queries (HyDE: the question itself); ``hypothetical``:
+      HyDE's passages after trimming; ``include_query``: whether the question is
+      searched too; `search_queries`: what is searched, in order.
+    - ``usage``: the LLM calls' `Usage` (zero for a cache hit); ``cached`` and
+      ``generation_usage``: a cache hit and what the original call cost;
+      ``latency_s``: the transform's wall time.
+    - ``fallback`` and ``error``: the question was searched as asked because the
+      transform failed, and why; ``skipped``: why a guard kept the question's own
+      search (not a failure); ``children``: the per-query results of a composed
+      transform.
+
+    How the output is searched, filled by the transform and read by
+    `TransformRetriever` (through `searches`); a transform of your own may leave them
+    at their defaults: ``specs`` (the searches it chose itself, e.g. HyDE's weighted
+    mix), ``original_weight`` (a fan-out's weight for the question's own list),
+    ``search_options`` (the options it reports, shown in `to_dict`) and ``defaults``
+    (which shipped defaults applied: ``"small"``, ``"capable"``, None when chosen).
+    They stay fields of the result, not of the retriever's plan: `searches` reads
+    ``specs`` and ``original_weight`` itself, and ``to_dict``/``from_dict`` carry
+    the others through every cache.
     """
 
     query: str
