@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fanout_defaults import DEPTH, SCIFACT, Space, ndcg
+from gate_signals import auc, unit
 
 from llama_index_hyde_plus.evaluation.beir import BeirDataset, load_beir
 from llama_index_hyde_plus.evaluation.metrics import (
@@ -53,11 +54,6 @@ FEATURES = (
 
 def _key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def unit(v: np.ndarray) -> np.ndarray:
-    n = float(np.linalg.norm(v))
-    return v / n if n else v
 
 
 def rows(space: Space, ds: BeirDataset, name: str = "hyde") -> list[dict[str, Any]]:
@@ -137,14 +133,9 @@ def score(rows: list[dict[str, Any]], keep: list[bool]) -> dict[str, Any]:
     }
 
 
-def auc(pos: list[float], neg: list[float]) -> float:
-    if not pos or not neg:
-        return float("nan")
-    p, n = np.asarray(pos)[:, None], np.asarray(neg)[None, :]
-    return float(((p > n).sum() + 0.5 * (p == n).sum()) / (p.size * n.size))
-
-
 def auc_ci(pos: list[float], neg: list[float], rounds: int = 1000) -> tuple[float, float]:
+    """The AUC's 95% bootstrap interval as BENCHMARKS.md reports it (numpy's resampling:
+    not gate_signals' `auc_interval`, so the published intervals repeat)."""
     rng = np.random.default_rng(0)
     a, b = np.asarray(pos), np.asarray(neg)
     vals = sorted(

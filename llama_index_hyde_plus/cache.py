@@ -175,11 +175,40 @@ class BoundedLRU(Generic[K, V]):
             self._bytes = 0
 
 
+class LRUHolder(Generic[K, V]):
+    """A cache kept in a `BoundedLRU` (``self._lru``): its budget, weight and size are
+    the LRU's, said here once for every cache built on one."""
+
+    _lru: BoundedLRU[K, V]
+
+    @property
+    def max_entries(self) -> int:
+        """Most entries kept."""
+        return self._lru.max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        """Most bytes the kept entries weigh in all (estimated)."""
+        return self._lru.max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """The estimated weight of what is kept now."""
+        return self._lru.nbytes
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._lru.clear()
+
+
 DEFAULT_MAX_BYTES = 64 << 20
 """`MemoryCache`'s byte budget when none is given: 64 MiB."""
 
 
-class MemoryCache:
+class MemoryCache(LRUHolder[str, Any]):
     """An in-process LRU of at most ``max_entries`` results weighing at most
     ``max_bytes`` (64 MiB by default) in all, the least recently used evicted first
     (thread- and async-safe). A result's weight is estimated from its strings and
@@ -192,22 +221,7 @@ class MemoryCache:
     holds_objects = True
 
     def __init__(self, max_entries: int = 1024, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self._lru: BoundedLRU[str, Any] = BoundedLRU(max_entries, max_bytes, _entry_size)
-
-    @property
-    def max_entries(self) -> int:
-        """Most results kept."""
-        return self._lru.max_entries
-
-    @property
-    def max_bytes(self) -> int:
-        """Most bytes the kept results weigh in all (estimated)."""
-        return self._lru.max_bytes
-
-    @property
-    def nbytes(self) -> int:
-        """The estimated weight of what is kept now."""
-        return self._lru.nbytes
+        self._lru = BoundedLRU(max_entries, max_bytes, _entry_size)
 
     def get(self, key: str) -> Any:
         """The result stored under ``key`` (now the most recently used), or None.
@@ -227,13 +241,6 @@ class MemoryCache:
             value: the `TransformResult` (kept as is, not copied).
         """
         self._lru.set(key, value)
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def clear(self) -> None:
-        """Drop every entry."""
-        self._lru.clear()
 
 
 def _entry_size(key: str, value: object) -> int:

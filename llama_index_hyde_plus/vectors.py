@@ -23,7 +23,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
 
-from .cache import BoundedLRU
+from .cache import BoundedLRU, LRUHolder
 
 logger = logging.getLogger(__name__)
 
@@ -63,24 +63,14 @@ def _entry_size(key: tuple[str, str], value: npt.NDArray[Any]) -> int:
     return sys.getsizeof(key) + sum(sys.getsizeof(k) for k in key) + sys.getsizeof(value)
 
 
-class _LRU:
+class _LRU(LRUHolder[tuple[str, str], npt.NDArray[Any]]):
     """Vectors by ``(kind, text or id)``, held as compact arrays (`_pack`) in a
     `BoundedLRU` of at most ``max_entries`` entries and ``max_bytes`` bytes, key texts
     included (a 1 MB question as a key weighs 1 MB). `get` returns a new list: the
     caller and the cache never share one."""
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
-        self._lru: BoundedLRU[tuple[str, str], npt.NDArray[Any]] = BoundedLRU(
-            max_entries, max_bytes, _entry_size
-        )
-
-    @property
-    def max_entries(self) -> int:
-        return self._lru.max_entries
-
-    @property
-    def max_bytes(self) -> int:
-        return self._lru.max_bytes
+        self._lru = BoundedLRU(max_entries, max_bytes, _entry_size)
 
     def get(self, key: tuple[str, str]) -> Vec | None:
         packed = self._lru.get(key)
@@ -90,9 +80,6 @@ class _LRU:
         packed = _pack(value)
         if packed is not None:
             self._lru.set(key, packed)
-
-    def __len__(self) -> int:
-        return len(self._lru)
 
 
 def _native_async(model: BaseEmbedding, name: str) -> bool:

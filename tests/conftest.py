@@ -7,15 +7,21 @@ import re
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import faiss
 import pytest
 from llama_index.core import StorageContext, VectorStoreIndex
-from llama_index.core.schema import TextNode
+from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.core.vector_stores.types import VectorStoreQuery
 from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+if TYPE_CHECKING:  # not imported for every test module: some check what loads lazily
+    from llama_index.core.base.base_retriever import BaseRetriever
+
+    from llama_index_hyde_plus.retriever import SearchResult, TransformRetriever
 
 DOCS = {
     "renewals": "Enterprise renewals slipped last quarter as three large accounts delayed signing.",
@@ -26,6 +32,21 @@ DOCS = {
     "pricing": "List prices for the analytics add-on rise by five percent in January.",
     "lunch": "Revenue team members can drop by the Friday lunch in the main kitchen.",
 }
+
+Q = "Why did revenue drop?"
+"""The question the guard tests ask of `DOCS` (its best match: "renewals")."""
+P1 = "Revenue dropped because enterprise renewals slipped last quarter."
+"""A passage answering `Q` (with DeterministicEmbedding: cosine(Q, P1) = 0.25)."""
+
+
+def ids(nodes: list[NodeWithScore]) -> list[str]:
+    """The node ids of ``nodes``, in order."""
+    return [n.node.node_id for n in nodes]
+
+
+async def search(retriever: TransformRetriever, query: str, use_async: bool) -> SearchResult:
+    """``retriever``'s search of ``query`` on the async path or the sync one."""
+    return await retriever.asearch(query) if use_async else retriever.search(query)
 
 
 @pytest.fixture
@@ -43,6 +64,18 @@ def faiss_index(embed_model: DeterministicEmbedding) -> VectorStoreIndex:
         storage_context=StorageContext.from_defaults(vector_store=store),
         embed_model=embed_model,
     )
+
+
+@pytest.fixture
+def top3(
+    faiss_index: VectorStoreIndex, spy_queries: list[VectorStoreQuery]
+) -> tuple[BaseRetriever, list[str]]:
+    """``(retriever, ids)``: a top-3 retriever of `faiss_index` and its plain hits for
+    `Q`; `spy_queries` is cleared after, so it holds only the searches under test."""
+    base = faiss_index.as_retriever(similarity_top_k=3)
+    plain = ids(base.retrieve(Q))
+    spy_queries.clear()
+    return base, plain
 
 
 @pytest.fixture(scope="session")

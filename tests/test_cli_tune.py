@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -117,10 +118,51 @@ def test_tune_refuses_a_folder_as_out_and_an_unknown_transform(tmp_path: Path) -
     assert result.exit_code == 2 and "--transform must be one of" in result.output
 
 
+def _count_generations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count every generation of the local model (all its calls, sync, async and
+    streamed, go through ``LocalLLM._request``); the list holds one item a call."""
+    from llama_index_hyde_plus.local.llm import LocalLLM
+
+    calls: list[int] = []
+    real = LocalLLM._request
+
+    def counted(self: LocalLLM, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalLLM, "_request", counted)
+    return calls
+
+
+def _count_cache_use(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the transform cache's hits and writes (``SQLiteCache``, eval's and tune's)."""
+    from llama_index_hyde_plus.cache import SQLiteCache
+
+    counts = {"hits": 0, "writes": 0}
+    get, put = SQLiteCache.get, SQLiteCache.set
+
+    def counted_get(self: SQLiteCache, key: str) -> Any:
+        value = get(self, key)
+        counts["hits"] += value is not None
+        return value
+
+    def counted_set(self: SQLiteCache, key: str, value: dict[str, Any]) -> None:
+        counts["writes"] += 1
+        put(self, key, value)
+
+    monkeypatch.setattr(SQLiteCache, "get", counted_get)
+    monkeypatch.setattr(SQLiteCache, "set", counted_set)
+    return counts
+
+
 @pytest.mark.local
-def test_tune_hyde_end_to_end_with_the_local_models(tmp_path: Path) -> None:
+def test_tune_hyde_end_to_end_with_the_local_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real thing on the fixture: SmolLM2 writes free and grounded passages once
-    per query, every configuration of the grid reuses them."""
+    per query, every configuration of the grid reuses them, and a rerun generates
+    nothing: every passage comes from the transform cache."""
+    calls, cache = _count_generations(monkeypatch), _count_cache_use(monkeypatch)
     result, out = _tune(
         tmp_path, "--transform", "hyde", "--llm", "local", "--concurrency", "2", "--write-anyway"
     )
@@ -130,9 +172,13 @@ def test_tune_hyde_end_to_end_with_the_local_models(tmp_path: Path) -> None:
     assert config["tuned_on"]["ndcg@10"] >= 0
     table = (tmp_path / "tune.md").read_text()
     assert "hyde:grounded=3" in table and "strategy=rerank" in table
-    # a rerun generates nothing new: every passage comes from the transform cache
-    rerun, _ = _tune(tmp_path, "--transform", "hyde", "--llm", "local")
+    first_calls = len(calls)
+    assert first_calls > 0 and cache["writes"] > 0  # the counters see the first run
+    cache.update(hits=0, writes=0)
+    rerun, _ = _tune(tmp_path, "--transform", "hyde", "--llm", "local", "--write-anyway")
     assert rerun.exit_code == 0, rerun.output  # type: ignore[attr-defined]
+    assert len(calls) == first_calls, f"the rerun generated {len(calls) - first_calls} times"
+    assert cache["hits"] > 0 and cache["writes"] == 0, cache
 
 
 def test_tune_checks_tolerance_paths_and_grid_before_any_work(tmp_path: Path) -> None:

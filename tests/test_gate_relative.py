@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from llama_index.core import VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
@@ -15,29 +16,21 @@ from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, S
 from llama_index_hyde_plus.transforms.base import Guards, TransformResult
 from llama_index_hyde_plus.transforms.hyde import Shipped
 
-from .conftest import DOCS
+from .conftest import DOCS, P1, Q, ids, search
 
-Q = "Why did revenue drop?"
-P1 = "Revenue dropped because enterprise renewals slipped last quarter."
 # with DeterministicEmbedding: cosine(Q, P1) = 0.25; Q's top hit is "lunch", cosine 0.471,
 # so P1 is 0.221 below the question's own top hit
 TOP, SIM = 0.471, 0.25
 
 
-def ids(nodes: list) -> list[str]:
-    return [n.node.node_id for n in nodes]
-
-
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_a_passage_far_below_the_questions_top_hit_is_skipped_with_its_hits(
-    faiss_index: VectorStoreIndex, spy_queries: list[VectorStoreQuery], use_async: bool
+    top3: tuple[BaseRetriever, list[str]], spy_queries: list[VectorStoreQuery], use_async: bool
 ) -> None:
-    base = faiss_index.as_retriever(similarity_top_k=3)
-    plain = ids(base.retrieve(Q))
-    spy_queries.clear()
+    base, plain = top3
     hyde = HyDE(ScriptedLLM([P1], forbid_sync=use_async), query_weight=0.0, gate_relative=0.2)
     retriever = TransformRetriever(base, hyde)
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     skipped = result.transform.skipped
     assert skipped and "top hit" in skipped and "0.471" in skipped
     assert not result.transform.fallback and result.transform.error is None
@@ -53,7 +46,7 @@ async def test_a_passage_within_the_margin_of_the_top_hit_is_searched(
     base = faiss_index.as_retriever(similarity_top_k=1)
     hyde = HyDE(ScriptedLLM([P1], forbid_sync=use_async), query_weight=0.0, gate_relative=0.3)
     retriever = TransformRetriever(base, hyde)
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     assert result.transform.skipped is None
     assert ids(result.nodes) == ["renewals"]  # the passage was searched, not the question
 
@@ -103,7 +96,7 @@ async def test_the_reference_is_the_top_hits_own_vector_not_the_stores_score(
     far = HyDE(ScriptedLLM([P1], forbid_sync=use_async), query_weight=0.5, gate_relative=0.2)
     for hyde, kept in ((near, True), (far, False)):
         retriever = TransformRetriever(base, hyde, embed_model=embed)
-        result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+        result = await search(retriever, Q, use_async)
         assert (result.transform.skipped is None) is kept
 
 

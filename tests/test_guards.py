@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import pytest
 from llama_index.core import VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import (
@@ -28,17 +29,11 @@ from llama_index_hyde_plus.transforms.hyde import Shipped, _resolve_weight
 from llama_index_hyde_plus.transforms.parsing import trim_passage
 from llama_index_hyde_plus.transforms.prompts import GROUNDING_PREFIX
 
-from .conftest import DOCS
+from .conftest import DOCS, P1, Q, ids, search
 
-Q = "Why did revenue drop?"
-P1 = "Revenue dropped because enterprise renewals slipped last quarter."
 P2 = "Large accounts delayed signing their renewals, so revenue fell."
 UNRELATED = "Penguins waddle across Antarctic ice floes at dawn."
 # with DeterministicEmbedding: cosine(Q, P1) = 0.25, cosine(Q, UNRELATED) = 0.0
-
-
-def ids(nodes: list) -> list[str]:
-    return [n.node.node_id for n in nodes]
 
 
 def no_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -58,7 +53,7 @@ async def test_faiss_receives_the_query_weighted_vector(
     llm = ScriptedLLM([P1, P2], forbid_sync=use_async)
     hyde = HyDE(llm, num_passages=2, query_weight=w)
     retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=3), hyde)
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     assert not result.transform.fallback, result.transform.error
     [query] = spy_queries
     want = weighted_vector(
@@ -194,7 +189,7 @@ async def test_hybrid_routing_dense_side_keeps_the_question_bm25_gets_the_passag
     hyde = HyDE(ScriptedLLM([P1], forbid_sync=use_async), query_weight=1.0, keyword_weight=0.3)
     retriever = TransformRetriever(base, hyde, embed_model=embed)
     assert retriever.search_type == "hybrid"
-    await retriever.asearch(Q) if use_async else retriever.search(Q)
+    await search(retriever, Q, use_async)
     [bundle] = base.bundles
     np.testing.assert_allclose(bundle.embedding, embed.vector(Q), atol=1e-12)
     assert bundle.query_str == keyword_query(Q, [P1], 0.3)
@@ -239,15 +234,13 @@ def test_embedding_strs_without_a_weight_are_the_papers_mean_or_passages_only() 
 # -- rerank instead of replace ------------------------------------------------------------
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_rerank_returns_exactly_the_questions_candidates(
-    faiss_index: VectorStoreIndex, spy_queries: list[VectorStoreQuery], use_async: bool
+    top3: tuple[BaseRetriever, list[str]], spy_queries: list[VectorStoreQuery], use_async: bool
 ) -> None:
-    base = faiss_index.as_retriever(similarity_top_k=3)
-    plain = ids(base.retrieve(Q))
+    base, plain = top3
     assert "renewals" not in plain  # the passage's best match is outside the candidates
-    spy_queries.clear()
     llm = ScriptedLLM([P1], forbid_sync=use_async)
     retriever = TransformRetriever(base, HyDE(llm, strategy="rerank", blend=1.0, gate=None))
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     assert set(ids(result.nodes)) == set(plain)  # Recall@3 is plain search's
     assert len(spy_queries) == 1  # only the question was searched
     assert not result.transform.fallback and result.transform.hypothetical == (P1,)
@@ -264,7 +257,7 @@ async def test_rerank_reorders_by_similarity_to_the_generated_text(
         base,
         HyDE(ScriptedLLM([P1], forbid_sync=use_async), strategy="rerank", blend=1.0, gate=None),
     )
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     got = ids(result.nodes)
     assert sorted(got) == sorted(plain)
     assert got[0] == "renewals"  # the passage's best match moved to the top
@@ -280,7 +273,7 @@ async def test_rerank_with_blend_zero_keeps_the_questions_order(
         base,
         HyDE(ScriptedLLM([P1], forbid_sync=use_async), strategy="rerank", blend=0.0, gate=None),
     )
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     assert ids(result.nodes) == plain
 
 
@@ -301,10 +294,9 @@ def test_rerank_on_a_static_retriever_with_an_explicit_embed_model() -> None:
 
 
 def test_rerank_after_a_failed_generation_keeps_the_questions_hits(
-    faiss_index: VectorStoreIndex,
+    top3: tuple[BaseRetriever, list[str]],
 ) -> None:
-    base = faiss_index.as_retriever(similarity_top_k=3)
-    plain = ids(base.retrieve(Q))
+    base, plain = top3
     hyde = HyDE(ScriptedLLM([RuntimeError("down")]), strategy="rerank", retry=None, gate=None)
     result = TransformRetriever(base, hyde).search(Q)
     assert result.transform.fallback and ids(result.nodes) == plain
@@ -320,7 +312,7 @@ async def test_gate_skips_an_unrelated_passage_quietly(
     plain = base.retrieve(Q)
     llm = ScriptedLLM([UNRELATED], forbid_sync=use_async)
     retriever = TransformRetriever(base, HyDE(llm, query_weight=0.0, gate=0.2))
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     assert result.transform.skipped and "gate" in result.transform.skipped
     assert not result.transform.fallback and result.transform.error is None
     assert ids(result.nodes) == ids(plain)
@@ -334,7 +326,7 @@ async def test_gate_keeps_a_related_passage(faiss_index: VectorStoreIndex, use_a
     base = faiss_index.as_retriever(similarity_top_k=1)
     llm = ScriptedLLM([P1], forbid_sync=use_async)
     retriever = TransformRetriever(base, HyDE(llm, query_weight=0.0, gate=0.2))
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     assert result.transform.skipped is None
     assert ids(result.nodes) == ["renewals"]  # the passage was searched
 
@@ -367,7 +359,7 @@ async def test_grounded_prompt_shows_the_questions_top_k_passages_trimmed(
     llm = ScriptedLLM([P1], forbid_sync=use_async)
     hyde = HyDE(llm, grounded=2, context_characters=40)
     retriever = TransformRetriever(base, hyde)
-    result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    result = await search(retriever, Q, use_async)
     assert not result.transform.fallback
     [prompt] = llm.prompts
     shown = [trim_passage(DOCS[nid], 40) for nid in plain[:2]]
@@ -414,7 +406,7 @@ async def test_grounded_generations_are_cached_per_context(use_async: bool) -> N
     retriever = TransformRetriever(base, hyde, embed_model=DeterministicEmbedding())
 
     async def run() -> TransformResult:
-        result = await retriever.asearch(Q) if use_async else retriever.search(Q)
+        result = await search(retriever, Q, use_async)
         return result.transform
 
     first, second = await run(), await run()

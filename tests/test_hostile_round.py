@@ -189,11 +189,16 @@ def _fr(prompt: str) -> str:
 
 
 class _Formatter:
+    """A formatter object whose prefix is state the cache key must read (called, or
+    through its bound method `fmt`)."""
+
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
 
     def __call__(self, prompt: str) -> str:
         return f"{self.prefix}\n{prompt}"
+
+    fmt = __call__
 
 
 def _fmt(prompt: str, system: str = "") -> str:
@@ -242,16 +247,11 @@ def test_a_formatter_the_key_cannot_read_disables_the_cache_rather_than_collidin
 
 
 def test_a_bound_method_keys_by_its_objects_state() -> None:
-    class Fmt:
-        def __init__(self, prefix: str) -> None:
-            self.prefix = prefix
-
-        def fmt(self, prompt: str) -> str:
-            return f"{self.prefix}:{prompt}"
-
-    en = HyDE(ScriptedLLM(completion_to_prompt=Fmt("EN").fmt)).cache_key_for(Q)
-    fr = HyDE(ScriptedLLM(completion_to_prompt=Fmt("FR").fmt)).cache_key_for(Q)
-    assert en != fr and en == HyDE(ScriptedLLM(completion_to_prompt=Fmt("EN").fmt)).cache_key_for(Q)
+    en = HyDE(ScriptedLLM(completion_to_prompt=_Formatter("EN").fmt)).cache_key_for(Q)
+    fr = HyDE(ScriptedLLM(completion_to_prompt=_Formatter("FR").fmt)).cache_key_for(Q)
+    assert en != fr and en == HyDE(
+        ScriptedLLM(completion_to_prompt=_Formatter("EN").fmt)
+    ).cache_key_for(Q)
 
 
 class _HangingReranker(BaseNodePostprocessor):
@@ -264,17 +264,22 @@ class _HangingReranker(BaseNodePostprocessor):
         return list(reversed(nodes))
 
 
-@pytest.mark.parametrize("use_async", [False, True])
-async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async: bool) -> None:
-    import threading
-
+def _behind_a_hung_reranker(**options: Any) -> tuple[_HangingReranker, TransformRetriever]:
+    """A two-query fan-out over `DOCS` whose reranker hangs until its ``release`` is
+    set; ``options`` go to the `TransformRetriever` (``reranker_timeout``...)."""
     reranker = _HangingReranker(release=threading.Event())
     retriever = TransformRetriever(
         StaticRetriever(DOCS, default=["renewals", "pto"]),
         MultiQuery(ScriptedLLM(respond=_mq_reply), n=2),
         reranker=reranker,
-        reranker_timeout=0.2,
+        **options,
     )
+    return reranker, retriever
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async: bool) -> None:
+    reranker, retriever = _behind_a_hung_reranker(reranker_timeout=0.2)
     try:
         found = (
             await asyncio.wait_for(retriever.asearch(Q), 10) if use_async else retriever.search(Q)
@@ -302,13 +307,6 @@ def test_what_a_callable_computes_with_is_read_in_full() -> None:
     pydantic attributes were dropped from the key, so EN and FR shared one entry."""
     from pydantic import BaseModel, PrivateAttr
 
-    class Fmt:
-        def __init__(self, prefix: str) -> None:
-            self.prefix = prefix
-
-        def fmt(self, prompt: str) -> str:
-            return f"{self.prefix}:{prompt}"
-
     class Private(BaseModel):
         _pre: str = PrivateAttr(default="")
 
@@ -316,7 +314,7 @@ def test_what_a_callable_computes_with_is_read_in_full() -> None:
             return f"{self._pre}:{prompt}"
 
     def boxed(lang: str) -> Any:
-        box = [Fmt(lang)]
+        box = [_Formatter(lang)]
         return lambda p: box[0].fmt(p)
 
     def keyed(lang: str) -> Any:
@@ -338,14 +336,7 @@ def test_what_a_callable_computes_with_is_read_in_full() -> None:
 async def test_hung_reranker_calls_hold_neither_the_fan_out_nor_the_loops_threads(
     use_async: bool,
 ) -> None:
-    reranker = _HangingReranker(release=threading.Event())
-    retriever = TransformRetriever(
-        StaticRetriever(DOCS, default=["renewals", "pto"]),
-        MultiQuery(ScriptedLLM(respond=_mq_reply), n=2),
-        reranker=reranker,
-        reranker_timeout=0.1,
-        max_concurrency=1,
-    )
+    reranker, retriever = _behind_a_hung_reranker(reranker_timeout=0.1, max_concurrency=1)
     try:
         for _ in range(8):  # each leaves a hung reranker call behind
             found = (
@@ -363,15 +354,8 @@ async def test_hung_reranker_calls_hold_neither_the_fan_out_nor_the_loops_thread
 def test_keyword_only_defaults_and_class_data_are_in_the_key() -> None:
     """Round 5: EN and FR shared entries through these two."""
 
-    class Fmt:
-        def __init__(self, prefix: str) -> None:
-            self.prefix = prefix
-
-        def fmt(self, prompt: str) -> str:
-            return f"{self.prefix}:{prompt}"
-
     def kwd(lang: str) -> Any:
-        def f(p: str, *, _f: Fmt = Fmt(lang)) -> str:  # noqa: B008 - the case under test
+        def f(p: str, *, _f: _Formatter = _Formatter(lang)) -> str:  # noqa: B008 - the case under test
             return _f.fmt(p)
 
         return f

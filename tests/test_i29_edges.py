@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -21,22 +20,12 @@ from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever, transform_of
-from llama_index_hyde_plus.retriever import SearchResult
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.feedback import Rocchio
 
-from .conftest import DOCS
+from .conftest import DOCS, Q, ids, search
 
-Q = "Why did revenue drop?"
 POISON = "A poison passage about revenue and renewals."
-
-
-def ids(nodes: Sequence[NodeWithScore]) -> list[str]:
-    return [n.node.node_id for n in nodes]
-
-
-async def run(retriever: TransformRetriever, query: str, use_async: bool) -> SearchResult:
-    return await retriever.asearch(query) if use_async else retriever.search(query)
 
 
 async def retrieve(
@@ -95,7 +84,7 @@ async def test_a_generated_text_the_embedding_rejects_falls_back_to_the_question
     plain = ids(base.retrieve(Q))
     transform = _steps()[step]()  # type: ignore[operator]
     retriever = TransformRetriever(base, transform, embed_model=_Rejecting(dim=64, mode=mode))
-    result = await run(retriever, Q, use_async)
+    result = await search(retriever, Q, use_async)
     assert ids(result.nodes) == plain
     assert result.transform.fallback, result.transform
     assert REASON[mode] in (result.transform.error or ""), result.transform.error
@@ -111,7 +100,7 @@ async def test_a_document_vector_the_embedding_rejects_makes_rocchio_fall_back(
     plain = ids(base.retrieve(Q))
     bad = _Rejecting(dim=64, mode=mode, poison=(DOCS[plain[1]][:30],))
     retriever = TransformRetriever(base, Rocchio(k=3, beta=0.5), embed_model=bad)
-    result = await run(retriever, Q, use_async)
+    result = await search(retriever, Q, use_async)
     assert ids(result.nodes) == plain
     assert result.transform.fallback and REASON[mode] in (result.transform.error or "")
 
@@ -136,7 +125,7 @@ async def test_a_keyword_store_rejecting_the_long_hyde_text_serves_the_question(
     store = _keyword_store()
     hyde = HyDE(ScriptedLLM(["Renewals slipped as three large accounts delayed signing."]))
     retriever = TransformRetriever(store, hyde, search_type="keyword")
-    result = await run(retriever, Q, use_async)
+    result = await search(retriever, Q, use_async)
     assert ids(result.nodes) == ["renewals", "pricing"]
     assert result.transform.fallback and "too long" in (result.transform.error or "")
 
@@ -149,7 +138,7 @@ async def test_a_fanout_whose_every_search_is_rejected_serves_the_question(
     long_ones = "\n".join(f"{i}. a long paraphrase number {i} of why revenue fell" for i in (1, 2))
     mq = MultiQuery(ScriptedLLM([long_ones]), n=2, include_query=False)
     retriever = TransformRetriever(store, mq, search_type="keyword")
-    result = await run(retriever, Q, use_async)
+    result = await search(retriever, Q, use_async)
     assert ids(result.nodes) == ["renewals", "pricing"]
     assert result.transform.fallback and "too long" in (result.transform.error or "")
 
@@ -161,7 +150,7 @@ async def test_when_the_question_itself_cannot_be_searched_its_error_propagates(
     store = StaticRetriever(DOCS, fail_on=[Q])
     retriever = TransformRetriever(store, HyDE(ScriptedLLM([RuntimeError("llm down")])))
     with pytest.raises(RuntimeError, match="search failed"):
-        await run(retriever, Q, use_async)
+        await search(retriever, Q, use_async)
     assert store.queries == [Q]  # the question was searched once, not again
 
 
@@ -175,7 +164,7 @@ async def test_the_question_failing_after_the_expansion_failed_propagates(
 
     retriever = TransformRetriever(_Down(DOCS), HyDE(ScriptedLLM([POISON])))
     with pytest.raises(ConnectionError, match="store down"):
-        await run(retriever, Q, use_async)
+        await search(retriever, Q, use_async)
 
 
 @pytest.mark.parametrize("step", ["replace", "gate", "rerank"])
@@ -446,7 +435,7 @@ async def test_rerank_over_a_nan_scored_hit_ranks_the_others_normally(use_async:
     store = _OneNaN(DOCS, default=["renewals", "hiring", "pricing", "pto"])
     hyde = HyDE(ScriptedLLM(["Revenue fell because renewals slipped."]), strategy="rerank")
     retriever = TransformRetriever(store, hyde, embed_model=DeterministicEmbedding(dim=64))
-    result = await run(retriever, Q, use_async)
+    result = await search(retriever, Q, use_async)
     assert all(math.isfinite(n.score or 0.0) for n in result.nodes), [n.score for n in result.nodes]
     assert ids(result.nodes)[0] == "renewals"
 
@@ -719,5 +708,5 @@ async def test_an_unusable_vector_of_the_question_leaves_its_embedding_to_the_re
     bad = _Rejecting(dim=64, mode=mode, poison=("revenue drop",))
     llm = ScriptedLLM(["1. renewals slipping\n2. large accounts delayed"])
     mq = MultiQuery(llm, n=2, original_weight=100.0)
-    result = await run(TransformRetriever(base, mq, embed_model=bad), Q, use_async)
+    result = await search(TransformRetriever(base, mq, embed_model=bad), Q, use_async)
     assert ids(result.nodes)[0] == plain[0] and not result.failed_searches, result

@@ -215,3 +215,19 @@ def test_titles_count_chunks_for_questions_written_from_chunks(tmp_path: Path) -
     console = Console(width=80, record=True)
     console.print(rich_table(res))
     assert f"{res.documents} chunks" in console.export_text()
+
+
+@pytest.mark.parametrize(
+    ("p50", "shown"), [(0.034, "34 ms"), (9.5, "9500 ms"), (15.2, "15 s"), (float("nan"), "cached")]
+)
+def test_the_terminal_table_and_results_md_show_a_latency_the_same_way(
+    tmp_path: Path, p50: float, shown: str
+) -> None:
+    res = result(tmp_path)
+    res.reports[1].latency_p50_s = p50
+    console = Console(width=80, record=True)
+    console.print(rich_table(res))
+    [terminal] = [line for line in console.export_text().splitlines() if "hyde" in line]
+    [row] = [line for line in markdown(res).splitlines() if line.startswith("| hyde |")]
+    assert terminal.rstrip().endswith(shown)
+    assert f"| {shown} |" in row

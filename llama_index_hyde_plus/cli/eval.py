@@ -26,7 +26,7 @@ from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 
 
 def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
-    from ..evaluation.runner import TransformSpec, parse_transform_spec, split_transforms
+    from ..evaluation.specs import TransformSpec, parse_transform_spec, split_transforms
     from ..transforms.config import load_config
 
     specs = [parse_transform_spec(name) for name in split_transforms(transforms)]
@@ -99,7 +99,7 @@ def check_timeout(timeout: float | None) -> None:
 
 def with_timeout(options: dict[str, Any], name: str, timeout: float | None) -> dict[str, Any]:
     """``options`` with ``timeout`` for a transform that calls the LLM (``--timeout``)."""
-    from ..evaluation.runner import needs_llm
+    from ..evaluation.session import needs_llm
 
     return options if timeout is None or not needs_llm(name) else {**options, "timeout": timeout}
 
@@ -223,7 +223,7 @@ def _prepare(
     ``--docs``), timing both into ``phases``: ``(specs, dataset, caveat, embedding
     model, LLM or None)``."""
     from ..evaluation.report import check_results_folder
-    from ..evaluation.runner import needs_llm
+    from ..evaluation.session import needs_llm
 
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads

@@ -186,7 +186,7 @@ def _load(
 ) -> tuple[Any, Any, Any, Any]:
     """Check the flags, then load the models and the data: ``(grid, dataset,
     embedding model, LLM or None)``."""
-    from ..evaluation.runner import needs_llm
+    from ..evaluation.session import needs_llm
     from ..evaluation.tune import check_grid, parse_grid
 
     with reported():  # BeirFormatError is a ValueError

@@ -5,7 +5,9 @@ Needs the ``eval`` extra (ir-measures, matplotlib).
 
 from .beir import BeirDataset, BeirFormatError, load_beir
 from .metrics import MEASURES, evaluate, paired_t_test, percentile
-from .runner import EvalResult, TransformReport, parse_transform_spec, run_eval
+from .results import EvalResult, TransformReport
+from .runner import run_eval
+from .specs import parse_transform_spec
 
 __all__ = [
     "MEASURES",

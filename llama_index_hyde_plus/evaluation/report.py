@@ -14,12 +14,16 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .metrics import LABELS, MEASURES
-from .runner import EvalResult, TransformReport
+from .results import EvalResult, TransformReport
 from .tune import TuneResult
 
 
-def _ms(seconds: float) -> str:
-    return "cached" if math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
+def _latency(seconds: float) -> str:
+    """A latency as every table shows it: ``34 ms`` under 10 s, ``15 s`` from there,
+    ``cached`` when no query was timed (every generation came from the cache)."""
+    if math.isnan(seconds):
+        return "cached"
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.0f} s"
 
 
 def _p(report: TransformReport) -> str:
@@ -67,8 +71,8 @@ def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
         _delta(report),
         _wtl(report),
         _p(report),
-        _ms(report.latency_p50_s),
-        _ms(report.latency_p95_s),
+        _latency(report.latency_p50_s),
+        _latency(report.latency_p95_s),
         _tokens(report),
         _cost(report),
         str(report.fallbacks),
@@ -112,12 +116,6 @@ def _share(count: int, report: TransformReport) -> str:
     return f"{100 * count / max(report.queries, 1):.0f}%"
 
 
-def _seconds(seconds: float) -> str:
-    if math.isnan(seconds):
-        return "cached"
-    return f"{seconds * 1000:.0f}ms" if seconds < 10 else f"{seconds:.0f}s"
-
-
 def _terminal_row(report: TransformReport, best: float) -> list[str]:
     score = f"{report.scores['nDCG@10']:.3f}"
     return [
@@ -128,7 +126,7 @@ def _terminal_row(report: TransformReport, best: float) -> list[str]:
         "-" if report.p_value_vs_none is None else f"{report.p_value_vs_none:.2f}",
         _share(report.changed, report),
         f"{report.skipped}/{report.fallbacks}",
-        _seconds(report.latency_p50_s),
+        _latency(report.latency_p50_s),
     ]
 
 

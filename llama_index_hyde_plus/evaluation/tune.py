@@ -22,18 +22,11 @@ from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
 from .beir import BeirDataset
-from .runner import (
-    EvalSession,
-    SessionOptions,
-    TransformReport,
-    TransformSpec,
-    build_transform,
-    compare,
-    fresh_llm,
-    needs_llm,
-    run_standin,
-)
+from .results import TransformReport, compare
+from .session import EvalSession, SessionOptions, build_transform, fresh_llm, needs_llm
+from .specs import TransformSpec, parse_value
 from .standin import StandIn
+from .standin_run import run_standin
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -50,8 +43,6 @@ def parse_grid(text: str) -> list[dict[str, Any]]:
     numbers). A `ValueError` names what cannot be read."""
     import itertools
 
-    from .runner import _value
-
     axes: list[tuple[str, list[Any]]] = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         key, sep, values = part.partition("=")
@@ -61,7 +52,8 @@ def parse_grid(text: str) -> list[dict[str, Any]]:
         if any(key == k for k, _ in axes):
             raise ValueError(f"--grid names {key!r} twice")
         parsed = [
-            None if v.strip().lower() == "none" else _value(v.strip()) for v in values.split(",")
+            None if v.strip().lower() == "none" else parse_value(v.strip())
+            for v in values.split(",")
         ]
         axes.append((key, parsed))
     if not axes:
@@ -147,7 +139,7 @@ def run_tune(
     calls the LLM once per query and generation setting. ``options`` are the
     `EvalSession` options (`SessionOptions`: models, cache, store, depth...).
     ``standin`` sweeps with the strong-generator stand-in instead of ``llm``
-    (`runner.run_standin`: seeds averaged per question)."""
+    (`standin_run.run_standin`: seeds averaged per question)."""
     name = transform.strip().lower()
     if name not in TRANSFORMS or name == "none":
         raise ValueError(

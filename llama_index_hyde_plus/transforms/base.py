@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.prompts.mixin import PromptDictType
@@ -70,6 +70,14 @@ class SearchSpec:
 Strategy = Literal["replace", "rerank"]
 
 
+def check_strategy(value: Any) -> Strategy:
+    """``value`` if it is a `Strategy` (``"replace"`` or ``"rerank"``); else the one
+    `ValueError` every option that takes a strategy raises."""
+    if not (isinstance(value, str) and value in ("replace", "rerank")):
+        raise ValueError(f"strategy must be 'replace' or 'rerank', not {value!r}")
+    return cast(Strategy, value)
+
+
 @dataclass(frozen=True)
 class Guards:
     """How far a transform may move the question's own search, as options a
@@ -97,8 +105,7 @@ class Guards:
 
     def __post_init__(self) -> None:
         check_int(self.context_k, "context_k", 0, 20)
-        if self.strategy not in ("replace", "rerank"):
-            raise ValueError(f"strategy must be 'replace' or 'rerank', not {self.strategy!r}")
+        check_strategy(self.strategy)
         check_weight(self.blend, "blend", allow_none=False)
         if self.gate is not None:
             if not is_number(self.gate):
@@ -124,6 +131,18 @@ class Guards:
             or self.gate_relative is not None
         )
 
+    def check_chainable(self, name: str) -> None:
+        """The one `ValueError` of `QueryTransformer.then` when these guards act on one
+        question's own search (rerank, grounding, feedback, a gate), which a stage of a
+        chain cannot do; nothing when they do not. ``name`` is the transform's, for the
+        message."""
+        if self.needs_question_hits or self.gate is not None:
+            raise ValueError(
+                f"then() cannot compose {name} with a rerank strategy, grounding, feedback "
+                "or a gate (they act on one question's own search); use it on its own, or "
+                "without those options"
+            )
+
 
 NO_GUARDS = Guards()
 
@@ -132,17 +151,30 @@ NO_GUARDS = Guards()
 class TransformResult:
     """What a transform made of one query: what to search, what it cost, and how it went.
 
-    ``query`` is the question as asked; ``method`` the transform's name (``"hyde"``,
-    ``"multi-query"``, ``"a+b"`` for ``a.then(b)``, or your class's); ``queries`` the
-    generated queries (HyDE: the question itself); `search_queries` what is searched
-    (the question first when ``include_query``, then ``queries``; HyDE: the question);
-    ``hypothetical`` HyDE's passages after trimming; ``usage`` the LLM calls' `Usage`;
-    ``fallback`` and ``error`` say the question was searched as asked because the
-    transform failed; ``skipped`` why a guard kept the question's own search (not a
-    failure); ``cached`` and ``generation_usage`` a cache hit and what the original call
-    cost; ``defaults`` which shipped defaults applied (``"small"``, ``"capable"``, None
-    when chosen); ``latency_s`` the transform's wall time; ``children`` the per-query
-    results of a composed transform.
+    The public fields, what an app reads (``SearchResult.transform``, ``query --json``):
+
+    - ``query``: the question as asked; ``method``: the transform's name (``"hyde"``,
+      ``"multi-query"``, ``"a+b"`` for ``a.then(b)``, or your class's).
+    - ``queries``: the generated queries (HyDE: the question itself); ``hypothetical``:
+      HyDE's passages after trimming; ``include_query``: whether the question is
+      searched too; `search_queries`: what is searched, in order.
+    - ``usage``: the LLM calls' `Usage` (zero for a cache hit); ``cached`` and
+      ``generation_usage``: a cache hit and what the original call cost;
+      ``latency_s``: the transform's wall time.
+    - ``fallback`` and ``error``: the question was searched as asked because the
+      transform failed, and why; ``skipped``: why a guard kept the question's own
+      search (not a failure); ``children``: the per-query results of a composed
+      transform.
+
+    How the output is searched, filled by the transform and read by
+    `TransformRetriever` (through `searches`); a transform of your own may leave them
+    at their defaults: ``specs`` (the searches it chose itself, e.g. HyDE's weighted
+    mix), ``original_weight`` (a fan-out's weight for the question's own list),
+    ``search_options`` (the options it reports, shown in `to_dict`) and ``defaults``
+    (which shipped defaults applied: ``"small"``, ``"capable"``, None when chosen).
+    They stay fields of the result, not of the retriever's plan: `searches` reads
+    ``specs`` and ``original_weight`` itself, and ``to_dict``/``from_dict`` carry
+    the others through every cache.
     """
 
     query: str
@@ -568,13 +600,7 @@ class QueryTransformer(BaseQueryTransform):
     def chain_stage(self) -> QueryTransformer:
         """This transform as a stage of a chain (`then`): itself, unless its guards act
         on one question's own search, which a chain cannot do (a `ValueError`)."""
-        g = self.guards
-        if g.needs_question_hits or g.gate is not None:
-            raise ValueError(
-                "then() cannot compose a transform with a rerank strategy, grounding, "
-                "feedback or a gate (they act on one question's own search); use "
-                f"{type(self).__name__} on its own, or without those options"
-            )
+        self.guards.check_chainable(type(self).__name__)
         return self
 
     def then(self, other: QueryTransformer) -> ChainTransform:

@@ -15,7 +15,7 @@ from .._checks import check_int, is_int
 from .._llm import CallOptions
 from ..expansion import check_weight, keyword_query
 from ..usage import Usage
-from .base import Guards, SearchSpec, Strategy, TransformResult
+from .base import Guards, SearchSpec, Strategy, TransformResult, check_strategy
 from .llm_base import LLMTransform, UnusableReplyError, reply_past
 from .options import LLMOptions
 from .parsing import dedupe, trim_passage
@@ -155,8 +155,8 @@ class HyDE(LLMTransform):
         check_int(num_passages, "num_passages", 1, 16)
         check_int(grounded, "grounded", 0, 20)
         check_int(context_characters, "context_characters", 1, None)
-        if strategy is not None and strategy not in ("replace", "rerank"):
-            raise ValueError(f"strategy must be 'replace' or 'rerank', not {strategy!r}")
+        if strategy is not None:
+            check_strategy(strategy)
         if blend is not None and strategy != "rerank":
             raise ValueError("blend only applies with strategy='rerank'; add it or drop blend")
         super().__init__(llm, **options)
@@ -173,8 +173,6 @@ class HyDE(LLMTransform):
         self._gate_relative = gate_relative
         self._fixed: Guards | None = None
         self._shipped_by_generator: dict[str, Guards] = {}
-        gate_given = any(not isinstance(g, _Unset) and g is not None for g in (gate, gate_relative))
-        self._explicit_guards = strategy == "rerank" or gate_given or grounded > 0
         # checked now; the generator's shipped strategy and gate fill what is unset
         self._options = Guards(
             context_k=grounded,
@@ -295,11 +293,7 @@ class HyDE(LLMTransform):
         every sub-question with its own vector, so the guards that act on one
         question's own search (rerank, gate, grounding) cannot apply. Defaults are
         dropped (the query weight stays); options you asked for are a `ValueError`."""
-        if self._explicit_guards:
-            raise ValueError(
-                "then() cannot compose HyDE with strategy='rerank', grounded or a gate "
-                "(they act on one question's own search); use it on its own"
-            )
+        self._options.check_chainable(type(self).__name__)  # what was asked, not shipped
         stage = copy.copy(self)
         stage._fixed = Guards()
         return stage
