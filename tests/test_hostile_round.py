@@ -273,7 +273,7 @@ async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async
         StaticRetriever(DOCS, default=["renewals", "pto"]),
         MultiQuery(ScriptedLLM(respond=_mq_reply), n=2),
         reranker=reranker,
-        reranker_timeout=0.2,
+        model_timeout=0.2,
     )
     try:
         found = (
@@ -282,8 +282,8 @@ async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async
         assert [n.node.node_id for n in found.nodes] == ["renewals", "pto"]  # as fused
     finally:
         reranker.release.set()
-    with pytest.raises(ValueError, match="reranker_timeout"):
-        TransformRetriever(StaticRetriever(DOCS), MultiQuery(ScriptedLLM()), reranker_timeout=0)
+    with pytest.raises(ValueError, match="model_timeout"):
+        TransformRetriever(StaticRetriever(DOCS), MultiQuery(ScriptedLLM()), model_timeout=0)
 
 
 def test_every_model_of_one_server_shares_its_worker_threads() -> None:
@@ -343,7 +343,7 @@ async def test_hung_reranker_calls_hold_neither_the_fan_out_nor_the_loops_thread
         StaticRetriever(DOCS, default=["renewals", "pto"]),
         MultiQuery(ScriptedLLM(respond=_mq_reply), n=2),
         reranker=reranker,
-        reranker_timeout=0.1,
+        model_timeout=0.1,
         max_concurrency=1,
     )
     try:
