@@ -259,3 +259,40 @@ def test_model_timeout_is_checked_by_name() -> None:
     for bad in (0, -1, float("inf"), "3"):
         with pytest.raises(ValueError, match="model_timeout"):
             TransformRetriever(StaticRetriever(DOCS), HyDE(ScriptedLLM()), model_timeout=bad)
+
+
+class MilvusVectorStore:
+    """Stands in for llama_index's MilvusVectorStore (matched by name), its ``get``
+    hung until the test sets ``release``."""
+
+    collection_name = "docs"
+    embedding_field = "embedding"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.client = self
+
+    def get(self, **kwargs: Any) -> list[dict[str, Any]]:
+        self.release.wait()
+        return []
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hung_milvus_read_of_document_vectors_falls_back(use_async: bool) -> None:
+    store = MilvusVectorStore()
+    base = StaticRetriever(DOCS, default=HITS)
+    base._vector_store = store  # type: ignore[attr-defined]
+    retriever = TransformRetriever(
+        base, Rocchio(k=2), embed_model=DeterministicEmbedding(dim=64), model_timeout=T
+    )
+    try:
+        start = time.perf_counter()
+        if use_async:
+            found = await asyncio.wait_for(retriever.asearch(Q), LIMIT)
+        else:
+            found, _ = _sync_within(lambda: retriever.search(Q), LIMIT)
+        assert time.perf_counter() - start < LIMIT
+        assert [n.node.node_id for n in found.nodes] == HITS and found.transform.fallback
+        assert f"the vector store did not answer within {T:g}s" in (found.transform.error or "")
+    finally:
+        store.release.set()
