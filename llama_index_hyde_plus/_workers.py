@@ -289,8 +289,8 @@ class LLMPools:
         return self.for_key(provider_key(llm))
 
     def for_cache(self, cache: object) -> DaemonWorkers:
-        """The pool of one cache object: a store that hangs holds its own threads only,
-        never those of another cache of its class. (The hung calls hold ``cache``, so
+        """The pool of one cache or store object: one that hangs holds its own threads
+        only, never those of another of its class. (The hung calls hold ``cache``, so
         its id is not reused while they run.)"""
         kind = type(cache)
         return self.for_key((f"{kind.__module__}.{kind.__qualname__}", f"id={id(cache)}"))

@@ -7,7 +7,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -23,9 +23,10 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
 from . import expansion, plan
+from ._bounded import Deadline, arun_within, await_within, run_within
 from ._checks import check_int, is_int, is_number
 from ._llm import WORKERS
-from ._workers import Job
+from ._workers import DaemonWorkers
 from .fusion import FusionMode, fuse, scored, unique_nodes
 from .provenance import summary, tag_nodes
 from .reliability import failure
@@ -116,6 +117,8 @@ SearchType = Literal["auto", "dense", "keyword", "hybrid"]
 _KEYWORD_MODES = {"sparse", "text_search"}
 _HYBRID_MODES = {"hybrid", "semantic_hybrid"}
 
+_RERANKER = "the reranker"
+
 RERANK_CANDIDATES = 50
 """How many of the question's hits a reranking transform (``strategy="rerank"``)
 reorders: the one depth every caller gets (`TransformRetriever.from_index`, `HyDERAG`,
@@ -183,7 +186,7 @@ def detect_search_type(retriever: BaseRetriever) -> Literal["dense", "keyword", 
 
 
 def _check_options(
-    top_k: Any, max_concurrency: Any, search_type: Any, reranker: Any, reranker_timeout: Any
+    top_k: Any, max_concurrency: Any, search_type: Any, reranker: Any, model_timeout: Any
 ) -> None:
     """A `TypeError` / `ValueError` naming the first `TransformRetriever` option that is
     not valid."""
@@ -195,10 +198,8 @@ def _check_options(
         raise ValueError("search_type must be one of 'auto', 'dense', 'keyword', 'hybrid'")
     if reranker is not None and not isinstance(reranker, BaseNodePostprocessor):
         raise TypeError("reranker must be a LlamaIndex node postprocessor")
-    if reranker_timeout is not None and (
-        not is_number(reranker_timeout) or not 0 < reranker_timeout < 1e6
-    ):
-        raise ValueError("reranker_timeout must be > 0 seconds (and finite), or None")
+    if model_timeout is not None and (not is_number(model_timeout) or not 0 < model_timeout < 1e6):
+        raise ValueError("model_timeout must be > 0 seconds (and finite), or None")
 
 
 def _one_transform(
@@ -221,11 +222,6 @@ def _reused(transformed: TransformResult | None) -> TransformResult | None:
         return None
     spent = transformed.generation_usage or transformed.usage
     return replace(transformed, usage=Usage(), generation_usage=spent)
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def _joined(step: plan.Fanout, outcomes: list[Any], question: Any) -> None:
@@ -321,7 +317,7 @@ class TransformRetriever(BaseRetriever):
         embed_model: BaseEmbedding | Embedder | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
-        reranker_timeout: float | None = 30.0,
+        model_timeout: float | None = 30.0,
     ) -> None:
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(
@@ -330,7 +326,7 @@ class TransformRetriever(BaseRetriever):
         transformer = as_transformer(
             _one_transform(transformer, query_transform), transform_metadata
         )
-        _check_options(top_k, max_concurrency, search_type, reranker, reranker_timeout)
+        _check_options(top_k, max_concurrency, search_type, reranker, model_timeout)
         if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
             raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
         self.retriever = retriever
@@ -338,8 +334,12 @@ class TransformRetriever(BaseRetriever):
         self.fusion = FusionMode(fusion) if fusion is not None else None
         self.top_k = top_k
         self.reranker = reranker
-        self.reranker_timeout = reranker_timeout
-        """Seconds the reranker may take before the fused order is kept (None: no bound)."""
+        self.model_timeout = model_timeout
+        """Seconds the models called after the LLM may take (None: no bound): the
+        embedding calls of one search (the gate's, the generated text's, the documents'
+        and a remote store's vectors) share one deadline, after which the search falls
+        back to the question's own; the reranker has as long again for its own call,
+        after which the fused order is kept."""
         self.max_concurrency = max_concurrency
         self.search_type = detect_search_type(retriever) if search_type == "auto" else search_type
         if isinstance(embed_model, Embedder):
@@ -426,10 +426,9 @@ class TransformRetriever(BaseRetriever):
         With guards that need them (grounding, rerank, feedback), the question is
         searched first and its hits are reused for the question's own list. What is
         done is decided by `plan.plan`; this method only carries it out. Whatever fails
-        after the LLM (the gate, embedding the generated text, searching with it,
-        fusing) falls back to the question's own search, the result saying why
-        (`_fell_back`); a failure of the question's own search is raised, as a plain
-        retriever would.
+        or overruns ``model_timeout`` after the LLM (the gate, embedding the generated
+        text, searching with it, fusing) falls back to the question's own search
+        (`_fell_back`); a failure of the question's own search is raised.
 
         ``query`` may be a ``QueryBundle``, read as `Question.of` says (a precomputed
         ``embedding`` or ``custom_embedding_strs`` stand for the question's own).
@@ -460,14 +459,15 @@ class TransformRetriever(BaseRetriever):
         elif searching is not None:
             hits, pending = [], searching
         step: plan.Step | None = None
+        deadline = Deadline.start(self.model_timeout)  # for the models after the LLM
         try:
             expanded = result
             if plan.wants_gate(result, guards) and self._have_embedder("gate"):
-                similarity = self._similarity(question, result)
-                top = self._top_similarity(question, hits, guards)
+                similarity = self._similarity(question, result, deadline)
+                top = self._top_similarity(question, hits, guards, deadline)
                 expanded = plan.gate_verdict(result, guards, similarity, top)
             step = self._planned(expanded, guards, hits)
-            nodes, errors = self._carry_out(step, question, hits, pending)
+            nodes, errors = self._carry_out(step, question, hits, pending, deadline)
             result = expanded
         except BaseException as exc:
             error = failure(exc)  # interrupts go on up
@@ -475,7 +475,7 @@ class TransformRetriever(BaseRetriever):
                 raise
             result = _fell_back(result, error)
             step = self._planned(result, guards, hits)
-            nodes, errors = self._carry_out(step, question, hits, pending)
+            nodes, errors = self._carry_out(step, question, hits, pending, deadline)
         nodes = self._reranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
 
@@ -513,14 +513,15 @@ class TransformRetriever(BaseRetriever):
         elif searching is not None:
             hits, pending = [], searching
         step: plan.Step | None = None
+        deadline = Deadline.start(self.model_timeout)  # for the models after the LLM
         try:
             expanded = result
             if plan.wants_gate(result, guards) and self._have_embedder("gate"):
-                similarity = await self._asimilarity(question, result)
-                top = await self._atop_similarity(question, hits, guards)
+                similarity = await self._asimilarity(question, result, deadline)
+                top = await self._atop_similarity(question, hits, guards, deadline)
                 expanded = plan.gate_verdict(result, guards, similarity, top)
             step = self._planned(expanded, guards, hits)
-            nodes, errors = await self._acarry_out(step, question, hits, pending)
+            nodes, errors = await self._acarry_out(step, question, hits, pending, deadline)
             result = expanded
         except BaseException as exc:
             if pending is not None and not pending.done():
@@ -530,7 +531,7 @@ class TransformRetriever(BaseRetriever):
                 raise
             result = _fell_back(result, error)
             step = self._planned(result, guards, hits)
-            nodes, errors = await self._acarry_out(step, question, hits, pending)
+            nodes, errors = await self._acarry_out(step, question, hits, pending, deadline)
         nodes = await self._areranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
 
@@ -545,41 +546,53 @@ class TransformRetriever(BaseRetriever):
         return self._finish(nodes, question.untransformed(self._method()), start, [])
 
     def _carry_out(
-        self, step: plan.Step, question: Question, hits: Hits, pending: Any = None
+        self,
+        step: plan.Step,
+        question: Question,
+        hits: Hits,
+        pending: Any = None,
+        deadline: Deadline | None = None,
     ) -> Carried:
         """The nodes of ``step`` and the failed sub-searches of a fan-out (raises what
-        fails; the caller falls back)."""
+        fails; the caller falls back); the models it calls answer by ``deadline``."""
         if isinstance(step, plan.Rerank):
             assert hits is not None and self.embedder is not None
-            generated = self.embedder.texts(step.passages)
-            head = hits[:RERANK_CANDIDATES]
-            return _reranked(hits, self.doc_vectors.get(head), generated, step), []
+            generated = self.embedder.texts(step.passages, deadline)
+            head = self.doc_vectors.get(hits[:RERANK_CANDIDATES], deadline)
+            return _reranked(hits, head, generated, step), []
         if isinstance(step, plan.Feedback):
             assert hits is not None
-            vectors = self.doc_vectors.get(hits[: step.k])
-            bundle = _feedback(question.text, self._own(question), vectors, step)
+            vectors = self.doc_vectors.get(hits[: step.k], deadline)
+            bundle = _feedback(question.text, self._own(question, deadline), vectors, step)
             return _copy(self._search_bundle(bundle)), []
         if isinstance(step, plan.Fanout):
-            bundles = self._bundles(step, question, self._vectors(step, question))
+            bundles = self._bundles(step, question, self._vectors(step, question, deadline))
             lists, weights, errors = self._run_sync(step, bundles, hits, pending)
             return self._combine(lists, weights), errors
         return _copy(hits or []), []
 
     async def _acarry_out(
-        self, step: plan.Step, question: Question, hits: Hits, pending: Any = None
+        self,
+        step: plan.Step,
+        question: Question,
+        hits: Hits,
+        pending: Any = None,
+        deadline: Deadline | None = None,
     ) -> Carried:
         if isinstance(step, plan.Rerank):
             assert hits is not None and self.embedder is not None
-            generated = await self.embedder.atexts(step.passages)
-            head = hits[:RERANK_CANDIDATES]
-            return _reranked(hits, await self.doc_vectors.aget(head), generated, step), []
+            generated = await self.embedder.atexts(step.passages, deadline)
+            head = await self.doc_vectors.aget(hits[:RERANK_CANDIDATES], deadline)
+            return _reranked(hits, head, generated, step), []
         if isinstance(step, plan.Feedback):
             assert hits is not None
-            vectors = await self.doc_vectors.aget(hits[: step.k])
-            bundle = _feedback(question.text, await self._aown(question), vectors, step)
+            vectors = await self.doc_vectors.aget(hits[: step.k], deadline)
+            own = await self._aown(question, deadline)
+            bundle = _feedback(question.text, own, vectors, step)
             return _copy(await self._asearch_bundle(bundle)), []
         if isinstance(step, plan.Fanout):
-            bundles = self._bundles(step, question, await self._avectors(step, question))
+            dense = await self._avectors(step, question, deadline)
+            bundles = self._bundles(step, question, dense)
             lists, weights, errors = await self._run_async(step, bundles, hits, pending)
             return self._combine(lists, weights), errors
         return _copy(hits or []), []
@@ -601,19 +614,22 @@ class TransformRetriever(BaseRetriever):
     def _dense(self) -> bool:
         return self.embedder is not None and self.search_type != "keyword"
 
-    def _own(self, question: Question) -> Vec:
+    def _own(self, question: Question, deadline: Deadline | None = None) -> Vec:
         """The question's vector: the caller's embedding, else the mean of the query
-        embeddings of its embedding strings (as LlamaIndex's retrievers aggregate them)."""
+        embeddings of its embedding strings (as LlamaIndex's retrievers aggregate them),
+        the embedder answering by ``deadline``."""
         if question.embedding is not None:
             return question.embedding
         assert self.embedder is not None
-        return _mean([self.embedder.query(text) for text in question.embedding_strs])
+        strs = question.embedding_strs
+        return _mean([self.embedder.query(text, deadline) for text in strs])
 
-    async def _aown(self, question: Question) -> Vec:
+    async def _aown(self, question: Question, deadline: Deadline | None = None) -> Vec:
         if question.embedding is not None:
             return question.embedding
         assert self.embedder is not None
-        return _mean([await self.embedder.aquery(text) for text in question.embedding_strs])
+        strs = question.embedding_strs
+        return _mean([await self.embedder.aquery(text, deadline) for text in strs])
 
     def _question_bundle(self, question: Question) -> QueryBundle:
         if question.embedding is None and self._dense():
@@ -660,32 +676,47 @@ class TransformRetriever(BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
         return list(await asyncio.to_thread(self.retriever.retrieve, bundle))
 
-    def _similarity(self, question: Question, result: TransformResult) -> float:
+    def _similarity(
+        self, question: Question, result: TransformResult, deadline: Deadline | None
+    ) -> float:
         """Cosine of the question's vector and the generated text's mean (the gate);
         `plan.UnusableVector` when a vector cannot be compared."""
         assert self.embedder is not None
-        return _similarity(self._own(question), self.embedder.texts(result.hypothetical))
+        generated = self.embedder.texts(result.hypothetical, deadline)
+        return _similarity(self._own(question, deadline), generated)
 
-    async def _asimilarity(self, question: Question, result: TransformResult) -> float:
+    async def _asimilarity(
+        self, question: Question, result: TransformResult, deadline: Deadline | None
+    ) -> float:
         assert self.embedder is not None
-        generated = await self.embedder.atexts(result.hypothetical)
-        return _similarity(await self._aown(question), generated)
+        generated = await self.embedder.atexts(result.hypothetical, deadline)
+        return _similarity(await self._aown(question, deadline), generated)
 
     def _top_similarity(
-        self, question: Question, hits: list[NodeWithScore] | None, guards: Guards
+        self,
+        question: Question,
+        hits: list[NodeWithScore] | None,
+        guards: Guards,
+        deadline: Deadline | None,
     ) -> float | None:
         """Cosine of the question's vector and its own top hit's stored vector (the
         relative gate's reference); None with no relative gate or no hit."""
         if guards.gate_relative is None or not hits:
             return None
-        return _similarity(self._own(question), self.doc_vectors.get(hits[:1]))
+        top = self.doc_vectors.get(hits[:1], deadline)
+        return _similarity(self._own(question, deadline), top)
 
     async def _atop_similarity(
-        self, question: Question, hits: list[NodeWithScore] | None, guards: Guards
+        self,
+        question: Question,
+        hits: list[NodeWithScore] | None,
+        guards: Guards,
+        deadline: Deadline | None,
     ) -> float | None:
         if guards.gate_relative is None or not hits:
             return None
-        return _similarity(await self._aown(question), await self.doc_vectors.aget(hits[:1]))
+        top = await self.doc_vectors.aget(hits[:1], deadline)
+        return _similarity(await self._aown(question, deadline), top)
 
     def _have_embedder(self, what: str) -> bool:
         if self.embedder is not None:
@@ -714,31 +745,59 @@ class TransformRetriever(BaseRetriever):
             for spec, reused in zip(step.specs, step.reuse)
         ]
 
-    def _vectors(self, step: plan.Fanout, question: Question) -> list[_Dense | None]:
-        """The embeddings each search of ``step`` needs (None: none, or reused)."""
+    def _vectors(
+        self, step: plan.Fanout, question: Question, deadline: Deadline | None = None
+    ) -> list[_Dense | None]:
+        """The embeddings each search of ``step`` needs (None: none, reused, or the
+        plain question's when the embedder failed: see `_embed`)."""
         todo = self._to_embed(step, question.text)
-        return [None if s is None else self._embed(s, question) for s in todo]
+        return [None if s is None else self._embed(s, question, deadline) for s in todo]
 
-    async def _avectors(self, step: plan.Fanout, question: Question) -> list[_Dense | None]:
+    async def _avectors(
+        self, step: plan.Fanout, question: Question, deadline: Deadline | None = None
+    ) -> list[_Dense | None]:
         todo = self._to_embed(step, question.text)
-        return [None if s is None else await self._aembed(s, question) for s in todo]
+        return [None if s is None else await self._aembed(s, question, deadline) for s in todo]
 
-    def _embed(self, spec: SearchSpec, question: Question) -> _Dense:
+    def _embed(
+        self, spec: SearchSpec, question: Question, deadline: Deadline | None
+    ) -> _Dense | None:
         """The question's query vector and the passages' document vectors for ``spec``
-        (a sub-question of a chain is embedded as a query of its own)."""
+        (a sub-question of a chain is embedded as a query of its own), the embedder
+        answering by ``deadline``. None for the plain question when the embedder fails
+        or overruns: the wrapped retriever embeds it itself, as it would alone (so the
+        fallback after a hung embedder does not wait on it again)."""
         assert self.embedder is not None
-        asked = spec.query or question.text
-        own = self._own(question) if asked == question.text else self.embedder.query(asked)
-        return own, self.embedder.texts(spec.passages) if spec.passages else []
-
-    async def _aembed(self, spec: SearchSpec, question: Question) -> _Dense:
-        assert self.embedder is not None
+        if plan.is_question(spec, question.text):
+            try:
+                return self._own(question, deadline), []
+            except BaseException as exc:
+                _unembedded(failure(exc))
+                return None
         asked = spec.query or question.text
         if asked == question.text:
-            own = await self._aown(question)
+            own = self._own(question, deadline)
         else:
-            own = await self.embedder.aquery(asked)
-        return own, await self.embedder.atexts(spec.passages) if spec.passages else []
+            own = self.embedder.query(asked, deadline)
+        return own, self.embedder.texts(spec.passages, deadline) if spec.passages else []
+
+    async def _aembed(
+        self, spec: SearchSpec, question: Question, deadline: Deadline | None
+    ) -> _Dense | None:
+        assert self.embedder is not None
+        if plan.is_question(spec, question.text):
+            try:
+                return await self._aown(question, deadline), []
+            except BaseException as exc:
+                _unembedded(failure(exc, in_task=True))
+                return None
+        asked = spec.query or question.text
+        if asked == question.text:
+            own = await self._aown(question, deadline)
+        else:
+            own = await self.embedder.aquery(asked, deadline)
+        passages = await self.embedder.atexts(spec.passages, deadline) if spec.passages else []
+        return own, passages
 
     def _bundles(
         self, step: plan.Fanout, question: Question, vectors: list[_Dense | None]
@@ -886,39 +945,40 @@ class TransformRetriever(BaseRetriever):
         (a reranker is one more component that never breaks search)."""
         if self.reranker is None or not nodes:
             return nodes
+        deadline = Deadline.start(self.model_timeout)  # its own: whatever came before
         try:
-            job = self._rerank_job(nodes, question.bundle())
-            if not job.done.wait(self.reranker_timeout):
-                job.abandon()
-                raise TimeoutError(f"no answer within {self.reranker_timeout:g}s")
-            return job.result()  # type: ignore[no-any-return]
+            return run_within(
+                self._rerank_pool(), self._rerank_call(nodes, question), deadline, _RERANKER
+            )
         except BaseException as exc:
             self._rerank_failed(failure(exc))
             return nodes
 
-    def _rerank_job(
-        self, nodes: list[NodeWithScore], bundle: QueryBundle, on_done: Any = None
-    ) -> Job:
-        """The blocking reranker on worker threads of its own (`_llm.WORKERS`, keyed by
-        its class): one that hangs holds only those, never the fan-out's threads or the
-        event loop's executor, and once they all hold overrun calls it is skipped at once."""
-        reranker = self.reranker
+    def _rerank_pool(self) -> DaemonWorkers:
+        """The blocking reranker's worker threads (`_llm.WORKERS`, keyed by its class):
+        one that hangs holds only those, never the fan-out's threads or the event loop's
+        executor, and once they all hold overrun calls it is skipped at once."""
+        return WORKERS.for_llm(self.reranker)
+
+    def _rerank_call(
+        self, nodes: list[NodeWithScore], question: Question
+    ) -> Callable[[], list[NodeWithScore]]:
+        reranker, bundle = self.reranker, question.bundle()
         assert reranker is not None
-        pool = WORKERS.for_llm(reranker)
-        return pool.submit(lambda: reranker.postprocess_nodes(nodes, query_bundle=bundle), on_done)
+        return lambda: reranker.postprocess_nodes(nodes, query_bundle=bundle)
 
     async def _areranked_or_kept(
         self, nodes: list[NodeWithScore], question: Question
     ) -> list[NodeWithScore]:
         if self.reranker is None or not nodes:
             return nodes
+        deadline = Deadline.start(self.model_timeout)
         try:
-            return await asyncio.wait_for(
-                self._arerank(nodes, question.bundle()), self.reranker_timeout
-            )
-        except asyncio.TimeoutError:
-            self._rerank_failed(TimeoutError(f"no answer within {self.reranker_timeout:g}s"))
-            return nodes
+            if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
+                coro = self.reranker.apostprocess_nodes(nodes, query_bundle=question.bundle())
+                return await await_within(coro, deadline, _RERANKER)
+            call = self._rerank_call(nodes, question)
+            return await arun_within(self._rerank_pool(), call, deadline, _RERANKER)
         except BaseException as exc:
             self._rerank_failed(failure(exc, in_task=True))
             return nodes
@@ -927,22 +987,6 @@ class TransformRetriever(BaseRetriever):
         logger.warning(
             "the reranker failed (%s: %s); returning the nodes as fused", type(exc).__name__, exc
         )
-
-    async def _arerank(
-        self, nodes: list[NodeWithScore], bundle: QueryBundle
-    ) -> list[NodeWithScore]:
-        assert self.reranker is not None
-        if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
-            return await self.reranker.apostprocess_nodes(nodes, query_bundle=bundle)
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
-        job = self._rerank_job(nodes, bundle, lambda: loop.call_soon_threadsafe(_wake, woken))
-        try:
-            await woken
-        except BaseException:  # the timeout, or our own cancellation
-            job.abandon()
-            raise
-        return job.result()  # type: ignore[no-any-return]
 
     def _finish(
         self,
@@ -988,6 +1032,16 @@ def _searchable(vector: Vec) -> Vec | None:
     except plan.UnusableVector:
         return None
     return vector
+
+
+def _unembedded(exc: Exception) -> None:
+    """No vector of ours for the question's own search (the embedder failed with
+    ``exc``): the wrapped retriever embeds the question itself."""
+    logger.warning(
+        "embedding the question failed (%s: %s); the retriever embeds it itself",
+        type(exc).__name__,
+        exc,
+    )
 
 
 def _fell_back(result: TransformResult, exc: Exception) -> TransformResult:

@@ -1,22 +1,32 @@
 """`SingleFlight`: identical concurrent work done once, shared with those who wait.
 
 One object serves both paths: sync callers (threads) wait on an event, async callers
-(one event loop) await a shielded future. A waiter is handed the leader's value only
-when ``share(value)`` says so (a transform shares a generation, never a fallback);
-otherwise, or when the leader raised or was cancelled, the waiter does the work itself.
-What the leader ends with is never raised in a waiter: the shared future only ever
-holds the leader's value or "none", so an interruption or a cancellation a waiter sees
-is its own, and it propagates.
+(one event loop) await the leader's future without being able to cancel it. Each
+caller has its own time (``timeout``, from its call): the leader hands its budget to
+the work; a waiter waits for the leader at most until its own time runs out
+(`WaitExpired`), and is handed whatever value the leader's work returned, a failure
+the work returned as a value included (the caller decides what a waiter makes of it),
+so a hung provider is waited on once, not once per waiter. Only when the leader's work
+raised (it was cancelled or interrupted: the leader's own business) does a waiter do
+the work itself, with what is left of its time. What the leader ends with is never
+raised in a waiter: the shared future only ever holds the leader's value or "none", so
+an interruption or a cancellation a waiter sees is its own, and it propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+
+class WaitExpired(TimeoutError):
+    """A waiter's own time ran out while the identical work it waited on still ran (or
+    before it could start the work itself)."""
 
 
 class _Flight(Generic[T]):
@@ -24,6 +34,17 @@ class _Flight(Generic[T]):
         self.done = threading.Event()
         self.value: tuple[T] | None = None
         """``(value,)`` once the leader's work returned; None if it raised."""
+
+
+def _left(timeout: float | None, started: float) -> float | None:
+    """What is left of ``timeout`` seconds from ``started`` (None: no bound);
+    `WaitExpired` when nothing is."""
+    if timeout is None:
+        return None
+    left = timeout - (time.monotonic() - started)
+    if left <= 0:
+        raise WaitExpired(f"no answer within {timeout:g}s")
+    return left
 
 
 class SingleFlight(Generic[T]):
@@ -34,21 +55,32 @@ class SingleFlight(Generic[T]):
         self._sync: dict[str, _Flight[T]] = {}
         self._async: dict[str, asyncio.Future[tuple[T] | None]] = {}
 
-    def run(self, key: str, work: Callable[[], T], share: Callable[[T], bool]) -> tuple[T, bool]:
-        """``(value, shared)``: ``work()``'s value, or a concurrent leader's when
-        ``shared`` (the caller did no work)."""
+    def run(
+        self, key: str, work: Callable[[float | None], T], timeout: float | None = None
+    ) -> tuple[T, bool]:
+        """``(value, shared)``: ``work(timeout)``'s value, or, when ``shared``, the value
+        a concurrent leader's work returned (the caller did no work).
+
+        Args:
+            key: what identical work shares.
+            work: does the work within the seconds it is given (None: no bound).
+            timeout: the caller's own time, from this call (None: no bound); a waiter
+                raises `WaitExpired` once it has run out.
+        """
+        started = time.monotonic()
         with self._lock:
             flight = self._sync.get(key)
             leader = flight is None
             if flight is None:
                 flight = self._sync[key] = _Flight()
         if not leader:
-            flight.done.wait()
-            if flight.value is not None and share(flight.value[0]):
+            if not flight.done.wait(timeout):
+                raise WaitExpired(f"no answer within {timeout:g}s")
+            if flight.value is not None:
                 return flight.value[0], True
-            return work(), False
+            return work(_left(timeout, started)), False
         try:
-            value = work()
+            value = work(timeout)
             flight.value = (value,)
             return value, False
         finally:
@@ -57,23 +89,32 @@ class SingleFlight(Generic[T]):
             flight.done.set()
 
     async def arun(
-        self, key: str, work: Callable[[], Awaitable[T]], share: Callable[[T], bool]
+        self,
+        key: str,
+        work: Callable[[float | None], Awaitable[T]],
+        timeout: float | None = None,
     ) -> tuple[T, bool]:
         """Async twin of `run`, for callers on one event loop. A waiter cancelled itself
         is cancelled (even when its leader was cancelled at the same moment); a waiter
-        whose leader was cancelled or failed works alone."""
+        whose leader was cancelled or raised works alone, within what is left of its
+        time."""
+        started = time.monotonic()
         loop = asyncio.get_running_loop()
         existing = self._async.get(key)
         if existing is not None and existing.get_loop() is loop:
-            outcome = await asyncio.shield(existing)  # a CancelledError here is our own
-            if outcome is not None and share(outcome[0]):
+            # never cancels the leader's future; a CancelledError here is our own
+            done, _ = await asyncio.wait((existing,), timeout=timeout)
+            if not done:
+                raise WaitExpired(f"no answer within {timeout:g}s")
+            outcome = existing.result()
+            if outcome is not None:
                 return outcome[0], True
-            return await work(), False
+            return await work(_left(timeout, started)), False
         future: asyncio.Future[tuple[T] | None] = loop.create_future()
         self._async[key] = future
         outcome = None
         try:
-            value = await work()
+            value = await work(timeout)
             outcome = (value,)
             return value, False
         finally:

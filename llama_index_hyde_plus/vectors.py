@@ -10,12 +10,12 @@ it came from, and only re-embeds its text when the store cannot say.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -23,11 +23,18 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
 
+from ._bounded import Deadline, arun_within, await_within, run_within
+from ._llm import WORKERS
+from ._workers import DaemonWorkers
 from .cache import BoundedLRU, LRUHolder
 
 logger = logging.getLogger(__name__)
 
 Vec = list[float]
+T = TypeVar("T")
+R = TypeVar("R")
+_WHAT = "the embedding model"
+_STORE = "the vector store"
 
 EMBEDDER_MAX_BYTES = 64 << 20
 """`Embedder`'s cache budget when none is given: 64 MiB (the texts it is keyed by
@@ -115,58 +122,68 @@ class Embedder:
         self.model = model
         self._cache = _LRU(max_entries, max_bytes)
 
-    def query(self, text: str) -> Vec:
+    def query(self, text: str, deadline: Deadline | None = None) -> Vec:
         """The query embedding of ``text`` (cached per `Embedder`).
 
         Args:
             text: the question.
+            deadline: when to stop waiting for the model (`_bounded.run_within`: on its
+                own worker threads, `ModelTimeoutError` once it passes); None: called
+                in this thread, unbounded.
         """
         key = ("q", text)
         hit = self._cache.get(key)
         if hit is None:
-            hit = list(self.model.get_query_embedding(text))
+            hit = list(self._call(deadline, self.model.get_query_embedding, text))
             self._cache.set(key, hit)
         return hit
 
-    def texts(self, texts: Sequence[str]) -> list[Vec]:
+    def texts(self, texts: Sequence[str], deadline: Deadline | None = None) -> list[Vec]:
         """Document embeddings of ``texts``, in order: only those not cached are
         embedded, each distinct text once, in one batch (then one by one for any the
         model's batch left out).
 
         Args:
             texts: passages or documents.
+            deadline: when to stop waiting for the model (shared by all its calls), as
+                in `query`.
         """
         found = self._cached_texts(texts)
         missing = [t for t, vec in found.items() if vec is None]
         if missing:
-            self._keep(found, missing, self.model.get_text_embedding_batch(missing))
+            batch = self._call(deadline, self.model.get_text_embedding_batch, missing)
+            self._keep(found, missing, batch)
             for text in self._still_missing(found):  # the model returned too few
-                found[text] = self._keep_one(text, self.model.get_text_embedding(text))
+                vec = self._call(deadline, self.model.get_text_embedding, text)
+                found[text] = self._keep_one(text, vec)
         return [found[t] for t in texts]  # type: ignore[misc]
 
-    async def aquery(self, text: str) -> Vec:
-        """`query` on the async path: the model's own async method when it has one,
-        else its blocking one in a worker thread.
+    async def aquery(self, text: str, deadline: Deadline | None = None) -> Vec:
+        """`query` on the async path: the model's own async method when it has one
+        (under asyncio's timeout), else its blocking one on its own worker threads
+        (never the event loop's default executor).
 
         Args:
             text: the question.
+            deadline: when to stop waiting for the model; None for no bound.
         """
         key = ("q", text)
         hit = self._cache.get(key)
         if hit is None:
             if _native_async(self.model, "_aget_query_embedding"):
-                hit = list(await self.model.aget_query_embedding(text))
+                got = await await_within(self.model.aget_query_embedding(text), deadline, _WHAT)
             else:
-                hit = list(await asyncio.to_thread(self.model.get_query_embedding, text))
+                got = await self._acall(deadline, self.model.get_query_embedding, text)
+            hit = list(got)
             self._cache.set(key, hit)
         return hit
 
-    async def atexts(self, texts: Sequence[str]) -> list[Vec]:
-        """`texts` on the async path: the model's own async methods when it has them,
-        else its blocking ones in a worker thread.
+    async def atexts(self, texts: Sequence[str], deadline: Deadline | None = None) -> list[Vec]:
+        """`texts` on the async path, as `aquery` calls the model.
 
         Args:
             texts: passages or documents.
+            deadline: when to stop waiting for the model (shared by all its calls).
         """
         found = self._cached_texts(texts)
         missing = [t for t, vec in found.items() if vec is None]
@@ -175,17 +192,30 @@ class Embedder:
                 self.model, "_aget_text_embedding"
             )
             if native:
-                vecs = await self.model.aget_text_embedding_batch(missing)
+                batch = self.model.aget_text_embedding_batch(missing)
+                vecs = await await_within(batch, deadline, _WHAT)
             else:
-                vecs = await asyncio.to_thread(self.model.get_text_embedding_batch, missing)
+                vecs = await self._acall(deadline, self.model.get_text_embedding_batch, missing)
             self._keep(found, missing, vecs)
             for text in self._still_missing(found):  # the model returned too few
                 if native:
-                    vec = await self.model.aget_text_embedding(text)
+                    vec = await await_within(self.model.aget_text_embedding(text), deadline, _WHAT)
                 else:
-                    vec = await asyncio.to_thread(self.model.get_text_embedding, text)
+                    vec = await self._acall(deadline, self.model.get_text_embedding, text)
                 found[text] = self._keep_one(text, vec)
         return [found[t] for t in texts]  # type: ignore[misc]
+
+    def _call(self, deadline: Deadline | None, method: Callable[[T], R], arg: T) -> R:
+        """``method(arg)`` of the model, bounded by ``deadline`` on its worker threads."""
+        return run_within(self.pool(), partial(method, arg), deadline, _WHAT)
+
+    async def _acall(self, deadline: Deadline | None, method: Callable[[T], R], arg: T) -> R:
+        return await arun_within(self.pool(), partial(method, arg), deadline, _WHAT)
+
+    def pool(self) -> DaemonWorkers:
+        """The model's own worker threads (one pool per provider: its class, model and
+        endpoint), so a hung embedder holds only those."""
+        return WORKERS.for_llm(self.model)
 
     def _cached_texts(self, texts: Sequence[str]) -> dict[str, Vec | None]:
         """Each distinct text's cached vector, None where there is none."""
@@ -240,29 +270,69 @@ class DocVectors:
         self.source = "unknown"
         """Where the last lookup found its vectors: node, faiss, milvus or embedding."""
 
-    def get(self, nodes: Sequence[NodeWithScore]) -> list[Vec]:
-        """Vectors of ``nodes`` in order (blocking; store reads are quick or remote)."""
+    def get(self, nodes: Sequence[NodeWithScore], deadline: Deadline | None = None) -> list[Vec]:
+        """Vectors of ``nodes`` in order (blocking).
+
+        Args:
+            nodes: retrieved nodes.
+            deadline: when to stop waiting for a remote store and the embedder (each on
+                worker threads of its own; `ModelTimeoutError` once it passes); None: no
+                bound, called in this thread.
+        """
         found = self._known(nodes)
         missing = [n for n in nodes if n.node.node_id not in found]
-        fetched = self._from_store(missing) if missing else {}
+        if not missing:
+            return [found[n.node.node_id] for n in nodes]
+        kind, store = self._store()
+        if kind == "milvus":  # remote: it may hang
+            pool = WORKERS.for_cache(store)
+            fetched = run_within(pool, partial(self._from_store, missing), deadline, _STORE)
+        else:
+            fetched = self._from_store(missing)
         missing = [n for n in missing if n.node.node_id not in fetched]
         if missing:
-            if self.embedder is None:
-                raise ValueError("no embedding model to embed documents the store cannot return")
-            texts = [n.node.get_content(metadata_mode="embed") for n in missing]  # type: ignore[arg-type]
-            self.source = "embedding"
-            fetched.update(zip((n.node.node_id for n in missing), self.embedder.texts(texts)))
-        for node_id, vec in fetched.items():  # what was already cached stays as it is
+            texts = self._texts_of(missing)
+            fetched.update(zip(texts, self.embedder.texts(list(texts.values()), deadline)))  # type: ignore[union-attr]
+        return self._kept(nodes, found, fetched)
+
+    async def aget(
+        self, nodes: Sequence[NodeWithScore], deadline: Deadline | None = None
+    ) -> list[Vec]:
+        """Async twin of `get`: store reads on worker threads, embedding as
+        `Embedder.atexts` does it; never on the event loop nor its default executor."""
+        found = self._known(nodes)
+        missing = [n for n in nodes if n.node.node_id not in found]
+        if not missing:
+            return [found[n.node.node_id] for n in nodes]
+        kind, store = self._store()
+        fetched: dict[str, Vec] = {}
+        if kind in ("faiss", "milvus"):
+            pool = WORKERS.for_cache(store)
+            fetched = await arun_within(pool, partial(self._from_store, missing), deadline, _STORE)
+        missing = [n for n in missing if n.node.node_id not in fetched]
+        if missing:
+            texts = self._texts_of(missing)
+            vecs = await self.embedder.atexts(list(texts.values()), deadline)  # type: ignore[union-attr]
+            fetched.update(zip(texts, vecs))
+        return self._kept(nodes, found, fetched)
+
+    def _texts_of(self, nodes: Sequence[NodeWithScore]) -> dict[str, str]:
+        """What is embedded for each of ``nodes`` the store could not return, by node id
+        (a `ValueError` with no embedder)."""
+        if self.embedder is None:
+            raise ValueError("no embedding model to embed documents the store cannot return")
+        self.source = "embedding"
+        return {n.node.node_id: n.node.get_content(metadata_mode="embed") for n in nodes}  # type: ignore[arg-type]
+
+    def _kept(
+        self, nodes: Sequence[NodeWithScore], found: dict[str, Vec], fetched: dict[str, Vec]
+    ) -> list[Vec]:
+        """``nodes``' vectors in order, the ``fetched`` ones cached (what was already
+        cached stays as it is)."""
+        for node_id, vec in fetched.items():
             self._cache.set(("d", node_id), vec)
         found.update(fetched)
         return [found[n.node.node_id] for n in nodes]
-
-    async def aget(self, nodes: Sequence[NodeWithScore]) -> list[Vec]:
-        """Async twin of `get`: store reads and embedding run off the event loop."""
-        found = self._known(nodes)
-        if all(n.node.node_id in found for n in nodes):
-            return [found[n.node.node_id] for n in nodes]
-        return await asyncio.to_thread(self.get, nodes)
 
     def _known(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
         found: dict[str, Vec] = {}
@@ -276,11 +346,16 @@ class DocVectors:
                 self.source = "node"
         return found
 
-    def _from_store(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
+    def _store(self) -> tuple[str | None, Any]:
+        """The kind of vector store behind the retriever (faiss, milvus or None) and
+        the store."""
         from .stores.choice import vector_store_kind
 
         store = getattr(self.retriever, "_vector_store", None)
-        kind = vector_store_kind(store)
+        return vector_store_kind(store), store
+
+    def _from_store(self, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
+        kind, store = self._store()
         try:
             if kind == "faiss":
                 return self._faiss(store, nodes)

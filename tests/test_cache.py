@@ -199,12 +199,14 @@ def test_identical_concurrent_sync_requests_share_one_call() -> None:
     assert sum(r.cached for r in results) == 4
 
 
-async def test_leader_failure_lets_waiters_try_themselves() -> None:
+async def test_a_leaders_provider_failure_is_the_waiters_own_fallback() -> None:
+    """Round 7 D6: the waiter used to call the provider again (2 x timeout when hung)."""
     llm = ScriptedLLM([RuntimeError("down"), "p2.", "p3."], delay=0.05)
     hyde = HyDE(llm, cache=MemoryCache())
     results = await asyncio.gather(hyde.atransform(Q), hyde.atransform(Q))
-    assert results[0].fallback
-    assert results[1].hypothetical == ("p2.",)
+    assert results[0].fallback and results[1].fallback
+    assert results[1].error == results[0].error and not results[1].cached
+    assert results[1].usage.calls == 0 and len(llm.prompts) == 1
 
 
 async def test_cancelling_the_leader_cancels_only_it_and_the_follower_goes_alone() -> None:

@@ -266,7 +266,7 @@ class _HangingReranker(BaseNodePostprocessor):
 
 def _behind_a_hung_reranker(**options: Any) -> tuple[_HangingReranker, TransformRetriever]:
     """A two-query fan-out over `DOCS` whose reranker hangs until its ``release`` is
-    set; ``options`` go to the `TransformRetriever` (``reranker_timeout``...)."""
+    set; ``options`` go to the `TransformRetriever` (``model_timeout``...)."""
     reranker = _HangingReranker(release=threading.Event())
     retriever = TransformRetriever(
         StaticRetriever(DOCS, default=["renewals", "pto"]),
@@ -279,7 +279,7 @@ def _behind_a_hung_reranker(**options: Any) -> tuple[_HangingReranker, Transform
 
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async: bool) -> None:
-    reranker, retriever = _behind_a_hung_reranker(reranker_timeout=0.2)
+    reranker, retriever = _behind_a_hung_reranker(model_timeout=0.2)
     try:
         found = (
             await asyncio.wait_for(retriever.asearch(Q), 10) if use_async else retriever.search(Q)
@@ -287,8 +287,8 @@ async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async
         assert [n.node.node_id for n in found.nodes] == ["renewals", "pto"]  # as fused
     finally:
         reranker.release.set()
-    with pytest.raises(ValueError, match="reranker_timeout"):
-        TransformRetriever(StaticRetriever(DOCS), MultiQuery(ScriptedLLM()), reranker_timeout=0)
+    with pytest.raises(ValueError, match="model_timeout"):
+        TransformRetriever(StaticRetriever(DOCS), MultiQuery(ScriptedLLM()), model_timeout=0)
 
 
 def test_every_model_of_one_server_shares_its_worker_threads() -> None:
@@ -336,7 +336,7 @@ def test_what_a_callable_computes_with_is_read_in_full() -> None:
 async def test_hung_reranker_calls_hold_neither_the_fan_out_nor_the_loops_threads(
     use_async: bool,
 ) -> None:
-    reranker, retriever = _behind_a_hung_reranker(reranker_timeout=0.1, max_concurrency=1)
+    reranker, retriever = _behind_a_hung_reranker(model_timeout=0.1, max_concurrency=1)
     try:
         for _ in range(8):  # each leaves a hung reranker call behind
             found = (

@@ -130,13 +130,19 @@ def test_a_partly_failed_generation_is_not_written_to_sqlite(tmp_path: Path) -> 
     assert len(SQLiteCache(path)) == 1
 
 
-async def test_a_partly_failed_generation_is_not_shared_with_waiters() -> None:
+async def test_a_partly_failed_generation_is_never_a_hit_for_waiters() -> None:
+    """A waiter shares the leader's partial result as its own failure (round 7 D6: it
+    no longer asks the provider again), never as a cached hit; the next request, once
+    the leader is done, asks the provider afresh."""
     replies: list[Any] = ["First one.", RuntimeError("down"), "Fresh one.", "Fresh two."]
     llm = ScriptedLLM(replies, delay=0.05, forbid_sync=True)
     hyde = HyDE(llm, num_passages=2, cache=MemoryCache())
     leader, waiter = await asyncio.gather(hyde.atransform(Q), hyde.atransform(Q))
     assert leader.error and len(leader.hypothetical) == 1
-    assert waiter.error is None and not waiter.cached and len(waiter.hypothetical) == 2
+    assert waiter.error == leader.error and not waiter.cached and waiter.usage.calls == 0
+    assert len(llm.prompts) == 2
+    later = await hyde.atransform(Q)
+    assert later.error is None and not later.cached and len(later.hypothetical) == 2
 
 
 # -- 7: the key holds every option and LLM setting that changes a generation --------------

@@ -4,13 +4,15 @@ import asyncio
 import signal
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
 
 from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
-from llama_index_hyde_plus.singleflight import SingleFlight
-from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
+from llama_index_hyde_plus.reliability import NO_RETRY
+from llama_index_hyde_plus.singleflight import SingleFlight, WaitExpired
+from llama_index_hyde_plus.testing import HANG, ScriptedLLM, StaticRetriever
 
 from .conftest import DOCS
 
@@ -22,20 +24,17 @@ def test_concurrent_sync_callers_share_one_piece_of_work() -> None:
     calls: list[int] = []
     started = threading.Event()
 
-    def work() -> str:
+    def work(budget: float | None) -> str:
         calls.append(1)
         started.set()
         time.sleep(0.2)
         return "value"
 
     out: list[tuple[str, bool]] = []
-    leader = threading.Thread(target=lambda: out.append(flight.run("k", work, lambda v: True)))
+    leader = threading.Thread(target=lambda: out.append(flight.run("k", work)))
     leader.start()
     started.wait()
-    waiters = [
-        threading.Thread(target=lambda: out.append(flight.run("k", work, lambda v: True)))
-        for _ in range(3)
-    ]
+    waiters = [threading.Thread(target=lambda: out.append(flight.run("k", work))) for _ in range(3)]
     for t in waiters:
         t.start()
     for t in [leader, *waiters]:
@@ -44,41 +43,42 @@ def test_concurrent_sync_callers_share_one_piece_of_work() -> None:
     assert sorted(shared for _, shared in out) == [False, True, True, True]
 
 
-def test_a_value_not_shareable_makes_each_waiter_work_alone() -> None:
+def test_a_failure_the_leader_returned_is_shared_not_worked_again() -> None:
+    """Round 7 D6: a waiter handed a fallback used to call the provider again."""
     flight: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
     started = threading.Event()
 
-    def work() -> str:
+    def work(budget: float | None) -> str:
         calls.append(1)
         started.set()
         time.sleep(0.1)
         return "outage"
 
-    leader = threading.Thread(target=lambda: flight.run("k", work, lambda v: False))
+    leader = threading.Thread(target=lambda: flight.run("k", work))
     leader.start()
     started.wait()
-    value, shared = flight.run("k", work, lambda v: False)
+    value, shared = flight.run("k", work)
     leader.join()
-    assert (value, shared) == ("outage", False) and len(calls) == 2
+    assert (value, shared) == ("outage", True) and len(calls) == 1
 
 
 def test_nothing_is_kept_after_the_work_ends() -> None:
     flight: SingleFlight[int] = SingleFlight()
-    assert flight.run("k", lambda: 1, lambda v: True) == (1, False)
-    assert flight.run("k", lambda: 2, lambda v: True) == (2, False)
+    assert flight.run("k", lambda b: 1) == (1, False)
+    assert flight.run("k", lambda b: 2) == (2, False)
 
 
 async def test_concurrent_async_callers_share_one_await() -> None:
     flight: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
 
-    async def work() -> str:
+    async def work(budget: float | None) -> str:
         calls.append(1)
         await asyncio.sleep(0.05)
         return "value"
 
-    out = await asyncio.gather(*(flight.arun("k", work, lambda v: True) for _ in range(4)))
+    out = await asyncio.gather(*(flight.arun("k", work) for _ in range(4)))
     assert len(calls) == 1
     assert sorted(shared for _, shared in out) == [False, True, True, True]
 
@@ -87,14 +87,14 @@ async def test_a_cancelled_leader_leaves_waiters_to_work_alone() -> None:
     flight: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
 
-    async def work() -> str:
+    async def work(budget: float | None) -> str:
         calls.append(1)
         await asyncio.sleep(0.2)
         return "value"
 
-    leader = asyncio.create_task(flight.arun("k", work, lambda v: True))
+    leader = asyncio.create_task(flight.arun("k", work))
     await asyncio.sleep(0.01)
-    waiter = asyncio.create_task(flight.arun("k", work, lambda v: True))
+    waiter = asyncio.create_task(flight.arun("k", work))
     await asyncio.sleep(0.01)
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -107,7 +107,7 @@ async def test_waiters_of_a_failed_leader_work_alone_as_on_the_sync_path() -> No
     flight: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
 
-    async def work() -> str:
+    async def work(budget: float | None) -> str:
         calls.append(1)
         await asyncio.sleep(0.05)
         if len(calls) == 1:
@@ -115,8 +115,8 @@ async def test_waiters_of_a_failed_leader_work_alone_as_on_the_sync_path() -> No
         return "value"
 
     results = await asyncio.gather(
-        flight.arun("k", work, lambda v: True),
-        flight.arun("k", work, lambda v: True),
+        flight.arun("k", work),
+        flight.arun("k", work),
         return_exceptions=True,
     )
     assert isinstance(results[0], RuntimeError) and results[1] == ("value", False)
@@ -127,14 +127,14 @@ async def test_a_waiter_cancelled_with_its_leader_is_cancelled() -> None:
     flight: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
 
-    async def work() -> str:
+    async def work(budget: float | None) -> str:
         calls.append(1)
         await asyncio.sleep(0.3)
         return "value"
 
-    leader = asyncio.create_task(flight.arun("k", work, lambda v: True))
+    leader = asyncio.create_task(flight.arun("k", work))
     await asyncio.sleep(0.01)
-    waiter = asyncio.create_task(flight.arun("k", work, lambda v: True))
+    waiter = asyncio.create_task(flight.arun("k", work))
     await asyncio.sleep(0.01)
     leader.cancel()
     waiter.cancel()
@@ -165,7 +165,7 @@ def test_an_interrupted_sync_waiter_propagates_and_starts_no_work() -> None:
     calls: list[int] = []
     started = threading.Event()
 
-    def work() -> str:
+    def work(budget: float | None) -> str:
         calls.append(1)
         started.set()
         time.sleep(0.4)
@@ -177,16 +177,174 @@ def test_an_interrupted_sync_waiter_propagates_and_starts_no_work() -> None:
     def interrupt(signum: int, frame: Any) -> None:
         raise Interrupted
 
-    leader = threading.Thread(target=lambda: flight.run("k", work, lambda v: True))
+    leader = threading.Thread(target=lambda: flight.run("k", work))
     leader.start()
     started.wait()
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.05)
         with pytest.raises(Interrupted):
-            flight.run("k", work, lambda v: True)  # waits on the main thread
+            flight.run("k", work)  # waits on the main thread
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     leader.join()
     assert len(calls) == 1
+
+
+# -- round 7 D6: a waiter waits at most its own time and shares the leader's failure --
+def test_a_sync_waiter_waits_no_longer_than_its_own_time() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+    started, release = threading.Event(), threading.Event()
+
+    def work(budget: float | None) -> str:
+        started.set()
+        release.wait(5)
+        return "late"
+
+    leader = threading.Thread(target=lambda: flight.run("k", work, 5.0))
+    leader.start()
+    started.wait()
+    begin = time.monotonic()
+    try:
+        with pytest.raises(WaitExpired):
+            flight.run("k", work, 0.1)
+        assert time.monotonic() - begin < 1.0
+    finally:
+        release.set()
+        leader.join()
+
+
+async def test_an_async_waiter_waits_no_longer_than_its_own_time() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+
+    async def work(budget: float | None) -> str:
+        await asyncio.sleep(5)
+        return "late"
+
+    leader = asyncio.create_task(flight.arun("k", work, 5.0))
+    await asyncio.sleep(0.01)
+    begin = time.monotonic()
+    with pytest.raises(WaitExpired):
+        await flight.arun("k", work, 0.1)
+    assert time.monotonic() - begin < 1.0
+    assert not leader.done()  # the waiter's own time never touches the leader
+    leader.cancel()
+
+
+def test_a_waiter_of_an_interrupted_sync_leader_works_with_what_is_left_of_its_time() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+    started = threading.Event()
+    budgets: list[float | None] = []
+
+    class Interrupted(BaseException):
+        pass
+
+    def interrupted(budget: float | None) -> str:
+        started.set()
+        time.sleep(0.2)
+        raise Interrupted
+
+    def work(budget: float | None) -> str:
+        budgets.append(budget)
+        return "value"
+
+    def lead() -> None:
+        with pytest.raises(Interrupted):
+            flight.run("k", interrupted, 1.0)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    started.wait()
+    assert flight.run("k", work, 1.0) == ("value", False)
+    leader.join()
+    assert budgets[0] is not None and 0.5 < budgets[0] < 0.85
+
+
+async def test_a_waiter_of_a_cancelled_async_leader_works_with_what_is_left() -> None:
+    flight: SingleFlight[str] = SingleFlight()
+    budgets: list[float | None] = []
+
+    async def work(budget: float | None) -> str:
+        budgets.append(budget)
+        await asyncio.sleep(5 if len(budgets) == 1 else 0)
+        return "value"
+
+    leader = asyncio.create_task(flight.arun("k", work, 1.0))
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(flight.arun("k", work, 1.0))
+    await asyncio.sleep(0.2)
+    leader.cancel()
+    assert await waiter == ("value", False)
+    assert budgets[0] == 1.0 and budgets[1] is not None and 0.5 < budgets[1] < 0.85
+
+
+T = 0.3
+
+
+def _hung_retriever(timeout: float = T) -> tuple[TransformRetriever, ScriptedLLM]:
+    llm = ScriptedLLM(replies=[HANG] * 40, model_name=f"hung-{uuid.uuid4().hex}")
+    hyde = HyDE(llm, timeout=timeout, cache=MemoryCache(), retry=NO_RETRY)
+    return TransformRetriever(StaticRetriever(DOCS, default=["pto"]), hyde), llm
+
+
+def _all_fell_back(found: list[Any]) -> None:
+    assert len(found) == 20
+    for one in found:
+        assert one.transform.fallback and "did not answer within" in (one.transform.error or "")
+        assert [n.node.node_id for n in one.nodes] == ["pto"]
+    assert all(not one.transform.cached for one in found)  # a failure, never a "hit"
+
+
+def test_twenty_identical_sync_searches_against_a_hung_provider_wait_one_timeout() -> None:
+    retriever, llm = _hung_retriever()
+    found: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: found.append(retriever.search(Q))) for _ in range(20)
+    ]
+    begin = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - begin < 2 * T  # the old waiters called again: 2 x T
+    _all_fell_back(found)
+    assert len(llm.prompts) == 1
+
+
+async def test_twenty_identical_async_searches_against_a_hung_provider_wait_one_timeout() -> None:
+    retriever, llm = _hung_retriever()
+    begin = time.monotonic()
+    found = await asyncio.wait_for(asyncio.gather(*(retriever.asearch(Q) for _ in range(20))), 5)
+    assert time.monotonic() - begin < 2 * T
+    _all_fell_back(list(found))
+    assert len(llm.prompts) == 1
+
+
+async def test_when_the_leader_is_cancelled_a_waiter_calls_and_succeeds() -> None:
+    llm = ScriptedLLM(replies=[HANG, "Renewals slipped last quarter."])
+    hyde = HyDE(llm, timeout=5.0, cache=MemoryCache(), retry=NO_RETRY)
+    leader = asyncio.create_task(hyde.atransform(Q))
+    await asyncio.sleep(0.05)
+    waiter = asyncio.create_task(hyde.atransform(Q))
+    await asyncio.sleep(0.05)
+    leader.cancel()
+    result = await asyncio.wait_for(waiter, 5)
+    assert not result.fallback and result.hypothetical == ("Renewals slipped last quarter.",)
+    assert result.usage.calls == 1 and len(llm.prompts) == 2
+
+
+async def test_a_cancelled_waiter_on_a_hung_provider_raises_its_cancellation() -> None:
+    llm = ScriptedLLM(replies=[HANG] * 3)
+    hyde = HyDE(llm, timeout=5.0, cache=MemoryCache(), retry=NO_RETRY)
+    leader = asyncio.create_task(hyde.atransform(Q))
+    await asyncio.sleep(0.05)
+    waiter = asyncio.create_task(hyde.atransform(Q))
+    await asyncio.sleep(0.05)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not leader.done() and len(llm.prompts) == 1
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader

@@ -36,8 +36,8 @@ from .. import _llm
 from .._checks import is_number
 from .._workers import Job, WorkersBusyError
 from ..cache import TransformCache, cache_key, holds_objects
-from ..reliability import CircuitOpenError, RetryPolicy, failure
-from ..singleflight import SingleFlight
+from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, failure
+from ..singleflight import SingleFlight, WaitExpired
 from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, validate_query
@@ -255,6 +255,13 @@ class LLMTransform(QueryTransformer):
             breaker=self.breaker,
         )
 
+    def _options_within(self, budget: float | None) -> _llm.CallOptions:
+        """`_call_options`, its timeout cut to ``budget`` seconds when that is shorter."""
+        options = self._call_options()
+        if budget is None or (options.timeout is not None and options.timeout <= budget):
+            return options
+        return replace(options, timeout=budget)
+
     def _params(self) -> dict[str, Any]:
         """The options that change the output, for the cache key: every constructor
         option (`option_names`) but `NOT_GENERATION_OPTIONS` and the class's
@@ -408,13 +415,16 @@ class LLMTransform(QueryTransformer):
         if hit is not None:
             return hit
 
-        def work() -> TransformResult:
-            result = self._generate(query, context)
+        def work(budget: float | None) -> TransformResult:
+            result = self._generate(query, context, budget)
             self._cache_io(lambda: self._store(key, result), "write")
             return result
 
-        result, shared = self._flights.run(key, work, _shareable)
-        return _as_cached(result, start) if shared else result
+        try:
+            result, shared = self._flights.run(key, work, self.timeout)
+        except WaitExpired:
+            return self._overdue(query, start)
+        return self._as_waiter(result, start) if shared else result
 
     async def atransform(
         self, query: str, *, context: Sequence[str] | None = None
@@ -432,13 +442,36 @@ class LLMTransform(QueryTransformer):
         if hit is not None:
             return hit
 
-        async def work() -> TransformResult:
-            result = await self._agenerate(query, context)
+        async def work(budget: float | None) -> TransformResult:
+            result = await self._agenerate(query, context, budget)
             await self._acache_io(lambda: self._store(key, result), "write")
             return result
 
-        result, shared = await self._flights.arun(key, work, _shareable)
-        return _as_cached(result, start) if shared else result
+        try:
+            result, shared = await self._flights.arun(key, work, self.timeout)
+        except WaitExpired:
+            return self._overdue(query, start)
+        return self._as_waiter(result, start) if shared else result
+
+    def _as_waiter(self, result: TransformResult, start: float) -> TransformResult:
+        """What an identical concurrent call's ``result`` is to a caller that waited for
+        it: a complete generation as a cache hit; a failure (a fallback, or some calls
+        failed) as this caller's own, with its own latency and no usage (it made no
+        call, and asking the provider again would wait out its timeout once more)."""
+        if _shareable(result):
+            return _as_cached(result, start)
+        return replace(
+            result,
+            usage=Usage(),
+            generation_usage=None,
+            latency_s=time.perf_counter() - start,
+        )
+
+    def _overdue(self, query: str, start: float) -> TransformResult:
+        """The fallback of a caller whose own timeout ran out while it waited on an
+        identical call (the LLM was not called for it)."""
+        error = LLMTimeoutError(f"LLM did not answer within {self.timeout:g}s")
+        return self._fallback(query, [error], start)
 
     def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
         """The passages this transform shows its model (none unless it is grounded)."""
@@ -449,9 +482,12 @@ class LLMTransform(QueryTransformer):
         raises; the caller falls back)."""
         return self.llm, self._render(query, context)
 
-    def _generate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
+    def _generate(
+        self, query: str, context: Sequence[str] | None = None, budget: float | None = None
+    ) -> TransformResult:
         """The LLM calls; several run at once under one deadline (`_llm.complete_all`),
-        as `_agenerate` gathers them, so ``timeout`` bounds the whole generation."""
+        as `_agenerate` gathers them, so ``timeout`` bounds the whole generation
+        (``budget``, when given and shorter: what is left of a caller's own time)."""
         start = time.perf_counter()
         try:
             llm, prompt = self._prompt_for(query, context)
@@ -461,14 +497,16 @@ class LLMTransform(QueryTransformer):
         n = self._num_calls()
         if n == 1:
             try:
-                outcomes = [_llm.complete(llm, prompt, self._call_options())]
+                outcomes = [_llm.complete(llm, prompt, self._options_within(budget))]
             except Exception as exc:
                 outcomes = [exc]
         else:
-            outcomes = _llm.complete_all(llm, prompt, self._call_options(), n)
+            outcomes = _llm.complete_all(llm, prompt, self._options_within(budget), n)
         return self._finish(query, outcomes, start)
 
-    async def _agenerate(self, query: str, context: Sequence[str] | None = None) -> TransformResult:
+    async def _agenerate(
+        self, query: str, context: Sequence[str] | None = None, budget: float | None = None
+    ) -> TransformResult:
         start = time.perf_counter()
         try:
             llm, prompt = self._prompt_for(query, context)
@@ -477,13 +515,13 @@ class LLMTransform(QueryTransformer):
         outcomes: list[_llm.LLMReply | BaseException]
         if self._num_calls() == 1:  # one call: awaited here, no task to hold
             try:
-                outcomes = [await _llm.acomplete(llm, prompt, self._call_options())]
+                outcomes = [await _llm.acomplete(llm, prompt, self._options_within(budget))]
             except Exception as exc:
                 outcomes = [exc]
         else:
             outcomes = await asyncio.gather(
                 *(
-                    _llm.acomplete(llm, prompt, self._call_options())
+                    _llm.acomplete(llm, prompt, self._options_within(budget))
                     for _ in range(self._num_calls())
                 ),
                 return_exceptions=True,

@@ -1,0 +1,139 @@
+"""Model calls after the LLM, each waited for until one `Deadline`.
+
+Once the LLM has answered, `TransformRetriever` still calls models: the embedder (the
+generated text, the question, documents the store cannot return), the vector store
+(stored document vectors) and the reranker. Each call is bounded here, as the LLM's
+own are: a blocking call runs on its model's own worker threads (`_llm.WORKERS`, never
+the event loop's default executor) and is abandoned when the deadline passes; a native
+coroutine is awaited under asyncio's timeout and cancelled then. Either way the caller
+gets a `ModelTimeoutError` and falls back; a model whose worker threads all hold
+overrun calls fails at once (`_workers.WorkersBusyError`), so a hung model never holds
+more than its pool's threads. The caller's own cancellation propagates, and a call it
+abandoned is never waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ._workers import DaemonWorkers
+
+T = TypeVar("T")
+
+
+class ModelTimeoutError(TimeoutError):
+    """A model called after the LLM did not answer before its deadline."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The moment ``at`` (``time.monotonic()``), ``seconds`` after the bound started."""
+
+    seconds: float
+    at: float
+
+    @classmethod
+    def start(cls, seconds: float | None) -> Deadline | None:
+        """A deadline ``seconds`` from now (None: no bound).
+
+        Args:
+            seconds: the bound, in seconds; None for none.
+        """
+        return None if seconds is None else cls(seconds, time.monotonic() + seconds)
+
+    def left(self) -> float:
+        """Seconds until it passes (0 once it has)."""
+        return max(self.at - time.monotonic(), 0.0)
+
+    def overrun(self, what: str) -> ModelTimeoutError:
+        """The error saying ``what`` did not answer in time."""
+        return ModelTimeoutError(f"{what} did not answer within {self.seconds:g}s")
+
+
+def run_within(
+    pool: DaemonWorkers, call: Callable[[], T], deadline: Deadline | None, what: str
+) -> T:
+    """``call()`` on a worker of ``pool``, waited for until ``deadline`` (then abandoned,
+    `ModelTimeoutError`); with no deadline, called in the caller's thread.
+
+    Args:
+        pool: the model's own worker threads.
+        call: the blocking call.
+        deadline: when to stop waiting; None for no bound.
+        what: names the model in the error.
+    """
+    if deadline is None:
+        return call()
+    if not deadline.left():
+        raise deadline.overrun(what)
+    job = pool.submit(call)
+    if not job.done.wait(deadline.left()):
+        job.abandon()
+        raise deadline.overrun(what)
+    return job.result()  # type: ignore[no-any-return]
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def arun_within(
+    pool: DaemonWorkers, call: Callable[[], T], deadline: Deadline | None, what: str
+) -> T:
+    """`run_within` on the async path: the event loop waits for the worker without
+    blocking (also with no deadline: a blocking call never runs on the loop, nor on its
+    default executor). Cancelling the await abandons the call.
+
+    Args:
+        pool: the model's own worker threads.
+        call: the blocking call.
+        deadline: when to stop waiting; None for no bound.
+        what: names the model in the error.
+    """
+    if deadline is not None and not deadline.left():
+        raise deadline.overrun(what)
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+    job = pool.submit(call, lambda: loop.call_soon_threadsafe(_wake, woken))
+    try:
+        await asyncio.wait_for(woken, None if deadline is None else deadline.left())
+    except BaseException as exc:  # the deadline, or our own cancellation
+        job.abandon()
+        if isinstance(exc, asyncio.TimeoutError) and deadline is not None:
+            raise deadline.overrun(what) from None
+        raise
+    return job.result()  # type: ignore[no-any-return]
+
+
+async def await_within(awaitable: Awaitable[T], deadline: Deadline | None, what: str) -> T:
+    """A native coroutine of a model, cancelled when ``deadline`` passes
+    (`ModelTimeoutError`); the model's own ``TimeoutError`` keeps its message.
+
+    Args:
+        awaitable: the model's coroutine.
+        deadline: when to stop waiting; None for no bound.
+        what: names the model in the error.
+    """
+    if deadline is None:
+        return await awaitable
+    if not deadline.left():
+        _close(awaitable)
+        raise deadline.overrun(what)
+    try:
+        return await asyncio.wait_for(awaitable, deadline.left())
+    except asyncio.TimeoutError:
+        if deadline.left():
+            raise  # the model's own timeout, not ours
+        raise deadline.overrun(what) from None
+
+
+def _close(awaitable: Awaitable[object]) -> None:
+    """Close a coroutine that will never be awaited (no "never awaited" warning)."""
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()

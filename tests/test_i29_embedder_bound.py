@@ -1,0 +1,298 @@
+"""Issue #29, round 7 D7: a hung embedder never hangs a search.
+
+Every model call hyde-plus makes after the LLM (embedding the generated text, the
+question for the gate and the mix, documents for rerank and Rocchio) is bounded by
+``model_timeout``: a blocking embedder on worker threads of its own, a native async one
+under asyncio's timeout. Past the deadline the search falls back to the question's own
+hits. Before the fix each of these searches waited for the embedder for ever."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from pydantic import PrivateAttr
+
+from llama_index_hyde_plus import HyDE, Rocchio, TransformRetriever
+from llama_index_hyde_plus.testing import (
+    DeterministicEmbedding,
+    ScriptedLLM,
+    StaticRetriever,
+    SyncCallError,
+)
+from llama_index_hyde_plus.transforms.base import QueryTransformer
+
+from .conftest import DOCS
+
+Q = "Why did revenue drop?"
+PASSAGE = "Revenue dropped because enterprise renewals slipped last quarter."
+HITS = ["pto", "renewals", "hiring"]
+T = 0.3
+"""The configured ``model_timeout``; a search must end well within 5 x T."""
+LIMIT = 5 * T
+
+_words = DeterministicEmbedding(dim=64)
+
+
+class BlockingEmbedding(BaseEmbedding):
+    """A blocking-only embedder (no async text methods of its own) whose document
+    embeddings, and its query embeddings too with ``queries=True``, block on a
+    ``threading.Event`` the test sets only at teardown."""
+
+    queries: bool = False
+    _release: threading.Event = PrivateAttr(default_factory=threading.Event)
+    _entered: int = PrivateAttr(default=0)
+
+    def _block(self) -> None:
+        self._entered += 1
+        self._release.wait()
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        if self.queries:
+            self._block()
+        return _words.vector(query)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        if self.queries:  # as a client with no async API would: in a thread
+            return await asyncio.to_thread(self._get_query_embedding, query)
+        return _words.vector(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        self._block()
+        return _words.vector(text)
+
+
+class AsyncHangingEmbedding(BaseEmbedding):
+    """A native async embedder whose coroutines await an ``asyncio.Event`` never set
+    (document embeddings; queries too with ``queries=True``); its blocking methods
+    must never be called. ``cancelled`` counts the awaits that were cancelled."""
+
+    queries: bool = False
+    _cancelled: int = PrivateAttr(default=0)
+
+    async def _hang(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self._cancelled += 1
+            raise
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        raise SyncCallError("blocking query embedding on the async path")
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        raise SyncCallError("blocking text embedding on the async path")
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        if self.queries:
+            await self._hang()
+        return _words.vector(query)
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        await self._hang()
+        return _words.vector(text)
+
+
+@pytest.fixture
+def blocking() -> Iterator[Callable[..., BlockingEmbedding]]:
+    """Makes `BlockingEmbedding` s with a model name of their own (so each test has
+    its own worker threads), all released at teardown."""
+    made: list[BlockingEmbedding] = []
+
+    def make(**fields: Any) -> BlockingEmbedding:
+        made.append(BlockingEmbedding(model_name=f"hung-{uuid.uuid4().hex}", **fields))
+        return made[-1]
+
+    yield make
+    for model in made:
+        model._release.set()
+
+
+def _transforms() -> dict[str, Callable[[], QueryTransformer]]:
+    return {
+        "hyde": lambda: HyDE(ScriptedLLM(replies=[PASSAGE] * 100)),
+        "rerank": lambda: HyDE(ScriptedLLM(replies=[PASSAGE] * 100), strategy="rerank"),
+        "rocchio": lambda: Rocchio(k=2),
+        "gate": lambda: HyDE(ScriptedLLM(replies=[PASSAGE] * 100), gate=0.5),
+    }
+
+
+KINDS = list(_transforms())
+
+
+def _retriever(kind: str, model: BaseEmbedding, **kwargs: Any) -> TransformRetriever:
+    return TransformRetriever(
+        StaticRetriever(DOCS, default=HITS),
+        _transforms()[kind](),
+        embed_model=model,
+        model_timeout=T,
+        **kwargs,
+    )
+
+
+def _sync_within(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
+    """``call()``'s result and seconds, failing (not hanging) when it takes over
+    ``limit`` (the old code never returned)."""
+    out: list[Any] = []
+    start = time.perf_counter()
+    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    worker.start()
+    worker.join(limit)
+    assert out, f"the search was still running after {limit:g}s"
+    return out[0], time.perf_counter() - start
+
+
+def _is_question_fallback(found: Any) -> None:
+    assert [n.node.node_id for n in found.nodes] == HITS
+    assert found.transform.fallback, found.transform
+    assert f"did not answer within {T:g}s" in (found.transform.error or "")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hung_blocking_embedder_falls_back_to_the_question_on_the_sync_path(
+    kind: str, blocking: Callable[..., BlockingEmbedding]
+) -> None:
+    retriever = _retriever(kind, blocking())
+    found, seconds = _sync_within(lambda: retriever.search(Q), LIMIT)
+    _is_question_fallback(found)
+    assert seconds < LIMIT
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_hung_blocking_embedder_falls_back_on_the_async_path_off_the_loop(
+    kind: str, blocking: Callable[..., BlockingEmbedding]
+) -> None:
+    retriever = _retriever(kind, blocking())
+    start = time.perf_counter()
+    found = await asyncio.wait_for(retriever.asearch(Q), LIMIT)
+    _is_question_fallback(found)
+    assert time.perf_counter() - start < LIMIT
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_hung_async_embedder_falls_back_and_its_call_is_cancelled(kind: str) -> None:
+    model = AsyncHangingEmbedding()
+    retriever = _retriever(kind, model)
+    start = time.perf_counter()
+    found = await asyncio.wait_for(retriever.asearch(Q), LIMIT)
+    _is_question_fallback(found)
+    assert time.perf_counter() - start < LIMIT
+    assert model._cancelled >= 1  # nothing of it keeps running
+
+
+def test_an_embedder_hung_on_the_question_too_still_serves_the_question_sync(
+    blocking: Callable[..., BlockingEmbedding],
+) -> None:
+    """HyDE embeds the question after the LLM (for the mix): the fallback lets the
+    wrapped retriever embed it, rather than wait on the hung embedder again."""
+    model = blocking(queries=True)
+    retriever = _retriever("hyde", model)
+    found, seconds = _sync_within(lambda: retriever.search(Q), LIMIT)
+    _is_question_fallback(found)
+    assert seconds < LIMIT
+    assert retriever.retriever.bundles[-1].embedding is None  # type: ignore[attr-defined]
+
+
+async def test_an_embedder_hung_on_the_question_too_still_serves_the_question_async() -> None:
+    retriever = _retriever("hyde", AsyncHangingEmbedding(queries=True))
+    start = time.perf_counter()
+    found = await asyncio.wait_for(retriever.asearch(Q), LIMIT)
+    _is_question_fallback(found)
+    assert time.perf_counter() - start < LIMIT
+
+
+async def test_fifty_concurrent_searches_against_a_hung_embedder_all_return(
+    blocking: Callable[..., BlockingEmbedding],
+) -> None:
+    """50 searches hold at most the embedder's own 32 threads (the rest wait in line
+    and never run); once all 32 overran, the next searches fall back at once, and the
+    loop's default executor stays free for the app."""
+    model = blocking()
+    retriever = _retriever("hyde", model)
+    start = time.perf_counter()
+    found = await asyncio.wait_for(
+        asyncio.gather(*(retriever.asearch(Q) for _ in range(50))), 2 * LIMIT
+    )
+    assert time.perf_counter() - start < 2 * LIMIT
+    for one in found:
+        _is_question_fallback(one)
+    assert model._entered <= 32
+    start = time.perf_counter()
+    again = await asyncio.wait_for(asyncio.gather(*(retriever.asearch(Q) for _ in range(50))), T)
+    assert time.perf_counter() - start < T  # no waiting: the threads all overran
+    assert all("worker threads are busy" in (r.transform.error or "") for r in again)
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
+
+
+@pytest.mark.parametrize("native", [False, True])
+async def test_cancelling_a_search_waiting_on_a_hung_embedder_propagates(
+    native: bool, blocking: Callable[..., BlockingEmbedding], caplog: pytest.LogCaptureFixture
+) -> None:
+    model: BaseEmbedding = AsyncHangingEmbedding() if native else blocking()
+    retriever = TransformRetriever(
+        StaticRetriever(DOCS, default=HITS),
+        HyDE(ScriptedLLM(replies=[PASSAGE] * 10)),
+        embed_model=model,
+        model_timeout=30.0,
+    )
+    start = time.perf_counter()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(retriever.asearch(Q), 0.2)
+    assert time.perf_counter() - start < 5.0
+    await asyncio.sleep(0.05)
+    if native:
+        assert model._cancelled == 1  # type: ignore[union-attr]
+    else:
+        pool = retriever.embedder.pool()  # type: ignore[union-attr]
+        assert all(job.abandoned for job in pool._running)  # never waited for again
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert "fail" not in caplog.text.lower()  # no fallback, no stray error
+
+
+def test_model_timeout_is_checked_by_name() -> None:
+    for bad in (0, -1, float("inf"), "3"):
+        with pytest.raises(ValueError, match="model_timeout"):
+            TransformRetriever(StaticRetriever(DOCS), HyDE(ScriptedLLM()), model_timeout=bad)
+
+
+class MilvusVectorStore:
+    """Stands in for llama_index's MilvusVectorStore (matched by name), its ``get``
+    hung until the test sets ``release``."""
+
+    collection_name = "docs"
+    embedding_field = "embedding"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.client = self
+
+    def get(self, **kwargs: Any) -> list[dict[str, Any]]:
+        self.release.wait()
+        return []
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hung_milvus_read_of_document_vectors_falls_back(use_async: bool) -> None:
+    store = MilvusVectorStore()
+    base = StaticRetriever(DOCS, default=HITS)
+    base._vector_store = store  # type: ignore[attr-defined]
+    retriever = TransformRetriever(
+        base, Rocchio(k=2), embed_model=DeterministicEmbedding(dim=64), model_timeout=T
+    )
+    try:
+        start = time.perf_counter()
+        if use_async:
+            found = await asyncio.wait_for(retriever.asearch(Q), LIMIT)
+        else:
+            found, _ = _sync_within(lambda: retriever.search(Q), LIMIT)
+        assert time.perf_counter() - start < LIMIT
+        assert [n.node.node_id for n in found.nodes] == HITS and found.transform.fallback
+        assert f"the vector store did not answer within {T:g}s" in (found.transform.error or "")
+    finally:
+        store.release.set()
