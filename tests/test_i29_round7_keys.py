@@ -272,3 +272,51 @@ def test_replicas_with_another_working_folder_share_keys(
         env=env,
     ).stdout.split()
     assert out == [hyde.cache_key_for(Q) for hyde in configurations()]
+
+
+# -- #32 item 6: a function that reads nothing but its code is read once --------------
+def _reply_hook(prompt: str) -> str:
+    return "EN passage"
+
+
+def _other_hook(prompt: str) -> str:
+    return "FR passage"
+
+
+def test_a_function_read_once_still_follows_its_code_defaults_and_globals() -> None:
+    """The memo of a function that holds and reads nothing but its code
+    (`keys._pure_memo`) never outlives a change of what it computes."""
+    hook = _copy_of(_reply_hook)
+    hyde = HyDE(ScriptedLLM(respond=hook))
+    first = hyde.cache_key_for(Q)
+    assert hyde.cache_key_for(Q) == first
+    hook.__code__ = _other_hook.__code__
+    second = hyde.cache_key_for(Q)
+    assert second != first
+    hook.__defaults__ = ("x",)
+    assert hyde.cache_key_for(Q) not in (first, second)
+    hook.__defaults__ = None
+    assert hyde.cache_key_for(Q) == second
+    reads_later = _copy_of(_reads_later)
+    absent = HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q)  # reads only its code
+    globals()["_LATER"] = "defined afterwards"
+    try:
+        defined = HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q)
+        assert defined != absent
+        globals()["_LATER"] = "redefined"
+        assert HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q) not in (absent, defined)
+    finally:
+        del globals()["_LATER"]
+    assert HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q) == absent
+
+
+def _reads_later(prompt: str) -> str:
+    return str(_LATER)  # type: ignore[name-defined]  # noqa: F821
+
+
+def _copy_of(fn: Callable[[str], str]) -> Callable[[str], str]:
+    import types
+
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__)
+    copy.__qualname__ = fn.__qualname__
+    return copy

@@ -335,8 +335,23 @@ def callable_identity(value: Any, depth: int, within: frozenset[int] = frozenset
         return [_exact(value.__func__, depth), _exact_object(value.__self__, depth)]
     if not inspect.isfunction(value):  # an object with __call__: its class and state
         return _exact_object(value, depth)
+    return _function_identity(value, name, depth, within)
+
+
+def _function_identity(value: Any, name: str, depth: int, within: frozenset[int]) -> str:
+    """`callable_identity` of a plain function. One that holds and reads nothing but
+    its code (no closure, no defaults, no global of its module read: a formatter
+    lambda) is read once per code object (`_pure_memo`): what it computes cannot
+    change while its code does not."""
+    code = value.__code__
+    code_part, names, env = _code_read(code, depth)  # immutable: read once
+    pure = not (value.__closure__ or value.__defaults__ or value.__kwdefaults__)
+    pure = pure and names.isdisjoint(value.__globals__)
+    if pure:
+        known = _pure_memo.get(id(code))
+        if known is not None and known[0] is code and known[1:3] == (depth, name):
+            return known[3]
     cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
-    code_part, names, env = _code_read(value.__code__, depth)  # immutable: read once
     keywords = value.__kwdefaults__ or {}
     parts = [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
     parts.append(_exact(keywords, depth))
@@ -348,7 +363,17 @@ def callable_identity(value: Any, depth: int, within: frozenset[int] = frozenset
     ]
     parts.append(reads)  # the globals it reads (a template, a table, a config object)
     text = "[" + ", ".join([code_part, *map(repr, parts)]) + "]"  # repr([code, *parts])
-    return f"{name}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    identity = f"{name}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    if pure:
+        if len(_pure_memo) >= _CODE_MEMO_SIZE:
+            _pure_memo.clear()
+        _pure_memo[id(code)] = (code, depth, name, identity)
+    return identity
+
+
+_pure_memo: dict[int, tuple[CodeType, int, str, str]] = {}
+"""`_function_identity` of functions that read nothing but their code, by their code
+object's id (the entry holds the code object, so the id is never reused meanwhile)."""
 
 
 def _digest(parts: Any) -> str:
