@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -34,6 +34,7 @@ from .transforms.base import (
     QueryTransformer,
     SearchSpec,
     TransformResult,
+    revised,
     validate_query,
 )
 from .transforms.core import CoreTransform, as_transformer, caller_bundle
@@ -220,7 +221,7 @@ def _reused(transformed: TransformResult | None) -> TransformResult | None:
     if transformed is None:
         return None
     spent = transformed.generation_usage or transformed.usage
-    return replace(transformed, usage=Usage(), generation_usage=spent)
+    return revised(transformed, usage=Usage(), generation_usage=spent)
 
 
 def _wake(future: asyncio.Future[None]) -> None:

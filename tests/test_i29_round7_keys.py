@@ -320,3 +320,21 @@ def _copy_of(fn: Callable[[str], str]) -> Callable[[str], str]:
     copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__)
     copy.__qualname__ = fn.__qualname__
     return copy
+
+
+def test_revised_is_dataclasses_replace_for_every_field() -> None:
+    """`revised`, the hit path's copy, is exact only while `TransformResult` has no
+    ``__post_init__`` and every field is in ``__init__``; it matches ``replace``."""
+    import dataclasses
+
+    from llama_index_hyde_plus.transforms.base import TransformResult, revised
+    from llama_index_hyde_plus.usage import Usage
+
+    assert not hasattr(TransformResult, "__post_init__")
+    assert all(f.init for f in dataclasses.fields(TransformResult))
+    result = HyDE(ScriptedLLM(respond=_echo)).transform(Q)
+    changes = {"usage": Usage(cached=True), "cached": True, "latency_s": 0.5}
+    assert revised(result, **changes) == dataclasses.replace(result, **changes)
+    assert revised(result) == result and revised(result) is not result
+    with pytest.raises(TypeError):
+        revised(result, nonsense=1)

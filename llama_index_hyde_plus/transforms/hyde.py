@@ -15,7 +15,7 @@ from .._checks import check_int, is_int
 from .._llm import CallOptions
 from ..expansion import check_weight, keyword_query
 from ..usage import Usage
-from .base import Guards, SearchSpec, Strategy, TransformResult
+from .base import Guards, SearchSpec, Strategy, TransformResult, revised
 from .llm_base import LLMTransform, UnusableReplyError, reply_past
 from .options import LLMOptions
 from .parsing import dedupe, trim_passage
@@ -361,10 +361,10 @@ class HyDE(LLMTransform):
         options = (*weights[:3], weights[3] is not None, self.generator)
         last = self._last_styled
         if last is not None and last[0] is result and last[1] == options:
-            return replace(last[2], **changes)
+            return revised(last[2], **changes)
         styled = self._styled(result, weights)
         self._last_styled = (result, options, styled)
-        return replace(styled, **changes)
+        return revised(styled, **changes)
 
     def _styled(
         self, result: TransformResult, weights: tuple[Any, ...] | None = None

@@ -33,7 +33,7 @@ from ..reliability import CircuitOpenError, RetryPolicy, failure
 from ..singleflight import SingleFlight
 from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
-from .base import QueryTransformer, TransformResult, logger, validate_query
+from .base import QueryTransformer, TransformResult, logger, revised, validate_query
 from .keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
 from .keys import Unkeyable as Unkeyable  # re-exported: what a key that cannot be built raises
 from .keys import (
@@ -329,7 +329,7 @@ class LLMTransform(QueryTransformer):
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         """A cached result with this instance's search options (they do not change
         what the LLM wrote, so they are not in the cache key), and ``changes``."""
-        return replace(result, include_query=self.include_query, **changes)
+        return revised(result, include_query=self.include_query, **changes)
 
     def _cache_io_is_blocking(self) -> bool:
         return self.cache is not None and not holds_objects(self.cache)
@@ -641,7 +641,7 @@ def _shareable(result: TransformResult) -> bool:
 
 def _as_cached(result: TransformResult, start: float) -> TransformResult:
     """``result`` as served without an LLM call: zero usage, original usage kept."""
-    return replace(
+    return revised(
         result,
         usage=Usage(cached=True),
         cached=True,
