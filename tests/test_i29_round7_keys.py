@@ -338,3 +338,50 @@ def test_revised_is_dataclasses_replace_for_every_field() -> None:
     assert revised(result) == result and revised(result) is not result
     with pytest.raises(TypeError):
         revised(result, nonsense=1)
+
+
+class ScalarLLM(ScriptedLLM):
+    """A scripted LLM whose settings are all immutable: read once while unchanged."""
+
+    temperature: float = 0.0
+    max_tokens: int | None = None
+
+
+def _third_hook(prompt: str) -> str:
+    return "DE passage"
+
+
+def test_the_llm_settings_read_once_follow_every_change_on_the_same_transform() -> None:
+    """The settings are read once while each of their values is the very same
+    immutable object (`keys.settings_snapshot`); any change is read again, and a
+    setting that can change in place (a dict) is read for every key."""
+    from llama_index_hyde_plus.transforms.keys import settings_snapshot
+    from tests.test_i29_caches import SettingsLLM
+
+    hook = _copy_of(_reply_hook)
+    llm = ScalarLLM(respond=hook)
+    assert settings_snapshot(llm) is not None  # the memo is used
+    hyde = HyDE(llm)
+    seen = {hyde.cache_key_for(Q)}
+    assert hyde.cache_key_for(Q) in seen
+
+    def changed(transform: HyDE = hyde) -> bool:
+        key = transform.cache_key_for(Q)
+        new = key not in seen
+        seen.add(key)
+        return new
+
+    llm.temperature = 0.7
+    assert changed() and not changed()
+    hook.__code__ = _other_hook.__code__
+    assert changed() and not changed()
+    llm.respond = _copy_of(_third_hook)
+    assert changed() and not changed()
+    llm.max_tokens = 64
+    assert changed() and not changed()
+    kwargs = SettingsLLM(respond=hook, additional_kwargs={"top_p": 0.5})
+    assert settings_snapshot(kwargs) is None
+    other = HyDE(kwargs)
+    assert changed(other)
+    kwargs.additional_kwargs["top_p"] = 0.9  # in place
+    assert changed(other)

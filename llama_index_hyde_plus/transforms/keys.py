@@ -42,7 +42,9 @@ __all__ = [
     "generation_options",
     "llm_settings",
     "option_value",
+    "same_snapshot",
     "sent_to",
+    "settings_snapshot",
 ]
 
 
@@ -217,6 +219,50 @@ def llm_settings(llm: object) -> dict[str, Any]:
     Args:
         llm: The transform's LLM."""
     return _model_settings(llm, 0, FORMATTERS) if isinstance(llm, BaseModel) else {}
+
+
+def settings_snapshot(llm: object) -> tuple[Any, ...] | None:
+    """What `llm_settings` reads of ``llm``, when all of it is immutable: the class and
+    every setting field's value (scalars, enum members over a scalar, and functions
+    that hold and read nothing but their code, with that code and their names), to
+    compare by identity; None when any value could change in place (a dict, a list, a
+    model, a closure, a function reading a global) or cannot be read. Equal snapshots
+    (each part the very same object) mean equal settings: a transform reads them once
+    while that holds (`LLMTransform.cache_key_for`).
+
+    Args:
+        llm: The transform's LLM."""
+    if not isinstance(llm, BaseModel):
+        return None
+    kind = type(llm)
+    parts: list[Any] = [kind]
+    for name in _setting_fields(kind):
+        if name in FORMATTERS:
+            continue  # not a setting (keyed by output, `sent_to`)
+        try:
+            value = getattr(llm, name)
+        except Exception:
+            return None
+        if type(value) in _SCALARS or (
+            isinstance(value, enum.Enum) and type(value.value) in _SCALARS
+        ):
+            parts.append(value)
+        elif inspect.isfunction(value) and _reads_only_its_code(value):
+            parts.extend((value, value.__code__, value.__module__, value.__qualname__))
+        else:
+            return None
+    return tuple(parts)
+
+
+def same_snapshot(one: tuple[Any, ...], other: tuple[Any, ...]) -> bool:
+    """Whether two `settings_snapshot`s hold the very same objects."""
+    return len(one) == len(other) and all(a is b for a, b in zip(one, other))
+
+
+def _reads_only_its_code(fn: Any) -> bool:
+    if fn.__closure__ or fn.__defaults__ or fn.__kwdefaults__:
+        return False
+    return _code_read(fn.__code__, 1)[1].isdisjoint(fn.__globals__)
 
 
 def _model_settings(model: BaseModel, depth: int, skip: tuple[str, ...] = ()) -> dict[str, Any]:

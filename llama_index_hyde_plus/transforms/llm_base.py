@@ -40,7 +40,9 @@ from .keys import (
     generation_options,
     llm_settings,
     option_value,
+    same_snapshot,
     sent_to,
+    settings_snapshot,
 )
 from .options import PROFILES, LLMOptions, breaker_from, check_option_names
 from .parsing import clean_reply
@@ -154,6 +156,7 @@ class LLMTransform(QueryTransformer):
         self._flights: SingleFlight[TransformResult] = SingleFlight()
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
         self._slow_key = False  # the last key took over KEY_ON_LOOP_S: see _akey
+        self._settings_read: tuple[LLM, tuple[Any, ...], str] | None = None  # _llm_settings
 
     def __repr__(self) -> str:
         """``HyDE(llm='gpt-4o-mini', profile='auto: capable')``: the model and which
@@ -283,7 +286,7 @@ class LLMTransform(QueryTransformer):
             "method": self.method,
             "llm": type(llm).__name__,
             "model": _llm.model_name(llm),
-            "llm_settings": llm_settings(llm),
+            "llm_settings": self._llm_settings(llm),
             "sent": sent_to(llm, prompt),
             "params": self._params(),
             "query": query,
@@ -291,6 +294,23 @@ class LLMTransform(QueryTransformer):
         if context:
             parts["context"] = list(context)
         return cache_key(parts)
+
+    def _llm_settings(self, llm: LLM) -> str:
+        """`keys.llm_settings` of ``llm`` as the digest of its JSON, read again only
+        when its `keys.settings_snapshot` changes (or it has none: a setting that can
+        change in place is read for every key)."""
+        snapshot = settings_snapshot(llm)
+        known = self._settings_read
+        if (
+            snapshot is not None
+            and known is not None
+            and known[0] is llm
+            and same_snapshot(known[1], snapshot)
+        ):
+            return known[2]
+        digest = cache_key({"llm_settings": llm_settings(llm)})
+        self._settings_read = (llm, snapshot, digest) if snapshot is not None else None
+        return digest
 
     def _lookup(self, key: str, query: str, start: float) -> TransformResult | None:
         assert self.cache is not None
