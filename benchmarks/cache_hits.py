@@ -7,7 +7,10 @@ The Redis rows start Debian's ``redis-server`` on a free loopback port (or use
 
     uv run --frozen --all-extras python benchmarks/cache_hits.py [--hits 500] [--markdown]
 
-Every row is the median of ``--hits`` searches of one question, after one warm-up.
+Every row is the median of ``--hits`` searches of one question, after one warm-up,
+measured in blocks of 50 that alternate with blocks of the floor's search, so load
+that comes and goes on a shared machine weighs on both; ``x floor`` is the median of
+the blocks' ratios.
 """
 
 from __future__ import annotations
@@ -41,14 +44,27 @@ def base() -> StaticRetriever:
     return StaticRetriever(TEXTS, default=[f"d{i}" for i in range(10)])
 
 
-def median_us(run: Callable[[], Any], n: int) -> float:
-    run()  # warm-up: the first search fills the cache
-    times = []
+BLOCK = 50
+
+
+def _block_us(run: Callable[[], Any], n: int) -> float:
+    start = time.perf_counter()
     for _ in range(n):
-        start = time.perf_counter()
         run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def paired_us(run: Callable[[], Any], floor: Callable[[], Any], n: int) -> tuple[float, float]:
+    """``(median µs of run, median ratio run / floor)`` over blocks of `BLOCK` searches
+    of each, alternating (``n`` searches of each in all, at least one block)."""
+    run()  # warm-up: the first search fills the cache
+    floor()
+    times, ratios = [], []
+    for _ in range(max(1, n // BLOCK)):
+        ours, base_us = _block_us(run, BLOCK), _block_us(floor, BLOCK)
+        times.append(ours)
+        ratios.append(ours / base_us)
+    return statistics.median(times), statistics.median(ratios)
 
 
 def searcher(cache: Any, delay: float = 0.0) -> Callable[[], Any]:
@@ -89,47 +105,36 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    rows: list[tuple[str, float]] = []
+    rows: list[tuple[str, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp, redis(args.redis, Path(tmp)) as uri:
         floor_retriever = base()
-        rows.append(
-            (
-                "plain search (the floor)",
-                median_us(lambda: floor_retriever.retrieve(QUESTION), args.hits),
-            )
-        )
-        rows.append(("hit: MemoryCache", median_us(searcher(MemoryCache()), args.hits)))
-        rows.append(
-            (
-                "hit: SQLiteCache",
-                median_us(searcher(SQLiteCache(Path(tmp) / "c.sqlite")), args.hits),
-            )
-        )
-        rows.append(
-            (
-                "hit: KVStoreCache(SimpleKVStore)",
-                median_us(searcher(KVStoreCache(SimpleKVStore())), args.hits),
-            )
-        )
+
+        def floor() -> Any:
+            return floor_retriever.retrieve(QUESTION)
+
+        caches: list[tuple[str, Any]] = [
+            ("hit: MemoryCache", MemoryCache()),
+            ("hit: SQLiteCache", SQLiteCache(Path(tmp) / "c.sqlite")),
+            ("hit: KVStoreCache(SimpleKVStore)", KVStoreCache(SimpleKVStore())),
+        ]
         if uri is not None:
-            rows.append(
-                (
-                    "hit: KVStoreCache(Redis)",
-                    median_us(searcher(KVStoreCache.from_uri(uri)), args.hits),
-                )
-            )
-        rows.append(("miss: 100 ms LLM, no cache", median_us(searcher(None, delay=0.1), 20)))
-    floor = rows[0][1]
+            caches.append(("hit: KVStoreCache(Redis)", KVStoreCache.from_uri(uri)))
+        floor_us, _ = paired_us(floor, floor, args.hits)
+        rows.append(("plain search (the floor)", floor_us, 1.0))
+        for name, cache in caches:
+            rows.append((name, *paired_us(searcher(cache), floor, args.hits)))
+        miss_us, miss_ratio = paired_us(searcher(None, delay=0.1), floor, BLOCK)
+        rows.append(("miss: 100 ms LLM, no cache", miss_us, miss_ratio))
     if args.markdown:
         print("| search | median | x floor |\n| --- | ---: | ---: |")
-        for name, us in rows:
-            print(f"| {name} | {us:,.0f} µs | {us / floor:.1f}x |")
+        for name, us, ratio in rows:
+            print(f"| {name} | {us:,.0f} µs | {ratio:.1f}x |")
     else:
         table = Table(title="Cache hits through TransformRetriever.search (HyDE)")
         for column in ("search", "median", "x floor"):
             table.add_column(column, justify="left" if column == "search" else "right")
-        for name, us in rows:
-            table.add_row(name, f"{us:,.0f} µs", f"{us / floor:.1f}x")
+        for name, us, ratio in rows:
+            table.add_row(name, f"{us:,.0f} µs", f"{ratio:.2f}x")
         Console().print(table)
     if uri is None:
         print("Redis rows left out: no redis-server on PATH and no --redis URI.")

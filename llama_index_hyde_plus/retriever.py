@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -35,6 +35,7 @@ from .transforms.base import (
     QueryTransformer,
     SearchSpec,
     TransformResult,
+    revised,
     validate_query,
 )
 from .transforms.core import CoreTransform, as_transformer, caller_bundle
@@ -221,7 +222,7 @@ def _reused(transformed: TransformResult | None) -> TransformResult | None:
     if transformed is None:
         return None
     spent = transformed.generation_usage or transformed.usage
-    return replace(transformed, usage=Usage(), generation_usage=spent)
+    return revised(transformed, usage=Usage(), generation_usage=spent)
 
 
 def _joined(step: plan.Fanout, outcomes: list[Any], question: Any) -> None:
@@ -266,9 +267,9 @@ def _has_native(obj: Any, name: str, base: type) -> bool:
 
 
 def _copy(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
-    """Fresh NodeWithScore wrappers (deduplicated by node id), so that scoring
-    downstream never touches the wrapped retriever's objects. A shallow ``model_copy``:
-    half the cost of building one (a cache hit makes nothing else)."""
+    """Fresh NodeWithScore wrappers (deduplicated by node id), so that a reranker's
+    scoring never touches the wrapped retriever's objects. A shallow ``model_copy``:
+    half the cost of building one."""
     return [item.model_copy() for item in unique_nodes(nodes)]
 
 
@@ -537,11 +538,12 @@ class TransformRetriever(BaseRetriever):
 
     def _as_given(self, question: Question, start: float) -> SearchResult:
         """A question with no text (an embedding-only bundle), searched as given."""
-        nodes = self._reranked_or_kept(_copy(self._search_bundle(question.bundle())), question)
+        found = unique_nodes(self._search_bundle(question.bundle()))
+        nodes = self._reranked_or_kept(found, question)
         return self._finish(nodes, question.untransformed(self._method()), start, [])
 
     async def _aas_given(self, question: Question, start: float) -> SearchResult:
-        found = _copy(await self._asearch_bundle(question.bundle()))
+        found = unique_nodes(await self._asearch_bundle(question.bundle()))
         nodes = await self._areranked_or_kept(found, question)
         return self._finish(nodes, question.untransformed(self._method()), start, [])
 
@@ -564,12 +566,12 @@ class TransformRetriever(BaseRetriever):
             assert hits is not None
             vectors = self.doc_vectors.get(hits[: step.k], deadline)
             bundle = _feedback(question.text, self._own(question, deadline), vectors, step)
-            return _copy(self._search_bundle(bundle)), []
+            return unique_nodes(self._search_bundle(bundle)), []
         if isinstance(step, plan.Fanout):
             bundles = self._bundles(step, question, self._vectors(step, question, deadline))
             lists, weights, errors = self._run_sync(step, bundles, hits, pending)
             return self._combine(lists, weights), errors
-        return _copy(hits or []), []
+        return unique_nodes(hits or []), []
 
     async def _acarry_out(
         self,
@@ -589,13 +591,13 @@ class TransformRetriever(BaseRetriever):
             vectors = await self.doc_vectors.aget(hits[: step.k], deadline)
             own = await self._aown(question, deadline)
             bundle = _feedback(question.text, own, vectors, step)
-            return _copy(await self._asearch_bundle(bundle)), []
+            return unique_nodes(await self._asearch_bundle(bundle)), []
         if isinstance(step, plan.Fanout):
             dense = await self._avectors(step, question, deadline)
             bundles = self._bundles(step, question, dense)
             lists, weights, errors = await self._run_async(step, bundles, hits, pending)
             return self._combine(lists, weights), errors
-        return _copy(hits or []), []
+        return unique_nodes(hits or []), []
 
     def _method(self) -> str:
         return self.transformer.method or type(self.transformer).__name__
@@ -931,8 +933,8 @@ class TransformRetriever(BaseRetriever):
     def _combine(
         self, lists: list[list[NodeWithScore]], weights: list[float]
     ) -> list[NodeWithScore]:
-        if len(lists) == 1:
-            return _copy(lists[0])
+        if len(lists) == 1:  # copied only for a reranker (`_reranked_or_kept`)
+            return unique_nodes(lists[0])
         mode = self.fusion or self.transformer.default_fusion
         if mode is FusionMode.INTERLEAVE and len(set(weights)) > 1:
             mode = FusionMode.RRF  # interleaving cannot weigh lists; RRF can
@@ -942,10 +944,14 @@ class TransformRetriever(BaseRetriever):
         self, nodes: list[NodeWithScore], question: Question
     ) -> list[NodeWithScore]:
         """``nodes`` through the ``reranker``; as they are, with a warning, when it fails
-        (a reranker is one more component that never breaks search)."""
+        (a reranker is one more component that never breaks search). A reranker gets
+        fresh wrappers (`_copy`): its scores never touch the wrapped retriever's
+        objects; without one the nodes are handed on as that retriever made them, as a
+        plain retriever would (a copy was a fifth of a cache hit's cost)."""
         if self.reranker is None or not nodes:
             return nodes
         deadline = Deadline.start(self.model_timeout)  # its own: whatever came before
+        nodes = _copy(nodes)
         try:
             return run_within(
                 self._rerank_pool(), self._rerank_call(nodes, question), deadline, _RERANKER
@@ -973,6 +979,7 @@ class TransformRetriever(BaseRetriever):
         if self.reranker is None or not nodes:
             return nodes
         deadline = Deadline.start(self.model_timeout)
+        nodes = _copy(nodes)  # see _reranked_or_kept
         try:
             if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
                 coro = self.reranker.apostprocess_nodes(nodes, query_bundle=question.bundle())

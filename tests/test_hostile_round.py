@@ -224,7 +224,13 @@ def test_callables_that_compute_differently_get_different_keys(pair: tuple[Any, 
     assert a.cache_key_for(Q) == HyDE(ScriptedLLM(completion_to_prompt=one)).cache_key_for(Q)
 
 
-def test_a_formatter_the_key_cannot_read_disables_the_cache_rather_than_colliding() -> None:
+@pytest.mark.parametrize("field", ["respond", "completion_to_prompt"])
+def test_a_function_the_key_cannot_read_disables_the_cache_rather_than_colliding(
+    field: str,
+) -> None:
+    """A function setting with a part that has no plain form is never keyed by an
+    identity; a prompt formatter is keyed by what it renders (round 7), so it is
+    cached, once per rendering, and never serves the other language either."""
     import gc
 
     class Opaque:
@@ -238,12 +244,13 @@ def test_a_formatter_the_key_cannot_read_disables_the_cache_rather_than_collidin
     wrong = 0
     for i in range(40):  # objects freed and their addresses reused, as in round 3
         lang = ["EN", "FR"][i % 2]
-        llm = ScriptedLLM([f"answered in {lang}"], completion_to_prompt=Opaque(lang).fmt)
+        llm = ScriptedLLM([f"answered in {lang}"], **{field: Opaque(lang).fmt})
         result = HyDE(llm, cache=cache).transform(Q)
         wrong += result.hypothetical != (f"answered in {lang}",)
         del llm
         gc.collect()
-    assert wrong == 0 and len(cache) == 0  # never cached under a reusable identity
+    # never cached under a reusable identity; a formatter once per rendering
+    assert wrong == 0 and len(cache) == (0 if field == "respond" else 2)
 
 
 def test_a_bound_method_keys_by_its_objects_state() -> None:
@@ -390,7 +397,11 @@ def test_the_module_data_a_formatter_reads_is_in_the_key() -> None:
         TEMPLATES["style"] = "EN"
 
 
-def test_a_formatter_whose_state_fails_to_read_disables_the_cache() -> None:
+@pytest.mark.parametrize("field", ["respond", "completion_to_prompt"])
+def test_a_function_whose_state_fails_to_read_disables_the_cache(field: str) -> None:
+    """Keyed by its state (``respond``): no cache; a formatter is keyed by what it
+    renders (round 7), which needs none of its state."""
+
     class Sly:
         def __init__(self, prefix: str) -> None:
             self.prefix = prefix
@@ -405,6 +416,6 @@ def test_a_formatter_whose_state_fails_to_read_disables_the_cache() -> None:
 
     cache = MemoryCache()
     for lang in ("EN", "FR", "EN", "FR"):
-        llm = ScriptedLLM([f"answered in {lang}"], completion_to_prompt=Sly(lang))
+        llm = ScriptedLLM([f"answered in {lang}"], **{field: Sly(lang)})
         assert HyDE(llm, cache=cache).transform(Q).hypothetical == (f"answered in {lang}",)
-    assert len(cache) == 0
+    assert len(cache) == (0 if field == "respond" else 2)

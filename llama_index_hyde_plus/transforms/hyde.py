@@ -15,7 +15,7 @@ from .._checks import check_int, is_int
 from .._llm import CallOptions
 from ..expansion import check_weight, keyword_query
 from ..usage import Usage
-from .base import Guards, SearchSpec, Strategy, TransformResult, check_strategy
+from .base import Guards, SearchSpec, Strategy, TransformResult, check_strategy, revised
 from .llm_base import LLMTransform, UnusableReplyError, reply_past
 from .options import LLMOptions
 from .parsing import dedupe, trim_passage
@@ -173,6 +173,7 @@ class HyDE(LLMTransform):
         self._gate_relative = gate_relative
         self._fixed: Guards | None = None
         self._shipped_by_generator: dict[str, Guards] = {}
+        self._last_styled: tuple[TransformResult, tuple[Any, ...], TransformResult] | None = None
         # checked now; the generator's shipped strategy and gate fill what is unset
         self._options = Guards(
             context_k=grounded,
@@ -346,12 +347,26 @@ class HyDE(LLMTransform):
         return GROUNDING_PREFIX.format(context=block) + prompt
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
-        return self._styled(replace(result, **changes))
+        """``result`` (a cache hit) `_styled`, with ``changes`` (which never touch
+        what styling reads or sets). The styled form of the last hit is kept while the
+        options it was styled with hold: an in-process cache serves the same result
+        object every time, and rebuilding its search was a fifth of a hit's cost."""
+        weights = self._weights()
+        options = (*weights[:3], weights[3] is not None, self.generator)
+        last = self._last_styled
+        if last is not None and last[0] is result and last[1] == options:
+            return revised(last[2], **changes)
+        styled = self._styled(result, weights)
+        self._last_styled = (result, options, styled)
+        return revised(styled, **changes)
 
-    def _styled(self, result: TransformResult) -> TransformResult:
-        """``result`` searched with this instance's options: the question's weights in
-        the one search (`SearchSpec`), reported in ``search_options``."""
-        include, query_weight, keyword_weight, shipped = self._weights()
+    def _styled(
+        self, result: TransformResult, weights: tuple[Any, ...] | None = None
+    ) -> TransformResult:
+        """``result`` searched with this instance's options (``weights``: `_weights`,
+        read again when not given): the question's weights in the one search
+        (`SearchSpec`), reported in ``search_options``."""
+        include, query_weight, keyword_weight, shipped = weights or self._weights()
         spec = passage_search(
             result.query, result.hypothetical, include, query_weight, keyword_weight
         )

@@ -10,18 +10,12 @@ warning and yields the original query with ``fallback=True``.
 from __future__ import annotations
 
 import asyncio
-import enum
-import functools
-import hashlib
 import inspect
 import logging
-import os
 import re
 import time
-import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from llama_index.core.callbacks import CallbackManager
@@ -30,7 +24,6 @@ from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
-from pydantic import BaseModel
 
 from .. import _llm
 from .._checks import is_number
@@ -40,7 +33,17 @@ from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, failur
 from ..singleflight import SingleFlight, WaitExpired
 from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
-from .base import QueryTransformer, TransformResult, logger, validate_query
+from .base import QueryTransformer, TransformResult, logger, revised, validate_query
+from .keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
+from .keys import Unkeyable as Unkeyable  # re-exported: what a key that cannot be built raises
+from .keys import (
+    generation_options,
+    llm_settings,
+    option_value,
+    same_snapshot,
+    sent_to,
+    settings_snapshot,
+)
 from .options import PROFILES, LLMOptions, breaker_from, check_option_names
 from .parsing import clean_reply
 
@@ -152,6 +155,8 @@ class LLMTransform(QueryTransformer):
         self.breaker = breaker_from(options, self.method)
         self._flights: SingleFlight[TransformResult] = SingleFlight()
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
+        self._slow_key = False  # the last key took over KEY_ON_LOOP_S: see _akey
+        self._settings_read: tuple[LLM, tuple[Any, ...], str] | None = None  # _llm_settings
 
     def __repr__(self) -> str:
         """``HyDE(llm='gpt-4o-mini', profile='auto: capable')``: the model and which
@@ -269,32 +274,50 @@ class LLMTransform(QueryTransformer):
         option is thus in the key unless declared search-only; one with no attribute of
         its name, or a value that is not plain data, is an error (no key, no cache)."""
         return {
-            name: _option_value(name, getattr(self, name))
-            for name in _generation_options(type(self))
+            name: option_value(name, getattr(self, name)) for name in generation_options(type(self))
         }
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
-        """The cache key of ``query``: method, LLM class, model, the LLM's own
-        generation settings (`llm_settings`), prompt template and what else changes
-        its rendering (`_prompt_rendering`: function mappings...), the transform's
-        generation options (`_params`), query and, for a grounded transform, the
-        passages shown to the model. Plain data only: the same in every process."""
-        llm = self.llm
+        """The cache key of ``query``: what the model is sent (`keys.sent_to`: the
+        prompt as rendered for ``query``, function mappings and all, and what the
+        LLM's own formatters make of it), method, LLM class, model, the LLM's other
+        generation settings (`keys.llm_settings`), the transform's generation options
+        (`_params`), query and, for a grounded transform, the passages shown to the
+        model. Plain data only: the same in every process (see `keys`).
+
+        Args:
+            query: The question.
+            context: The passages a grounded transform shows its model."""
+        llm, prompt = self._prompt_for(query, context)
         parts: dict[str, Any] = {
             "method": self.method,
             "llm": type(llm).__name__,
             "model": _llm.model_name(llm),
-            "llm_settings": llm_settings(llm),
-            "prompt": self._prompt.get_template(),
+            "llm_settings": self._llm_settings(llm),
+            "sent": sent_to(llm, prompt),
             "params": self._params(),
             "query": query,
         }
-        rendering = _prompt_rendering(self._prompt)
-        if rendering:
-            parts["prompt_rendering"] = rendering
         if context:
             parts["context"] = list(context)
         return cache_key(parts)
+
+    def _llm_settings(self, llm: LLM) -> str:
+        """`keys.llm_settings` of ``llm`` as the digest of its JSON, read again only
+        when its `keys.settings_snapshot` changes (or it has none: a setting that can
+        change in place is read for every key)."""
+        snapshot = settings_snapshot(llm)
+        known = self._settings_read
+        if (
+            snapshot is not None
+            and known is not None
+            and known[0] is llm
+            and same_snapshot(known[1], snapshot)
+        ):
+            return known[2]
+        digest = cache_key({"llm_settings": llm_settings(llm)})
+        self._settings_read = (llm, snapshot, digest) if snapshot is not None else None
+        return digest
 
     def _lookup(self, key: str, query: str, start: float) -> TransformResult | None:
         assert self.cache is not None
@@ -333,7 +356,7 @@ class LLMTransform(QueryTransformer):
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         """A cached result with this instance's search options (they do not change
         what the LLM wrote, so they are not in the cache key), and ``changes``."""
-        return replace(result, include_query=self.include_query, **changes)
+        return revised(result, include_query=self.include_query, **changes)
 
     def _cache_io_is_blocking(self) -> bool:
         return self.cache is not None and not holds_objects(self.cache)
@@ -396,10 +419,21 @@ class LLMTransform(QueryTransformer):
         call then falls back on its own)."""
         if self.cache is None:
             return None
+        start = time.perf_counter()
         try:
             return self.cache_key_for(query, context)
         except Exception:
             return None
+        finally:
+            self._slow_key = time.perf_counter() - start > KEY_ON_LOOP_S
+
+    async def _akey(self, query: str, context: Sequence[str] | None) -> str | None:
+        """`_key` for the async path: in place, or on a thread while this transform's
+        last key took over `KEY_ON_LOOP_S` (a setting keyed by a big table it reads),
+        so the event loop never waits on it past once."""
+        if not self._slow_key:
+            return self._key(query, context)
+        return await asyncio.to_thread(self._key, query, context)
 
     def transform(self, query: str, *, context: Sequence[str] | None = None) -> TransformResult:
         """Rewrite ``query`` with the LLM; ``context`` is the question's top passages
@@ -434,7 +468,7 @@ class LLMTransform(QueryTransformer):
         `_acache_io`)."""
         validate_query(query)
         context = self._context(context)
-        key = self._key(query, context)
+        key = await self._akey(query, context)
         if key is None:
             return await self._agenerate(query, context)
         start = time.perf_counter()
@@ -585,19 +619,9 @@ class LLMTransform(QueryTransformer):
         return replace(result, latency_s=time.perf_counter() - start)
 
 
-def _prompt_rendering(prompt: BasePromptTemplate) -> dict[str, Any]:
-    """What changes how ``prompt`` renders besides its template text, for the key:
-    partial values, variable mappings, function mappings (each callable by
-    `_callable_identity`) and the output parser, each by `_exact` (`Unkeyable`: no
-    cache). Empty for a plain prompt, whose key is thus its template alone."""
-    fields = {
-        "kwargs": prompt.kwargs,
-        "template_var_mappings": prompt.template_var_mappings,
-        "function_mappings": prompt.function_mappings,
-        "output_parser": prompt.output_parser,
-    }
-    return {name: _exact(value, 0) for name, value in fields.items() if value}
-
+KEY_ON_LOOP_S = 0.005
+"""Seconds a cache key may take on the event loop: a transform whose last key took
+longer builds the next on a thread (`LLMTransform._akey`)."""
 
 CACHE_TIMEOUT_S = 2.0
 """Seconds one read or write of a transform cache that is not in process (SQLite,
@@ -675,384 +699,13 @@ def _shareable(result: TransformResult) -> bool:
 
 def _as_cached(result: TransformResult, start: float) -> TransformResult:
     """``result`` as served without an LLM call: zero usage, original usage kept."""
-    return replace(
+    return revised(
         result,
         usage=Usage(cached=True),
         cached=True,
         generation_usage=result.generation_usage or result.usage,
         latency_s=time.perf_counter() - start,
     )
-
-
-NOT_GENERATION_OPTIONS: frozenset[str] = frozenset(
-    {"prompt", "cache", "callback_manager", "retry", "breaker", "timeout", "prices", "profile"}
-)
-"""The `LLMOptions` that do not change what the LLM writes, so are not in `_params`
-(the prompt is in the key as its template; ``profile`` chooses search defaults only)."""
-
-
-@functools.cache
-def _generation_options(cls: type[LLMTransform]) -> tuple[str, ...]:
-    """The options of ``cls`` in its cache key (see `LLMTransform._params`)."""
-    skip = NOT_GENERATION_OPTIONS | cls.SEARCH_OPTIONS
-    return tuple(name for name in cls.option_names() if name not in skip)
-
-
-def _option_value(name: str, value: Any) -> Any:
-    plain = _plain(value)
-    if plain is _SKIP:
-        raise TypeError(f"option {name}={value!r} has no stable cache-key form")
-    return plain
-
-
-_NOT_SETTINGS = frozenset(
-    {
-        # transport: how the request goes, not what the model writes (where it goes, the
-        # endpoint, is in the key: two servers may serve other weights under one name)
-        "api_type",
-        "api_version",
-        "async_client",
-        "async_http_client",
-        "client",
-        "connect_timeout",
-        "default_headers",
-        "extra_headers",
-        "headers",
-        "http_client",
-        "max_retries",
-        "num_retries",
-        "organization",
-        "read_timeout",
-        "request_timeout",
-        "retries",
-        "reuse_client",
-        "timeout",
-        # machinery of the call: events, pacing, parsing of structured output
-        "callback_manager",
-        "output_parser",
-        "rate_limiter",
-        # the context window and the machine the model runs on
-        "context_window",
-        "device",
-        "device_map",
-        "n_ctx",
-        "n_parallel",
-        "n_threads",
-        "num_workers",
-        "threads",
-    }
-)
-"""LLM settings that are not in the cache key (see `llm_settings`)."""
-
-_SECRET = re.compile(
-    r"^(?:key|token|auth|authorization|credentials?|password|passwd|secret)$"
-    r"|(?:^|_)(?:api_?key|password|passwd|secret|credentials?|authorization)(?:$|_)"
-    r"|(?:^|_)(?:access|auth|bearer|api|hf|hub|id|refresh|session|private)_?token$"
-    r"|(?:^|_)(?:access|private|secret|subscription)_?key(?:_id)?$"
-    r"|^auth_",
-    re.IGNORECASE,
-)
-"""Names of secrets, never in a key: ``api_key``, ``openai_api_key``, ``hf_token``,
-``access_token``, ``client_secret``, ``password``, ``auth_*``, a bare ``token`` or
-``key``. Only secrets: a generation setting named for tokens (``stop_token``,
-``eos_token``, ``stop_token_ids``, ``max_tokens``) is in the key. A secret the rule
-misses only costs a cache miss when it changes (the key is a hash); a setting it
-wrongly dropped would serve another setting's generation."""
-
-_SKIP = object()
-_MAX_DEPTH = 16
-
-
-def llm_settings(llm: object) -> dict[str, Any]:
-    """The LLM's own settings that shape its replies, for the cache key: its pydantic
-    fields holding plain data (numbers, strings, lists and dicts of them; functions by
-    qualified name), such as ``temperature``, ``max_tokens``, ``additional_kwargs``,
-    ``seed`` or ``system_prompt``. Left out: secrets (keys, tokens, passwords),
-    transport (URLs, timeouts, retries, headers, clients), callbacks, the context
-    window, any object without a plain form (its repr may hold an address), and the
-    names an LLM class lists in a ``cache_key_ignores`` class attribute."""
-    return _model_settings(llm, 0) if isinstance(llm, BaseModel) else {}
-
-
-def _model_settings(model: BaseModel, depth: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in _setting_fields(type(model)):
-        try:
-            value = _plain(getattr(model, name), depth + 1)
-        except Unkeyable:
-            raise
-        except Exception:  # a field that cannot be read is no setting of ours
-            continue
-        if value is not _SKIP:
-            out[name] = value
-    return out
-
-
-@functools.cache
-def _setting_fields(cls: type[BaseModel]) -> tuple[str, ...]:
-    """The fields of ``cls`` that may be settings (by name; see `llm_settings`)."""
-    ignored = frozenset(getattr(cls, "cache_key_ignores", ()))
-    return tuple(n for n in cls.model_fields if n not in ignored and _is_setting(n))
-
-
-def _is_setting(name: object) -> bool:
-    return isinstance(name, str) and name not in _NOT_SETTINGS and not _SECRET.search(name)
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    """``value`` as plain JSON data, the same in every process, or `_SKIP`. Dict
-    entries named like secrets or transport (`_is_setting`) are dropped at any depth."""
-    if depth > _MAX_DEPTH:
-        return _SKIP
-    if isinstance(value, enum.Enum):
-        value = value.value
-    elif isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    elif type(value).__module__ == "numpy" and callable(getattr(value, "tolist", None)):
-        value = value.tolist()  # a numpy number or array, as Python numbers
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        items = [_plain(v, depth + 1) for v in value]
-        return [v for v in items if v is not _SKIP]
-    if isinstance(value, (set, frozenset)):
-        items = [_plain(v, depth + 1) for v in value]
-        return sorted((v for v in items if v is not _SKIP), key=repr)
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if isinstance(k, enum.Enum):
-                k = k.value
-            if not isinstance(k, (str, int, float, bool)) or not _is_setting(str(k)):
-                continue
-            plain = _plain(v, depth + 1)
-            if plain is not _SKIP:
-                out[str(k)] = plain
-        return out
-    if isinstance(value, BaseModel):
-        return _model_settings(value, depth)
-    if callable(value):
-        try:
-            return _callable_identity(value, depth)
-        except Unkeyable:
-            raise
-        except Exception as exc:  # a state that fails to read keys nothing: no cache
-            raise Unkeyable(f"{value!r} cannot be read for a cache key ({exc})") from exc
-    return _SKIP
-
-
-class Unkeyable(TypeError):
-    """A setting whose effect has no stable plain form (a callable over objects the key
-    cannot read): such a transform is not cached, rather than cached under a key that
-    another setting could share."""
-
-
-def _callable_identity(value: Any, depth: int, within: frozenset[int] = frozenset()) -> Any:
-    """What a callable field contributes to the key: its qualified name and what it
-    computes with, all of it read in full (`_exact`), so two lambdas, two closures of
-    one factory over other strings or two partials never share a key:
-
-    - a function: its code (bytecode, names, constants, nested code), defaults, closure
-      values, and every global name its code reads (``co_names``) resolved in its
-      ``__globals__``: data by value, objects by their state (as a closure's), a
-      module by the attributes of it the code names (``CONF.lang``, ``cfg.LANG``), a
-      function of the same module by its own identity (so a redefined helper changes
-      the key); the classes, and the functions and modules of other modules, by name;
-      a read of the process environment (``os.environ``, ``os.getenv``) keys the whole
-      environment;
-    - a bound built-in method (``"EN {}".format``, ``{...}.get``, ``pattern.sub``): its
-      object (`_exact`) and name; a ``partial``: its function and arguments; a bound
-      method: its function and object; a callable object: its class and attributes.
-
-    Anything with no plain form raises `Unkeyable`: the transform is then not cached
-    (an identity such as ``id()`` is reused once the object is gone). ``within``: the
-    functions being keyed, so a recursive helper is keyed once."""
-    name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    if isinstance(value, type):
-        return name
-    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-        return f"{value.__objclass__.__qualname__}.{value.__name__}"  # str.format, unbound
-    if inspect.isbuiltin(value):
-        owner = value.__self__
-        if owner is None or isinstance(owner, types.ModuleType):
-            return name  # len, math.sqrt: a built-in function
-        return f"{name}#{_digest(_exact(owner, depth))}"  # a built-in bound to its data
-    if isinstance(value, functools.partial):
-        return ["partial", *(_exact(v, depth) for v in (value.func, value.args, value.keywords))]
-    if inspect.ismethod(value):
-        return [_exact(value.__func__, depth), _exact_object(value.__self__, depth)]
-    if not inspect.isfunction(value):  # an object with __call__: its class and state
-        return _exact_object(value, depth)
-    cells = [c.cell_contents for c in (value.__closure__ or ()) if _filled(c)]
-    code_part, names = _code_read(value.__code__, depth)  # immutable: read once
-    keywords = value.__kwdefaults__ or {}
-    parts = [_exact(v, depth) for v in (*cells, *(value.__defaults__ or ()))]
-    parts.append(_exact(keywords, depth))
-    within = within | {id(value)}
-    reads = [
-        [n, _global_form(value.__globals__[n], value, names, depth, within)]
-        for n in sorted(names)
-        if n in value.__globals__
-    ]
-    parts.append(reads)  # the globals it reads (a template, a table, a config object)
-    text = "[" + ", ".join([code_part, *map(repr, parts)]) + "]"  # repr([code, *parts])
-    return f"{name}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-
-
-def _digest(parts: Any) -> str:
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
-
-
-def _global_form(
-    value: Any, reader: Any, names: frozenset[str], depth: int, within: frozenset[int]
-) -> Any:
-    """A global that function ``reader`` reads (its code names ``names``), for its key
-    (see `_callable_identity`)."""
-    if value is os.environ or value is os.getenv or value is getattr(os, "environb", None):
-        return ["environ", _exact(dict(os.environ), depth)]
-    if isinstance(value, types.ModuleType):
-        attrs = vars(value)
-        return [
-            value.__name__,
-            [[n, _module_attr_form(attrs[n], depth)] for n in sorted(names) if n in attrs],
-        ]
-    if inspect.isfunction(value):
-        same_module = value.__module__ == reader.__module__
-        if same_module and id(value) not in within:
-            return _callable_identity(value, depth + 1, within)
-        return f"{value.__module__}.{value.__qualname__}"
-    return _exact(value, depth)
-
-
-def _module_attr_form(value: Any, depth: int) -> Any:
-    """An attribute read through a module (``cfg.LANG``): data and objects by value;
-    modules, classes and functions by name (the functions a function calls are code,
-    keyed by name); the process environment in full."""
-    if value is os.environ or value is os.getenv or value is getattr(os, "environb", None):
-        return ["environ", _exact(dict(os.environ), depth)]
-    if isinstance(value, types.ModuleType):
-        return ["module", value.__name__]
-    if isinstance(value, type) or inspect.isfunction(value) or inspect.isbuiltin(value):
-        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    return _exact(value, depth)
-
-
-_BIG_ARRAY = 4096
-"""Elements above which a numpy array enters a key by the hash of its bytes."""
-
-
-def _exact(value: Any, depth: int) -> Any:
-    """``value`` as plain data with nothing left out (what a callable computes with), or
-    `Unkeyable` when any part of it has no plain form. Unlike settings (`_plain`),
-    nothing is dropped: a dropped part could be the one that differs."""
-    if depth > _MAX_DEPTH:
-        raise Unkeyable("nested too deep for a cache key")
-    depth += 1
-    if isinstance(value, enum.Enum):
-        value = value.value
-    elif isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if type(value).__module__ == "numpy" and callable(getattr(value, "tobytes", None)):
-        if getattr(value, "dtype", None) is not None and value.dtype.hasobject:
-            return [_exact(v, depth) for v in value.tolist()]
-        if getattr(value, "size", 0) > _BIG_ARRAY:
-            digest = hashlib.sha256(value.tobytes()).hexdigest()
-            return ["ndarray", str(value.dtype), list(value.shape), digest]
-        value = value.tolist()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return ["bytes", hashlib.sha256(value).hexdigest()]
-    if isinstance(value, re.Pattern):
-        return ["re", _exact(value.pattern, depth), value.flags]
-    if isinstance(value, types.ModuleType):
-        return ["module", value.__name__]
-    if isinstance(value, (list, tuple)):
-        return [_exact(v, depth) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_exact(v, depth) for v in value), key=repr)
-    if isinstance(value, Mapping):
-        items = [[_exact(k, depth), _exact(v, depth)] for k, v in value.items()]
-        return sorted(items, key=repr)
-    if callable(value) and not isinstance(value, BaseModel):
-        return _callable_identity(value, depth)
-    return _exact_object(value, depth)
-
-
-def _exact_object(obj: Any, depth: int) -> Any:
-    """An object as its class and every attribute (a pydantic model's fields, private
-    attributes and extras included), read by `_exact`; `Unkeyable` without them."""
-    kind = type(obj)
-    state: dict[str, Any] = {}
-    if isinstance(obj, BaseModel):
-        state.update(dict(obj))
-        state.update(getattr(obj, "__pydantic_private__", None) or {})
-        state.update(getattr(obj, "__pydantic_extra__", None) or {})
-    elif isinstance(getattr(obj, "__dict__", None), dict) and not hasattr(kind, "__slots__"):
-        state.update(vars(obj))
-    else:
-        raise Unkeyable(f"{kind.__qualname__} has no plain form for a cache key")
-    shared = {  # data a class of the caller's own holds for every instance (a factory's)
-        k: v
-        for cls in kind.__mro__
-        if cls.__module__ not in ("builtins", "pydantic.main")
-        and not cls.__module__.startswith(("llama_index.", "pydantic"))
-        for k, v in vars(cls).items()
-        if not k.startswith("__") and isinstance(v, _DATA)
-    }
-    return [f"{kind.__module__}.{kind.__qualname__}", _exact(state, depth), _exact(shared, depth)]
-
-
-_DATA = (str, int, float, bool, bytes, tuple, list, dict, set, frozenset, type(None))
-"""Class attributes that are data (not methods or descriptors), read into a key."""
-
-
-def _code_identity(code: CodeType, depth: int) -> Any:
-    """A code object as plain data: its bytecode, the names it uses and its constants,
-    nested code included."""
-    consts = [
-        _code_identity(c, depth) if isinstance(c, CodeType) else _exact(c, depth)
-        for c in code.co_consts
-    ]
-    return [code.co_code.hex(), list(code.co_names), consts]
-
-
-_CODE_MEMO_SIZE = 1024
-_code_memo: dict[int, tuple[CodeType, int, str, frozenset[str]]] = {}
-"""What `_code_read` read of a code object, by its id: the entry holds the code
-object itself, so an id is never reused while its entry is kept."""
-
-
-def _code_read(code: CodeType, depth: int) -> tuple[str, frozenset[str]]:
-    """``repr(_code_identity(code, depth))`` and the global names the code reads
-    (`_names_used`): pure functions of an immutable code object, read once (hashing
-    its bytecode was most of a cache key's cost). Looked up by identity, not by the
-    code's own hash, which reads all of it again."""
-    known = _code_memo.get(id(code))
-    if known is not None and known[0] is code and known[1] == depth:
-        return known[2], known[3]
-    read = repr(_code_identity(code, depth)), _names_used(code)
-    if len(_code_memo) >= _CODE_MEMO_SIZE:
-        _code_memo.clear()
-    _code_memo[id(code)] = (code, depth, *read)
-    return read
-
-
-def _names_used(code: CodeType) -> frozenset[str]:
-    """The global names ``code`` and the code nested in it read."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            names |= _names_used(const)
-    return frozenset(names)
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,387 @@
+"""Issue #29, hostile round 7, D3-D5: the cache key holds what is sent to the model.
+
+D3: a formatter reading a 20,000-entry table rebuilt the key from the table on every
+query (50 cached queries stalled the event loop 6 s); D4: a formatter reading a file
+was keyed by its code only (stale hits once the file changed); D5: a function reading
+one environment variable keyed the whole environment (no shared hits across replicas
+whose PWD differs)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_index.core.llms import CompletionResponse
+from llama_index.core.prompts import PromptTemplate
+
+from llama_index_hyde_plus import HyDE, MemoryCache
+from llama_index_hyde_plus.testing import ScriptedLLM
+
+Q = "Why did revenue drop?"
+TABLE = {f"style-{i}": f"Answer in style {i}." for i in range(20_000)}
+"""The 20,000-entry global of round 7's D3."""
+STYLE_FILE = Path(os.environ.get("HYDE_PLUS_TEST_STYLE_FILE", "style.txt"))
+
+
+class FormattingLLM(ScriptedLLM):
+    """A scripted LLM that formats a prompt with ``completion_to_prompt`` as local
+    models do (llama.cpp, Hugging Face): what the model receives is its output."""
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        """The scripted reply to the formatted prompt."""
+        sent = prompt if formatted else self.completion_to_prompt(prompt)
+        return super().complete(sent, formatted=True, **kwargs)
+
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        """`complete` on the async path."""
+        sent = prompt if formatted else self.completion_to_prompt(prompt)
+        return await super().acomplete(sent, formatted=True, **kwargs)
+
+
+def _echo(prompt: str) -> str:
+    return f"Passage for: {prompt[:24]} / {prompt[-40:]}"
+
+
+def _table_formatter(prompt: str) -> str:
+    return TABLE["style-7"] + "\n" + prompt
+
+
+def _table_reader(prompt: str) -> str:
+    return TABLE["style-7"] + " Renewals slipped."
+
+
+def _file_formatter(prompt: str) -> str:
+    return STYLE_FILE.read_text() + "\n" + prompt
+
+
+def _file_mapping(**kwargs: Any) -> str:
+    return STYLE_FILE.read_text() + ": " + str(kwargs["query"])
+
+
+def _reads_lang(prompt: str) -> str:
+    return (os.environ.get("HYDE_PLUS_LANG") or "EN") + " passage"
+
+
+def _subscripts_lang(prompt: str) -> str:
+    return os.environ["HYDE_PLUS_LANG"] + " passage"
+
+
+def _getenv_lang(prompt: str) -> str:
+    return (os.getenv("HYDE_PLUS_LANG", "EN") or "EN") + " passage"
+
+
+def _reads_a_computed_name(prompt: str) -> str:
+    name = "HYDE_PLUS_" + "LANG"
+    return os.environ.get(name, "EN") + " passage"
+
+
+def _copies_the_environment(prompt: str) -> str:
+    return str(len(dict(os.environ)))
+
+
+# -- D3: no per-query stall for a formatter over a big table ---------------------------
+async def _stall(run: Callable[[str], Any], queries: list[str]) -> tuple[float, float]:
+    """(longest gap between two runs of a 1 ms ticker, total seconds) while ``run``
+    serves ``queries`` one after another."""
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.005)
+    start = time.perf_counter()
+    try:
+        for query in queries:
+            result = await run(query)
+            assert result.cached
+    finally:
+        total = time.perf_counter() - start
+        stop.set()
+        await ticker
+    return max(gaps), total
+
+
+async def test_cached_queries_through_a_formatter_over_a_big_table_never_stall_the_loop() -> None:
+    llm = FormattingLLM(respond=_echo, completion_to_prompt=_table_formatter)
+    hyde = HyDE(llm, cache=MemoryCache(), breaker=None)
+    queries = [f"{Q} ({i})" for i in range(50)]
+    for query in queries:  # fill the cache
+        assert not (await hyde.atransform(query)).cached
+    longest, total = await _stall(hyde.atransform, queries)
+    # round 7: 6 s in all for these 50 hits (the table read into every key)
+    assert total < 0.5, f"50 hits took {total:.2f}s"
+    assert longest < 0.25, f"the loop stalled {longest:.3f}s"
+
+
+async def test_a_setting_over_a_big_table_is_keyed_off_the_event_loop() -> None:
+    """A function setting keyed by what it reads (not by output: ``respond`` answers
+    the prompt) is read on a worker thread once it proves slow to key."""
+    hyde = HyDE(ScriptedLLM(respond=_table_reader), cache=MemoryCache(), breaker=None)
+    queries = [f"{Q} ({i})" for i in range(5)]
+    for query in queries:
+        await hyde.atransform(query)
+    longest, _ = await _stall(hyde.atransform, queries)
+    assert longest < 0.15, f"the loop stalled {longest:.3f}s"  # round 7: 0.33-0.36 s
+
+
+def test_a_big_table_the_formatter_reads_still_changes_what_is_sent() -> None:
+    llm = FormattingLLM(respond=_echo, completion_to_prompt=_table_formatter)
+    before = HyDE(llm).cache_key_for(Q)
+    TABLE["style-7"] = "Answer tersely."
+    try:
+        assert HyDE(llm).cache_key_for(Q) != before
+    finally:
+        TABLE["style-7"] = "Answer in style 7."
+    assert HyDE(llm).cache_key_for(Q) == before
+
+
+# -- D4: a formatter reading a file is keyed by what it renders ----------------------
+@pytest.fixture
+def style_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "style.txt"
+    path.write_text("Answer in English")
+    monkeypatch.setattr(sys.modules[__name__], "STYLE_FILE", path)
+    return path
+
+
+def _file_llm_hyde(how: str, cache: MemoryCache) -> HyDE:
+    if how == "completion_to_prompt":
+        return HyDE(FormattingLLM(respond=_echo, completion_to_prompt=_file_formatter), cache=cache)
+    prompt = PromptTemplate("Write a passage. {query}", function_mappings={"query": _file_mapping})
+    return HyDE(ScriptedLLM(respond=_echo), prompt=prompt, cache=cache)
+
+
+@pytest.mark.parametrize("how", ["completion_to_prompt", "function_mapping"])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_formatter_reading_a_file_misses_once_the_file_changes(
+    how: str, use_async: bool, style_file: Path
+) -> None:
+    cache = MemoryCache()
+    hyde = _file_llm_hyde(how, cache)
+
+    async def run() -> Any:
+        return await hyde.atransform(Q) if use_async else hyde.transform(Q)
+
+    first = await run()
+    again = await run()
+    assert not first.cached and again.cached  # same file: a hit
+    style_file.write_text("Answer in French")
+    french = await run()
+    assert not french.cached  # round 7: served the English generation
+    assert "French" in french.hypothetical[0] and "English" in first.hypothetical[0]
+    assert (await run()).cached
+    style_file.write_text("Answer in English")
+    assert (await run()).hypothetical == first.hypothetical
+
+
+# -- D5: only the environment variables a function names ------------------------------
+@pytest.mark.parametrize("reader", [_reads_lang, _subscripts_lang, _getenv_lang])
+def test_a_function_reading_one_variable_is_keyed_by_that_variable_only(
+    reader: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def key() -> str:
+        return HyDE(ScriptedLLM(respond=reader), cache=MemoryCache()).cache_key_for(Q)
+
+    monkeypatch.setenv("HYDE_PLUS_LANG", "EN")
+    before = key()
+    monkeypatch.setenv("PWD", "/somewhere/else")
+    monkeypatch.setenv("HYDE_PLUS_OTHER", "1")
+    assert key() == before  # round 7: the whole environment was in the key
+    monkeypatch.setenv("HYDE_PLUS_LANG", "FR")
+    assert key() != before
+
+
+@pytest.mark.parametrize("reader", [_reads_a_computed_name, _copies_the_environment])
+def test_any_other_read_of_the_environment_keys_all_of_it(
+    reader: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def key() -> str:
+        return HyDE(ScriptedLLM(respond=reader), cache=MemoryCache()).cache_key_for(Q)
+
+    before = key()
+    monkeypatch.setenv("HYDE_PLUS_OTHER", "1")
+    assert key() != before
+
+
+def test_an_unset_variable_and_an_empty_one_get_different_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def key() -> str:
+        return HyDE(ScriptedLLM(respond=_reads_lang)).cache_key_for(Q)
+
+    monkeypatch.delenv("HYDE_PLUS_LANG", raising=False)
+    unset = key()
+    monkeypatch.setenv("HYDE_PLUS_LANG", "")
+    assert key() != unset
+
+
+# -- the same configuration in another process: the same key --------------------------
+_KEYS_IN_A_SUBPROCESS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import tests.test_i29_round7_keys as t
+for hyde in t.configurations():
+    print(hyde.cache_key_for(t.Q))
+"""
+
+
+def configurations() -> list[HyDE]:
+    """One transform per kind of key part: a formatter over a big table, a function
+    mapping over a file, an environment variable read by a setting."""
+    mapped = PromptTemplate("Write a passage. {query}", function_mappings={"query": _file_mapping})
+    return [
+        HyDE(FormattingLLM(respond=_echo, completion_to_prompt=_table_formatter)),
+        HyDE(ScriptedLLM(respond=_echo), prompt=mapped),
+        HyDE(FormattingLLM(respond=_reads_lang, completion_to_prompt=_file_formatter)),
+    ]
+
+
+@pytest.mark.slow
+def test_replicas_with_another_working_folder_share_keys(
+    style_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYDE_PLUS_TEST_STYLE_FILE", str(style_file))
+    monkeypatch.setenv("HYDE_PLUS_LANG", "EN")
+    root = str(Path(__file__).resolve().parents[1])
+    replica = tmp_path / "replica"
+    replica.mkdir()
+    env = {**os.environ, "PWD": str(replica), "HOSTNAME": "replica-2", "HYDE_PLUS_OTHER": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", _KEYS_IN_A_SUBPROCESS, root],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=replica,
+        env=env,
+    ).stdout.split()
+    assert out == [hyde.cache_key_for(Q) for hyde in configurations()]
+
+
+# -- #32 item 6: a function that reads nothing but its code is read once --------------
+def _reply_hook(prompt: str) -> str:
+    return "EN passage"
+
+
+def _other_hook(prompt: str) -> str:
+    return "FR passage"
+
+
+def test_a_function_read_once_still_follows_its_code_defaults_and_globals() -> None:
+    """The memo of a function that holds and reads nothing but its code
+    (`keys._pure_memo`) never outlives a change of what it computes."""
+    hook = _copy_of(_reply_hook)
+    hyde = HyDE(ScriptedLLM(respond=hook))
+    first = hyde.cache_key_for(Q)
+    assert hyde.cache_key_for(Q) == first
+    hook.__code__ = _other_hook.__code__
+    second = hyde.cache_key_for(Q)
+    assert second != first
+    hook.__defaults__ = ("x",)
+    assert hyde.cache_key_for(Q) not in (first, second)
+    hook.__defaults__ = None
+    assert hyde.cache_key_for(Q) == second
+    reads_later = _copy_of(_reads_later)
+    absent = HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q)  # reads only its code
+    globals()["_LATER"] = "defined afterwards"
+    try:
+        defined = HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q)
+        assert defined != absent
+        globals()["_LATER"] = "redefined"
+        assert HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q) not in (absent, defined)
+    finally:
+        del globals()["_LATER"]
+    assert HyDE(ScriptedLLM(respond=reads_later)).cache_key_for(Q) == absent
+
+
+def _reads_later(prompt: str) -> str:
+    return str(_LATER)  # type: ignore[name-defined]  # noqa: F821
+
+
+def _copy_of(fn: Callable[[str], str]) -> Callable[[str], str]:
+    import types
+
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__)
+    copy.__qualname__ = fn.__qualname__
+    return copy
+
+
+def test_revised_is_dataclasses_replace_for_every_field() -> None:
+    """`revised`, the hit path's copy, is exact only while `TransformResult` has no
+    ``__post_init__`` and every field is in ``__init__``; it matches ``replace``."""
+    import dataclasses
+
+    from llama_index_hyde_plus.transforms.base import TransformResult, revised
+    from llama_index_hyde_plus.usage import Usage
+
+    assert not hasattr(TransformResult, "__post_init__")
+    assert all(f.init for f in dataclasses.fields(TransformResult))
+    result = HyDE(ScriptedLLM(respond=_echo)).transform(Q)
+    changes = {"usage": Usage(cached=True), "cached": True, "latency_s": 0.5}
+    assert revised(result, **changes) == dataclasses.replace(result, **changes)
+    assert revised(result) == result and revised(result) is not result
+    with pytest.raises(TypeError):
+        revised(result, nonsense=1)
+
+
+class ScalarLLM(ScriptedLLM):
+    """A scripted LLM whose settings are all immutable: read once while unchanged."""
+
+    temperature: float = 0.0
+    max_tokens: int | None = None
+
+
+def _third_hook(prompt: str) -> str:
+    return "DE passage"
+
+
+def test_the_llm_settings_read_once_follow_every_change_on_the_same_transform() -> None:
+    """The settings are read once while each of their values is the very same
+    immutable object (`keys.settings_snapshot`); any change is read again, and a
+    setting that can change in place (a dict) is read for every key."""
+    from llama_index_hyde_plus.transforms.keys import settings_snapshot
+    from tests.test_i29_caches import SettingsLLM
+
+    hook = _copy_of(_reply_hook)
+    llm = ScalarLLM(respond=hook)
+    assert settings_snapshot(llm) is not None  # the memo is used
+    hyde = HyDE(llm)
+    seen = {hyde.cache_key_for(Q)}
+    assert hyde.cache_key_for(Q) in seen
+
+    def changed(transform: HyDE = hyde) -> bool:
+        key = transform.cache_key_for(Q)
+        new = key not in seen
+        seen.add(key)
+        return new
+
+    llm.temperature = 0.7
+    assert changed() and not changed()
+    hook.__code__ = _other_hook.__code__
+    assert changed() and not changed()
+    llm.respond = _copy_of(_third_hook)
+    assert changed() and not changed()
+    llm.max_tokens = 64
+    assert changed() and not changed()
+    kwargs = SettingsLLM(respond=hook, additional_kwargs={"top_p": 0.5})
+    assert settings_snapshot(kwargs) is None
+    other = HyDE(kwargs)
+    assert changed(other)
+    kwargs.additional_kwargs["top_p"] = 0.9  # in place
+    assert changed(other)
