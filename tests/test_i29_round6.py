@@ -358,7 +358,7 @@ def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
     blocking_cache: KVStoreCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
-    _within(60, lambda: [transform.transform(f"{Q} {i}") for i in range(20)])  # 40 overrun
+    _within(60, lambda: [transform.transform(f"{Q} {i}") for i in range(40)])  # 40 overrun
     monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 60.0, raising=False)
     result = _within(10, lambda: transform.transform(Q + " once more"))  # not 2 x 60 s
     assert result.hypothetical == ("a passage",) and not result.cached
@@ -369,7 +369,7 @@ def test_a_hung_cache_never_turns_off_another_cache_of_its_class(
 ) -> None:
     # round 7, D1: the threads of one store that hangs are its own
     hung = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
-    _within(60, lambda: [hung.transform(f"{Q} {i}") for i in range(20)])  # its threads all hung
+    _within(60, lambda: [hung.transform(f"{Q} {i}") for i in range(40)])  # its threads all hung
     healthy = HyDE(
         llm=ScriptedLLM(respond=lambda p: "a passage"), cache=KVStoreCache(SimpleKVStore())
     )

@@ -156,6 +156,7 @@ class LLMTransform(QueryTransformer):
         self._flights: SingleFlight[TransformResult] = SingleFlight()
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
         self._slow_key = False  # the last key took over KEY_ON_LOOP_S: see _akey
+        self._told_unkeyable = False  # the cache-off warning is given once
         self._settings_read: tuple[LLM, tuple[Any, ...], str] | None = None  # _llm_settings
 
     def __repr__(self) -> str:
@@ -372,15 +373,15 @@ class LLMTransform(QueryTransformer):
             logger.warning("the transform cache is not answering; skipping it")
             return None
 
-    def _cache_io(self, call: Callable[[], _T | None], what: str) -> _T | None:
-        """``call`` on the cache: in place for an in-process cache, else on its worker
-        threads within `CACHE_TIMEOUT_S` (past it, a read is a miss and a write is
-        dropped; None)."""
+    def _cache_io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
+        """``(value, answered)`` of ``call`` on the cache: in place for an in-process
+        cache, else on its worker threads within `CACHE_TIMEOUT_S` (past it, or with
+        the cache skipped, ``(None, False)``: a read is a miss and a write is dropped)."""
         if not self._cache_io_is_blocking():
-            return call()
+            return call(), True
         job = self._cache_job(call)
         if job is None:
-            return None
+            return None, False
         answered = False
         try:
             answered = job.done.wait(CACHE_TIMEOUT_S)
@@ -389,30 +390,30 @@ class LLMTransform(QueryTransformer):
                 job.abandon()
         if not answered:
             _cache_overran(what)
-            return None
-        return job.result()  # type: ignore[no-any-return]
+            return None, False
+        return job.result(), True
 
-    async def _acache_io(self, call: Callable[[], _T | None], what: str) -> _T | None:
+    async def _acache_io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
         """Async twin of `_cache_io`: the call on the cache's worker threads, awaited
         within `CACHE_TIMEOUT_S`; cancelling the await abandons it."""
         if not self._cache_io_is_blocking():
-            return call()
+            return call(), True
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
         job = self._cache_job(call, lambda: loop.call_soon_threadsafe(_wake, woken))
         if job is None:
-            return None
+            return None, False
         try:
             await asyncio.wait_for(woken, CACHE_TIMEOUT_S)
         except asyncio.TimeoutError:
             job.abandon()
             if not job.done.is_set():
                 _cache_overran(what)
-                return None
+                return None, False
         except BaseException:
             job.abandon()
             raise
-        return job.result()  # type: ignore[no-any-return]
+        return job.result(), True
 
     def _key(self, query: str, context: Sequence[str] | None) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the
@@ -422,7 +423,14 @@ class LLMTransform(QueryTransformer):
         start = time.perf_counter()
         try:
             return self.cache_key_for(query, context)
-        except Exception:
+        except Exception as exc:
+            if not self._told_unkeyable:
+                self._told_unkeyable = True
+                logger.warning(
+                    "%s: transform cache off, the cache key cannot be built (%s)",
+                    type(self).__name__,
+                    failure(exc),
+                )
             return None
         finally:
             self._slow_key = time.perf_counter() - start > KEY_ON_LOOP_S
@@ -445,13 +453,14 @@ class LLMTransform(QueryTransformer):
         if key is None:
             return self._generate(query, context)
         start = time.perf_counter()
-        hit = self._cache_io(lambda: self._lookup(key, query, start), "read")
+        hit, answered = self._cache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
             return hit
 
         def work(budget: float | None) -> TransformResult:
             result = self._generate(query, context, budget)
-            self._cache_io(lambda: self._store(key, result), "write")
+            if answered:  # a cache whose read overran gets no write: one bound, not two
+                self._cache_io(lambda: self._store(key, result), "write")
             return result
 
         try:
@@ -472,13 +481,14 @@ class LLMTransform(QueryTransformer):
         if key is None:
             return await self._agenerate(query, context)
         start = time.perf_counter()
-        hit = await self._acache_io(lambda: self._lookup(key, query, start), "read")
+        hit, answered = await self._acache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
             return hit
 
         async def work(budget: float | None) -> TransformResult:
             result = await self._agenerate(query, context, budget)
-            await self._acache_io(lambda: self._store(key, result), "write")
+            if answered:  # see transform
+                await self._acache_io(lambda: self._store(key, result), "write")
             return result
 
         try:

@@ -1,0 +1,83 @@
+"""Round 8's cache findings: one bound per search for a hung cache store (M1), and a
+cache turned off by a setting it cannot key says so (M2)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+from llama_index.core.storage.kvstore import SimpleKVStore
+
+from llama_index_hyde_plus import HyDE, MemoryCache
+from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.testing import ScriptedLLM
+from llama_index_hyde_plus.transforms import llm_base
+
+
+class _HungKV(SimpleKVStore):
+    """A store with no socket timeouts: reads and writes block until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.reads = 0
+        self.writes = 0
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        self.release.wait(30)
+        return None
+
+    def put(self, *args: Any, **kwargs: Any) -> None:
+        self.writes += 1
+        self.release.wait(30)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_search_whose_cache_read_overran_does_not_also_wait_on_its_write(
+    monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.1)
+    store = _HungKV()
+    hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
+    try:
+        for i in range(3):
+            query = f"Why did revenue drop {i}?"
+            result = asyncio.run(hyde.atransform(query)) if use_async else hyde.transform(query)
+            assert not result.fallback and not result.cached
+        assert store.reads == 3
+        assert store.writes == 0  # each read overran: no write queued behind it
+    finally:
+        store.release.set()
+
+
+def test_a_write_follows_a_read_that_answered() -> None:
+    store = SimpleKVStore()
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped.")
+    hyde = HyDE(llm, cache=KVStoreCache(store))
+    assert not hyde.transform("Why did revenue drop?").cached
+    assert hyde.transform("Why did revenue drop?").cached
+    assert llm.sync_calls == 1
+
+
+_log = logging.getLogger("an_app")
+_lock = threading.Lock()
+
+
+def _logging_reply(prompt: str) -> str:
+    with _lock:  # a setting over objects the key cannot read: no stable key
+        _log.debug("prompt of %d chars", len(prompt))
+    return "Renewals slipped last quarter."
+
+
+def test_a_cache_the_key_cannot_serve_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    llm = ScriptedLLM(respond=_logging_reply)
+    hyde = HyDE(llm, cache=MemoryCache())
+    with caplog.at_level(logging.WARNING):
+        results = [hyde.transform("Why did revenue drop?") for _ in range(5)]
+    assert not any(r.cached for r in results) and llm.sync_calls == 5
+    said = [r for r in caplog.records if "transform cache off" in r.getMessage()]
+    assert len(said) == 1 and "HyDE" in said[0].getMessage()
