@@ -81,3 +81,25 @@ def test_a_cache_the_key_cannot_serve_is_said_once(caplog: pytest.LogCaptureFixt
     assert not any(r.cached for r in results) and llm.sync_calls == 5
     said = [r for r in caplog.records if "transform cache off" in r.getMessage()]
     assert len(said) == 1 and "HyDE" in said[0].getMessage()
+
+
+async def test_a_slow_key_is_built_off_the_loop_but_never_on_its_default_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(llm_base, "KEY_ON_LOOP_S", 0.0)  # every key counts as slow
+    loop = asyncio.get_running_loop()
+    app_pool = ThreadPoolExecutor(1)
+    loop.set_default_executor(app_pool)
+    busy = threading.Event()
+    loop.run_in_executor(None, busy.wait, 30)  # the app's own work fills the executor
+    try:
+        llm = ScriptedLLM(respond=lambda p: "Renewals slipped.")
+        hyde = HyDE(llm, cache=MemoryCache())
+        first = await asyncio.wait_for(hyde.atransform("Why did revenue drop?"), 5)
+        second = await asyncio.wait_for(hyde.atransform("Why did revenue drop?"), 5)
+        assert not first.cached and second.cached and llm.async_calls == 1
+    finally:
+        busy.set()
+        app_pool.shutdown(wait=False)

@@ -393,10 +393,13 @@ class LLMTransform(QueryTransformer):
             return None, False
         return job.result(), True
 
-    async def _acache_io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
+    async def _acache_io(
+        self, call: Callable[[], _T | None], what: str, off_loop: bool = False
+    ) -> tuple[_T | None, bool]:
         """Async twin of `_cache_io`: the call on the cache's worker threads, awaited
-        within `CACHE_TIMEOUT_S`; cancelling the await abandons it."""
-        if not self._cache_io_is_blocking():
+        within `CACHE_TIMEOUT_S`; cancelling the await abandons it. ``off_loop``: on
+        those threads even for an in-process cache (a slow key)."""
+        if not off_loop and not self._cache_io_is_blocking():
             return call(), True
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
@@ -438,10 +441,13 @@ class LLMTransform(QueryTransformer):
     async def _akey(self, query: str, context: Sequence[str] | None) -> str | None:
         """`_key` for the async path: in place, or on a thread while this transform's
         last key took over `KEY_ON_LOOP_S` (a setting keyed by a big table it reads),
-        so the event loop never waits on it past once."""
+        so the event loop never waits on it past once. The thread is one of the cache's
+        own (never the loop's default executor, which the app's own work may fill),
+        bounded like a cache read: past it, no cache for this call."""
         if not self._slow_key:
             return self._key(query, context)
-        return await asyncio.to_thread(self._key, query, context)
+        key, _ = await self._acache_io(lambda: self._key(query, context), "key", off_loop=True)
+        return key
 
     def transform(self, query: str, *, context: Sequence[str] | None = None) -> TransformResult:
         """Rewrite ``query`` with the LLM; ``context`` is the question's top passages
@@ -647,7 +653,7 @@ def _cache_overran(what: str) -> None:
         "transform cache %s took over %gs; %s",
         what,
         CACHE_TIMEOUT_S,
-        "calling the LLM" if what == "read" else "not cached",
+        "not cached" if what == "write" else "calling the LLM",
     )
 
 
