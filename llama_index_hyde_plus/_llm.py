@@ -122,6 +122,19 @@ def _missing_handlers(llm: LLM, host: CallbackManager | None) -> list[Any]:
     return [h for h in host.handlers if not any(h is o for o in own_handlers)]
 
 
+def _handlers_to_tell(llm: LLM, options: CallOptions, response: CompletionResponse) -> list[Any]:
+    """The handlers `_report_to_host` tells of ``response``: the host's that the LLM's
+    own manager lacks and, for a generation stopped early (`STOPPED_EARLY`), the LLM's
+    own too, since LlamaIndex ended their event when the stream was closed with an
+    exception payload and no tokens (``TokenCountingHandler`` counted 0)."""
+    handlers = _missing_handlers(llm, options.host_callback_manager)
+    raw = response.raw
+    if isinstance(raw, Mapping) and raw.get(STOPPED_EARLY) is True:
+        own = getattr(llm, "callback_manager", None)
+        handlers = [*(own.handlers if own is not None else ()), *handlers]
+    return handlers
+
+
 def _report_to_host(handlers: list[Any], prompt: str, response: CompletionResponse) -> None:
     if not handlers:
         return
@@ -250,12 +263,17 @@ def _stream_until(
 ) -> CompletionResponse:
     """``llm.stream_complete`` read until ``enough(text)``; closing the stream then
     stops the generation (a local model stops within a token, a remote stream is
-    closed). A stream that ends on its own is its last chunk, provider counts and all."""
+    closed). A stream that ends on its own is its last chunk, provider counts and all.
+    Once the call is abandoned (`CANCEL_EVENT` set: its caller's time ran out) the
+    stream is closed at the next chunk and `LLMTimeoutError` raised (nobody reads it)."""
+    cancel = CANCEL_EVENT.get()
     stream = llm.stream_complete(prompt, **kwargs)
     last: CompletionResponse | None = None
     pieces = 0
     try:
         for chunk in stream:
+            if cancel is not None and cancel.is_set():
+                raise LLMTimeoutError("the call was abandoned; stopped reading its stream")
             last, pieces = chunk, pieces + bool(chunk.delta)
             if enough(chunk.text or ""):
                 return _stopped(llm, last, pieces, kwargs)
@@ -406,7 +424,9 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
     """Blocking completion, made as ``options`` say (`CallOptions`).
 
     The timeout bounds the whole call, retries included: an LLM whose own client
-    gives up in time (`times_itself`) is called in this thread; any other attempt runs
+    gives up in time (`times_itself`) is called in this thread, unless its reply is
+    streamed (the client's timeout is then per chunk: a trickle never trips it); any
+    other attempt runs
     on an LLM worker thread (`WORKERS`) and `LLMTimeoutError` is raised when the budget
     runs out (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that
     can stop generating does). A lazily loaded local model is loaded before the clock starts.
@@ -430,18 +450,19 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
     if _needs_loading(llm):
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
+    streamed = enough is not None and not itself  # a client's timeout is per read
     with _Attempts(options.retry, options.breaker, options.timeout) as attempts:
         while True:
             budget = attempts.budget()
             try:
-                if budget is None or times_itself(llm, budget):
+                if budget is None or (not streamed and times_itself(llm, budget)):
                     response = call()  # in this thread: no hand-off
                 else:
                     response = _call_with_timeout(llm, call, budget, attempts)
                 break
             except BaseException as exc:
                 time.sleep(attempts.failed(exc))
-    _report_to_host(_missing_handlers(llm, options.host_callback_manager), prompt, response)
+    _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
     return _reply(llm, prompt, response, options.prices)
 
 
@@ -450,8 +471,9 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
 #: pool per LLM object, so one hung provider never holds another's threads.
 WORKERS = LLMPools()
 #: The threads `complete_all` runs its calls' retry loops on (each waits on `WORKERS`
-#: at most until its deadline, so there is no cap).
-CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call")
+#: at most until its deadline, so there is no cap, and they take no slot of the
+#: process's thread cap: the calls they wait for do).
+CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call", capped=False)
 
 
 def complete_all(
@@ -464,19 +486,31 @@ def complete_all(
     before any starts."""
     if _needs_loading(llm):
         getattr(llm, "warm_up")()  # noqa: B009
-    jobs = [CALLERS.submit(partial(complete, llm, prompt, options)) for _ in range(n - 1)]
+    jobs = [_caller(partial(complete, llm, prompt, options)) for _ in range(n - 1)]
     outcomes: list[LLMReply | BaseException] = []
     try:
         outcomes.append(complete(llm, prompt, options))
     except Exception as exc:
         outcomes.append(exc)
     for job in jobs:
+        if isinstance(job, BaseException):
+            outcomes.append(job)
+            continue
         job.done.wait()
         try:
             outcomes.append(job.result())
         except BaseException as exc:
             outcomes.append(exc)
     return outcomes
+
+
+def _caller(call: Callable[[], LLMReply]) -> Job | Exception:
+    """``call`` on `CALLERS`, or what starting it raised (no thread could be started):
+    that call's outcome, never the transform's."""
+    try:
+        return CALLERS.submit(call)
+    except Exception as exc:
+        return exc
 
 
 class _Cancel(threading.Event):
@@ -565,7 +599,7 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
                 break
             except BaseException as exc:
                 await asyncio.sleep(attempts.failed(exc))
-    _report_to_host(_missing_handlers(llm, options.host_callback_manager), prompt, response)
+    _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
     return _reply(llm, prompt, response, options.prices)
 
 
@@ -574,10 +608,14 @@ async def _bounded(
 ) -> CompletionResponse:
     """Await one attempt within ``budget`` seconds; on overrun it is cancelled, ``cancel``
     set (for an attempt running in a thread) and `LLMTimeoutError` raised. Only our
-    deadline is reported as ours: a provider's own ``TimeoutError`` stays its own."""
+    deadline is reported as ours: a provider's own ``TimeoutError`` stays its own. A
+    native coroutine runs as a task that is dropped at the deadline, so one that
+    swallows its cancellation (a slow cleanup) is never waited for, nor its late
+    reply used; a thread's attempt is awaited in this task (it always ends when
+    cancelled)."""
     if budget is None:
         return await coro  # type: ignore[no-any-return]
-    if sys.version_info >= (3, 11):
+    if sys.version_info >= (3, 11) and cancel is not None:
         deadline = asyncio.timeout(budget)  # on this task: no task, no extra hop
         try:
             async with deadline:
@@ -594,8 +632,9 @@ async def _bounded(
 async def _wait_within(
     coro: Any, budget: float, cancel: threading.Event | None, attempts: _Attempts
 ) -> CompletionResponse:
-    """`_bounded` for Python 3.10 (no ``asyncio.timeout``): the attempt as a task, waited
-    on for ``budget`` seconds, so that our deadline (the wait ran out) is never confused
+    """`_bounded` with the attempt as a task, waited on for ``budget`` seconds and
+    dropped then (for a native coroutine, and on Python 3.10, which has no
+    ``asyncio.timeout``), so that our deadline (the wait ran out) is never confused
     with a ``TimeoutError`` the provider raised."""
     task = asyncio.ensure_future(coro)
     try:

@@ -15,7 +15,11 @@ until it returns. At most ``max_busy`` calls run at once; a call beyond that wai
 line (FIFO) for a worker, for as long as its caller waits for it (its timeout), and
 one abandoned before it started never runs. Only when every running call has already
 overrun its timeout (the provider hangs) does a new call fail at once, with
-`WorkersBusyError` (the transform falls back), rather than queue behind them.
+`WorkersBusyError` (the transform falls back), rather than queue behind them. The
+process-wide cap (`MAX_THREADS`) works the same way: a call past it waits in line
+(`_SlotLine`) for the next slot to free, and fails at once only when every call
+holding a slot overran. A pool of threads that only wait on other pools
+(``capped=False``) takes no slot.
 """
 
 from __future__ import annotations
@@ -46,12 +50,13 @@ anyway), and small enough that a hung provider holds a bounded number of threads
 
 
 MAX_THREADS = 256
-"""Calls all pools together may run at once: with many providers hung at once (100
-model names x `MAX_BUSY`), a call that would run one more fails at once with
-`WorkersBusyError` (its transform falls back; no breaker counts it) instead of the
-process growing thousands of threads. Idle workers hold no slot (a pool keeps at most
-``max_idle`` of them, for `IDLE_EXIT_S`), so healthy providers' bursts never lock out
-another provider."""
+"""Calls all pools together may run at once. A call past it waits in line for a slot
+within its caller's timeout (a healthy burst only waits); with many providers hung at
+once (100 model names x `MAX_BUSY`), once every call holding a slot overran, one more
+fails at once with `WorkersBusyError` (its transform falls back; no breaker counts it)
+instead of the process growing thousands of threads. Idle workers hold no slot (a
+pool keeps at most ``max_idle`` of them, for `IDLE_EXIT_S`), nor do threads that only
+wait on other pools' calls (``capped=False``)."""
 
 _thread_slots = threading.BoundedSemaphore(MAX_THREADS)
 """One slot per running call, across every `DaemonWorkers` (see `MAX_THREADS`)."""
@@ -135,16 +140,23 @@ class Job:
 
 class DaemonWorkers:
     """Runs callables on reusable daemon threads (see the module docstring);
-    ``max_busy=None`` for no bound."""
+    ``max_busy=None`` for no bound; ``capped=False`` for calls that only wait on other
+    pools' calls (they take no slot of `MAX_THREADS`)."""
 
     def __init__(
-        self, max_busy: int | None = MAX_BUSY, max_idle: int = 16, name: str = "hyde-plus-llm"
+        self,
+        max_busy: int | None = MAX_BUSY,
+        max_idle: int = 16,
+        name: str = "hyde-plus-llm",
+        *,
+        capped: bool = True,
     ) -> None:
         if max_busy is not None and max_busy < 1:
             raise ValueError("max_busy must be >= 1")
         self.max_busy = max_busy
         self.max_idle = max_idle
         self.name = name
+        self.capped = capped
         self._idle: list[queue.SimpleQueue[Job | None]] = []
         self._running: set[Job] = set()
         self._waiting: deque[Job] = deque()
@@ -152,8 +164,9 @@ class DaemonWorkers:
 
     def submit(self, call: Callable[[], Any], on_done: Callable[[], object] | None = None) -> Job:
         """Start ``call`` in the caller's context, or queue it when ``max_busy`` calls
-        are running; ``on_done()`` runs on the worker when it ends (what it raises is
-        ignored). Raises `WorkersBusyError` when every running call overran."""
+        are running or no slot of `MAX_THREADS` is free; ``on_done()`` runs on the
+        worker when it ends (what it raises is ignored). Raises `WorkersBusyError` when
+        every running call (of this pool, or holding a slot) overran."""
         ctx = contextvars.copy_context()
         job = Job(lambda: ctx.run(call), on_done)
         with self._lock:
@@ -165,15 +178,15 @@ class DaemonWorkers:
                     )
                 self._waiting.append(job)  # a worker takes it when it is free
                 return job
-            slots = _thread_slots
-            if not slots.acquire(blocking=False):
-                raise WorkersBusyError(
-                    f"all {MAX_THREADS} worker threads of the process are running calls; "
-                    "not calling"
-                )
-            job.slot = slots
+            if self.capped and not _slot_line.take(self, job, _thread_slots):
+                return job  # waits in line for a slot of the process
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
+        self._launch(job, inbox)
+        return job
+
+    def _launch(self, job: Job, inbox: queue.SimpleQueue[Job | None] | None) -> None:
+        """Hand ``job`` (in ``_running``) to ``inbox``'s worker, or to a new one."""
         if inbox is None:
             inbox = queue.SimpleQueue()
             try:
@@ -181,27 +194,52 @@ class DaemonWorkers:
                     target=self._serve, args=(inbox,), name=self.name, daemon=True
                 ).start()
             except BaseException:
-                slots.release()
+                slot, job.slot = job.slot, None
                 with self._lock:
                     self._running.discard(job)
+                if slot is not None:
+                    _slot_line.give_back(job, slot)
                 raise
         inbox.put(job)
-        return job
+
+    def admit(self, job: Job) -> None:
+        """Run ``job``, which waited in line for a slot of `MAX_THREADS` and now holds
+        one; when this pool is full meanwhile, it waits in the pool's own line and the
+        slot goes to the next call in the process's line."""
+        with self._lock:
+            full = self.max_busy is not None and len(self._running) >= self.max_busy
+            if full:
+                self._waiting.append(job)
+            else:
+                self._running.add(job)
+                inbox = self._idle.pop() if self._idle else None
+        if full:
+            slot, job.slot = job.slot, None
+            if slot is not None:
+                _slot_line.give_back(job, slot)
+            return
+        try:
+            self._launch(job, inbox)
+        except BaseException as exc:  # no thread: the waiter hears it as the outcome
+            job._error = exc
+            job.done.set()
 
     def _next(self, finished: Job) -> Job | None:
         """Free ``finished``'s place and take the next queued call still wanted, which
-        inherits its slot of `MAX_THREADS` (else the slot is released)."""
+        inherits its slot of `MAX_THREADS` (else the slot goes to the process's line)."""
         slot, finished.slot = finished.slot, None
         with self._lock:
             self._running.discard(finished)
             while self._waiting:
                 job = self._waiting.popleft()
                 if not job.abandoned:
-                    job.slot = slot
+                    if slot is not None:
+                        job.slot = slot
+                        _slot_line.passed(finished, job)
                     self._running.add(job)
                     return job
         if slot is not None:
-            slot.release()
+            _slot_line.give_back(finished, slot)
         return None
 
     def _serve(self, inbox: queue.SimpleQueue[Job | None]) -> None:
@@ -264,6 +302,66 @@ class DaemonWorkers:
         """How many calls wait in line for a worker (abandoned ones included)."""
         with self._lock:
             return len(self._waiting)
+
+
+class _SlotLine:
+    """The calls waiting (FIFO) for a slot of `MAX_THREADS`, and the calls holding
+    one: a freed slot goes to the first call still wanted, in whichever pool it is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: deque[tuple[DaemonWorkers, Job]] = deque()
+        self._holders: set[Job] = set()
+
+    def take(self, pool: DaemonWorkers, job: Job, slots: threading.Semaphore) -> bool:
+        """True when ``job`` took a slot of ``slots``; False when it waits in line for
+        one (`give_back` admits it to ``pool``). Raises `WorkersBusyError` when every
+        call holding a slot overran its timeout (hung providers: no use waiting)."""
+        with self._lock:
+            if slots.acquire(blocking=False):
+                job.slot = slots
+                self._holders.add(job)
+                return True
+            if all(j.abandoned for j in self._holders):
+                raise WorkersBusyError(
+                    f"all {MAX_THREADS} worker threads of the process are running calls "
+                    "that overran their timeout; not calling"
+                )
+            while self._waiting and self._waiting[0][1].abandoned:
+                self._waiting.popleft()
+            self._waiting.append((pool, job))
+            return False
+
+    def passed(self, finished: Job, following: Job) -> None:
+        """``finished``'s slot went to ``following`` (the next call of its pool)."""
+        with self._lock:
+            self._holders.discard(finished)
+            self._holders.add(following)
+
+    def give_back(self, finished: Job, slot: threading.Semaphore) -> None:
+        """``finished`` no longer holds ``slot``: the first call in line still wanted
+        takes it (and is admitted to its pool), else it is released."""
+        with self._lock:
+            self._holders.discard(finished)
+            while self._waiting:
+                pool, job = self._waiting.popleft()
+                if not job.abandoned:
+                    job.slot = slot
+                    self._holders.add(job)
+                    break
+            else:
+                slot.release()
+                return
+        pool.admit(job)
+
+    def waiting(self) -> int:
+        """How many calls wait in line for a slot (abandoned ones included)."""
+        with self._lock:
+            return len(self._waiting)
+
+
+_slot_line = _SlotLine()
+"""The line for `_thread_slots` (see `MAX_THREADS`)."""
 
 
 def _dropped() -> None:

@@ -30,6 +30,7 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field, PrivateAttr
 
+from ._llm import CANCEL_EVENT
 from .echo import echo_reply
 
 __all__ = [
@@ -82,8 +83,9 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
     """An LLM that answers from a script, for tests.
 
     ``replies`` is a queue consumed one per call: a ``str`` is the reply, an exception
-    instance is raised, `HANG` blocks until cancelled (async) or for an hour (sync),
-    and a callable gets the prompt and returns the reply. When the queue is empty,
+    instance is raised, `HANG` blocks until cancelled (async), or on the sync path
+    until the call is abandoned on its timeout (its worker thread is then free again)
+    or for an hour, and a callable gets the prompt and returns the reply. When the queue is empty,
     ``respond(prompt)`` answers if given, else the call raises ``RuntimeError``.
     ``delay`` seconds are slept before each reply (``asyncio.sleep`` on the async
     path). Every prompt is recorded in ``prompts`` and every call's kwargs in
@@ -177,7 +179,9 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
         if self.delay:
             time.sleep(self.delay)
         if isinstance(reply, _Hang):
-            threading.Event().wait(3600)
+            # until the call is abandoned (its worker thread is free again), else an hour
+            told = CANCEL_EVENT.get()
+            (told if told is not None else threading.Event()).wait(3600)
             raise TimeoutError("ScriptedLLM hung")
         return self._response(prompt, reply)
 

@@ -402,14 +402,18 @@ def test_hung_calls_over_many_pools_hold_at_most_the_global_thread_cap(
     few_thread_slots: threading.Event,
 ) -> None:
     pools = [_workers.DaemonWorkers(max_busy=2, name=f"test-{i}") for i in range(4)]
-    started = 0
+    jobs = [pool.submit(lambda: few_thread_slots.wait(60)) for pool in pools for _ in range(2)]
+    for _ in range(100):  # the first four run (their workers take them)
+        if all(job.started for job in jobs[:4]):
+            break
+        threading.Event().wait(0.02)
+    assert all(job.started for job in jobs[:4])
+    assert not any(job.started for job in jobs[4:])  # past the cap: waiting in line
+    assert pools[2].busy() == 0  # a call waiting for a slot holds no place of its pool
+    for job in jobs:  # round 8, D4: only once every running call overran, refuse at once
+        job.abandon()
     with pytest.raises(_workers.WorkersBusyError):
-        for pool in pools:
-            for _ in range(2):
-                pool.submit(lambda: few_thread_slots.wait(60))
-                started += 1
-    assert started == 4
-    assert pools[2].busy() == 0  # the refused call holds no slot of its pool
+        pools[3].submit(lambda: 1)
 
 
 def test_a_thread_slot_is_free_again_once_its_worker_exits(
@@ -446,10 +450,11 @@ def test_a_queued_call_inherits_the_slot_of_the_call_before_it(
     first = pool.submit(lambda: few_thread_slots.wait(60))
     queued = pool.submit(lambda: 8)  # waits in line, holds no slot yet
     others = [_workers.DaemonWorkers().submit(lambda: few_thread_slots.wait(60)) for _ in range(3)]
-    with pytest.raises(_workers.WorkersBusyError):  # 4 calls running: the cap
-        _workers.DaemonWorkers().submit(lambda: 9)
+    past_cap = _workers.DaemonWorkers().submit(lambda: 9)  # 4 running: waits for a slot
+    assert not past_cap.done.wait(0.1)
     few_thread_slots.set()
-    assert all(j.done.wait(10) for j in (first, queued, *others)) and queued.result() == 8
+    assert all(j.done.wait(10) for j in (first, queued, past_cap, *others))
+    assert queued.result() == 8 and past_cap.result() == 9
     for _ in range(100):  # every slot comes back once the calls end
         if _workers._thread_slots._value == 4:  # type: ignore[attr-defined]
             break
