@@ -16,6 +16,14 @@ and prints seconds and chunks embedded for each build.
 
 ``--corpus`` is a BEIR folder holding ``corpus.jsonl`` (or that file itself); it is
 read in place, never copied (``--incremental`` edits a copy in a temporary folder).
+
+``--incremental`` on SciFact (one run, nice 10, load 6 to 7 on 2 cores, 1.10 GB peak):
+
+| build | docs | chunks | embedded | edited docs' chunks | seconds |
+| --- | ---: | ---: | ---: | ---: | ---: |
+| full build | 5,183 | 11,833 | 11,833 | - | 1114.3 |
+| unchanged rebuild | 5,183 | 11,833 | 0 | - | 15.4 |
+| 10 docs edited | 5,183 | 11,833 | 23 | 23 | 16.2 |
 """
 
 from __future__ import annotations
