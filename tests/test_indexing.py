@@ -100,10 +100,13 @@ def test_a_build_killed_before_the_switch_leaves_the_old_index_answering(
     kill(proc)
 
     assert query_ids(["--index", str(out)]) == ["pto.txt"]
-    assert sorted(p.name for p in out.iterdir())[-1] == "hyde_plus.json"
-    # the next build cleans what the killed one left and switches to the new documents
+    # what the killed build embedded stays cached beside the old index
+    assert entries(out)[-2:] == ["hyde_plus.json", "ingestion_cache.json"]
+    # the next build cleans what the killed one left and switches to the new documents,
+    # embedding nothing again
     rebuilt = runner.invoke(app, ["index", str(new_docs), "--out", str(out), "--embed", "local"])
     assert rebuilt.exit_code == 0, rebuilt.output
+    assert "embedded 0 of 1 chunks" in rebuilt.output
     assert query_ids(["--index", str(out)]) == ["laptops.txt"]
     assert entries(out) == one_index(out)
 

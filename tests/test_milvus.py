@@ -80,6 +80,8 @@ def test_collection_reopens_from_the_file(milvus_index: tuple[str, VectorStoreIn
     uri, _ = milvus_index
     meta = read_milvus_meta(uri, "docs")
     assert meta is not None and meta.pop("physical_collection").startswith("docs__")
+    assert len(meta.pop("fingerprint")) == 16
+    assert (meta.pop("embedded"), meta.pop("reused")) == (len(MILVUS_DOCS), 0)
     assert meta == {
         "documents": len(MILVUS_DOCS),
         "chunks": len(MILVUS_DOCS),
@@ -607,7 +609,9 @@ def test_a_rebuild_drops_its_previous_build_whatever_was_written_into_it_reading
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The build is hyde-plus's (its record lists it): rows upserted into it since do not
-    make it the user's, and the rebuild reads no rows back to decide."""
+    make it the user's, and the rebuild reads no rows back to decide (with another
+    model, nothing to copy: no row is read at all; with the same one, the rows are read
+    once to copy unchanged vectors, and the row changed since is not taken)."""
     from pymilvus import MilvusClient
 
     uri, client, first = _built_once(tmp_path)
@@ -622,10 +626,22 @@ def test_a_rebuild_drops_its_previous_build_whatever_was_written_into_it_reading
             name,
             lambda self, *a, _n=name, _r=real, **k: reads.append(_n) or _r(self, *a, **k),
         )
-    build_milvus_index(_small_docs(), EMBED, uri)
-    monkeypatch.undo()
+    other = DeterministicEmbedding(dim=256, model_name="another-model")
+    build_milvus_index(_small_docs(), other, uri)
     assert reads == []
     assert first not in client.list_collections() and len(client.list_collections()) == 1
+    [second] = client.list_collections()
+    row = client.query(second, filter='id == "pto"', output_fields=["*"])[0]
+    row = {k: v for k, v in row.items() if k != "sparse_embedding"}
+    client.upsert(second, [{**row, "text": "Employees receive thirty days of leave."}])
+    reads.clear()
+    build_milvus_index(_small_docs(), other, uri)
+    monkeypatch.undo()
+    assert set(reads) == {"query_iterator"}
+    assert second not in client.list_collections() and len(client.list_collections()) == 1
+    [third] = client.list_collections()
+    [pto] = client.query(third, filter='id == "pto"', output_fields=["text"])
+    assert pto["text"] == DOCS["pto"]  # embedded again from the document, not copied
 
 
 _KILLED_BEFORE_SWITCH = """

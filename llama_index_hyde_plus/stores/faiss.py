@@ -17,20 +17,27 @@ from typing import Any, ClassVar
 from llama_index.core import Document, StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.schema import BaseNode
 
 from ..chunking import Chunking
 from .base import BuildSettings, Store
-from .faiss_folder import META_FILE, check_index_target, write_index
+from .faiss_folder import (
+    CACHE_FILE,
+    INGESTION_DOCSTORE,
+    META_FILE,
+    check_index_target,
+    write_index,
+)
+from .ingestion import Previous, build_steps, cache_bytes, ingest, read_cache
 from .nodes import (
     EmbeddingMismatchError,
     IndexInfo,
     ProgressFn,
     TotalFn,
+    check_batch_size,
     check_embedding_model,
     dimension_error,
-    embed_nodes,
     embedding_model_name,
-    prepare_nodes,
 )
 
 logger = logging.getLogger(__name__)
@@ -107,23 +114,32 @@ def build_faiss_index(
     total: TotalFn | None = None,
 ) -> IndexInfo:
     """Embed ``documents`` (one node each, or chunks with ``chunking``) into a FAISS
-    inner-product index at ``out``."""
+    inner-product index at ``out``. A rebuild of an index made with the same model and
+    chunking embeds only the documents that are new or changed, and drops the chunks of
+    those that are gone (`ingestion`); the index is still written as a whole new build."""
     import faiss
     from llama_index.vector_stores.faiss import FaissVectorStore
 
     out = check_index_target(out)
+    check_batch_size(batch_size)
     start = time.perf_counter()
-    nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
-    if total is not None:
-        total(len(nodes))
-    embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
-    dim = len(nodes[0].embedding or [])
+    steps, chunk_meta = build_steps(
+        embed_model, chunking, max_length, batch_size=batch_size, progress=progress, total=total
+    )
+    identity = steps[1].identity
+    done = ingest(documents, steps, previous_build(out, identity), read_cache(out / CACHE_FILE))
+    if not done.nodes:
+        raise ValueError("no documents to index")
+    dim = len(done.nodes[0].embedding or [])
     store = FaissVectorStore(faiss_index=faiss.IndexFlatIP(dim))
     storage = StorageContext.from_defaults(vector_store=store)
-    index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
+    index = VectorStoreIndex(done.nodes, storage_context=storage, embed_model=embed_model)
     seconds = time.perf_counter() - start
 
-    info = IndexInfo(str(out), len(documents), dim, embed_spec, max_length, seconds, len(nodes))
+    info = IndexInfo(
+        str(out), len(documents), dim, embed_spec, max_length, seconds, len(done.nodes),
+        done.embedded, done.reused,
+    )  # fmt: skip
     meta = {
         "format": 2,
         "documents": info.documents,
@@ -134,9 +150,58 @@ def build_faiss_index(
         "embed_model": embedding_model_name(embed_model),
         "max_length": max_length,
         "build_seconds": round(seconds, 3),
+        "fingerprint": identity,
+        "embedded": done.embedded,
+        "reused": done.reused,
     }
-    write_index(out, index.storage_context, meta)
+    cache = cache_bytes(done.cache, identity) if done.embedded else None
+    write_index(out, index.storage_context, meta, docstore=done.docstore, cache=cache)
     return info
+
+
+def previous_build(out: Path, identity: str) -> Previous | None:
+    """The build in use at ``out`` as the pipeline's starting point, when it was made
+    with the `fingerprint` ``identity`` and recorded its docstore; else None (the build
+    embeds everything). A damaged previous build is None too, with a warning: it is
+    replaced whole."""
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+
+    if not (out / META_FILE).is_file():
+        return None
+    try:
+        meta = read_meta(out)
+        if meta.get("fingerprint") != identity:
+            return None
+        data = data_folder(out, meta)
+        if not (data / INGESTION_DOCSTORE).is_file():
+            return None
+        docstore = SimpleDocumentStore.from_persist_path(str(data / INGESTION_DOCSTORE))
+        return Previous(identity, docstore, stored_chunks(data))
+    except Exception as exc:  # damaged: the build starts over, which repairs it
+        logger.warning("embedding everything again: the index at %s is unreadable (%s)", out, exc)
+        return None
+
+
+def stored_chunks(data: Path) -> list[BaseNode]:
+    """The chunks of the data folder ``data`` with the vectors its FAISS index holds
+    (read back by position: a flat index keeps them exactly)."""
+    import faiss
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+    from llama_index.core.storage.index_store import SimpleIndexStore
+
+    vectors = faiss.read_index(str(data / "default__vector_store.json"))
+    structs = SimpleIndexStore.from_persist_dir(str(data)).index_structs()
+    nodes_dict: dict[str, str] = getattr(structs[0], "nodes_dict", {})
+    if len(structs) != 1 or len(nodes_dict) != vectors.ntotal:
+        raise ValueError("the vector store and the index disagree")
+    docstore = SimpleDocumentStore.from_persist_dir(str(data))
+    matrix = vectors.reconstruct_n(0, vectors.ntotal)
+    nodes = []
+    for position, node_id in nodes_dict.items():
+        node = docstore.get_node(node_id)
+        node.embedding = [float(x) for x in matrix[int(position)]]
+        nodes.append(node)
+    return nodes
 
 
 def _checked_faiss_store(faiss_index: Any, where: str) -> Any:

@@ -2,13 +2,18 @@
 
 An index folder carries the marker ``.hyde-plus`` (`_owned`), ``hyde_plus.json`` (how
 it was embedded, and which data folder is in use), the data folder ``data-<12 hex>``
-with LlamaIndex's storage files, and the link ``current`` to it. A build names its new
+with LlamaIndex's storage files (and, in ``ingestion/``, the docstore of the
+`ingestion` pipeline that tells the next build what changed), and the link ``current``
+to it. A build names its new
 data folder in the metadata (``pending``) before writing it, writes it beside the one
 in use, and switches by renaming the new metadata (naming the old data folder as
 ``replaced`` until it is deleted) over the old: a kill at any point leaves the previous
 index whole. The next build deletes what a killed one left (``pending``,
 ``replaced``), and nothing else. Builds in one parent
-folder write one at a time.
+folder write one at a time. A build that embedded something saves the pipeline's
+cache (``ingestion_cache.json``) before it writes its data folder and deletes it once
+the switch is done: a build that failed or was killed after embedding is run again
+without embedding again.
 """
 
 from __future__ import annotations
@@ -24,8 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from llama_index.core import StorageContext
+from llama_index.core.storage.docstore import SimpleDocumentStore
 
-from .._owned import MARKER, check_folder, claim, locked_folder, write_text_atomic
+from .._owned import (
+    MARKER,
+    check_folder,
+    check_outputs,
+    claim,
+    locked_folder,
+    write_all_atomic,
+    write_text_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +48,15 @@ META_FILE = "hyde_plus.json"
 CURRENT_LINK = "current"
 """The link inside an index folder to its data folder in use: a stable path that plain
 LlamaIndex opens (``StorageContext.from_defaults(persist_dir=...)``)."""
+INGESTION_DOCSTORE = "ingestion/docstore.json"
+"""The pipeline's docstore (documents and their hashes) inside a data folder."""
+CACHE_FILE = "ingestion_cache.json"
+"""The pipeline's cache in the index folder while a build is not switched in."""
 _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
 META_KEYS = frozenset(
     {"format", "documents", "chunks", "chunking", "dim", "embed", "embed_model"}
     | {"max_length", "build_seconds", "data", "pending", "replaced"}
+    | {"fingerprint", "embedded", "reused"}
 )
 """The keys a build writes into ``hyde_plus.json`` (any other key is the user's and is
 carried over to the next build's metadata)."""
@@ -67,12 +86,22 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
             f"--out {out}: {link} is not the link hyde-plus makes (a copy made with "
             "copytree?); it is left alone: remove it, then build again"
         )
+    check_outputs([target / CACHE_FILE], "--out")
     return target
 
 
-def write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> None:
-    """Write the storage files into a new data folder of ``out`` and switch
-    ``hyde_plus.json`` to it with one atomic rename (see the module's docstring)."""
+def write_index(
+    out: Path,
+    storage: StorageContext,
+    meta: dict[str, Any],
+    *,
+    docstore: SimpleDocumentStore | None = None,
+    cache: bytes | None = None,
+) -> None:
+    """Write the storage files (and the pipeline's ``docstore``) into a new data folder
+    of ``out`` and switch ``hyde_plus.json`` to it with one atomic rename; ``cache``
+    (the pipeline's, when the build embedded) is kept until the switch (see the
+    module's docstring)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     waiting = f"waiting for another hyde-plus build in {out.parent} to finish writing"
     with locked_folder(out.parent, on_wait=lambda: logger.warning("%s", waiting)):
@@ -84,9 +113,10 @@ def write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
             _remove_build(out, leftover, keep=old.get("data"))
         data = f"data-{uuid.uuid4().hex[:12]}"
         yours = {k: v for k, v in old.items() if k not in META_KEYS}  # notes added by hand
+        _save_cache(out, cache)
         write_text_atomic(out / META_FILE, json.dumps({**old, "pending": data}, indent=2))
         try:
-            _persist(out / data, storage)
+            _persist(out / data, storage, docstore)
         except BaseException:
             _undo(out, data, old, (marked, made))
             raise
@@ -97,6 +127,18 @@ def write_index(out: Path, storage: StorageContext, meta: dict[str, Any]) -> Non
         if _remove_build(out, previous, keep=data):
             logger.warning("replaced the index in %s (its previous build %s)", out, previous)
         write_text_atomic(out / META_FILE, json.dumps(meta, indent=2))
+        (out / CACHE_FILE).unlink(missing_ok=True)  # the build is in: nothing to resume
+
+
+def _save_cache(out: Path, cache: bytes | None) -> None:
+    """Write ``cache`` into ``out`` (atomically); a failure is only a warning: the
+    cache saves embeddings, the build does not need it."""
+    if cache is None:
+        return
+    try:
+        write_all_atomic([(out / CACHE_FILE, cache)])
+    except OSError as exc:
+        logger.warning("could not save the ingestion cache in %s: %s", out, exc)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -108,10 +150,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     return dict(data) if isinstance(data, dict) else {}
 
 
-def _persist(folder: Path, storage: StorageContext) -> None:
+def _persist(folder: Path, storage: StorageContext, docstore: SimpleDocumentStore | None) -> None:
     folder.mkdir()
     try:
         storage.persist(persist_dir=str(folder))
+        if docstore is not None:
+            docstore.persist(str(folder / INGESTION_DOCSTORE))
     except RuntimeError as exc:  # FAISS reports a full disk as a RuntimeError
         if "No space left" not in str(exc):
             raise
@@ -121,7 +165,8 @@ def _persist(folder: Path, storage: StorageContext) -> None:
 def _undo(out: Path, data: str, old: dict[str, Any], new: tuple[bool, bool]) -> None:
     """After a failed build: the new data folder removed and the metadata as it was;
     ``new`` (whether this build marked the folder, and made it): a first build's folder
-    is left as empty as it was, or removed."""
+    is left as empty as it was, or removed (with the cache it saved: a rebuild keeps it,
+    so running it again embeds nothing again)."""
     _remove_build(out, data)
     marked, made = new
     try:
@@ -129,6 +174,7 @@ def _undo(out: Path, data: str, old: dict[str, Any], new: tuple[bool, bool]) -> 
             write_text_atomic(out / META_FILE, json.dumps(old, indent=2))
             return
         (out / META_FILE).unlink(missing_ok=True)
+        (out / CACHE_FILE).unlink(missing_ok=True)
         if marked:
             (out / MARKER).unlink(missing_ok=True)
         if made:

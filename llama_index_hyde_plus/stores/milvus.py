@@ -23,11 +23,12 @@ from typing import Any, ClassVar, Literal
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from .._redact import redact_uri
 from ..chunking import Chunking
 from .base import BuildSettings, Store
+from .ingestion import Previous, build_steps, ingest, recorded
 from .milvus_builds import (
     check_name_is_ours,
     fill_and_switch,
@@ -43,9 +44,7 @@ from .nodes import (
     ProgressFn,
     TotalFn,
     check_embedding_model,
-    embed_nodes,
     embedding_model_name,
-    prepare_nodes,
 )
 
 Ranker = Literal["rrf", "weighted"]
@@ -160,21 +159,26 @@ def build_milvus_index(
 ) -> VectorStoreIndex:
     """Embed ``documents`` into a new hybrid collection and switch ``collection`` (an
     alias) to it, dropping only the builds it replaced (`milvus_builds`: an interrupted
-    build leaves the old collection serving; no rows are read back). ``chunking``,
-    ``total``: as in `build_faiss_index`. A collection or alias called ``collection``
-    that hyde-plus did not make is refused before any embedding."""
+    build leaves the old collection serving). ``chunking``, ``total``: as in
+    `build_faiss_index`. On Milvus Lite, a rebuild made with the same model and chunking
+    embeds only new or changed documents and copies the vectors of the unchanged chunks
+    from the collection it replaces (`ingestion`; its rows are read back for that,
+    nothing else). A collection or alias called ``collection`` that hyde-plus did not
+    make is refused before any embedding."""
     check_collection_name(collection)
     uri = check_uri(uri)
     if is_local_uri(uri):
         Path(uri).parent.mkdir(parents=True, exist_ok=True)  # as `--out` does for FAISS
     client = _client(uri, token)
     check_name_is_ours(client, uri, collection)
-    nodes, chunk_meta = prepare_nodes(documents, embed_model, chunking, max_length)
+    steps, chunk_meta = build_steps(
+        embed_model, chunking, max_length, batch_size=batch_size, progress=progress, total=total
+    )
+    identity = steps[1].identity
+    done = ingest(documents, steps, previous_build(client, uri, collection, identity))
+    nodes = done.nodes
     if not nodes:
         raise ValueError("no documents to index")
-    if total is not None:
-        total(len(nodes))
-    embed_nodes(nodes, embed_model, batch_size=batch_size, progress=progress)
     dim = len(nodes[0].embedding or [])
     entry = {
         "documents": len(documents),
@@ -185,6 +189,11 @@ def build_milvus_index(
         "embed_model": embedding_model_name(embed_model),
         "max_length": max_length,
         "collection": collection,
+        "fingerprint": identity,
+        "embedded": done.embedded,
+        "reused": done.reused,
+        INGESTION_KEY: done.docstore.to_dict(),
+        CHUNKS_KEY: recorded(nodes),
     }
 
     def fill(physical: str) -> VectorStoreIndex:
@@ -194,6 +203,58 @@ def build_milvus_index(
 
     index: VectorStoreIndex = fill_and_switch(client, (uri, collection), entry, fill)
     return index
+
+
+INGESTION_KEY = "ingestion"
+"""Where a build's record entry keeps the pipeline's docstore (`ingestion`)."""
+CHUNKS_KEY = "ingestion_chunks"
+"""Where it keeps the chunks it wrote (`ingestion.recorded`): rows written since by
+``serve --writable`` are not taken for the build's own."""
+_ROW_FIELDS = ["id", "text", "embedding", "_node_content"]
+
+
+def previous_build(client: Any, uri: str, collection: str, identity: str) -> Previous | None:
+    """The build ``collection`` serves as the pipeline's starting point, when the record
+    lists it with the `fingerprint` ``identity`` and its docstore; else None (a server,
+    which keeps no record, or another model: everything is embedded). Its rows are read
+    back to copy the vectors of unchanged chunks into the new build; rows written
+    since the build (``serve --writable``) are checked against its record
+    (`Previous.reusable`)."""
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+
+    before = resolve(client, collection)
+    entry = recorded_builds(uri, collection).get(before or "")
+    if not isinstance(entry, dict) or entry.get("fingerprint") != identity:
+        return None
+    state, chunks = entry.get(INGESTION_KEY), entry.get(CHUNKS_KEY)
+    if not isinstance(state, dict) or not isinstance(chunks, dict) or before is None:
+        return None
+    try:
+        docstore = SimpleDocumentStore.from_dict(state)
+        return Previous(identity, docstore, stored_rows(client, before), chunks)
+    except Exception as exc:  # damaged: the build starts over, which repairs it
+        logger.warning("embedding everything again: %s is unreadable (%s)", before, exc)
+        return None
+
+
+def stored_rows(client: Any, physical: str) -> list[BaseNode]:
+    """Every row of the collection ``physical`` as a node with its dense vector."""
+    from llama_index.core.vector_stores.utils import metadata_dict_to_node
+
+    nodes: list[BaseNode] = []
+    # Milvus Lite answers the iterator's timestamp request "not implemented" (logged by
+    # grpc and pymilvus) and the iterator goes on with the client's own
+    with _held_back(["pymilvus.orm.iterator", "grpc._server"], below=logging.CRITICAL):
+        rows = client.query_iterator(physical, batch_size=1000, output_fields=_ROW_FIELDS)
+        try:
+            while batch := rows.next():
+                for row in batch:
+                    node = metadata_dict_to_node(row, text=row.get("text"))
+                    node.embedding = [float(x) for x in row["embedding"]]
+                    nodes.append(node)
+        finally:
+            rows.close()
+    return nodes
 
 
 #: The loggers of pymilvus and Milvus Lite that log each failed call with a traceback
@@ -294,7 +355,9 @@ def read_milvus_meta(
         return None
     physical = resolve(_client(uri, token), collection)
     entry = entries.get(physical) if physical else None
-    return dict(entry) if isinstance(entry, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    return {k: v for k, v in entry.items() if k not in (INGESTION_KEY, CHUNKS_KEY)}
 
 
 def load_milvus_index(
@@ -517,6 +580,8 @@ class MilvusStore(Store):
             settings.max_length,
             seconds,
             chunks,
+            int(meta.get("embedded", chunks)),
+            int(meta.get("reused", 0)),
         )
 
     def meta(self) -> dict[str, Any] | None:

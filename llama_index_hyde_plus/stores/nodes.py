@@ -25,7 +25,9 @@ TotalFn = Callable[[int], None]
 class IndexInfo:
     """What a build wrote: where (an index folder, or a Milvus URI and collection),
     how many documents (and ``chunks``, the nodes they were split into: as many as the
-    documents without chunking), the vector size, the embedding and how long it took."""
+    documents without chunking), the vector size, the embedding and how long it took;
+    ``embedded`` of the chunks were embedded by this build and ``reused`` kept the
+    vectors of the build before (an incremental rebuild, `ingestion`)."""
 
     location: str
     documents: int
@@ -34,10 +36,14 @@ class IndexInfo:
     max_length: int
     seconds: float
     chunks: int = 0
+    embedded: int = -1
+    reused: int = 0
 
     def __post_init__(self) -> None:
         if not self.chunks:
             object.__setattr__(self, "chunks", self.documents)
+        if self.embedded < 0:
+            object.__setattr__(self, "embedded", self.chunks - self.reused)
 
     @property
     def path(self) -> Path:
