@@ -203,6 +203,30 @@ def _check_options(
         raise ValueError("model_timeout must be > 0 seconds (and finite), or None")
 
 
+def _check_wiring(
+    fusion: Any, manager: Any, verbose: Any, object_map: Any, embed_model: Any
+) -> None:
+    """`_check_options` for the `TransformRetriever` arguments that are objects or
+    flags: ``fusion``, ``callback_manager``, ``verbose``, ``object_map``,
+    ``embed_model`` (a `CallbackManager` stand-in would fail every ``retrieve``)."""
+    if fusion is not None and (
+        not isinstance(fusion, str) or fusion not in {mode.value for mode in FusionMode}
+    ):
+        modes = ", ".join(repr(mode.value) for mode in FusionMode)
+        raise ValueError(f"fusion must be a FusionMode ({modes}) or None, not {fusion!r}")
+    if manager is not None and not isinstance(manager, CallbackManager):
+        raise TypeError(
+            f"callback_manager must be a LlamaIndex CallbackManager or None, "
+            f"not {type(manager).__name__}"
+        )
+    if not isinstance(verbose, bool):
+        raise TypeError(f"verbose must be True or False, not {verbose!r}")
+    if object_map is not None and not isinstance(object_map, dict):
+        raise TypeError("object_map must be a dict of node ids to objects, or None")
+    if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
+        raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
+
+
 def _one_transform(
     transformer: QueryTransformer | BaseQueryTransform | None,
     query_transform: BaseQueryTransform | None,
@@ -328,8 +352,7 @@ class TransformRetriever(BaseRetriever):
             _one_transform(transformer, query_transform), transform_metadata
         )
         _check_options(top_k, max_concurrency, search_type, reranker, model_timeout)
-        if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
-            raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
+        _check_wiring(fusion, callback_manager, verbose, object_map, embed_model)
         self.retriever = retriever
         self.transformer = transformer
         self.fusion = FusionMode(fusion) if fusion is not None else None
