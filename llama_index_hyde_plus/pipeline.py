@@ -25,7 +25,7 @@ from llama_index.core.settings import Settings
 
 from . import _llm
 from ._checks import check_number, is_int, is_number
-from .retriever import SearchResult, TransformRetriever
+from .retriever import MAX_TOP_K, SearchResult, TransformRetriever
 from .transforms.hyde import HyDE
 from .transforms.options import check_prices
 from .usage import ModelPrice, Usage
@@ -170,8 +170,8 @@ class HyDERAG:
         callback_manager: CallbackManager | None = None,
         **hyde_options: Any,
     ) -> None:
-        if not is_int(top_k) or top_k < 1:
-            raise ValueError("top_k must be an int >= 1")
+        if not is_int(top_k) or not 1 <= top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be an int from 1 to {MAX_TOP_K}")
         if not isinstance(index_or_retriever, (BaseIndex, BaseRetriever)):
             raise TypeError("index_or_retriever must be a LlamaIndex index or retriever")
         self.answer_prompt = _answer_template(answer_prompt)

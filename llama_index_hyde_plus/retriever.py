@@ -128,6 +128,12 @@ fetch 100) follow in the order found, so a ranking does not depend on how deep t
 wrapped retriever fetched."""
 
 
+MAX_TOP_K = 10_000
+"""The most hits a `TransformRetriever` returns (``top_k``) or fetches
+(``similarity_top_k``): FAISS sizes its answer by the count asked, and at 2**31 the
+process aborts (``std::bad_alloc``) instead of raising."""
+
+
 def candidate_depth(guards: Guards, top_k: int) -> int:
     """How many hits the wrapped retriever must fetch for ``guards`` to do their work
     before the results are cut to ``top_k``: a reranking strategy reorders the
@@ -191,8 +197,8 @@ def _check_options(
 ) -> None:
     """A `TypeError` / `ValueError` naming the first `TransformRetriever` option that is
     not valid."""
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
-        raise ValueError("top_k must be an int >= 1 or None")
+    if top_k is not None and (not is_int(top_k) or not 1 <= top_k <= MAX_TOP_K):
+        raise ValueError(f"top_k must be an int from 1 to {MAX_TOP_K}, or None")
     if not is_int(max_concurrency) or max_concurrency < 1:
         raise ValueError("max_concurrency must be an int >= 1")
     if search_type not in ("auto", "dense", "keyword", "hybrid"):
@@ -311,7 +317,8 @@ class TransformRetriever(BaseRetriever):
     ``top_k=None`` (the default) means the wrapped retriever's own top k: its
     ``similarity_top_k`` when it has one (a fan-out over a ``similarity_top_k=3``
     retriever returns at most 3 nodes, like the retriever alone), else no cut. An int
-    is an explicit cut, read as is (it cannot return more than the fused lists hold).
+    (1 to `MAX_TOP_K`) is an explicit cut, read as is (it cannot return more than the
+    fused lists hold).
 
     ``retrieve`` / ``aretrieve`` (what query engines call) return the nodes with the
     first one a copy whose metadata carries a summary of the transform under
@@ -409,7 +416,7 @@ class TransformRetriever(BaseRetriever):
         if not isinstance(index, BaseIndex):
             raise TypeError(f"index must be a LlamaIndex index, not {type(index).__name__}")
         transformer = as_transformer(transformer, kwargs.pop("transform_metadata", None))
-        check_int(similarity_top_k, "similarity_top_k", 1, None)
+        check_int(similarity_top_k, "similarity_top_k", 1, MAX_TOP_K)
         if retriever_kwargs and "similarity_top_k" in retriever_kwargs:
             raise ValueError(
                 "give similarity_top_k as from_index's own argument, not in retriever_kwargs"

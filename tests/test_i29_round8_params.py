@@ -115,6 +115,8 @@ CASES = [
     ("TransformRetriever", "fusion", "3"),
     ("TransformRetriever", "fusion", []),
     ("TransformRetriever", "object_map", []),
+    ("TransformRetriever", "top_k", 2**31),
+    ("HyDERAG", "top_k", 2**31),
     # the SQLite cache: an infinite busy timeout hangs a search on a locked file
     ("SQLiteCache", "ttl_s", True),
     ("SQLiteCache", "ttl_s", math.inf),
@@ -233,6 +235,21 @@ def test_good_values_at_the_edges_are_still_taken(tmp_path: Path) -> None:
         assert TransformRetriever(_retriever(), HyDE(LLM), fusion=fusion).fusion == fusion
     assert SQLiteCache(tmp_path / "c.sqlite", ttl_s=1, busy_timeout_s=0).ttl_s == 1.0
     assert HyDERAG(_retriever(), hyde_llm=LLM, answer_llm=LLM, answer_temperature=0).top_k == 5
+
+
+def test_from_index_refuses_a_depth_that_would_abort_faiss() -> None:
+    """``similarity_top_k=2**31`` reached FAISS, whose ``std::bad_alloc`` ended the
+    process (no exception); 10,000 is taken."""
+    from llama_index.core import Document, VectorStoreIndex
+
+    from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+    embed = DeterministicEmbedding()
+    index = VectorStoreIndex.from_documents([Document(text="renewals")], embed_model=embed)
+    with pytest.raises(ValueError, match="similarity_top_k"):
+        TransformRetriever.from_index(index, HyDE(LLM), similarity_top_k=2**31)
+    deep = TransformRetriever.from_index(index, HyDE(LLM), similarity_top_k=10_000)
+    assert deep.top_k == 10_000
 
 
 def test_a_nan_cooldown_no_longer_leaves_rewriting_off_for_good() -> None:
