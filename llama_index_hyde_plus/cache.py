@@ -15,6 +15,8 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
+import os
 import sqlite3
 import sys
 import threading
@@ -103,6 +105,22 @@ def _check_size(value: object, name: str) -> int:
         raise ValueError(f"{name} must be an int >= 1")
     return value
 
+
+def _check_seconds(value: object, name: str, high: float | None) -> float:
+    """``value`` as a float if it is a finite number of seconds (not a bool) from 0 to
+    ``high`` (None: no bound); else a `TypeError` or `ValueError` naming ``name``."""
+    # not _checks.check_number: this module imports nothing of ours (see _check_size)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (high is not None and value > high):
+        bound = "" if high is None else f" and at most {high:g}"
+        raise ValueError(f"{name} must be a finite number of seconds >= 0{bound}, not {value!r}")
+    return float(value)
+
+
+MAX_BUSY_TIMEOUT_S = 3600.0
+"""The longest ``busy_timeout_s`` of a `SQLiteCache`: a search may wait this long for
+another process's write lock (an infinite wait would hang it)."""
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -325,18 +343,21 @@ class SQLiteCache:
     Args:
         path: the SQLite file (``~`` expanded); it and its folder are created when
             missing.
-        ttl_s: seconds an entry stays valid; None: for ever.
+        ttl_s: seconds an entry stays valid (a finite number above 0); None: for ever.
         busy_timeout_s: seconds a call waits for another process's write lock before
-            the cache is skipped for that call.
+            the cache is skipped for that call (from 0 to `MAX_BUSY_TIMEOUT_S`).
     """
 
     def __init__(
         self, path: str | Path, ttl_s: float | None = None, *, busy_timeout_s: float = 0.5
     ) -> None:
-        if ttl_s is not None and not ttl_s > 0:
-            raise ValueError("ttl_s must be > 0 seconds or None")
-        if not busy_timeout_s >= 0:
-            raise ValueError("busy_timeout_s must be >= 0 seconds")
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or a Path, not {type(path).__name__}")
+        if ttl_s is not None:
+            ttl_s = _check_seconds(ttl_s, "ttl_s", None)
+            if ttl_s == 0:
+                raise ValueError("ttl_s must be > 0 seconds, or None")
+        busy_timeout_s = _check_seconds(busy_timeout_s, "busy_timeout_s", MAX_BUSY_TIMEOUT_S)
         self.path = Path(path).expanduser()
         self.ttl_s = ttl_s
         self.busy_timeout_s = float(busy_timeout_s)

@@ -24,9 +24,10 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
 from . import _llm
-from ._checks import is_int, is_number
-from .retriever import SearchResult, TransformRetriever
+from ._checks import check_number, is_int, is_number
+from .retriever import MAX_TOP_K, SearchResult, TransformRetriever
 from .transforms.hyde import HyDE
+from .transforms.options import check_prices
 from .usage import ModelPrice, Usage
 
 ANSWER_PROMPT = (
@@ -126,6 +127,21 @@ class HyDERAGResult:
         }
 
 
+def _answer_template(answer_prompt: Any) -> BasePromptTemplate:
+    """``answer_prompt`` (None: `ANSWER_PROMPT`) as a template holding ``{context}`` and
+    ``{query}``; else a `TypeError` / `ValueError` naming ``answer_prompt``."""
+    template = ANSWER_PROMPT if answer_prompt is None else answer_prompt
+    if isinstance(template, str):
+        template = PromptTemplate(template)
+    if not isinstance(template, BasePromptTemplate):
+        raise TypeError(
+            f"answer_prompt must be a string or a prompt template, not {type(template).__name__}"
+        )
+    if not {"context", "query"} <= set(template.template_vars):
+        raise ValueError("answer_prompt must contain {context} and {query}")
+    return template
+
+
 class HyDERAG:
     """HyDE retrieval plus a grounded answer, with separate models per stage.
 
@@ -154,21 +170,24 @@ class HyDERAG:
         callback_manager: CallbackManager | None = None,
         **hyde_options: Any,
     ) -> None:
-        if not is_int(top_k) or top_k < 1:
-            raise ValueError("top_k must be an int >= 1")
+        if not is_int(top_k) or not 1 <= top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be an int from 1 to {MAX_TOP_K}")
         if not isinstance(index_or_retriever, (BaseIndex, BaseRetriever)):
             raise TypeError("index_or_retriever must be a LlamaIndex index or retriever")
-        template = answer_prompt or ANSWER_PROMPT
-        self.answer_prompt = PromptTemplate(template) if isinstance(template, str) else template
-        if not {"context", "query"} <= set(self.answer_prompt.template_vars):
-            raise ValueError("answer_prompt must contain {context} and {query}")
+        self.answer_prompt = _answer_template(answer_prompt)
+        if answer_llm is not None and not isinstance(answer_llm, LLM):
+            raise TypeError(f"answer_llm must be a LlamaIndex LLM, not {type(answer_llm).__name__}")
         self._answer_llm = answer_llm
+        for name, temperature in (("hyde", hyde_temperature), ("answer", answer_temperature)):
+            if temperature is not None:
+                check_number(temperature, f"{name}_temperature", 0.0, 2.0)
         self.answer_temperature = answer_temperature
         if answer_timeout is not None and not (
             is_number(answer_timeout) and 0 < answer_timeout < 1e6
         ):
             raise ValueError("answer_timeout must be a number of seconds > 0 (or None)")
         self.answer_timeout = answer_timeout
+        check_prices(prices)
         self.prices = dict(prices) if prices else None
         self._callback_manager = callback_manager
         self.hyde = HyDE(

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from ._checks import check_int, check_number
+
 logger = logging.getLogger(__name__)
 
 
@@ -167,20 +169,34 @@ def propagates(exc: BaseException, *, in_task: bool = False) -> bool:
     return task is None or task.cancelling() > 0
 
 
+MAX_RETRIES = 100
+"""The most retries a `RetryPolicy` takes (more is a mistake: with ``timeout=None``
+nothing else would end them)."""
+MAX_SECONDS = 1e6
+"""The longest delay or cooldown in seconds (about 11 days, the bound ``timeout``
+has): beyond it a breaker would in effect never half-open again."""
+MAX_THRESHOLD = 1_000_000
+"""The largest ``failure_threshold`` of a `CircuitBreaker`."""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Up to ``max_retries`` more attempts for transient errors, sleeping a random
-    time in ``[0, min(max_delay_s, base_delay_s * 2**attempt)]`` before each."""
+    time in ``[0, min(max_delay_s, base_delay_s * 2**attempt)]`` before each.
+
+    ``max_retries`` is an int from 0 to `MAX_RETRIES`; the delays are finite numbers of
+    seconds from 0 to `MAX_SECONDS` (a bool is neither): anything else is a `TypeError`
+    or `ValueError` naming the field, raised here rather than on the first retry."""
 
     max_retries: int = 2
     base_delay_s: float = 0.1
     max_delay_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
-        if self.base_delay_s < 0 or self.max_delay_s < 0:
-            raise ValueError("retry delays must be >= 0")
+        check_int(self.max_retries, "max_retries", 0, MAX_RETRIES)
+        for name in ("base_delay_s", "max_delay_s"):
+            seconds = check_number(getattr(self, name), name, 0.0, MAX_SECONDS)
+            object.__setattr__(self, name, seconds)
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to sleep before retry number ``attempt``, with full jitter.
@@ -212,20 +228,28 @@ class CircuitBreaker:
     same for a caller that does not keep its permit.
 
     Args:
-        failure_threshold: consecutive failures that open the breaker.
-        cooldown_s: seconds it stays open before a probe call is let through.
-        name: what the log lines call the breaker's provider.
+        failure_threshold: consecutive failures that open the breaker (an int from 1
+            to `MAX_THRESHOLD`).
+        cooldown_s: seconds it stays open before a probe call is let through (a finite
+            number above 0, at most `MAX_SECONDS`).
+        name: what the log lines call the breaker's provider (a non-empty string).
+
+    Anything else is a `TypeError` or `ValueError` naming the argument: a NaN
+    ``cooldown_s`` would keep an opened breaker open for good, a NaN threshold never
+    open it.
     """
 
     def __init__(
         self, failure_threshold: int = 5, cooldown_s: float = 30.0, *, name: str = "llm"
     ) -> None:
-        if failure_threshold < 1:
-            raise ValueError("failure_threshold must be >= 1")
-        if cooldown_s <= 0:
-            raise ValueError("cooldown_s must be > 0")
-        self.failure_threshold = failure_threshold
-        self.cooldown_s = cooldown_s
+        self.failure_threshold = check_int(failure_threshold, "failure_threshold", 1, MAX_THRESHOLD)
+        self.cooldown_s = check_number(cooldown_s, "cooldown_s", 0.0, MAX_SECONDS)
+        if self.cooldown_s == 0:
+            raise ValueError("cooldown_s must be > 0 seconds")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a string, not {type(name).__name__}")
+        if not name.strip():
+            raise ValueError("name must be a non-empty string")
         self.name = name
         self._lock = threading.Lock()
         self._state: BreakerState = "closed"

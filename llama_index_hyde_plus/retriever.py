@@ -128,6 +128,12 @@ fetch 100) follow in the order found, so a ranking does not depend on how deep t
 wrapped retriever fetched."""
 
 
+MAX_TOP_K = 10_000
+"""The most hits a `TransformRetriever` returns (``top_k``) or fetches
+(``similarity_top_k``): FAISS sizes its answer by the count asked, and at 2**31 the
+process aborts (``std::bad_alloc``) instead of raising."""
+
+
 def candidate_depth(guards: Guards, top_k: int) -> int:
     """How many hits the wrapped retriever must fetch for ``guards`` to do their work
     before the results are cut to ``top_k``: a reranking strategy reorders the
@@ -191,8 +197,8 @@ def _check_options(
 ) -> None:
     """A `TypeError` / `ValueError` naming the first `TransformRetriever` option that is
     not valid."""
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
-        raise ValueError("top_k must be an int >= 1 or None")
+    if top_k is not None and (not is_int(top_k) or not 1 <= top_k <= MAX_TOP_K):
+        raise ValueError(f"top_k must be an int from 1 to {MAX_TOP_K}, or None")
     if not is_int(max_concurrency) or max_concurrency < 1:
         raise ValueError("max_concurrency must be an int >= 1")
     if search_type not in ("auto", "dense", "keyword", "hybrid"):
@@ -201,6 +207,30 @@ def _check_options(
         raise TypeError("reranker must be a LlamaIndex node postprocessor")
     if model_timeout is not None and (not is_number(model_timeout) or not 0 < model_timeout < 1e6):
         raise ValueError("model_timeout must be > 0 seconds (and finite), or None")
+
+
+def _check_wiring(
+    fusion: Any, manager: Any, verbose: Any, object_map: Any, embed_model: Any
+) -> None:
+    """`_check_options` for the `TransformRetriever` arguments that are objects or
+    flags: ``fusion``, ``callback_manager``, ``verbose``, ``object_map``,
+    ``embed_model`` (a `CallbackManager` stand-in would fail every ``retrieve``)."""
+    if fusion is not None and (
+        not isinstance(fusion, str) or fusion not in {mode.value for mode in FusionMode}
+    ):
+        modes = ", ".join(repr(mode.value) for mode in FusionMode)
+        raise ValueError(f"fusion must be a FusionMode ({modes}) or None, not {fusion!r}")
+    if manager is not None and not isinstance(manager, CallbackManager):
+        raise TypeError(
+            f"callback_manager must be a LlamaIndex CallbackManager or None, "
+            f"not {type(manager).__name__}"
+        )
+    if not isinstance(verbose, bool):
+        raise TypeError(f"verbose must be True or False, not {verbose!r}")
+    if object_map is not None and not isinstance(object_map, dict):
+        raise TypeError("object_map must be a dict of node ids to objects, or None")
+    if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
+        raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
 
 
 def _one_transform(
@@ -287,7 +317,8 @@ class TransformRetriever(BaseRetriever):
     ``top_k=None`` (the default) means the wrapped retriever's own top k: its
     ``similarity_top_k`` when it has one (a fan-out over a ``similarity_top_k=3``
     retriever returns at most 3 nodes, like the retriever alone), else no cut. An int
-    is an explicit cut, read as is (it cannot return more than the fused lists hold).
+    (1 to `MAX_TOP_K`) is an explicit cut, read as is (it cannot return more than the
+    fused lists hold).
 
     ``retrieve`` / ``aretrieve`` (what query engines call) return the nodes with the
     first one a copy whose metadata carries a summary of the transform under
@@ -328,8 +359,7 @@ class TransformRetriever(BaseRetriever):
             _one_transform(transformer, query_transform), transform_metadata
         )
         _check_options(top_k, max_concurrency, search_type, reranker, model_timeout)
-        if embed_model is not None and not isinstance(embed_model, (BaseEmbedding, Embedder)):
-            raise TypeError("embed_model must be a LlamaIndex BaseEmbedding")
+        _check_wiring(fusion, callback_manager, verbose, object_map, embed_model)
         self.retriever = retriever
         self.transformer = transformer
         self.fusion = FusionMode(fusion) if fusion is not None else None
@@ -386,7 +416,7 @@ class TransformRetriever(BaseRetriever):
         if not isinstance(index, BaseIndex):
             raise TypeError(f"index must be a LlamaIndex index, not {type(index).__name__}")
         transformer = as_transformer(transformer, kwargs.pop("transform_metadata", None))
-        check_int(similarity_top_k, "similarity_top_k", 1, None)
+        check_int(similarity_top_k, "similarity_top_k", 1, MAX_TOP_K)
         if retriever_kwargs and "similarity_top_k" in retriever_kwargs:
             raise ValueError(
                 "give similarity_top_k as from_index's own argument, not in retriever_kwargs"

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ._checks import check_number
+
 UsageSource = Literal["provider", "estimated", "none"]
 """Where token counts come from: the provider's response, an estimate, or no call."""
 CostSource = Literal["price-table", "custom", "local", "unknown", "none"]
@@ -22,16 +24,23 @@ CostSource = Literal["price-table", "custom", "local", "unknown", "none"]
 (free), a model of unknown price, or no call."""
 
 
+MAX_PRICE = 1e6
+"""The highest price per million tokens `ModelPrice` takes (USD)."""
+
+
 @dataclass(frozen=True)
 class ModelPrice:
-    """USD per one million input and output tokens."""
+    """USD per one million input and output tokens: finite numbers from 0 to
+    `MAX_PRICE` (a bool is not one; anything else is a `TypeError` or `ValueError`
+    naming the field, so a NaN price never turns every cost into NaN)."""
 
     input_per_mtok: float
     output_per_mtok: float
 
     def __post_init__(self) -> None:
-        if self.input_per_mtok < 0 or self.output_per_mtok < 0:
-            raise ValueError("ModelPrice: prices must be >= 0")
+        for name in ("input_per_mtok", "output_per_mtok"):
+            price = check_number(getattr(self, name), f"ModelPrice {name}", 0.0, MAX_PRICE)
+            object.__setattr__(self, name, price)
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         """USD for the tokens at these prices.

@@ -26,9 +26,8 @@ from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
 from .. import _llm
-from .._checks import is_number
 from .._workers import Job, WorkersBusyError
-from ..cache import TransformCache, cache_key, holds_objects
+from ..cache import cache_key, holds_objects
 from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, failure
 from ..singleflight import SingleFlight, WaitExpired
 from ..timeouts import timeout_for
@@ -44,7 +43,7 @@ from .keys import (
     sent_to,
     settings_snapshot,
 )
-from .options import PROFILES, LLMOptions, breaker_from, check_option_names
+from .options import LLMOptions, breaker_from, check_options
 from .parsing import clean_reply
 
 if TYPE_CHECKING:
@@ -124,27 +123,20 @@ class LLMTransform(QueryTransformer):
 
     def __init__(self, llm: LLM | None = None, **options: Unpack[LLMOptions]) -> None:
         super().__init__()
-        check_option_names(type(self).__name__, options)
-        cache = options.get("cache")
-        if cache is not None and not isinstance(cache, TransformCache):
-            raise TypeError("cache must have get(key) and set(key, value), like MemoryCache")
         if llm is not None and not isinstance(llm, LLM):
             raise TypeError(f"llm must be a LlamaIndex LLM, not {type(llm).__name__}")
-        temperature = _number(options.get("temperature"), "temperature")
-        if temperature is not None and not 0 <= temperature <= 2:
-            raise ValueError("temperature must be between 0 and 2")
-        timeout = _number(options.get("timeout"), "timeout")
-        if timeout is not None and not 0 < timeout < 1e6:
-            raise ValueError("timeout must be > 0 seconds (and finite)")
+        check_options(type(self).__name__, options)
+        cache = options.get("cache")
+        temperature = options.get("temperature")
+        timeout = options.get("timeout")
         retry = options.get("retry")
         prices = options.get("prices")
-        profile = options.get("profile", "auto")
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
-        self.profile = profile
+        self.profile = options.get("profile", "auto")
         """``"auto"``, ``"small"`` or ``"capable"``: see `generator`."""
         self._llm = llm
-        self._prompt = _template(options.get("prompt") or self.default_prompt, self.prompt_vars)
+        prompt = options.get("prompt")
+        prompt = self.default_prompt if prompt is None else prompt
+        self._prompt = _template(prompt, self.prompt_vars)
         self.temperature = temperature
         self._timeout = timeout
         self._timeout_given = "timeout" in options
@@ -683,13 +675,6 @@ def reply_past(limit: int, text: str, label: re.Pattern[str] | None = None) -> b
     if tail >= 0:
         body = body[:tail]
     return len(body.rstrip()) > limit
-
-
-def _number(value: Any, name: str) -> float | None:
-    """``value`` if it is None or a number (not a bool); else a `TypeError` naming it."""
-    if value is None or is_number(value):
-        return value
-    raise TypeError(f"{name} must be a number, not {type(value).__name__}")
 
 
 def _serves(stored: TransformResult, query: str, method: str) -> bool:

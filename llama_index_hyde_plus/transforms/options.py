@@ -13,8 +13,9 @@ from typing import Any, Literal, TypedDict
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.prompts import BasePromptTemplate
 
+from .._checks import check_number
 from ..cache import TransformCache
-from ..reliability import CircuitBreaker, RetryPolicy
+from ..reliability import MAX_SECONDS, CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
 
 Profile = Literal["auto", "small", "capable"]
@@ -64,6 +65,63 @@ def check_option_names(owner: str, options: Mapping[str, Any]) -> None:
     for key in options:
         if key not in LLM_OPTION_NAMES:
             raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}")
+
+
+def check_options(owner: str, options: Mapping[str, Any]) -> None:
+    """Every `LLMOptions` value in ``options`` checked up front, here and only here: a
+    `TypeError` (wrong type; a bool is not a number) or a `ValueError` (out of range)
+    naming the option, so that a bad value never reaches a call, where it would make
+    every call fall back (``retry="3"``, ``callback_manager=object()``,
+    ``prices={"m": 5}``) or leave a breaker stuck.
+
+    Args:
+        owner: the transform's class name, for an unknown keyword's error.
+        options: the keyword options as given (absent keys keep their defaults).
+    """
+    check_option_names(owner, options)
+    get = options.get
+    if get("temperature") is not None:
+        check_number(get("temperature"), "temperature", 0.0, 2.0)
+    if get("timeout") is not None:
+        check_number(get("timeout"), "timeout", 0.0, MAX_SECONDS)
+        if get("timeout") == 0:
+            raise ValueError("timeout must be > 0 seconds (and finite), or None")
+    _check_type(get("cache"), "cache", TransformCache, "a TransformCache (get and set)")
+    _check_type(get("retry"), "retry", RetryPolicy, "a RetryPolicy")
+    _check_type(get("breaker"), "breaker", CircuitBreaker, "a CircuitBreaker")
+    _check_type(get("callback_manager"), "callback_manager", CallbackManager, "a CallbackManager")
+    _check_type(get("prompt"), "prompt", (str, BasePromptTemplate), "a string or a template")
+    check_prices(get("prices"))
+    profile = get("profile", "auto")
+    if not isinstance(profile, str) or profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
+
+
+def check_prices(prices: Any) -> None:
+    """A `TypeError` / `ValueError` naming ``prices`` unless it is None or what the
+    docs call a price table: a mapping of model ids (non-empty strings) to
+    `ModelPrice` (USD per 1M input and output tokens), like `usage.PRICE_TABLE`."""
+    if prices is None:
+        return
+    if not isinstance(prices, Mapping):
+        raise TypeError(
+            "prices must map model ids to ModelPrice, like {'my-model': "
+            f"ModelPrice(input_per_mtok=0.3, output_per_mtok=1.2)}}, not {type(prices).__name__}"
+        )
+    for model, price in prices.items():
+        if not isinstance(model, str) or not model:
+            raise TypeError(f"prices: each key must be a model id (a string), not {model!r}")
+        if not isinstance(price, ModelPrice):
+            raise TypeError(
+                f"prices[{model!r}] must be a ModelPrice(input_per_mtok=..., "
+                f"output_per_mtok=...), not {type(price).__name__}"
+            )
+
+
+def _check_type(value: Any, name: str, kind: type | tuple[type, ...], what: str) -> None:
+    """A `TypeError` naming ``name`` unless ``value`` is None or a ``kind``."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what} or None, not {type(value).__name__}")
 
 
 def breaker_from(options: Mapping[str, Any], name: str) -> CircuitBreaker | None:
