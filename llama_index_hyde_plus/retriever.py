@@ -1025,8 +1025,8 @@ def _mean(vectors: Sequence[Vec]) -> Vec:
 
 
 def _searchable(vector: Vec) -> Vec | None:
-    """``vector``, or None when it cannot be searched with (empty, NaN or infinite):
-    the wrapped retriever then embeds the question itself."""
+    """``vector``, or None when it cannot be searched with (empty, NaN, infinite or all
+    zeros): the wrapped retriever then embeds the question itself."""
     try:
         plan.check_vectors([vector], "question")
     except plan.UnusableVector:

@@ -1,0 +1,129 @@
+"""Issue #29, hostile round 8: the search path after the LLM.
+
+D5: a store that answers the question but hangs on the generated text is bounded by
+``model_timeout`` (the question's own hits come back). D6: a document whose text
+changes under the same id is scored by its new text. M4: a failing question search
+raises at once, not after the LLM. M3: no zero vector from the test double, and a
+zero vector from a real embedder is an unusable vector (fallback, no NaN score)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+from llama_index_hyde_plus import HyDE, TransformRetriever
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+
+from .conftest import DOCS, Q, ids, search
+
+_words = DeterministicEmbedding(dim=64)
+
+# -- D6: document vectors keyed by id and content ---------------------------------------
+
+RENEWALS = "Enterprise renewals slipped last quarter as accounts delayed signing."
+OFFICE = "The office moved to the third floor in March."
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_document_changed_under_its_id_is_reranked_by_its_new_text(
+    use_async: bool,
+) -> None:
+    """Two documents swap texts (an upsert by id): a long-lived retriever ranks as a
+    fresh one does. Before the fix its cache served the old texts' vectors (the
+    renewals text, now id b, ranked 2nd)."""
+    store = StaticRetriever({"a": RENEWALS, "b": OFFICE}, default=["a", "b"])
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped as accounts delayed signing.")
+    retriever = TransformRetriever(
+        store, HyDE(llm, strategy="rerank", blend=1.0), embed_model=_words
+    )
+    assert ids((await search(retriever, "Why did renewals slip?", use_async)).nodes)[0] == "a"
+    store.nodes["a"] = TextNode(id_="a", text=OFFICE)
+    store.nodes["b"] = TextNode(id_="b", text=RENEWALS)
+    found = await search(retriever, "Why did renewals slip?", use_async)
+    assert ids(found.nodes)[0] == "b" and not found.transform.fallback
+
+
+def test_an_unchanged_document_is_still_served_from_the_cache() -> None:
+    model = DeterministicEmbedding(dim=64)
+    store = StaticRetriever({"a": RENEWALS, "b": OFFICE}, default=["a", "b"])
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped.")
+    retriever = TransformRetriever(store, HyDE(llm, strategy="rerank"), embed_model=model)
+    retriever.search("Why did renewals slip?")
+    embedded = len(model.embedded_texts)
+    retriever.search("Why did renewals slip?")
+    assert len(model.embedded_texts) == embedded  # nothing embedded again
+
+
+# -- M3: zero vectors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "the and a of", "What is it?"])
+def test_the_deterministic_embedding_never_returns_a_zero_vector(text: str) -> None:
+    model = DeterministicEmbedding()
+    vector = model.get_text_embedding(text)
+    assert math.isclose(math.sqrt(sum(x * x for x in vector)), 1.0)
+    assert vector == model.get_query_embedding(text)  # the same text, the same vector
+    assert math.isfinite(model.similarity(vector, model.get_text_embedding("Revenue dropped.")))
+
+
+class ZeroFor(BaseEmbedding):
+    """A real-looking embedder that returns an all-zero vector for ``zero_for``."""
+
+    zero_for: str = ""
+
+    def _vec(self, text: str) -> list[float]:
+        return [0.0] * 64 if text == self.zero_for else _words.vector(text)
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._vec(query)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._vec(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._vec(text)
+
+
+PASSAGE = "Revenue dropped because enterprise renewals slipped last quarter."
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("kind", ["mix", "rerank", "gate"])
+async def test_a_zero_vector_of_the_generated_text_falls_back(use_async: bool, kind: str) -> None:
+    options: dict[str, Any] = {"mix": {}, "rerank": {"strategy": "rerank"}, "gate": {"gate": 0.1}}
+    store = StaticRetriever(DOCS, default=["pto", "renewals"])
+    hyde = HyDE(ScriptedLLM(respond=lambda p: PASSAGE), **options[kind])
+    retriever = TransformRetriever(store, hyde, embed_model=ZeroFor(zero_for=PASSAGE))
+    found = await search(retriever, Q, use_async)
+    assert found.transform.fallback and "all zeros" in (found.transform.error or "")
+    assert ids(found.nodes) == ["pto", "renewals"]
+    assert all(math.isfinite(n.score or 0.0) for n in found.nodes)
+
+
+class Recording(StaticRetriever):
+    """A `StaticRetriever` that keeps the bundles it was asked."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[QueryBundle] = []
+
+    def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        self.asked.append(bundle)
+        return super()._answer(bundle)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_zero_vector_of_the_question_is_never_searched_with(use_async: bool) -> None:
+    """The gate cannot compare with a zero question vector: a fallback saying so (before:
+    cosine 0 read as "disagrees"), and the question's own search is not handed our zero
+    vector (the store's similarity with it is NaN)."""
+    store = Recording(DOCS, default=["pto"])
+    hyde = HyDE(ScriptedLLM(respond=lambda p: PASSAGE), gate=0.3)
+    retriever = TransformRetriever(store, hyde, embed_model=ZeroFor(zero_for=Q))
+    found = await search(retriever, Q, use_async)
+    assert found.transform.fallback and "all zeros" in (found.transform.error or "")
+    assert [b.embedding for b in store.asked] == [None]  # the store embeds it itself
