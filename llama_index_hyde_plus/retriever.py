@@ -509,10 +509,10 @@ class TransformRetriever(BaseRetriever):
             searching = asyncio.ensure_future(self._aquestion_hits(question))
         context = plan.context_for(guards, hits)
         try:
-            with caller_bundle(question.given):
-                result = _reused(transformed) or await self.transformer.atransform_safe(
-                    question.text, context=context
-                )
+            beside = searching if guards.needs_question_hits else None
+            result = _reused(transformed) or await self._atransform_beside(
+                question, context, beside
+            )
         except BaseException:
             if searching is not None:
                 searching.cancel()
@@ -544,6 +544,31 @@ class TransformRetriever(BaseRetriever):
             nodes, errors = await self._acarry_out(step, question, hits, pending, deadline)
         nodes = await self._areranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
+
+    async def _atransform_beside(
+        self, question: Question, context: list[str] | None, searching: Any
+    ) -> TransformResult:
+        """The transform of ``question``; with the question's own search ``searching``
+        beside it (a guard that needs its hits: rerank, feedback), a failure of that
+        search is raised at once and the LLM call is cancelled (a plain retriever raises
+        at once: the search does not wait on the LLM for up to its timeout only to
+        raise the same error). A fan-out passes None: it goes on without the
+        question's list, as before."""
+        with caller_bundle(question.given):
+            call = self.transformer.atransform_safe(question.text, context=context)
+            if searching is None:
+                return await call
+            transforming = asyncio.ensure_future(call)
+        try:
+            await asyncio.wait({searching, transforming}, return_when=asyncio.FIRST_COMPLETED)
+            if searching.done() and isinstance(searching.result(), BaseException):
+                transforming.cancel()
+                await asyncio.wait({transforming})  # ended: no task left behind
+                raise searching.result()
+            return await transforming
+        finally:
+            if not transforming.done():
+                transforming.cancel()
 
     def _as_given(self, question: Question, start: float) -> SearchResult:
         """A question with no text (an embedding-only bundle), searched as given."""

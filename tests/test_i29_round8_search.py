@@ -277,3 +277,31 @@ async def test_a_hung_blocking_store_holds_at_most_its_own_threads(
     assert time.perf_counter() - start < T  # no waiting: the threads all overran
     assert all("worker threads are busy" in (r.transform.error or "") for r in again)
     assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
+
+
+# -- M4: the question's own search fails while the LLM writes -----------------------------
+
+
+class Down(BaseRetriever):
+    """A store that is down: every search raises at once."""
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        raise ConnectionError("index down")
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        raise ConnectionError("index down")
+
+
+async def test_a_failed_question_search_raises_at_once_on_the_async_path() -> None:
+    """Before the fix the error came after the LLM's 3 s; now at once, the LLM call
+    cancelled (no task left), its breaker untouched."""
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped.", delay=3)
+    transform = HyDE(llm, strategy="rerank")
+    retriever = TransformRetriever(Down(), transform, embed_model=_words)
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError, match="index down"):
+        await retriever.asearch(ASKED)
+    assert time.perf_counter() - start < 1.0
+    await asyncio.sleep(0.05)
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert transform.breaker is not None and transform.breaker.state == "closed"
