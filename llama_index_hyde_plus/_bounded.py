@@ -15,12 +15,15 @@ abandoned is never waited for.
 from __future__ import annotations
 
 import asyncio
+import queue
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
-from ._workers import DaemonWorkers
+from ._workers import DaemonWorkers, Job
+from .reliability import failure
 
 T = TypeVar("T")
 
@@ -75,6 +78,56 @@ def run_within(
         job.abandon()
         raise deadline.overrun(what)
     return job.result()  # type: ignore[no-any-return]
+
+
+def run_all_within(
+    pool: DaemonWorkers,
+    calls: Sequence[Callable[[], T]],
+    deadline: Deadline | None,
+    what: str,
+    at_once: int,
+) -> list[T | Exception]:
+    """Each of ``calls`` on a worker of ``pool``, at most ``at_once`` running at a time,
+    all waited for until ``deadline`` (None: no bound); in order, what each returned or
+    the failure it raised (`reliability.failure`: an interrupt propagates), and a
+    `ModelTimeoutError` for each not done by then (abandoned, or never started). A call
+    the pool refuses (every worker holds an overrun call) fails at once.
+
+    Args:
+        pool: the model's (or store's) own worker threads.
+        calls: the blocking calls.
+        deadline: when to stop waiting for all of them; None for no bound.
+        what: names the model in the error.
+        at_once: the most calls running at once (>= 1).
+    """
+    outcomes: list[T | Exception | None] = [None] * len(calls)
+    finished: queue.SimpleQueue[int] = queue.SimpleQueue()
+    jobs: dict[int, Job] = {}
+    waiting = list(range(len(calls)))[::-1]  # popped from the end: in order
+    try:
+        while waiting or jobs:
+            while waiting and len(jobs) < max(1, at_once):
+                i = waiting.pop()
+                try:
+                    jobs[i] = pool.submit(calls[i], partial(finished.put, i))
+                except Exception as exc:  # WorkersBusyError: all its workers overran
+                    outcomes[i] = exc
+            if not jobs:
+                continue
+            try:
+                i = finished.get(timeout=None if deadline is None else deadline.left())
+            except queue.Empty:
+                break
+            try:
+                outcomes[i] = jobs.pop(i).result()
+            except BaseException as exc:
+                outcomes[i] = failure(exc)
+    finally:  # the deadline passed, or we were interrupted: stop waiting for the rest
+        for job in jobs.values():
+            job.abandon()
+    for i in [*jobs, *waiting]:
+        outcomes[i] = deadline.overrun(what) if deadline is not None else None
+    return outcomes  # type: ignore[return-value]
 
 
 def _wake(future: asyncio.Future[None]) -> None:

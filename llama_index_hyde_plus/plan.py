@@ -150,12 +150,14 @@ def degraded(result: TransformResult, reason: str) -> TransformResult:
 
 class UnusableVector(ValueError):
     """A vector cannot be searched with: empty, of another size than the question's,
-    or holding NaN or infinity (the message says which)."""
+    holding NaN or infinity, or all zeros (no direction: every cosine with it is NaN
+    or 0); the message says which."""
 
 
 def check_vectors(vectors: Sequence[Sequence[float]], what: str, dim: int | None = None) -> None:
     """Raise `UnusableVector` when one of ``vectors`` is empty, has another length than
-    ``dim`` (default: the first vector's) or holds NaN or infinity; ``what`` names them."""
+    ``dim`` (default: the first vector's), holds NaN or infinity, or is all zeros;
+    ``what`` names them."""
     for vector in vectors:
         if len(vector) == 0:
             raise UnusableVector(f"a {what} vector is empty")
@@ -164,6 +166,8 @@ def check_vectors(vectors: Sequence[Sequence[float]], what: str, dim: int | None
             raise UnusableVector(f"a {what} vector has {len(vector)} dimensions, not {dim}")
         if not all(math.isfinite(x) for x in vector):
             raise UnusableVector(f"a {what} vector holds NaN or infinity")
+        if not any(vector):
+            raise UnusableVector(f"a {what} vector is all zeros")
 
 
 def is_question(spec: SearchSpec, query: str) -> bool:

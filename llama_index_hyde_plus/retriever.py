@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -23,7 +24,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
 from . import expansion, plan
-from ._bounded import Deadline, arun_within, await_within, run_within
+from ._bounded import Deadline, arun_within, await_within, run_all_within, run_within
 from ._checks import check_int, is_int, is_number
 from ._llm import WORKERS
 from ._workers import DaemonWorkers
@@ -119,6 +120,7 @@ _KEYWORD_MODES = {"sparse", "text_search"}
 _HYBRID_MODES = {"hybrid", "semantic_hybrid"}
 
 _RERANKER = "the reranker"
+_SEARCH = "the retriever"
 
 RERANK_CANDIDATES = 50
 """How many of the question's hits a reranking transform (``strategy="rerank"``)
@@ -253,6 +255,14 @@ def _reused(transformed: TransformResult | None) -> TransformResult | None:
         return None
     spent = transformed.generation_usage or transformed.usage
     return revised(transformed, usage=Usage(), generation_usage=spent)
+
+
+def _placed(outcomes: list[Any], at: list[int], found: list[Any]) -> list[Any]:
+    """``outcomes`` with ``found[k]`` put at position ``at[k]``."""
+    placed = list(outcomes)
+    for i, outcome in zip(at, found):
+        placed[i] = outcome
+    return placed
 
 
 def _joined(step: plan.Fanout, outcomes: list[Any], question: Any) -> None:
@@ -530,10 +540,10 @@ class TransformRetriever(BaseRetriever):
             searching = asyncio.ensure_future(self._aquestion_hits(question))
         context = plan.context_for(guards, hits)
         try:
-            with caller_bundle(question.given):
-                result = _reused(transformed) or await self.transformer.atransform_safe(
-                    question.text, context=context
-                )
+            beside = searching if guards.needs_question_hits else None
+            result = _reused(transformed) or await self._atransform_beside(
+                question, context, beside
+            )
         except BaseException:
             if searching is not None:
                 searching.cancel()
@@ -566,6 +576,31 @@ class TransformRetriever(BaseRetriever):
         nodes = await self._areranked_or_kept(nodes, question)
         return self._finish(nodes, result, start, errors)
 
+    async def _atransform_beside(
+        self, question: Question, context: list[str] | None, searching: Any
+    ) -> TransformResult:
+        """The transform of ``question``; with the question's own search ``searching``
+        beside it (a guard that needs its hits: rerank, feedback), a failure of that
+        search is raised at once and the LLM call is cancelled (a plain retriever raises
+        at once: the search does not wait on the LLM for up to its timeout only to
+        raise the same error). A fan-out passes None: it goes on without the
+        question's list, as before."""
+        with caller_bundle(question.given):
+            call = self.transformer.atransform_safe(question.text, context=context)
+            if searching is None:
+                return await call
+            transforming = asyncio.ensure_future(call)
+        try:
+            await asyncio.wait({searching, transforming}, return_when=asyncio.FIRST_COMPLETED)
+            if searching.done() and isinstance(searching.result(), BaseException):
+                transforming.cancel()
+                await asyncio.wait({transforming})  # ended: no task left behind
+                raise searching.result()
+            return await transforming
+        finally:
+            if not transforming.done():
+                transforming.cancel()
+
     def _as_given(self, question: Question, start: float) -> SearchResult:
         """A question with no text (an embedding-only bundle), searched as given."""
         found = unique_nodes(self._search_bundle(question.bundle()))
@@ -596,10 +631,12 @@ class TransformRetriever(BaseRetriever):
             assert hits is not None
             vectors = self.doc_vectors.get(hits[: step.k], deadline)
             bundle = _feedback(question.text, self._own(question, deadline), vectors, step)
-            return unique_nodes(self._search_bundle(bundle)), []
+            return unique_nodes(self._search_generated(bundle, deadline)), []
         if isinstance(step, plan.Fanout):
             bundles = self._bundles(step, question, self._vectors(step, question, deadline))
-            lists, weights, errors = self._run_sync(step, bundles, hits, pending)
+            lists, weights, errors = self._run_sync(
+                step, bundles, hits, question, deadline, pending
+            )
             return self._combine(lists, weights), errors
         return unique_nodes(hits or []), []
 
@@ -621,11 +658,13 @@ class TransformRetriever(BaseRetriever):
             vectors = await self.doc_vectors.aget(hits[: step.k], deadline)
             own = await self._aown(question, deadline)
             bundle = _feedback(question.text, own, vectors, step)
-            return unique_nodes(await self._asearch_bundle(bundle)), []
+            return unique_nodes(await self._asearch_generated(bundle, deadline)), []
         if isinstance(step, plan.Fanout):
             dense = await self._avectors(step, question, deadline)
             bundles = self._bundles(step, question, dense)
-            lists, weights, errors = await self._run_async(step, bundles, hits, pending)
+            lists, weights, errors = await self._run_async(
+                step, bundles, hits, question, deadline, pending
+            )
             return self._combine(lists, weights), errors
         return unique_nodes(hits or []), []
 
@@ -856,24 +895,44 @@ class TransformRetriever(BaseRetriever):
         return bundles
 
     def _run_sync(
-        self, step: plan.Fanout, bundles: Bundles, hits: Hits, pending: Any = None
+        self,
+        step: plan.Fanout,
+        bundles: Bundles,
+        hits: Hits,
+        question: Question,
+        deadline: Deadline | None,
+        pending: Any = None,
     ) -> Found:
-        """The searches of ``step`` at once; ``pending`` (a future of `_question_hits`)
-        is the question's own search, started while the LLM wrote, joined here."""
+        """The searches of ``step`` at once. Those of the generated text run on the
+        retriever's own worker threads (`_search_pool`), ``max_concurrency`` at a time,
+        until ``deadline`` (one that overruns fails, as one that raises does); the
+        question's own search is not bounded (the user's own: a plain retriever would
+        wait on it too) and runs on the fan-out's threads. ``pending`` (a future of
+        `_question_hits`) is the question's search started while the LLM wrote."""
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
+        own = [i for i in todo if plan.is_question(specs[i], question.text)]
+        generated = [i for i in todo if i not in own]
         if len(todo) == 1 and len(specs) == 1:
             try:
-                outcomes[0] = self.retriever.retrieve(bundles[0])
+                bundle = bundles[0]
+                assert bundle is not None
+                outcomes[0] = (
+                    self.retriever.retrieve(bundle)
+                    if own
+                    else self._search_generated(bundle, deadline)
+                )
             except Exception as exc:
                 self._log_failure(specs[0], exc)
                 raise
         elif todo:
-            pool = self._thread_pool()
             run = self.retriever.retrieve
-            futures = {
-                i: pool.submit(contextvars.copy_context().run, run, bundles[i]) for i in todo
-            }
+            ctx = contextvars.copy_context
+            futures = {i: self._thread_pool().submit(ctx().run, run, bundles[i]) for i in own}
+            calls = [partial(run, bundles[i]) for i in generated]
+            at_once = self.max_concurrency - len(own) - (pending is not None)
+            found = run_all_within(self._search_pool(), calls, deadline, _SEARCH, at_once)
+            outcomes = _placed(outcomes, generated, found)
             for i, future in futures.items():
                 try:
                     outcomes[i] = future.result()
@@ -882,6 +941,28 @@ class TransformRetriever(BaseRetriever):
         if pending is not None:
             _joined(step, outcomes, pending.result())
         return self._split(specs, outcomes)
+
+    def _search_pool(self) -> DaemonWorkers:
+        """The worker threads the searches with the generated text run on: the wrapped
+        retriever's own (`_llm.WORKERS`, per retriever object, 32 at most), never the
+        question's nor the event loop's; once they all hold overrun searches, a search
+        with the generated text fails at once and the question's hits are used."""
+        return WORKERS.for_cache(self.retriever)
+
+    def _search_generated(self, bundle: QueryBundle, deadline: Deadline | None) -> Any:
+        """A search with the generated text (or vectors), bounded by ``deadline`` on
+        `_search_pool` (`ModelTimeoutError` once it passes; None: in this thread)."""
+        return run_within(
+            self._search_pool(), partial(self._search_bundle, bundle), deadline, _SEARCH
+        )
+
+    async def _asearch_generated(self, bundle: QueryBundle, deadline: Deadline | None) -> Any:
+        """`_search_generated` on the async path: a native async retriever cancelled at
+        ``deadline``, a blocking one on `_search_pool` (never the loop's executor)."""
+        if _has_native(self.retriever, "_aretrieve", BaseRetriever):
+            return await await_within(self._asearch_bundle(bundle), deadline, _SEARCH)
+        call = partial(self._search_bundle, bundle)
+        return await arun_within(self._search_pool(), call, deadline, _SEARCH)
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         """Worker threads for the sync fan-out, created once and reused (idle threads
@@ -901,28 +982,45 @@ class TransformRetriever(BaseRetriever):
         if pool is not None:
             pool.shutdown(wait=False)
 
-    async def _retrieve_one(self, bundle: QueryBundle, gate: asyncio.Semaphore) -> Any:
-        async with gate:
+    async def _asearch_one(
+        self, bundle: QueryBundle, own: bool, deadline: Deadline | None, gate: Any = None
+    ) -> Any:
+        """One search of a fan-out (past ``gate`` when there is one): the question's own
+        unbounded, one with the generated text until ``deadline``."""
+        if gate is not None:
+            async with gate:
+                return await self._asearch_one(bundle, own, deadline)
+        if own:
             return await self._asearch_bundle(bundle)
+        return await self._asearch_generated(bundle, deadline)
 
     async def _run_async(
-        self, step: plan.Fanout, bundles: Bundles, hits: Hits, pending: Any = None
+        self,
+        step: plan.Fanout,
+        bundles: Bundles,
+        hits: Hits,
+        question: Question,
+        deadline: Deadline | None,
+        pending: Any = None,
     ) -> Found:
         specs, todo = step.specs, step.todo()
         outcomes: list[Any] = [hits] * len(specs)
+        own = {i: plan.is_question(specs[i], question.text) for i in todo}
         if len(todo) == 1 and pending is None:  # one search: no task, no semaphore
+            i = todo[0]
             try:
-                outcomes[todo[0]] = await self._asearch_bundle(bundles[todo[0]])  # type: ignore[arg-type]
+                outcomes[i] = await self._asearch_one(bundles[i], own[i], deadline)  # type: ignore[arg-type]
             except BaseException as exc:
-                outcomes[todo[0]] = failure(exc, in_task=True)
+                outcomes[i] = failure(exc, in_task=True)
             return self._split(specs, outcomes)
-        searches: list[Any]
         running = 0 if pending is None else 1  # the question's search holds one place
-        if len(todo) + running <= self.max_concurrency:  # all at once: no gate to pass
-            searches = [self._asearch_bundle(bundles[i]) for i in todo]  # type: ignore[arg-type]
-        else:
+        gate = None
+        if len(todo) + running > self.max_concurrency:
             gate = asyncio.Semaphore(max(1, self.max_concurrency - running))
-            searches = [self._retrieve_one(bundles[i], gate) for i in todo]  # type: ignore[arg-type]
+        searches: list[Any] = [
+            self._asearch_one(bundles[i], own[i], deadline, gate)  # type: ignore[arg-type]
+            for i in todo
+        ]
         if pending is not None:  # the question's own search, started while the LLM wrote
             searches.append(pending)
         found = await asyncio.gather(*searches, return_exceptions=True)
@@ -1062,8 +1160,8 @@ def _mean(vectors: Sequence[Vec]) -> Vec:
 
 
 def _searchable(vector: Vec) -> Vec | None:
-    """``vector``, or None when it cannot be searched with (empty, NaN or infinite):
-    the wrapped retriever then embeds the question itself."""
+    """``vector``, or None when it cannot be searched with (empty, NaN, infinite or all
+    zeros): the wrapped retriever then embeds the question itself."""
     try:
         plan.check_vectors([vector], "question")
     except plan.UnusableVector:

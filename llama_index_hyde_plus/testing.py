@@ -268,6 +268,15 @@ _STOP = frozenset(
 )
 
 
+def _no_words(text: str, dim: int) -> list[float]:
+    """The unit vector of a text with no content words: +-1/sqrt(dim) in every position,
+    the signs drawn from a hash of the whole text (the same text, the same vector), so
+    it is near-orthogonal to every word vector and to other such texts."""
+    bits = hashlib.shake_128(text.encode("utf-8", "surrogatepass")).digest((dim + 7) // 8)
+    scale = 1.0 / math.sqrt(dim)
+    return [scale if bits[i // 8] >> (i % 8) & 1 else -scale for i in range(dim)]
+
+
 def _stem(word: str) -> str:
     for suffix in ("ing", "ed", "es", "s"):
         if len(word) > len(suffix) + 3 and word.endswith(suffix):
@@ -292,7 +301,6 @@ class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
     @property
     def embedded_texts(self) -> list[str]:
         """Every document text embedded so far, in order (queries are not recorded)."""
-        """Every document text embedded so far, in order (queries are not texts)."""
         return self._embedded_texts
 
     @classmethod
@@ -302,8 +310,10 @@ class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
 
     def vector(self, text: str) -> list[float]:
         """The unit vector of ``text``: each content word (lower-cased, stemmed, stop words
-        left out) adds +1 or -1 at a position its hash chooses."""
-        """The embedding of ``text`` (unit length, or zeros for a text with no words)."""
+        left out) adds +1 or -1 at a position its hash chooses. A text whose words add
+        up to nothing (empty, only stop words such as "What is it?", or words that cancel
+        out) gets `_no_words` instead, never a zero vector, which no similarity can be
+        computed with (a real model embeds any text to a non-zero vector too)."""
         vec = [0.0] * self.dim
         for word in _WORD.findall(text.lower()):
             if word in _STOP:
@@ -312,7 +322,7 @@ class DeterministicEmbedding(_CountsCalls, BaseEmbedding):
             index = int.from_bytes(digest[:4], "little") % self.dim
             vec[index] += 1.0 if digest[4] & 1 else -1.0
         norm = math.sqrt(sum(v * v for v in vec))
-        return [v / norm for v in vec] if norm else vec
+        return [v / norm for v in vec] if norm else _no_words(text, self.dim)
 
     def _get_query_embedding(self, query: str) -> list[float]:
         self._sync_calls += 1

@@ -10,6 +10,7 @@ it came from, and only re-embeds its text when the store cannot say.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 import threading
@@ -244,14 +245,26 @@ def embed_model_of(source: object) -> BaseEmbedding | None:
     return model if isinstance(model, BaseEmbedding) else None
 
 
+def content_key(node: NodeWithScore) -> str:
+    """What `DocVectors` caches ``node``'s vector by: its id and a digest of the text
+    that is embedded for it (``get_content(metadata_mode="embed")``), so a document
+    whose text changes under the same id (a Milvus upsert, a database-backed
+    retriever) misses the cache and is read or embedded again."""
+    text = node.node.get_content(metadata_mode="embed")  # type: ignore[arg-type]
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
+    return f"{node.node.node_id}\x00{digest.hexdigest()}"
+
+
 class DocVectors:
-    """Stored vectors of retrieved documents, by node id.
+    """Stored vectors of retrieved documents, by node id and content.
 
     Looks, in order, at ``node.embedding``, the FAISS index behind a
     ``VectorIndexRetriever`` (``reconstruct``), the Milvus collection behind one
     (``get``), and only then re-embeds the node's text with ``embedder``. Vectors read
-    or embedded are cached per node id, at most ``max_entries`` of them and
-    ``max_bytes`` in all (float32 when that is exact, as stored vectors are).
+    or embedded are cached by node id and the digest of the node's embedded text
+    (`content_key`: a changed text is a miss, never its old vector), at most
+    ``max_entries`` of them and ``max_bytes`` in all (float32 when that is exact, as
+    stored vectors are).
     """
 
     def __init__(
@@ -329,8 +342,10 @@ class DocVectors:
     ) -> list[Vec]:
         """``nodes``' vectors in order, the ``fetched`` ones cached (what was already
         cached stays as it is)."""
-        for node_id, vec in fetched.items():
-            self._cache.set(("d", node_id), vec)
+        for item in nodes:
+            vec = fetched.get(item.node.node_id)
+            if vec is not None:
+                self._cache.set(("d", content_key(item)), vec)
         found.update(fetched)
         return [found[n.node.node_id] for n in nodes]
 
@@ -338,7 +353,7 @@ class DocVectors:
         found: dict[str, Vec] = {}
         for item in nodes:
             node_id = item.node.node_id
-            cached = self._cache.get(("d", node_id))
+            cached = self._cache.get(("d", content_key(item)))
             if cached is not None:
                 found[node_id] = cached
             elif item.node.embedding is not None:
