@@ -294,9 +294,15 @@ def read_cache(path: Path) -> IngestionCache:
 def _hashed_by_id(documents: Sequence[Document]) -> list[Document]:
     """``documents`` as the pipeline sees them: each with its id in its metadata, so two
     documents with the same text (two identical lines of a ``.jsonl``) still hash
-    apart (the docstore maps a hash to one id), as chunks record it anyway."""
+    apart (the docstore maps a hash to one id), as chunks record it anyway; a vector
+    a document carries (an index's stored one) goes with it, so it is not embedded."""
     return [
-        Document(text=d.text, id_=d.doc_id, metadata={**d.metadata, "doc_id": d.doc_id})
+        Document(
+            text=d.text,
+            id_=d.doc_id,
+            metadata={**d.metadata, "doc_id": d.doc_id},
+            embedding=d.embedding,
+        )
         for d in documents
     ]
 
