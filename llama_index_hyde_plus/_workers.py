@@ -202,27 +202,27 @@ class DaemonWorkers:
                 raise
         inbox.put(job)
 
-    def admit(self, job: Job) -> None:
-        """Run ``job``, which waited in line for a slot of `MAX_THREADS` and now holds
-        one; when this pool is full meanwhile, it waits in the pool's own line and the
-        slot goes to the next call in the process's line."""
+    def admit(self, job: Job) -> bool:
+        """Run ``job``, which waited in line for a slot of `MAX_THREADS` and holds one:
+        True when the slot is spent (``job`` runs with it, or no thread could start: its
+        waiter hears why and `_launch` handed the slot on). False when this pool is full
+        meanwhile: ``job`` waits in the pool's own line without a slot (it inherits one
+        from the pool's next finished call) and the slot is the caller's to hand on
+        (`_SlotLine.give_back`, a loop, never a recursion)."""
         with self._lock:
             full = self.max_busy is not None and len(self._running) >= self.max_busy
             if full:
+                job.slot = None
                 self._waiting.append(job)
-            else:
-                self._running.add(job)
-                inbox = self._idle.pop() if self._idle else None
-        if full:
-            slot, job.slot = job.slot, None
-            if slot is not None:
-                _slot_line.give_back(job, slot)
-            return
+                return False
+            self._running.add(job)
+            inbox = self._idle.pop() if self._idle else None
         try:
-            self._launch(job, inbox)
+            self._launch(job, inbox)  # on failure it has handed the slot on itself
         except BaseException as exc:  # no thread: the waiter hears it as the outcome
             job._error = exc
             job.done.set()
+        return True
 
     def _next(self, finished: Job) -> Job | None:
         """Free ``finished``'s place and take the next queued call still wanted, which
@@ -340,19 +340,29 @@ class _SlotLine:
 
     def give_back(self, finished: Job, slot: threading.Semaphore) -> None:
         """``finished`` no longer holds ``slot``: the first call in line still wanted
-        takes it (and is admitted to its pool), else it is released."""
+        whose pool can run it takes it, else it is released. One loop over the line:
+        calls of a full pool move to that pool's own line (thousands of them never
+        deepen the stack)."""
         with self._lock:
             self._holders.discard(finished)
-            while self._waiting:
-                pool, job = self._waiting.popleft()
-                if not job.abandoned:
-                    job.slot = slot
-                    self._holders.add(job)
-                    break
-            else:
-                slot.release()
+        while True:
+            with self._lock:
+                chosen: tuple[DaemonWorkers, Job] | None = None
+                while self._waiting:
+                    pool, job = self._waiting.popleft()
+                    if not job.abandoned:
+                        job.slot = slot
+                        self._holders.add(job)
+                        chosen = (pool, job)
+                        break
+                if chosen is None:
+                    slot.release()
+                    return
+            pool, job = chosen
+            if pool.admit(job):
                 return
-        pool.admit(job)
+            with self._lock:
+                self._holders.discard(job)
 
     def waiting(self) -> int:
         """How many calls wait in line for a slot (abandoned ones included)."""
