@@ -8,7 +8,9 @@ the work; a waiter waits for the leader at most until its own time runs out
 the work returned as a value included (the caller decides what a waiter makes of it),
 so a hung provider is waited on once, not once per waiter. Only when the leader's work
 raised (it was cancelled or interrupted: the leader's own business) does a waiter do
-the work itself, with what is left of its time. What the leader ends with is never
+the work itself, with what is left of its time: the first one back leads, the others
+wait for it. The leader hands its value over before what it does after (``after``: a
+cache write), and callers that come meanwhile are handed it too. What the leader ends with is never
 raised in a waiter: the shared future only ever holds the leader's value or "none", so
 an interruption or a cancellation a waiter sees is its own, and it propagates.
 """
@@ -56,7 +58,11 @@ class SingleFlight(Generic[T]):
         self._async: dict[str, asyncio.Future[tuple[T] | None]] = {}
 
     def run(
-        self, key: str, work: Callable[[float | None], T], timeout: float | None = None
+        self,
+        key: str,
+        work: Callable[[float | None], T],
+        timeout: float | None = None,
+        after: Callable[[T], object] | None = None,
     ) -> tuple[T, bool]:
         """``(value, shared)``: ``work(timeout)``'s value, or, when ``shared``, the value
         a concurrent leader's work returned (the caller did no work).
@@ -66,58 +72,81 @@ class SingleFlight(Generic[T]):
             work: does the work within the seconds it is given (None: no bound).
             timeout: the caller's own time, from this call (None: no bound); a waiter
                 raises `WaitExpired` once it has run out.
+            after: what the leader does with its value once its waiters have it (a
+                cache write): callers that come meanwhile are handed the value too,
+                so nobody waits on it and nobody does the work again.
         """
         started = time.monotonic()
-        with self._lock:
-            flight = self._sync.get(key)
-            leader = flight is None
-            if flight is None:
-                flight = self._sync[key] = _Flight()
-        if not leader:
-            if not flight.done.wait(timeout):
+        budget = timeout  # the leader's: all of its time, or what waiting left of it
+        while True:  # a waiter whose leader raised leads, or waits for whoever does
+            with self._lock:
+                flight = self._sync.get(key)
+                if flight is None:
+                    flight = self._sync[key] = _Flight()
+                    break
+            if not flight.done.wait(_left(timeout, started)):
                 raise WaitExpired(f"no answer within {timeout:g}s")
             if flight.value is not None:
                 return flight.value[0], True
-            return work(_left(timeout, started)), False
+            budget = _left(timeout, started)
         try:
-            value = work(timeout)
-            flight.value = (value,)
-            return value, False
-        finally:
+            value = work(budget)
+        except BaseException:
             with self._lock:
                 self._sync.pop(key, None)
             flight.done.set()
+            raise
+        flight.value = (value,)
+        flight.done.set()
+        try:
+            if after is not None:
+                after(value)
+        finally:
+            with self._lock:
+                if self._sync.get(key) is flight:
+                    del self._sync[key]
+        return value, False
 
     async def arun(
         self,
         key: str,
         work: Callable[[float | None], Awaitable[T]],
         timeout: float | None = None,
+        after: Callable[[T], Awaitable[object]] | None = None,
     ) -> tuple[T, bool]:
         """Async twin of `run`, for callers on one event loop. A waiter cancelled itself
-        is cancelled (even when its leader was cancelled at the same moment); a waiter
-        whose leader was cancelled or raised works alone, within what is left of its
-        time."""
+        is cancelled (even when its leader was cancelled at the same moment); when the
+        leader was cancelled or raised, one waiter leads, within what is left of its
+        time, and the others wait for it."""
         started = time.monotonic()
         loop = asyncio.get_running_loop()
-        existing = self._async.get(key)
-        if existing is not None and existing.get_loop() is loop:
+        budget = timeout
+        while True:
+            existing = self._async.get(key)
+            if existing is None or existing.get_loop() is not loop:
+                break
             # never cancels the leader's future; a CancelledError here is our own
-            done, _ = await asyncio.wait((existing,), timeout=timeout)
+            done, _ = await asyncio.wait((existing,), timeout=_left(timeout, started))
             if not done:
                 raise WaitExpired(f"no answer within {timeout:g}s")
             outcome = existing.result()
             if outcome is not None:
                 return outcome[0], True
-            return await work(_left(timeout, started)), False
+            budget = _left(timeout, started)
         future: asyncio.Future[tuple[T] | None] = loop.create_future()
         self._async[key] = future
-        outcome = None
         try:
-            value = await work(timeout)
-            outcome = (value,)
-            return value, False
-        finally:
-            future.set_result(outcome)  # None: the leader raised or was cancelled
+            value = await work(budget)
+        except BaseException:
             if self._async.get(key) is future:
                 del self._async[key]
+            future.set_result(None)  # the leader raised or was cancelled
+            raise
+        future.set_result((value,))
+        try:
+            if after is not None:
+                await after(value)
+        finally:
+            if self._async.get(key) is future:
+                del self._async[key]
+        return value, False

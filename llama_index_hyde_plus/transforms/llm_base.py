@@ -455,14 +455,15 @@ class LLMTransform(QueryTransformer):
         if hit is not None:
             return hit
 
-        def work(budget: float | None) -> TransformResult:
-            result = self._generate(query, context, budget)
+        def write(result: TransformResult) -> None:
             if answered:  # a cache whose read overran gets no write: one bound, not two
                 self._cache_io(lambda: self._store(key, result), "write")
-            return result
 
-        try:
-            result, shared = self._flights.run(key, work, self.timeout)
+        def work(budget: float | None) -> TransformResult:
+            return self._generate(query, context, budget)
+
+        try:  # waiters have the generation before it is written (`after`)
+            result, shared = self._flights.run(key, work, self.timeout, after=write)
         except WaitExpired:
             return self._overdue(query, start)
         return self._as_waiter(result, start) if shared else result
@@ -483,14 +484,15 @@ class LLMTransform(QueryTransformer):
         if hit is not None:
             return hit
 
-        async def work(budget: float | None) -> TransformResult:
-            result = await self._agenerate(query, context, budget)
+        async def write(result: TransformResult) -> None:
             if answered:  # see transform
                 await self._acache_io(lambda: self._store(key, result), "write")
-            return result
+
+        async def work(budget: float | None) -> TransformResult:
+            return await self._agenerate(query, context, budget)
 
         try:
-            result, shared = await self._flights.arun(key, work, self.timeout)
+            result, shared = await self._flights.arun(key, work, self.timeout, after=write)
         except WaitExpired:
             return self._overdue(query, start)
         return self._as_waiter(result, start) if shared else result
