@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._workers import DaemonWorkers, Job
 from .reliability import failure
@@ -177,12 +177,22 @@ async def await_within(awaitable: Awaitable[T], deadline: Deadline | None, what:
     if not deadline.left():
         _close(awaitable)
         raise deadline.overrun(what)
+    task = asyncio.ensure_future(awaitable)
     try:
-        return await asyncio.wait_for(awaitable, deadline.left())
-    except asyncio.TimeoutError:
-        if deadline.left():
-            raise  # the model's own timeout, not ours
-        raise deadline.overrun(what) from None
+        done, _ = await asyncio.wait((task,), timeout=deadline.left())
+    except BaseException:  # our caller is cancelled: the model's task is dropped
+        drop(task)
+        raise
+    if not done:  # dropped, not awaited: one that swallows its cancellation never holds us
+        drop(task)
+        raise deadline.overrun(what)
+    return task.result()  # the model's own errors (its own TimeoutError too) as they are
+
+
+def drop(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` without waiting for it; whatever it ends with is discarded."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def _close(awaitable: Awaitable[object]) -> None:

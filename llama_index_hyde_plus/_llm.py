@@ -25,6 +25,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
+from ._bounded import drop as _drop
 from ._workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
 from .reliability import (
     NO_RETRY,
@@ -648,12 +649,6 @@ async def _wait_within(
     if cancel is not None:
         cancel.set()
     raise _overrun(attempts, getattr(cancel, "job", None))
-
-
-def _drop(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` without waiting for it; whatever it ends with is discarded."""
-    task.cancel()
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def _in_thread(

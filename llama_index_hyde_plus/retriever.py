@@ -1079,10 +1079,10 @@ class TransformRetriever(BaseRetriever):
         if self.reranker is None or not nodes:
             return nodes
         deadline = Deadline.start(self.model_timeout)  # its own: whatever came before
-        nodes = _copy(nodes)
+        given = _copy(nodes)  # what it scores; one that overran goes on with these alone
         try:
             return run_within(
-                self._rerank_pool(), self._rerank_call(nodes, question), deadline, _RERANKER
+                self._rerank_pool(), self._rerank_call(given, question), deadline, _RERANKER
             )
         except BaseException as exc:
             self._rerank_failed(failure(exc))
@@ -1107,12 +1107,12 @@ class TransformRetriever(BaseRetriever):
         if self.reranker is None or not nodes:
             return nodes
         deadline = Deadline.start(self.model_timeout)
-        nodes = _copy(nodes)  # see _reranked_or_kept
+        given = _copy(nodes)  # see _reranked_or_kept
         try:
             if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
-                coro = self.reranker.apostprocess_nodes(nodes, query_bundle=question.bundle())
+                coro = self.reranker.apostprocess_nodes(given, query_bundle=question.bundle())
                 return await await_within(coro, deadline, _RERANKER)
-            call = self._rerank_call(nodes, question)
+            call = self._rerank_call(given, question)
             return await arun_within(self._rerank_pool(), call, deadline, _RERANKER)
         except BaseException as exc:
             self._rerank_failed(failure(exc, in_task=True))
