@@ -281,7 +281,15 @@ class LLMTransform(QueryTransformer):
         Args:
             query: The question.
             context: The passages a grounded transform shows its model."""
-        llm, prompt = self._prompt_for(query, context)
+        return self._key_of(self._prompt_for(query, context), query, context)
+
+    def _key_of(
+        self, prepared: tuple[LLM, str], query: str, context: Sequence[str] | None
+    ) -> str:
+        """`cache_key_for` of the prompt already rendered (``prepared``): the very one the
+        call sends, so a mapping that renders differently each time never stores one
+        rendering's generation under another's key."""
+        llm, prompt = prepared
         parts: dict[str, Any] = {
             "method": self.method,
             "llm": type(llm).__name__,
@@ -410,14 +418,16 @@ class LLMTransform(QueryTransformer):
             raise
         return job.result(), True
 
-    def _key(self, query: str, context: Sequence[str] | None) -> str | None:
+    def _key(
+        self, query: str, context: Sequence[str] | None, prepared: _Prepared
+    ) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the
         call then falls back on its own)."""
-        if self.cache is None:
-            return None
+        if self.cache is None or isinstance(prepared, Exception):
+            return None  # a prompt that cannot be rendered: the call falls back anyway
         start = time.perf_counter()
         try:
-            return self.cache_key_for(query, context)
+            return self._key_of(prepared, query, context)
         except Exception as exc:
             if not self._told_unkeyable:
                 self._told_unkeyable = True
@@ -430,15 +440,19 @@ class LLMTransform(QueryTransformer):
         finally:
             self._slow_key = time.perf_counter() - start > KEY_ON_LOOP_S
 
-    async def _akey(self, query: str, context: Sequence[str] | None) -> str | None:
+    async def _akey(
+        self, query: str, context: Sequence[str] | None, prepared: _Prepared
+    ) -> str | None:
         """`_key` for the async path: in place, or on a thread while this transform's
         last key took over `KEY_ON_LOOP_S` (a setting keyed by a big table it reads),
         so the event loop never waits on it past once. The thread is one of the cache's
         own (never the loop's default executor, which the app's own work may fill),
         bounded like a cache read: past it, no cache for this call."""
         if not self._slow_key:
-            return self._key(query, context)
-        key, _ = await self._acache_io(lambda: self._key(query, context), "key", off_loop=True)
+            return self._key(query, context, prepared)
+        key, _ = await self._acache_io(
+            lambda: self._key(query, context, prepared), "key", off_loop=True
+        )
         return key
 
     def transform(self, query: str, *, context: Sequence[str] | None = None) -> TransformResult:
@@ -447,9 +461,10 @@ class LLMTransform(QueryTransformer):
         call and identical concurrent calls share one generation."""
         validate_query(query)
         context = self._context(context)
-        key = self._key(query, context)
+        prepared = self._prepared(query, context)  # rendered once: keyed and sent
+        key = self._key(query, context, prepared)
         if key is None:
-            return self._generate(query, context)
+            return self._generate(query, context, prepared=prepared)
         start = time.perf_counter()
         hit, answered = self._cache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
@@ -460,7 +475,7 @@ class LLMTransform(QueryTransformer):
                 self._cache_io(lambda: self._store(key, result), "write")
 
         def work(budget: float | None) -> TransformResult:
-            return self._generate(query, context, budget)
+            return self._generate(query, context, budget, prepared)
 
         try:  # waiters have the generation before it is written (`after`)
             result, shared = self._flights.run(key, work, self.timeout, after=write)
@@ -476,9 +491,10 @@ class LLMTransform(QueryTransformer):
         `_acache_io`)."""
         validate_query(query)
         context = self._context(context)
-        key = await self._akey(query, context)
+        prepared = self._prepared(query, context)
+        key = await self._akey(query, context, prepared)
         if key is None:
-            return await self._agenerate(query, context)
+            return await self._agenerate(query, context, prepared=prepared)
         start = time.perf_counter()
         hit, answered = await self._acache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
@@ -489,7 +505,7 @@ class LLMTransform(QueryTransformer):
                 await self._acache_io(lambda: self._store(key, result), "write")
 
         async def work(budget: float | None) -> TransformResult:
-            return await self._agenerate(query, context, budget)
+            return await self._agenerate(query, context, budget, prepared)
 
         try:
             result, shared = await self._flights.arun(key, work, self.timeout, after=write)
@@ -526,17 +542,30 @@ class LLMTransform(QueryTransformer):
         raises; the caller falls back)."""
         return self.llm, self._render(query, context)
 
+    def _prepared(self, query: str, context: Sequence[str] | None) -> _Prepared:
+        """`_prompt_for`, or what it raised (the generation falls back with it)."""
+        try:
+            return self._prompt_for(query, context)
+        except Exception as exc:
+            return exc
+
     def _generate(
-        self, query: str, context: Sequence[str] | None = None, budget: float | None = None
+        self,
+        query: str,
+        context: Sequence[str] | None = None,
+        budget: float | None = None,
+        prepared: _Prepared | None = None,
     ) -> TransformResult:
         """The LLM calls; several run at once under one deadline (`_llm.complete_all`),
         as `_agenerate` gathers them, so ``timeout`` bounds the whole generation
-        (``budget``, when given and shorter: what is left of a caller's own time)."""
+        (``budget``, when given and shorter: what is left of a caller's own time);
+        ``prepared``: the prompt as rendered for the key (else rendered now)."""
         start = time.perf_counter()
-        try:
-            llm, prompt = self._prompt_for(query, context)
-        except Exception as exc:
-            return self._fallback(query, [exc], start)
+        if prepared is None:
+            prepared = self._prepared(query, context)
+        if isinstance(prepared, Exception):
+            return self._fallback(query, [prepared], start)
+        llm, prompt = prepared
         outcomes: list[_llm.LLMReply | BaseException]
         n = self._num_calls()
         if n == 1:
@@ -549,13 +578,18 @@ class LLMTransform(QueryTransformer):
         return self._finish(query, outcomes, start)
 
     async def _agenerate(
-        self, query: str, context: Sequence[str] | None = None, budget: float | None = None
+        self,
+        query: str,
+        context: Sequence[str] | None = None,
+        budget: float | None = None,
+        prepared: _Prepared | None = None,
     ) -> TransformResult:
         start = time.perf_counter()
-        try:
-            llm, prompt = self._prompt_for(query, context)
-        except Exception as exc:
-            return self._fallback(query, [exc], start)
+        if prepared is None:
+            prepared = self._prepared(query, context)
+        if isinstance(prepared, Exception):
+            return self._fallback(query, [prepared], start)
+        llm, prompt = prepared
         outcomes: list[_llm.LLMReply | BaseException]
         if self._num_calls() == 1:  # one call: awaited here, no task to hold
             try:
@@ -640,6 +674,8 @@ a hang (the call goes on on the cache's worker thread, and once all of them hold
 calls the cache is skipped at once)."""
 
 _T = TypeVar("_T")
+_Prepared = tuple[LLM, str] | Exception
+"""The LLM and the prompt rendered for one call, or what rendering it raised."""
 
 
 def _cache_overran(what: str) -> None:
