@@ -555,7 +555,7 @@ def _call_with_timeout(
     """``call()`` on one of ``llm``'s worker threads; `LLMTimeoutError` after ``timeout`` seconds
     (the attempt is told through `CANCEL_EVENT` and its thread abandoned)."""
     cancel = threading.Event()
-    job = WORKERS.for_llm(llm).submit(_telling(cancel, call))
+    job = WORKERS.for_llm(llm).submit(_telling(cancel, call), budget=timeout)
     answered = False
     try:
         answered = job.done.wait(timeout)
@@ -594,7 +594,7 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
                 if itself:
                     coro = _atold(enough, coro)
             else:
-                coro = _in_thread(llm, prompt, kwargs, cancel, enough, itself)
+                coro = _in_thread(llm, prompt, kwargs, cancel, enough, itself, budget)
             try:
                 response = await _bounded(coro, budget, cancel, attempts)
                 break
@@ -658,9 +658,11 @@ async def _in_thread(
     cancel: threading.Event,
     enough: Callable[[str], bool] | None = None,
     itself: bool = False,
+    budget: float | None = None,
 ) -> CompletionResponse:
     """``llm.complete`` (streamed until ``enough``, when given) on an LLM worker
-    thread (`WORKERS`); cancelling the await sets ``cancel`` and abandons the thread."""
+    thread (`WORKERS`); cancelling the await sets ``cancel`` and abandons the thread
+    (counted as overrun only past ``budget``, the attempt's own time)."""
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
 
@@ -674,7 +676,7 @@ async def _in_thread(
     )
     if itself:
         call = partial(_told, enough, call)
-    job = WORKERS.for_llm(llm).submit(_telling(cancel, call), wake)
+    job = WORKERS.for_llm(llm).submit(_telling(cancel, call), wake, budget)
     if isinstance(cancel, _Cancel):
         cancel.job = job
     try:

@@ -109,7 +109,7 @@ class Job:
 
     __slots__ = (
         *("_error", "_on_done", "_value", "abandoned", "call", "done", "started"),
-        *("submitted_at", "started_at", "slot"),
+        *("submitted_at", "started_at", "slot", "overrun_at"),
     )
 
     def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None) -> None:
@@ -125,6 +125,9 @@ class Job:
         self._error: BaseException | None = None
         self.slot: threading.Semaphore | None = None
         """The `MAX_THREADS` slot it holds while it runs (released by its worker)."""
+        self.overrun_at: float | None = None
+        """When the call's own time runs out (its timeout from submission), else when it
+        was abandoned: an abandoned call counts as overrun from then on."""
 
     def result(self) -> Any:
         """What the call returned; what it raised is raised (call when ``done``)."""
@@ -133,9 +136,20 @@ class Job:
         return self._value
 
     def abandon(self) -> None:
-        """The caller stopped waiting (its timeout ran out): counted as overrun if it
-        runs, never started if it still waits in line."""
+        """The caller stopped waiting (its timeout ran out, or it was cancelled): never
+        started if it still waits in line; if it runs, counted as overrun once its own
+        time is up (`overran`), so a healthy call whose caller went away early does
+        not make its provider look hung."""
         self.abandoned = True
+        if self.overrun_at is None:
+            self.overrun_at = time.monotonic()
+
+    @property
+    def overran(self) -> bool:
+        """Abandoned, and still running past its own time: what "hung" means here."""
+        return (
+            self.abandoned and self.overrun_at is not None and time.monotonic() >= self.overrun_at
+        )
 
 
 class DaemonWorkers:
@@ -162,16 +176,23 @@ class DaemonWorkers:
         self._waiting: deque[Job] = deque()
         self._lock = threading.Lock()
 
-    def submit(self, call: Callable[[], Any], on_done: Callable[[], object] | None = None) -> Job:
+    def submit(
+        self,
+        call: Callable[[], Any],
+        on_done: Callable[[], object] | None = None,
+        budget: float | None = None,
+    ) -> Job:
         """Start ``call`` in the caller's context, or queue it when ``max_busy`` calls
         are running or no slot of `MAX_THREADS` is free; ``on_done()`` runs on the
         worker when it ends (what it raises is ignored). Raises `WorkersBusyError` when
         every running call (of this pool, or holding a slot) overran."""
         ctx = contextvars.copy_context()
         job = Job(lambda: ctx.run(call), on_done)
+        if budget is not None:  # the call's own time: see `Job.abandon`
+            job.overrun_at = job.submitted_at + budget
         with self._lock:
             if self.max_busy is not None and len(self._running) >= self.max_busy:
-                if all(j.abandoned for j in self._running):
+                if all(j.overran for j in self._running):
                     raise WorkersBusyError(
                         f"all {self.max_busy} LLM worker threads are busy with calls that "
                         "overran their timeout; not calling the LLM"
@@ -322,7 +343,7 @@ class _SlotLine:
                 job.slot = slots
                 self._holders.add(job)
                 return True
-            if all(j.abandoned for j in self._holders):
+            if all(j.overran for j in self._holders):
                 raise WorkersBusyError(
                     f"all {MAX_THREADS} worker threads of the process are running calls "
                     "that overran their timeout; not calling"

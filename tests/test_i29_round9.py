@@ -249,3 +249,28 @@ def test_a_rotating_mapping_never_stores_one_renderings_passage_under_anothers_k
     assert len(renders) == 4  # once per call, not once for the key and again to send
     assert [r.hypothetical[0] for r in results] == ["passage A", "passage B"] * 2
     assert [r.cached for r in results] == [False, False, True, True]
+
+
+# -- a call whose caller went away is not a hung call (round 9, D7) ------------------
+def test_calls_abandoned_by_cancelled_callers_do_not_make_a_provider_look_hung() -> None:
+    release = threading.Event()
+    pool = _workers.DaemonWorkers(max_busy=2, name="cancelled")
+    gone = [pool.submit(lambda: release.wait(0.5), budget=10.0) for _ in range(2)]
+    for job in gone:
+        job.abandon()  # their callers were cancelled long before their own 10 s ran out
+    late = pool.submit(lambda: "answered", budget=10.0)  # waits for a worker: no refusal
+    assert late.done.wait(5) and late.result() == "answered"
+
+
+def test_calls_past_their_own_time_still_make_a_provider_look_hung() -> None:
+    release = threading.Event()
+    pool = _workers.DaemonWorkers(max_busy=2, name="hung")
+    try:
+        hung = [pool.submit(lambda: release.wait(30), budget=0.05) for _ in range(2)]
+        time.sleep(0.1)
+        for job in hung:
+            job.abandon()
+        with pytest.raises(_workers.WorkersBusyError):
+            pool.submit(lambda: "never", budget=10.0)
+    finally:
+        release.set()
