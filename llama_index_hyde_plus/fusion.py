@@ -14,6 +14,8 @@ from enum import Enum
 
 from llama_index.core.schema import BaseNode, NodeWithScore
 
+from ._checks import check_int, check_number, is_number
+
 
 class FusionMode(str, Enum):
     """How `fuse` combines lists."""
@@ -36,15 +38,17 @@ Lists = Sequence[Sequence[NodeWithScore]]
 
 
 def _validate(lists: Lists, weights: Sequence[float] | None, top_k: int | None) -> list[float]:
-    if top_k is not None and top_k < 1:
-        raise ValueError("top_k must be >= 1 or None")
+    if top_k is not None:
+        check_int(top_k, "top_k", 1, None)
     if weights is None:
         return [1.0] * len(lists)
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise TypeError(f"weights must be a sequence of numbers, not {type(weights).__name__}")
     if len(weights) != len(lists):
         raise ValueError(
             f"weights must have one entry per list: got {len(weights)} for {len(lists)} lists"
         )
-    if any((not math.isfinite(w)) or w < 0 for w in weights):
+    if any(not is_number(w) or not math.isfinite(w) or w < 0 for w in weights):
         raise ValueError("weights must be finite and >= 0")
     return [float(w) for w in weights]
 
@@ -174,9 +178,12 @@ def fuse(
     a NaN or infinite one as its list's lowest.
     Interleave assigns ``1 / position`` as the fused score; RRF assigns the RRF sum.
     """
-    mode = FusionMode(mode)
-    if k < 1:
-        raise ValueError("k must be >= 1")
+    try:
+        mode = FusionMode(mode)
+    except ValueError:
+        names = ", ".join(m.value for m in FusionMode)
+        raise ValueError(f"mode must be one of {names}, not {mode!r}") from None
+    check_number(k, "k", 1, 1e12)
     w = _validate(lists, weights, top_k)
     if mode is FusionMode.INTERLEAVE:
         return _interleave(lists, w, top_k)

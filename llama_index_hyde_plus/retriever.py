@@ -427,12 +427,21 @@ class TransformRetriever(BaseRetriever):
             raise TypeError(f"index must be a LlamaIndex index, not {type(index).__name__}")
         transformer = as_transformer(transformer, kwargs.pop("transform_metadata", None))
         check_int(similarity_top_k, "similarity_top_k", 1, MAX_TOP_K)
+        if retriever_kwargs is not None and not (
+            isinstance(retriever_kwargs, Mapping)
+            and all(isinstance(k, str) for k in retriever_kwargs)
+        ):
+            raise TypeError("retriever_kwargs must be a mapping of as_retriever's option names")
         if retriever_kwargs and "similarity_top_k" in retriever_kwargs:
             raise ValueError(
                 "give similarity_top_k as from_index's own argument, not in retriever_kwargs"
             )
         depth = candidate_depth(transformer.guards, similarity_top_k)
-        base = index.as_retriever(similarity_top_k=depth, **dict(retriever_kwargs or {}))
+        try:
+            base = index.as_retriever(similarity_top_k=depth, **dict(retriever_kwargs or {}))
+        except (TypeError, ValueError) as exc:  # the index refused one of them
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(f"retriever_kwargs: {exc}") from exc
         kwargs.setdefault("top_k", similarity_top_k)
         if kwargs.get("embed_model") is None:
             kwargs["embed_model"] = embed_model_of(index)

@@ -274,3 +274,39 @@ def test_calls_past_their_own_time_still_make_a_provider_look_hung() -> None:
             pool.submit(lambda: "never", budget=10.0)
     finally:
         release.set()
+
+
+# -- minor: fuse's and from_index's arguments (round 9) ------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"k": float("nan")}, "k"),
+        ({"k": 0}, "k"),
+        ({"top_k": float("nan")}, "top_k"),
+        ({"weights": "ab"}, "weights"),
+        ({"weights": ["x", 1.0]}, "weights"),
+        ({"mode": "best"}, "mode"),
+    ],
+)
+def test_fuse_refuses_bad_arguments_naming_them(kwargs: dict[str, Any], name: str) -> None:
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from llama_index_hyde_plus.fusion import fuse
+
+    lists = [[NodeWithScore(node=TextNode(id_="a", text="a"), score=1.0)]] * 2
+    with pytest.raises((TypeError, ValueError), match=name):
+        fuse(lists, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0, False, [], "filters", {1: 2}])
+def test_from_index_refuses_retriever_kwargs_that_are_not_options(bad: Any) -> None:
+    from llama_index.core import Document, VectorStoreIndex
+
+    from llama_index_hyde_plus import HyDE, TransformRetriever
+    from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
+
+    index = VectorStoreIndex.from_documents(
+        [Document(text="Renewals slipped.")], embed_model=DeterministicEmbedding()
+    )
+    with pytest.raises(TypeError, match="retriever_kwargs"):
+        TransformRetriever.from_index(index, HyDE(ScriptedLLM(replies=["x"])), retriever_kwargs=bad)
