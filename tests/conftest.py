@@ -6,8 +6,10 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import faiss
 import pytest
@@ -42,6 +44,18 @@ P1 = "Revenue dropped because enterprise renewals slipped last quarter."
 def ids(nodes: list[NodeWithScore]) -> list[str]:
     """The node ids of ``nodes``, in order."""
     return [n.node.node_id for n in nodes]
+
+
+def sync_within(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
+    """``call()``'s result and seconds, run on a daemon thread so that a test fails
+    (rather than hangs) when it takes over ``limit`` seconds."""
+    out: list[Any] = []
+    start = time.perf_counter()
+    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    worker.start()
+    worker.join(limit)
+    assert out, f"the search was still running after {limit:g}s"
+    return out[0], time.perf_counter() - start
 
 
 async def search(retriever: TransformRetriever, query: str, use_async: bool) -> SearchResult:

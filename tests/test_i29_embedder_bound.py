@@ -28,7 +28,7 @@ from llama_index_hyde_plus.testing import (
 )
 from llama_index_hyde_plus.transforms.base import QueryTransformer
 
-from .conftest import DOCS
+from .conftest import DOCS, sync_within
 
 Q = "Why did revenue drop?"
 PASSAGE = "Revenue dropped because enterprise renewals slipped last quarter."
@@ -136,18 +136,6 @@ def _retriever(kind: str, model: BaseEmbedding, **kwargs: Any) -> TransformRetri
     )
 
 
-def _sync_within(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
-    """``call()``'s result and seconds, failing (not hanging) when it takes over
-    ``limit`` (the old code never returned)."""
-    out: list[Any] = []
-    start = time.perf_counter()
-    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
-    worker.start()
-    worker.join(limit)
-    assert out, f"the search was still running after {limit:g}s"
-    return out[0], time.perf_counter() - start
-
-
 def _is_question_fallback(found: Any) -> None:
     assert [n.node.node_id for n in found.nodes] == HITS
     assert found.transform.fallback, found.transform
@@ -159,7 +147,7 @@ def test_a_hung_blocking_embedder_falls_back_to_the_question_on_the_sync_path(
     kind: str, blocking: Callable[..., BlockingEmbedding]
 ) -> None:
     retriever = _retriever(kind, blocking())
-    found, seconds = _sync_within(lambda: retriever.search(Q), LIMIT)
+    found, seconds = sync_within(lambda: retriever.search(Q), LIMIT)
     _is_question_fallback(found)
     assert seconds < LIMIT
 
@@ -193,7 +181,7 @@ def test_an_embedder_hung_on_the_question_too_still_serves_the_question_sync(
     wrapped retriever embed it, rather than wait on the hung embedder again."""
     model = blocking(queries=True)
     retriever = _retriever("hyde", model)
-    found, seconds = _sync_within(lambda: retriever.search(Q), LIMIT)
+    found, seconds = sync_within(lambda: retriever.search(Q), LIMIT)
     _is_question_fallback(found)
     assert seconds < LIMIT
     assert retriever.retriever.bundles[-1].embedding is None  # type: ignore[attr-defined]
@@ -290,7 +278,7 @@ async def test_a_hung_milvus_read_of_document_vectors_falls_back(use_async: bool
         if use_async:
             found = await asyncio.wait_for(retriever.asearch(Q), LIMIT)
         else:
-            found, _ = _sync_within(lambda: retriever.search(Q), LIMIT)
+            found, _ = sync_within(lambda: retriever.search(Q), LIMIT)
         assert time.perf_counter() - start < LIMIT
         assert [n.node.node_id for n in found.nodes] == HITS and found.transform.fallback
         assert f"the vector store did not answer within {T:g}s" in (found.transform.error or "")

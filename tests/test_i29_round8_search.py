@@ -24,7 +24,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index_hyde_plus import HyDE, MultiQuery, Rocchio, StepBack, TransformRetriever
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 
-from .conftest import DOCS, Q, ids, search
+from .conftest import DOCS, Q, ids, search, sync_within
 
 _words = DeterministicEmbedding(dim=64)
 
@@ -211,17 +211,6 @@ TRANSFORMS: dict[str, Callable[[], Any]] = {
 }
 
 
-def _sync_within(call: Callable[[], Any], limit: float) -> tuple[Any, float]:
-    """``call()``'s result and seconds, failing (not hanging) past ``limit``."""
-    out: list[Any] = []
-    start = time.perf_counter()
-    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
-    worker.start()
-    worker.join(limit)
-    assert out, f"the search was still running after {limit:g}s"
-    return out[0], time.perf_counter() - start
-
-
 def _question_hits(found: Any) -> None:
     """``found`` is the question's own hits, saying the generated search overran."""
     assert ids(found.nodes) == ["a"]
@@ -235,7 +224,7 @@ def test_a_store_hung_on_the_generated_text_is_bounded_on_the_sync_path(
 ) -> None:
     store = hung(False)
     retriever = TransformRetriever(store, TRANSFORMS[kind](), embed_model=_words, model_timeout=T)
-    found, seconds = _sync_within(lambda: retriever.search(ASKED), LIMIT)
+    found, seconds = sync_within(lambda: retriever.search(ASKED), LIMIT)
     _question_hits(found)
     assert seconds < LIMIT and store.entered >= 1
 
