@@ -46,6 +46,19 @@ MAX_LENGTH = 256
 OLD = {"threads": 0, "batch_size": 32, "max_batch_chars": None, "sort_by_length": False}
 
 
+def _print_rows(header: list[str], lines: list[list[str]], markdown: bool) -> None:
+    """``lines`` under ``header``: a Markdown table, else right-aligned columns."""
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("| --- |" + " ---: |" * (len(header) - 1))
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+    else:
+        widths = [max(len(x) for x in col) for col in zip(header, *lines)]
+        for line in [header, *lines]:
+            print("  ".join(x.rjust(w) for x, w in zip(line, widths)))
+
+
 def corpus_file(path: Path) -> Path:
     file = path / "corpus.jsonl" if path.is_dir() else path
     if not file.is_file():
@@ -170,15 +183,7 @@ def print_incremental(result: dict[str, Any], *, markdown: bool) -> None:
         ]
         for r in result["steps"]
     ]
-    if markdown:
-        print("| " + " | ".join(header) + " |")
-        print("| --- |" + " ---: |" * (len(header) - 1))
-        for line in lines:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(x) for x in col) for col in zip(header, *lines)]
-        for line in [header, *lines]:
-            print("  ".join(x.rjust(w) for x, w in zip(line, widths)))
+    _print_rows(header, lines, markdown)
     peak = result["peak_rss_mb"] / 1000
     print(f"\npeak RSS {peak:.2f} GB, load {result['load']:.1f}")
 
@@ -227,15 +232,7 @@ def print_table(rows: list[dict[str, Any]], *, markdown: bool) -> None:
         ]
         for r in rows
     ]
-    if markdown:
-        print("| " + " | ".join(header) + " |")
-        print("| --- |" + " ---: |" * (len(header) - 1))
-        for line in lines:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(x) for x in col) for col in zip(header, *lines)]
-        for line in [header, *lines]:
-            print("  ".join(x.rjust(w) for x, w in zip(line, widths)))
+    _print_rows(header, lines, markdown)
     if len(rows) == 2:
         old, new = rows
         print(
