@@ -306,6 +306,52 @@ def _has_native(obj: Any, name: str, base: type) -> bool:
     return getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
+#: The vector stores whose search runs in this process (no network, no disk wait): a
+#: search of them with a given vector cannot hang on I/O. By class, in the MRO.
+IN_PROCESS_STORES = frozenset(
+    {
+        "llama_index.core.vector_stores.simple.SimpleVectorStore",
+        "llama_index.vector_stores.faiss.base.FaissVectorStore",
+    }
+)
+_IN_PROCESS_DOCSTORE = "llama_index.core.storage.docstore.simple_docstore.SimpleDocumentStore"
+
+
+def _is_a(obj: object, names: frozenset[str]) -> bool:
+    """Whether ``obj``'s class or one of its bases is named in ``names`` (by module and
+    qualified name: nothing is imported to ask)."""
+    return any(f"{c.__module__}.{c.__qualname__}" in names for c in type(obj).__mro__)
+
+
+def searches_in_process(retriever: BaseRetriever, bundle: QueryBundle) -> bool:
+    """Whether searching ``bundle`` with ``retriever`` only computes in this process,
+    so it cannot hang on a network or a lock and needs no `model_timeout` bound: a
+    retriever that says so (a true ``searches_in_process`` attribute), or LlamaIndex's
+    own ``VectorIndexRetriever`` (not a subclass) over an in-memory or FAISS vector store
+    and an in-memory docstore, with no recursive retrieval, given the vector (it embeds
+    nothing). Such a search runs in the caller's thread: handing it to a worker would
+    cost more than the search.
+
+    Args:
+        retriever: the wrapped retriever.
+        bundle: what it is asked to search.
+    """
+    try:
+        if getattr(retriever, "searches_in_process", False) is True:
+            return True
+    except Exception:  # a property that raises vouches for nothing
+        return False
+    if type(retriever).__name__ != "VectorIndexRetriever" or bundle.embedding is None:
+        return False
+    from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
+
+    if type(retriever) is not VectorIndexRetriever or retriever.object_map:
+        return False
+    return _is_a(retriever._vector_store, IN_PROCESS_STORES) and _is_a(
+        retriever._docstore, frozenset({_IN_PROCESS_DOCSTORE})
+    )
+
+
 def _copy(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     """Fresh NodeWithScore wrappers (deduplicated by node id), so that a reranker's
     scoring never touches the wrapped retriever's objects. A shallow ``model_copy``:
@@ -960,15 +1006,21 @@ class TransformRetriever(BaseRetriever):
 
     def _search_generated(self, bundle: QueryBundle, deadline: Deadline | None) -> Any:
         """A search with the generated text (or vectors), bounded by ``deadline`` on
-        `_search_pool` (`ModelTimeoutError` once it passes; None: in this thread)."""
+        `_search_pool` (`ModelTimeoutError` once it passes; None: in this thread), or
+        in this thread when the search only computes (`searches_in_process`)."""
+        if deadline is not None and searches_in_process(self.retriever, bundle):
+            deadline = None
         return run_within(
             self._search_pool(), partial(self._search_bundle, bundle), deadline, _SEARCH
         )
 
     async def _asearch_generated(self, bundle: QueryBundle, deadline: Deadline | None) -> Any:
         """`_search_generated` on the async path: a native async retriever cancelled at
-        ``deadline``, a blocking one on `_search_pool` (never the loop's executor)."""
+        ``deadline`` (awaited in this task when `searches_in_process`), a blocking one
+        on `_search_pool` (never the loop's executor)."""
         if _has_native(self.retriever, "_aretrieve", BaseRetriever):
+            if deadline is not None and searches_in_process(self.retriever, bundle):
+                deadline = None  # awaited in this task: no task of its own to bound
             return await await_within(self._asearch_bundle(bundle), deadline, _SEARCH)
         call = partial(self._search_bundle, bundle)
         return await arun_within(self._search_pool(), call, deadline, _SEARCH)

@@ -377,6 +377,13 @@ class StaticRetriever(BaseRetriever):
         """Every query string searched so far, in order (one per bundle)."""
         return [b.query_str for b in self.bundles]
 
+    @property
+    def searches_in_process(self) -> bool:
+        """True with no ``delay``: a search is a dict lookup, so `TransformRetriever`
+        runs it in the caller's thread (`retriever.searches_in_process`); one that
+        sleeps stands for a remote store and is bounded by ``model_timeout``."""
+        return not self.delay
+
     def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
         if bundle.query_str in self.fail_on:
             raise RuntimeError(f"search failed for {bundle.query_str!r}")
