@@ -319,6 +319,21 @@ class DaemonWorkers:
         for inbox in idle:
             inbox.put(None)
 
+    def overran_within(self, seconds: float) -> bool:
+        """Whether a running call overran (`Job.overran`) less than ``seconds`` ago:
+        its callee hangs now, so a caller that would only wait on it as well can skip
+        it (once that call ends, or ``seconds`` after it overran, a call is tried again).
+
+        Args:
+            seconds: how long an overrun call keeps its callee counted as hung.
+        """
+        now = time.monotonic()
+        with self._lock:
+            return any(
+                j.overran and j.overrun_at is not None and now - j.overrun_at < seconds
+                for j in self._running
+            )
+
     def queued(self) -> int:
         """How many calls wait in line for a worker (abandoned ones included)."""
         with self._lock:

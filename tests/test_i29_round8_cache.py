@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -48,10 +49,78 @@ def test_a_search_whose_cache_read_overran_does_not_also_wait_on_its_write(
             query = f"Why did revenue drop {i}?"
             result = asyncio.run(hyde.atransform(query)) if use_async else hyde.transform(query)
             assert not result.fallback and not result.cached
-        assert store.reads == 3
-        assert store.writes == 0  # each read overran: no write queued behind it
+        # the first read overran and still hangs: the next searches skip the cache at
+        # once (no read, no write queued behind it) instead of waiting on it again
+        assert store.reads == 1
+        assert store.writes == 0
     finally:
         store.release.set()
+
+
+class _SlowKV(SimpleKVStore):
+    """A store whose reads take ``delay`` seconds (healthy, slow) and are counted."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.reads = 0
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        time.sleep(self.delay)
+        return super().get(*args, **kwargs)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_hung_cache_costs_one_bound_then_is_tried_again_after_the_retry_time(
+    monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    """Round 9: a store that hangs cost its 2 s bound on each of the first 32 searches
+    (until all its threads held hung calls). Now the searches while the hung call runs
+    skip it at once; once ``CACHE_RETRY_S`` has passed one more call tries it, and once
+    the store answers again it is used."""
+    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(llm_base, "CACHE_RETRY_S", 0.5, raising=False)
+    store = _HungKV()
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped.")
+    hyde = HyDE(llm, cache=KVStoreCache(store))
+
+    def run(query: str) -> Any:
+        return asyncio.run(hyde.atransform(query)) if use_async else hyde.transform(query)
+
+    try:
+        start = time.perf_counter()
+        for i in range(20):
+            assert not run(f"Why did revenue drop {i}?").fallback
+        assert store.reads == 1  # the others skipped it: one bound, not twenty
+        assert time.perf_counter() - start < 0.1 * 20  # fewer than one bound each
+        time.sleep(0.6)  # past the retry time: one more call tries the store
+        run("Why did revenue drop again?")
+        assert store.reads == 2
+    finally:
+        store.release.set()
+    deadline = time.monotonic() + 10
+    while llm_base._llm.WORKERS.for_cache(hyde.cache).busy() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the hung calls return once released
+    reads, writes = store.reads, store.writes
+    run("Why did revenue drop, once it answers?")  # the store is read and written again
+    assert (store.reads, store.writes) == (reads + 1, writes + 1)
+
+
+async def test_a_healthy_cache_whose_caller_was_cancelled_is_not_taken_for_hung() -> None:
+    """A read abandoned because its caller was cancelled, that then answers within its
+    bound, does not make the next searches skip the cache."""
+    store = _SlowKV(0.3)
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped.")
+    hyde = HyDE(llm, cache=KVStoreCache(store))
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(hyde.atransform("Why did revenue drop?"), 0.05)
+    # the abandoned read still runs (0.3 s, within its bound): the next search reads
+    # the store too instead of skipping it as hung
+    assert not (await hyde.atransform("Why did revenue drop?")).cached
+    assert store.reads == 2
+    store.delay = 0.0
+    assert (await hyde.atransform("Why did revenue drop?")).cached
 
 
 def test_a_write_follows_a_read_that_answered() -> None:

@@ -366,9 +366,15 @@ class LLMTransform(QueryTransformer):
         """``call`` (a `_lookup` or `_store`) on the cache's own worker threads (one
         pool per cache object, `_llm.WORKERS`): a store that hangs holds only those,
         never the caller, the event loop's executor nor another cache. None when they
-        all hold calls that overran `CACHE_TIMEOUT_S`: the cache is skipped."""
+        all hold calls that overran `CACHE_TIMEOUT_S`, or one of them overran less than
+        `CACHE_RETRY_S` ago: the cache hangs, and is skipped at once."""
+        pool = _llm.WORKERS.for_cache(self.cache)
+        if pool.overran_within(CACHE_RETRY_S):
+            return None  # said when that call overran (`_cache_overran`)
         try:
-            return _llm.WORKERS.for_cache(self.cache).submit(call, on_done)
+            # its own time is the bound: a caller that went away early (cancelled)
+            # never makes a healthy cache look hung
+            return pool.submit(call, on_done, budget=CACHE_TIMEOUT_S)
         except WorkersBusyError:
             logger.warning("the transform cache is not answering; skipping it")
             return None
@@ -670,8 +676,13 @@ longer builds the next on a thread (`LLMTransform._akey`)."""
 CACHE_TIMEOUT_S = 2.0
 """Seconds one read or write of a transform cache that is not in process (SQLite,
 Redis, any KV store) may take: past it a read is a miss and a write is dropped, never
-a hang (the call goes on on the cache's worker thread, and once all of them hold such
-calls the cache is skipped at once)."""
+a hang (the call goes on on the cache's worker thread, and while it does the cache is
+skipped at once, for up to `CACHE_RETRY_S`)."""
+
+CACHE_RETRY_S = 10.0
+"""Seconds a cache whose call overran `CACHE_TIMEOUT_S` and still runs is skipped at
+once (a read is a miss, a write dropped) before one more call tries it: a store that
+hangs costs one bounded wait every few seconds, not one per search."""
 
 _T = TypeVar("_T")
 _Prepared = tuple[LLM, str] | Exception
