@@ -12,7 +12,7 @@ a user's own prices (``cost_source="custom"``), is zero for local models
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from ._checks import check_number
@@ -142,16 +142,12 @@ class Usage:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-able form, as `from_dict` reads it (``cached`` left out)."""
+        """The JSON-able form, as `from_dict` reads it: every field in order but
+        ``cached``, and ``tokens_saved`` only when some were."""
         return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "total_tokens": self.total_tokens,
-            "cost": self.cost,
-            "usage_source": self.usage_source,
-            "cost_source": self.cost_source,
-            "calls": self.calls,
-            **({"tokens_saved": self.tokens_saved} if self.tokens_saved else {}),
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "cached" and (f.name != "tokens_saved" or self.tokens_saved)
         }
 
 
