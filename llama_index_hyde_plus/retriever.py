@@ -273,6 +273,61 @@ def _joined(step: plan.Fanout, outcomes: list[Any], question: Any) -> None:
             outcomes[i] = question
 
 
+@dataclass(frozen=True)
+class _Fanout:
+    """The searches of one fan-out step to run, for `_run_sync` and `_run_async`."""
+
+    step: plan.Fanout
+    bundles: Bundles
+    deadline: Deadline | None
+    """When the searches with the generated text must have answered (the question's
+    own are not bounded)."""
+    pending: Any
+    """The question's own search started while the LLM wrote (a future or a task,
+    joined with the others), or None."""
+    todo: list[int]
+    """The searches to run, by index in ``step.specs``."""
+    own: frozenset[int]
+    """Those of ``todo`` that search the question itself."""
+    outcomes: list[Any]
+    """What each search found (or raised); the question's hits in hand where nothing
+    is to run."""
+    lone: int | None
+    """The one search to run when it is the only one (no question search pending): run
+    in place, with no thread and no task. None otherwise."""
+
+    @classmethod
+    def of(
+        cls,
+        step: plan.Fanout,
+        bundles: Bundles,
+        hits: Hits,
+        question: Question,
+        deadline: Deadline | None,
+        pending: Any,
+    ) -> _Fanout:
+        """The searches ``step`` runs (see the fields).
+
+        Args:
+            step: the fan-out.
+            bundles: one query per spec of ``step`` (None where hits are reused).
+            hits: the question's hits in hand, if any.
+            question: the question.
+            deadline: the bound of the searches with the generated text.
+            pending: the question's search running since the LLM was called, or None.
+        """
+        todo = step.todo()
+        own = frozenset(i for i in todo if plan.is_question(step.specs[i], question.text))
+        lone = todo[0] if len(todo) == 1 and pending is None else None
+        return cls(step, bundles, deadline, pending, todo, own, [hits] * len(step.specs), lone)
+
+    def bundle(self, i: int) -> QueryBundle:
+        """The query of search ``i`` (one in ``todo``: never reused hits)."""
+        bundle = self.bundles[i]
+        assert bundle is not None
+        return bundle
+
+
 def _check_transformed(
     transformed: TransformResult | None, question: Question, transformer: QueryTransformer
 ) -> None:
@@ -549,11 +604,8 @@ class TransformRetriever(BaseRetriever):
             result = _reused(transformed) or self.transformer.transform_safe(
                 question.text, context=context
             )
-        pending = None  # a fan-out's own search of the question, joined with the others
-        if searching is not None and guards.needs_question_hits:
-            hits = self._overlapped(searching.result(), guards)
-        elif searching is not None:
-            hits, pending = [], searching
+        found = searching.result() if searching and guards.needs_question_hits else None
+        hits, pending = self._after_overlap(hits, searching, found, guards)
         step: plan.Step | None = None
         deadline = Deadline.start(self.model_timeout)  # for the models after the LLM
         try:
@@ -603,11 +655,8 @@ class TransformRetriever(BaseRetriever):
             if searching is not None:
                 searching.cancel()
             raise
-        pending = None  # a fan-out's own search of the question, joined with the others
-        if searching is not None and guards.needs_question_hits:
-            hits = self._overlapped(await searching, guards)
-        elif searching is not None:
-            hits, pending = [], searching
+        found = await searching if searching and guards.needs_question_hits else None
+        hits, pending = self._after_overlap(hits, searching, found, guards)
         step: plan.Step | None = None
         deadline = Deadline.start(self.model_timeout)  # for the models after the LLM
         try:
@@ -689,9 +738,8 @@ class TransformRetriever(BaseRetriever):
             return unique_nodes(self._search_generated(bundle, deadline)), []
         if isinstance(step, plan.Fanout):
             bundles = self._bundles(step, question, self._vectors(step, question, deadline))
-            lists, weights, errors = self._run_sync(
-                step, bundles, hits, question, deadline, pending
-            )
+            fan = _Fanout.of(step, bundles, hits, question, deadline, pending)
+            lists, weights, errors = self._run_sync(fan)
             return self._combine(lists, weights), errors
         return unique_nodes(hits or []), []
 
@@ -717,9 +765,8 @@ class TransformRetriever(BaseRetriever):
         if isinstance(step, plan.Fanout):
             dense = await self._avectors(step, question, deadline)
             bundles = self._bundles(step, question, dense)
-            lists, weights, errors = await self._run_async(
-                step, bundles, hits, question, deadline, pending
-            )
+            fan = _Fanout.of(step, bundles, hits, question, deadline, pending)
+            lists, weights, errors = await self._run_async(fan)
             return self._combine(lists, weights), errors
         return unique_nodes(hits or []), []
 
@@ -780,6 +827,19 @@ class TransformRetriever(BaseRetriever):
             return await self._asearch_bundle(await self._aquestion_bundle(question))
         except BaseException as exc:
             return failure(exc, in_task=True)
+
+    def _after_overlap(
+        self, hits: Hits, searching: Any, found: Any, guards: Guards
+    ) -> tuple[Hits, Any]:
+        """``(hits, pending)`` once the transform is done, ``searching`` being the
+        question's own search started while the LLM wrote (or None): a guard that needs
+        its hits takes what it ``found`` (`_overlapped`); a fan-out goes on with the
+        search still running, ``pending``, joined with its other searches."""
+        if searching is None:
+            return hits, None
+        if guards.needs_question_hits:
+            return self._overlapped(found, guards), None
+        return [], searching
 
     def _overlapped(
         self, found: list[NodeWithScore] | BaseException, guards: Guards
@@ -949,53 +1009,44 @@ class TransformRetriever(BaseRetriever):
                 bundles.append(_dense_bundle(spec, dense))
         return bundles
 
-    def _run_sync(
-        self,
-        step: plan.Fanout,
-        bundles: Bundles,
-        hits: Hits,
-        question: Question,
-        deadline: Deadline | None,
-        pending: Any = None,
-    ) -> Found:
-        """The searches of ``step`` at once. Those of the generated text run on the
+    def _run_sync(self, fan: _Fanout) -> Found:
+        """The searches of ``fan`` at once. Those of the generated text run on the
         retriever's own worker threads (`_search_pool`), ``max_concurrency`` at a time,
-        until ``deadline`` (one that overruns fails, as one that raises does); the
+        until ``fan.deadline`` (one that overruns fails, as one that raises does); the
         question's own search is not bounded (the user's own: a plain retriever would
-        wait on it too) and runs on the fan-out's threads. ``pending`` (a future of
-        `_question_hits`) is the question's search started while the LLM wrote."""
-        specs, todo = step.specs, step.todo()
-        outcomes: list[Any] = [hits] * len(specs)
-        own = [i for i in todo if plan.is_question(specs[i], question.text)]
-        generated = [i for i in todo if i not in own]
-        if len(todo) == 1 and len(specs) == 1:
+        wait on it too) and runs on the fan-out's threads; a lone search runs here."""
+        outcomes = fan.outcomes
+        if fan.lone is not None:
             try:
-                bundle = bundles[0]
-                assert bundle is not None
-                outcomes[0] = (
-                    self.retriever.retrieve(bundle)
-                    if own
-                    else self._search_generated(bundle, deadline)
-                )
+                outcomes[fan.lone] = self._search_one(fan, fan.lone)
             except Exception as exc:
-                self._log_failure(specs[0], exc)
-                raise
-        elif todo:
+                outcomes[fan.lone] = exc
+            return self._split(fan.step.specs, outcomes)
+        if fan.todo:
             run = self.retriever.retrieve
             ctx = contextvars.copy_context
-            futures = {i: self._thread_pool().submit(ctx().run, run, bundles[i]) for i in own}
-            calls = [partial(run, bundles[i]) for i in generated]
-            at_once = self.max_concurrency - len(own) - (pending is not None)
-            found = run_all_within(self._search_pool(), calls, deadline, _SEARCH, at_once)
+            pool = self._thread_pool()
+            futures = {i: pool.submit(ctx().run, run, fan.bundle(i)) for i in fan.own}
+            generated = [i for i in fan.todo if i not in fan.own]
+            calls = [partial(run, fan.bundle(i)) for i in generated]
+            at_once = self.max_concurrency - len(fan.own) - (fan.pending is not None)
+            found = run_all_within(self._search_pool(), calls, fan.deadline, _SEARCH, at_once)
             outcomes = _placed(outcomes, generated, found)
             for i, future in futures.items():
                 try:
                     outcomes[i] = future.result()
                 except BaseException as exc:
                     outcomes[i] = failure(exc)
-        if pending is not None:
-            _joined(step, outcomes, pending.result())
-        return self._split(specs, outcomes)
+        if fan.pending is not None:
+            _joined(fan.step, outcomes, fan.pending.result())
+        return self._split(fan.step.specs, outcomes)
+
+    def _search_one(self, fan: _Fanout, i: int) -> Any:
+        """Search ``i`` of ``fan`` in this thread: the question's own unbounded, one
+        with the generated text until the deadline (`_search_generated`)."""
+        if i in fan.own:
+            return self.retriever.retrieve(fan.bundle(i))
+        return self._search_generated(fan.bundle(i), fan.deadline)
 
     def _search_pool(self) -> DaemonWorkers:
         """The worker threads the searches with the generated text run on: the wrapped
@@ -1055,44 +1106,33 @@ class TransformRetriever(BaseRetriever):
             return await self._asearch_bundle(bundle)
         return await self._asearch_generated(bundle, deadline)
 
-    async def _run_async(
-        self,
-        step: plan.Fanout,
-        bundles: Bundles,
-        hits: Hits,
-        question: Question,
-        deadline: Deadline | None,
-        pending: Any = None,
-    ) -> Found:
-        specs, todo = step.specs, step.todo()
-        outcomes: list[Any] = [hits] * len(specs)
-        own = {i: plan.is_question(specs[i], question.text) for i in todo}
-        if len(todo) == 1 and pending is None:  # one search: no task, no semaphore
-            i = todo[0]
+    async def _run_async(self, fan: _Fanout) -> Found:
+        outcomes = fan.outcomes
+        if fan.lone is not None:  # one search: no task, no semaphore
+            i = fan.lone
             try:
-                outcomes[i] = await self._asearch_one(bundles[i], own[i], deadline)  # type: ignore[arg-type]
+                outcomes[i] = await self._asearch_one(fan.bundle(i), i in fan.own, fan.deadline)
             except BaseException as exc:
                 outcomes[i] = failure(exc, in_task=True)
-            return self._split(specs, outcomes)
-        running = 0 if pending is None else 1  # the question's search holds one place
+            return self._split(fan.step.specs, outcomes)
+        running = 0 if fan.pending is None else 1  # the question's search holds one place
         gate = None
-        if len(todo) + running > self.max_concurrency:
+        if len(fan.todo) + running > self.max_concurrency:
             gate = asyncio.Semaphore(max(1, self.max_concurrency - running))
         searches: list[Any] = [
-            self._asearch_one(bundles[i], own[i], deadline, gate)  # type: ignore[arg-type]
-            for i in todo
+            self._asearch_one(fan.bundle(i), i in fan.own, fan.deadline, gate) for i in fan.todo
         ]
-        if pending is not None:  # the question's own search, started while the LLM wrote
-            searches.append(pending)
+        if fan.pending is not None:  # the question's own search, started while the LLM wrote
+            searches.append(fan.pending)
         found = await asyncio.gather(*searches, return_exceptions=True)
         found = [  # our own cancellation raised out of gather; these are the searches'
             failure(o, in_task=True) if isinstance(o, BaseException) else o for o in found
         ]
-        if pending is not None:
-            _joined(step, outcomes, found.pop())
-        for i, outcome in zip(todo, found):
+        if fan.pending is not None:
+            _joined(fan.step, outcomes, found.pop())
+        for i, outcome in zip(fan.todo, found):
             outcomes[i] = outcome
-        return self._split(specs, outcomes)
+        return self._split(fan.step.specs, outcomes)
 
     def _split(self, specs: Sequence[SearchSpec], outcomes: list[Any]) -> Found:
         lists: list[list[NodeWithScore]] = []

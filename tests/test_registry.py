@@ -66,7 +66,6 @@ def test_check_options_names_an_unknown_option_and_refuses_runtime_objects() -> 
 def test_a_new_list_transform_is_one_short_class() -> None:
     class Keywords(QueryListTransform):
         method: ClassVar[str] = "keywords"
-        prompt_key: ClassVar[str] = "keywords_prompt"
         default_prompt: ClassVar[str] = "Give {n} keyword queries for: {query}"
         DEFAULT_N: ClassVar[int | None] = 2
 
@@ -74,3 +73,20 @@ def test_a_new_list_transform_is_one_short_class() -> None:
     result = t.transform("Why did revenue drop?")
     assert result.queries == ("revenue drop", "renewals slipped") and result.method == "keywords"
     assert Keywords.count_option() == "n" and "timeout" in Keywords.option_names()
+    assert list(t.get_prompts()) == ["keywords_prompt"]  # named for its method
+
+
+def test_a_prompt_is_named_for_its_method_unless_a_class_names_it() -> None:
+    from llama_index_hyde_plus import HyDE, MultiQuery, StepBack
+
+    assert (MultiQuery.prompt_key, StepBack.prompt_key) == ("multi_query_prompt", "step_back_prompt")
+
+    class MyHyDE(HyDE):  # a built-in's subclass keeps the name its users update
+        method: ClassVar[str] = "my-hyde"
+
+    class Named(QueryListTransform):
+        method: ClassVar[str] = "sub-queries"
+        prompt_key: ClassVar[str] = "subs"
+        default_prompt: ClassVar[str] = "Give {n} queries for: {query}"
+
+    assert (MyHyDE.prompt_key, Named.prompt_key) == ("hyde_prompt", "subs")

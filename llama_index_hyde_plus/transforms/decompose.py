@@ -21,7 +21,6 @@ class Decompose(QueryListTransform):
 
     method: ClassVar[str] = "decompose"
     DEFAULT_N: ClassVar[int | None] = 3
-    prompt_key: ClassVar[str] = "decompose_prompt"
     default_prompt: ClassVar[str] = DECOMPOSE_PROMPT
     SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 100.0, "capable": 3.0}
     """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""

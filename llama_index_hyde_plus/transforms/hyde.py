@@ -97,7 +97,6 @@ class HyDE(LLMTransform):
     """
 
     method: ClassVar[str] = "hyde"
-    prompt_key: ClassVar[str] = "hyde_prompt"
     default_prompt: ClassVar[str] = HYDE_PROMPT
     SHIPPED: ClassVar[dict[str, Shipped]] = {
         "small": Shipped(query_weight=0.8, gate=0.7),

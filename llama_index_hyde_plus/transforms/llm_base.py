@@ -14,7 +14,7 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -112,6 +112,8 @@ class LLMTransform(QueryTransformer):
     """Base of HyDE, MultiQuery, StepBack, Decompose and Rewrite."""
 
     prompt_key: ClassVar[str]
+    """Its prompt's name in ``get_prompts``/``update_prompts``; by default the method's
+    with ``_prompt`` (``multi-query``: ``multi_query_prompt``)."""
     default_prompt: ClassVar[str]
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query"})
     uses_llm: ClassVar[bool] = True
@@ -238,6 +240,8 @@ class LLMTransform(QueryTransformer):
         super().__init_subclass__(**kwargs)
         if not inspect.isabstract(cls) and cls._build is LLMTransform._build:
             raise TypeError(f"{cls.__name__} must define _build(query, replies, usage)")
+        if not hasattr(cls, "prompt_key") and cls.method:  # its own, or inherited
+            cls.prompt_key = cls.method.replace("-", "_") + "_prompt"
 
     # -- the call ----------------------------------------------------------------
     def _render(self, query: str, context: Sequence[str] | None = None) -> str:
@@ -470,7 +474,7 @@ class LLMTransform(QueryTransformer):
         prepared = self._prepared(query, context)  # rendered once: keyed and sent
         key = self._key(query, context, prepared)
         if key is None:
-            return self._generate(query, context, prepared=prepared)
+            return self._generate(query, prepared, None)
         start = time.perf_counter()
         hit, answered = self._cache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
@@ -481,7 +485,7 @@ class LLMTransform(QueryTransformer):
                 self._cache_io(lambda: self._store(key, result), "write")
 
         def work(budget: float | None) -> TransformResult:
-            return self._generate(query, context, budget, prepared)
+            return self._generate(query, prepared, budget)
 
         try:  # waiters have the generation before it is written (`after`)
             result, shared = self._flights.run(key, work, self.timeout, after=write)
@@ -500,7 +504,7 @@ class LLMTransform(QueryTransformer):
         prepared = self._prepared(query, context)
         key = await self._akey(query, context, prepared)
         if key is None:
-            return await self._agenerate(query, context, prepared=prepared)
+            return await self._agenerate(query, prepared, None)
         start = time.perf_counter()
         hit, answered = await self._acache_io(lambda: self._lookup(key, query, start), "read")
         if hit is not None:
@@ -511,7 +515,7 @@ class LLMTransform(QueryTransformer):
                 await self._acache_io(lambda: self._store(key, result), "write")
 
         async def work(budget: float | None) -> TransformResult:
-            return await self._agenerate(query, context, budget, prepared)
+            return await self._agenerate(query, prepared, budget)
 
         try:
             result, shared = await self._flights.arun(key, work, self.timeout, after=write)
@@ -555,61 +559,38 @@ class LLMTransform(QueryTransformer):
         except Exception as exc:
             return exc
 
-    def _generate(
-        self,
-        query: str,
-        context: Sequence[str] | None = None,
-        budget: float | None = None,
-        prepared: _Prepared | None = None,
-    ) -> TransformResult:
-        """The LLM calls; several run at once under one deadline (`_llm.complete_all`),
-        as `_agenerate` gathers them, so ``timeout`` bounds the whole generation
-        (``budget``, when given and shorter: what is left of a caller's own time);
-        ``prepared``: the prompt as rendered for the key (else rendered now)."""
+    def _generate(self, query: str, prepared: _Prepared, budget: float | None) -> TransformResult:
+        """The LLM calls of the prompt ``prepared`` (rendered once, for the key too; or
+        what rendering raised: a fallback); several run at once under one deadline
+        (`_llm.complete_all`), as `_agenerate` gathers them, so ``timeout`` bounds the
+        whole generation (``budget``, when given and shorter: what is left of a
+        caller's own time). One call is made in this thread."""
         start = time.perf_counter()
-        if prepared is None:
-            prepared = self._prepared(query, context)
         if isinstance(prepared, Exception):
             return self._fallback(query, [prepared], start)
         llm, prompt = prepared
-        outcomes: list[_llm.LLMReply | BaseException]
-        n = self._num_calls()
+        options, n = self._options_within(budget), self._num_calls()
+        outcomes: Sequence[_llm.LLMReply | BaseException]
         if n == 1:
-            try:
-                outcomes = [_llm.complete(llm, prompt, self._options_within(budget))]
-            except Exception as exc:
-                outcomes = [exc]
+            outcomes = [_outcome(lambda: _llm.complete(llm, prompt, options))]
         else:
-            outcomes = _llm.complete_all(llm, prompt, self._options_within(budget), n)
+            outcomes = _llm.complete_all(llm, prompt, options, n)
         return self._finish(query, outcomes, start)
 
     async def _agenerate(
-        self,
-        query: str,
-        context: Sequence[str] | None = None,
-        budget: float | None = None,
-        prepared: _Prepared | None = None,
+        self, query: str, prepared: _Prepared, budget: float | None
     ) -> TransformResult:
         start = time.perf_counter()
-        if prepared is None:
-            prepared = self._prepared(query, context)
         if isinstance(prepared, Exception):
             return self._fallback(query, [prepared], start)
         llm, prompt = prepared
-        outcomes: list[_llm.LLMReply | BaseException]
-        if self._num_calls() == 1:  # one call: awaited here, no task to hold
-            try:
-                outcomes = [await _llm.acomplete(llm, prompt, self._options_within(budget))]
-            except Exception as exc:
-                outcomes = [exc]
+        options = self._options_within(budget)
+        calls = [_llm.acomplete(llm, prompt, options) for _ in range(self._num_calls())]
+        outcomes: Sequence[_llm.LLMReply | BaseException]
+        if len(calls) == 1:  # one call: awaited here, no task to hold
+            outcomes = [await _aoutcome(calls[0])]
         else:
-            outcomes = await asyncio.gather(
-                *(
-                    _llm.acomplete(llm, prompt, self._options_within(budget))
-                    for _ in range(self._num_calls())
-                ),
-                return_exceptions=True,
-            )
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
         return self._finish(query, outcomes, start)
 
     def _finish(
@@ -687,6 +668,23 @@ hangs costs one bounded wait every few seconds, not one per search."""
 _T = TypeVar("_T")
 _Prepared = tuple[LLM, str] | Exception
 """The LLM and the prompt rendered for one call, or what rendering it raised."""
+
+
+def _outcome(call: Callable[[], _T]) -> _T | Exception:
+    """What ``call()`` returned, or the ``Exception`` it raised (anything else, an
+    interrupt, propagates)."""
+    try:
+        return call()
+    except Exception as exc:
+        return exc
+
+
+async def _aoutcome(call: Awaitable[_T]) -> _T | Exception:
+    """`_outcome` of a coroutine, awaited in this task."""
+    try:
+        return await call
+    except Exception as exc:
+        return exc
 
 
 def _cache_overran(what: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..fusion import FusionMode
 from ._listing import QueryListTransform
 from .prompts import MULTI_QUERY_PROMPT
 
@@ -19,8 +18,6 @@ class MultiQuery(QueryListTransform):
 
     method: ClassVar[str] = "multi-query"
     DEFAULT_N: ClassVar[int | None] = 3
-    prompt_key: ClassVar[str] = "multi_query_prompt"
     default_prompt: ClassVar[str] = MULTI_QUERY_PROMPT
     SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 100.0, "capable": 5.0}
     """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""
-    default_fusion: ClassVar[FusionMode] = FusionMode.RRF

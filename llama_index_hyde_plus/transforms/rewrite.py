@@ -13,7 +13,6 @@ class Rewrite(QueryListTransform):
     dropped) searched instead of the original. Prompt key: ``"rewrite_prompt"``."""
 
     method: ClassVar[str] = "rewrite"
-    prompt_key: ClassVar[str] = "rewrite_prompt"
     default_prompt: ClassVar[str] = REWRITE_PROMPT
     SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 50.0, "capable": 5.0}
     """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""

@@ -14,7 +14,6 @@ class StepBack(QueryListTransform):
     Prompt key: ``"step_back_prompt"``."""
 
     method: ClassVar[str] = "step-back"
-    prompt_key: ClassVar[str] = "step_back_prompt"
     default_prompt: ClassVar[str] = STEP_BACK_PROMPT
     SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 50.0, "capable": 5.0}
     """By generator; see `QueryListTransform.SHIPPED_ORIGINAL_WEIGHT`."""
