@@ -44,10 +44,9 @@ def check_folder(folder: Path, kind: str, flag: str) -> Path:
     empty folder, or one marked as ``kind``, with a writable folder as its nearest
     existing ancestor; else a `ValueError` naming ``flag`` and the path."""
     folder = Path(folder).expanduser()
-    if folder.is_symlink() and not folder.exists():
-        raise ValueError(f"{flag} {folder} is a link to nothing; give a folder")
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{flag} {folder} is a file, not a folder; give a new or empty folder")
+    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        what = "a file" if folder.exists() else "a link to nothing"
+        raise ValueError(f"{flag} {folder} is {what}, not a folder; give a new or empty folder")
     if folder.is_dir() and any(folder.iterdir()):
         found = marker_kind(folder)
         if found != kind:
@@ -95,10 +94,9 @@ def say_replacing(paths: Sequence[Path]) -> None:
 def check_file(path: Path, flag: str, kind: str, ours: Callable[[bytes], bool]) -> Path:
     """``path`` (expanded) if a file may be written there outside any folder hyde-plus
     owns: absent, or a regular file ``ours`` recognises from its first 64 KB as
-    ``kind``; its folder creatable. Else a `ValueError` naming ``flag`` and the path."""
+    ``kind`` (a folder or a link never is); its folder creatable. Else a `ValueError`
+    naming ``flag`` and the path."""
     path = Path(path).expanduser()
-    if path.is_dir():
-        raise ValueError(f"{flag} must be a file path, not a folder: {path}")
     if path.exists() or path.is_symlink():
         try:
             regular = path.is_file() and not path.is_symlink()
@@ -125,42 +123,33 @@ def check_creatable(path: Path, what: str) -> None:
 
 
 @contextmanager
-def locked_folder(folder: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+def locked_folder(folder: Path) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``folder`` itself while the block runs (no
-    lock file; a killed holder releases it); ``on_wait`` is called once if another
-    holder makes it wait. Where `fcntl` is missing (Windows) the block runs unlocked."""
+    lock file; a killed holder releases it), saying so (a warning) when another holder
+    makes it wait. Where `fcntl` is missing (Windows) the block runs unlocked."""
     try:
         import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    try:
+
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a folder we may write but not list: run unlocked
+    except (ImportError, OSError):  # not POSIX, or a folder we may write but not list
         yield
         return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
+            logger.warning("waiting for another hyde-plus build in %s to finish writing", folder)
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` as `write_all_atomic` does."""
-    write_all_atomic([(path, text.encode("utf-8"))])
-
-
-def write_all_atomic(files: Sequence[tuple[Path, bytes]]) -> None:
-    """Write every ``(path, data)`` to a temporary file beside it, then rename them all
-    into place: an error (a full disk) or a kill while writing leaves every old file
-    whole and no temporary file behind (only a kill between the renames, which need no
-    space, can leave some replaced). Files get the permissions the umask gives."""
+def write_all_atomic(files: Sequence[tuple[Path, bytes | str]]) -> None:
+    """Write every ``(path, data)`` (text as UTF-8) to a temporary file beside it, then
+    rename them all into place: an error (a full disk) or a kill while writing leaves
+    every old file whole and no temporary file behind (only a kill between the renames,
+    which need no space, can leave some replaced). Files get the umask's permissions."""
     pending: list[tuple[Path, Path]] = []
     try:
         for path, data in files:
@@ -168,7 +157,7 @@ def write_all_atomic(files: Sequence[tuple[Path, bytes]]) -> None:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             pending.append((tmp, path))
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                handle.write(data.encode("utf-8") if isinstance(data, str) else data)
         for tmp, path in pending:
             os.replace(tmp, path)
     except BaseException:

@@ -39,7 +39,6 @@ from .._owned import (
     marker_kind,
     say_replacing,
     write_all_atomic,
-    write_text_atomic,
 )
 
 QUESTION_PROMPT = (
@@ -444,7 +443,7 @@ def write_beir_folder(
         _jsonl(rejected),
         json.dumps({"format": SET_FORMAT, **manifest}, indent=2) + "\n",
     ]
-    write_all_atomic([(p, text.encode("utf-8")) for p, text in zip(paths, contents, strict=True)])
+    write_all_atomic(list(zip(paths, contents, strict=True)))
     return folder
 
 
@@ -475,7 +474,7 @@ def mark_tuned(folder: Path) -> None:
     manifest = read_manifest(folder)
     if manifest is not None:
         text = json.dumps({**manifest, "tuned": True}, indent=2) + "\n"
-        write_text_atomic(folder.expanduser() / "manifest.json", text)
+        write_all_atomic([(folder.expanduser() / "manifest.json", text)])
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

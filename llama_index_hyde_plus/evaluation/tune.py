@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from llama_index.core.llms import LLM
 
-from .._owned import check_file, say_replacing, write_text_atomic
+from .._owned import check_file, say_replacing, write_all_atomic
 from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
 from ..transforms.registry import TRANSFORMS, check_options, transform_class
@@ -291,4 +291,4 @@ def write_output(path: Path, text: str) -> None:
     except OSError as exc:
         raise ValueError(f"cannot create the folder {path.parent} ({exc.strerror})") from exc
     say_replacing([path] if path.exists() else [])
-    write_text_atomic(path, text)
+    write_all_atomic([(path, text)])

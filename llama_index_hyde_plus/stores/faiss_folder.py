@@ -4,16 +4,15 @@ An index folder carries the marker ``.hyde-plus`` (`_owned`), ``hyde_plus.json``
 it was embedded, and which data folder is in use), the data folder ``data-<12 hex>``
 with LlamaIndex's storage files (and, in ``ingestion/``, the docstore of the
 `ingestion` pipeline that tells the next build what changed), and the link ``current``
-to it. A build names its new
-data folder in the metadata (``pending``) before writing it, writes it beside the one
-in use, and switches by renaming the new metadata (naming the old data folder as
-``replaced`` until it is deleted) over the old: a kill at any point leaves the previous
-index whole. The next build deletes what a killed one left (``pending``,
-``replaced``), and nothing else. Builds in one parent
-folder write one at a time. A build that embedded something saves the pipeline's
-cache (``ingestion_cache.json``) before it writes its data folder and deletes it once
-the switch is done: a build that failed or was killed after embedding is run again
-without embedding again.
+to it. A build names its new data folder in the metadata (``pending``) before writing
+it, writes it beside the one in use, and switches by renaming the new metadata (naming
+the old data folder as ``replaced`` until it is deleted) over the old: a kill at any
+point leaves the previous index whole. The next build deletes what a killed or failed
+one left (``pending``, ``replaced``), and nothing else; any other key in the metadata
+is carried over. Builds in one parent folder write one at a time. A build that
+embedded something saves the pipeline's cache (``ingestion_cache.json``) before it
+writes its data folder and deletes it once the switch is done: a build that failed or
+was killed after embedding is run again without embedding again.
 """
 
 from __future__ import annotations
@@ -31,15 +30,7 @@ from typing import Any
 from llama_index.core import StorageContext
 from llama_index.core.storage.docstore import SimpleDocumentStore
 
-from .._owned import (
-    MARKER,
-    check_folder,
-    check_outputs,
-    claim,
-    locked_folder,
-    write_all_atomic,
-    write_text_atomic,
-)
+from .._owned import MARKER, check_folder, check_outputs, claim, locked_folder, write_all_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +44,6 @@ INGESTION_DOCSTORE = "ingestion/docstore.json"
 CACHE_FILE = "ingestion_cache.json"
 """The pipeline's cache in the index folder while a build is not switched in."""
 _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
-META_KEYS = frozenset(
-    {"format", "documents", "chunks", "chunking", "dim", "embed", "embed_model"}
-    | {"max_length", "build_seconds", "data", "pending", "replaced"}
-    | {"fingerprint", "embedded", "reused"}
-)
-"""The keys a build writes into ``hyde_plus.json`` (any other key is the user's and is
-carried over to the next build's metadata)."""
 
 
 def check_index_target(out: Path, docs: Path | None = None) -> Path:
@@ -68,18 +52,12 @@ def check_index_target(out: Path, docs: Path | None = None) -> Path:
     documents folder ``docs``, a folder above it, or one inside it, and a ``current``
     in it that is not a link (a user's file or folder) is in the way."""
     target = check_folder(out, KIND, "--out").resolve()
-    if docs is not None:
-        source = docs.expanduser().resolve()
-        if target == source or target in source.parents:
-            raise ValueError(
-                f"--out {out} is the documents folder or contains it; "
-                "write the index to a separate folder"
-            )
-        if source in target.parents:
-            raise ValueError(
-                f"--out {out} is inside the documents folder {docs}: the next build would "
-                "read the index's own files as documents; write it to a separate folder"
-            )
+    source = docs.expanduser().resolve() if docs is not None else None
+    if source is not None and (target in (source, *source.parents) or source in target.parents):
+        raise ValueError(
+            f"--out {out} is, holds or is inside the documents folder {docs} (a build would "
+            "read the index's own files as documents); write it to a separate folder"
+        )
     link = target / CURRENT_LINK
     if link.exists() and not link.is_symlink():
         raise ValueError(
@@ -103,51 +81,35 @@ def write_index(
     (the pipeline's, when the build embedded) is kept until the switch (see the
     module's docstring)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    waiting = f"waiting for another hyde-plus build in {out.parent} to finish writing"
-    with locked_folder(out.parent, on_wait=lambda: logger.warning("%s", waiting)):
+    with locked_folder(out.parent):
         check_index_target(out)  # again, now that no other build runs
         made = not out.exists()
         marked = claim(out, KIND)
-        old = _read_json(out / META_FILE)
-        for leftover in (old.get("pending"), old.get("replaced")):  # what a kill left
-            _remove_build(out, leftover, keep=old.get("data"))
+        try:
+            old = dict(json.loads((out / META_FILE).read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, RecursionError):  # missing or damaged
+            old = {}
+        for leftover in ("pending", "replaced"):  # what a killed or failed build left
+            _remove_build(out, old.pop(leftover, None), keep=old.get("data"))
         data = f"data-{uuid.uuid4().hex[:12]}"
-        yours = {k: v for k, v in old.items() if k not in META_KEYS}  # notes added by hand
-        _save_cache(out, cache)
-        write_text_atomic(out / META_FILE, json.dumps({**old, "pending": data}, indent=2))
+        try:
+            if cache is not None:
+                write_all_atomic([(out / CACHE_FILE, cache)])
+        except OSError as exc:  # the cache saves embeddings: the build does not need it
+            logger.warning("could not save the ingestion cache in %s: %s", out, exc)
+        write_all_atomic([(out / META_FILE, json.dumps({**old, "pending": data}, indent=2))])
         try:
             _persist(out / data, storage, docstore)
         except BaseException:
-            _undo(out, data, old, (marked, made))
+            _undo(out, data, None if old else (marked, made))
             raise
-        previous = old.get("data")
-        meta = {**yours, **meta, "data": data}
-        write_text_atomic(out / META_FILE, json.dumps({**meta, "replaced": previous}, indent=2))
+        previous, meta = old.get("data"), {**old, **meta, "data": data}
+        write_all_atomic([(out / META_FILE, json.dumps({**meta, "replaced": previous}, indent=2))])
         point_current(out, data)  # the switch is done: now the old data may go
         if _remove_build(out, previous, keep=data):
             logger.warning("replaced the index in %s (its previous build %s)", out, previous)
-        write_text_atomic(out / META_FILE, json.dumps(meta, indent=2))
+        write_all_atomic([(out / META_FILE, json.dumps(meta, indent=2))])
         (out / CACHE_FILE).unlink(missing_ok=True)  # the build is in: nothing to resume
-
-
-def _save_cache(out: Path, cache: bytes | None) -> None:
-    """Write ``cache`` into ``out`` (atomically); a failure is only a warning: the
-    cache saves embeddings, the build does not need it."""
-    if cache is None:
-        return
-    try:
-        write_all_atomic([(out / CACHE_FILE, cache)])
-    except OSError as exc:
-        logger.warning("could not save the ingestion cache in %s: %s", out, exc)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; {} when it is missing, unreadable or no object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return dict(data) if isinstance(data, dict) else {}
 
 
 def _persist(folder: Path, storage: StorageContext, docstore: SimpleDocumentStore | None) -> None:
@@ -162,21 +124,18 @@ def _persist(folder: Path, storage: StorageContext, docstore: SimpleDocumentStor
         raise OSError(errno.ENOSPC, "No space left on device", str(folder)) from exc
 
 
-def _undo(out: Path, data: str, old: dict[str, Any], new: tuple[bool, bool]) -> None:
-    """After a failed build: the new data folder removed and the metadata as it was;
-    ``new`` (whether this build marked the folder, and made it): a first build's folder
-    is left as empty as it was, or removed (with the cache it saved: a rebuild keeps it,
-    so running it again embeds nothing again)."""
+def _undo(out: Path, data: str, first: tuple[bool, bool] | None) -> None:
+    """After a failed build: its data folder removed (the metadata naming it ``pending``
+    stays, for the next build). ``first`` (whether a first build marked the folder, and
+    made it): the folder is left as empty as it was, or removed, with the cache it saved
+    (a rebuild keeps its cache, so running it again embeds nothing again)."""
     _remove_build(out, data)
-    marked, made = new
+    if first is None:
+        return
+    marked, made = first
     try:
-        if old:
-            write_text_atomic(out / META_FILE, json.dumps(old, indent=2))
-            return
-        (out / META_FILE).unlink(missing_ok=True)
-        (out / CACHE_FILE).unlink(missing_ok=True)
-        if marked:
-            (out / MARKER).unlink(missing_ok=True)
+        for name in (META_FILE, CACHE_FILE, *([MARKER] if marked else [])):
+            (out / name).unlink(missing_ok=True)
         if made:
             out.rmdir()
     except OSError as exc:  # the build's own error is the one to report

@@ -33,8 +33,6 @@ from .milvus_builds import (
     check_name_is_ours,
     fill_and_switch,
     is_local_uri,
-    is_our_record,
-    record_path,
     recorded_builds,
     resolve,
 )
@@ -546,14 +544,7 @@ class MilvusStore(Store):
         source = docs.expanduser().resolve() if docs is not None else None
         if source is not None and (target == source or source in target.parents):
             raise ValueError(f"--uri {self.uri} is inside the documents folder {docs}")
-        meta = record_path(self.uri, self.collection)
-        if meta is not None and not is_our_record(meta):
-            raise ValueError(
-                f"--uri {self.uri}: {meta} exists and is not hyde-plus's record of the "
-                "collection (or is damaged); refusing to overwrite it: move it aside and run "
-                "again (the collection served until now is then kept, for you to drop), or "
-                "choose another --collection"
-            )
+        recorded_builds(self.uri, self.collection)  # a `ValueError` for a user's or damaged file
 
     def _build(
         self, documents: Sequence[Document], embed_model: BaseEmbedding, settings: BuildSettings

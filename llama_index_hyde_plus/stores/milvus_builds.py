@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._owned import write_text_atomic
+from .._owned import write_all_atomic
 from .._redact import redact_uri
 
 logger = logging.getLogger(__name__)
@@ -76,26 +76,18 @@ def check_name_is_ours(client: Any, uri: str, collection: str) -> None:
     """A `ValueError` when ``collection`` is the user's: an alias of a collection
     hyde-plus did not build (or that its record does not list), or a collection of
     that very name."""
-    where = redact_uri(uri)
-    target = alias_of(client, collection)
-    if target is not None and not is_build_of(target, collection):
-        raise ValueError(
-            f"{where} already has an alias {collection!r} (of collection {target!r}) that "
-            "hyde-plus did not make; it is left alone: choose another --collection"
-        )
-    recorded = recorded_builds(uri, collection)
-    path = record_path(uri, collection)
-    if target is not None and path is not None and path.exists() and target not in recorded:
-        raise ValueError(
-            f"{where} has an alias {collection!r} pointing at {target!r}, which is named "
-            f"like a hyde-plus build but is not one the record {path} lists; it is left "
-            "alone: choose another --collection"
-        )
+    target, path = alias_of(client, collection), record_path(uri, collection)
+    why = ""
     if target is None and collection in client.list_collections():
-        raise ValueError(
-            f"{where} already has a collection {collection!r} that is not an alias "
-            "hyde-plus made; it is left alone: choose another --collection"
-        )
+        why = f"already has a collection {collection!r} that is not an alias hyde-plus made"
+    elif target is not None and not is_build_of(target, collection):
+        why = f"already has an alias {collection!r} (of collection {target!r}) that hyde-plus"
+        why += " did not make"
+    elif target and path and path.exists() and target not in recorded_builds(uri, collection):
+        why = f"has an alias {collection!r} pointing at {target!r}, which is named like a "
+        why += f"hyde-plus build but is not one the record {path} lists"
+    if why:
+        raise ValueError(f"{redact_uri(uri)} {why}; it is left alone: choose another --collection")
 
 
 def fill_and_switch(
@@ -104,18 +96,24 @@ def fill_and_switch(
     """Record a new build of ``where`` (the URI and the alias), ``fill`` it (``fill``
     creates the collection it is given and writes the rows; its result is returned),
     move the alias to it, then drop the builds it replaced. A failure before the alias
-    moved drops the new collection and its record entry again."""
+    moved drops the new collection and its record entry again (best effort)."""
     uri, collection = where
     before = resolve(client, collection)
     physical = f"{collection}__{uuid.uuid4().hex[:12]}"
     entry = {**entry, "physical_collection": physical}
-    update_record(uri, collection, add={physical: {**entry, "writing": True}})
+    update_record(uri, collection, {physical: {**entry, "writing": True}})
     try:
         result = fill(physical)
-        update_record(uri, collection, add={physical: entry})
+        update_record(uri, collection, {physical: entry})
         switch_alias(client, collection, physical)
     except BaseException:
-        _discard(client, where, physical)
+        try:
+            if resolve(client, collection) != physical:  # the alias does not serve it
+                if physical in client.list_collections():
+                    client.drop_collection(physical)
+                update_record(uri, collection, {physical: None})
+        except Exception as exc:  # the build's own error is the one to report
+            logger.warning("could not clean up the failed build %s: %s", physical, exc)
         raise
     _drop_replaced(client, where, physical, before)
     return result
@@ -124,131 +122,85 @@ def fill_and_switch(
 def switch_alias(client: Any, alias: str, physical: str) -> None:
     """Point ``alias`` at ``physical`` in one step. Only an alias of one of our builds
     is moved; otherwise it is created, which fails if someone made it meanwhile."""
-    target = alias_of(client, alias)
-    if target is not None and is_build_of(target, alias):
+    if resolve(client, alias) not in (None, alias):  # the alias serves one of our builds
         client.alter_alias(physical, alias)  # atomic: queries see the old or the new
     else:
         client.create_alias(physical, alias)
 
 
-def _discard(client: Any, where: tuple[str, str], physical: str) -> None:
-    """Best effort after a failed build: drop ``physical`` (this build made it) and
-    its record entry, unless the alias already serves it."""
-    uri, collection = where
-    try:
-        if resolve(client, collection) == physical:
-            return
-        if physical in client.list_collections():
-            client.drop_collection(physical)
-        update_record(uri, collection, drop={physical})
-    except Exception as exc:  # the build's own error is the one to report
-        logger.warning("could not clean up the failed build %s: %s", physical, exc)
-
-
 def _drop_replaced(client: Any, where: tuple[str, str], physical: str, before: str | None) -> None:
     """Drop the builds ``physical`` replaced: those the record lists (on a server, the
-    one the alias pointed at ``before``). One that carries another alias, or that
-    Milvus fails to drop, is kept and stays recorded, with a warning saying how to
-    drop it."""
+    one the alias pointed at ``before``), and unrecord them. One that the alias pointed
+    at but the record does not list, that carries another alias than ``collection``
+    (the user's pin), or that Milvus fails to drop, is kept (a listed one stays
+    recorded), with a warning saying how to drop it."""
     uri, collection = where
     path = record_path(uri, collection)
-    names = set(recorded_builds(uri, collection)) if path else {before} - {None}
-    existing = set(client.list_collections())
-    kept: set[str] = set()
-    for name in sorted(n for n in names - {physical} if n and n in existing):
+    served = {before} if before else set()
+    listed = set(recorded_builds(uri, collection)) if path else served
+    gone = listed - {physical}  # unrecorded at the end, but for the builds kept
+    for name in sorted(((listed | served) - {physical}) & set(client.list_collections())):
         if not is_build_of(name, collection):
             continue
-        why = _why_kept(client, name, collection)
-        if why:
-            kept.add(name)
-            logger.warning(
-                "kept the replaced build %s of collection %r: %s; drop it yourself when "
-                "you no longer need it: %s",
-                *(name, collection, why, drop_command(uri, name)),
-            )
-    if path is not None and before and before not in names and before in existing:
+        try:
+            aliases = client.list_aliases(collection_name=name).get("aliases") or []
+            pins = ", ".join(sorted(set(aliases) - {collection}))
+            if name not in listed:
+                why = f"the alias {collection!r} pointed at it; the record {path} does not list it"
+            elif pins:
+                why = (
+                    f"it carries the alias(es) {pins} (the next build drops it once you drop them)"
+                )
+            else:
+                client.drop_collection(name)
+                continue
+        except Exception as exc:
+            why = f"Milvus could not drop it ({getattr(exc, 'message', '') or exc})"
+        gone.discard(name)
         logger.warning(
-            "kept the collection %s that the alias %r pointed at: the record %s does not "
-            "list it; drop it yourself when you no longer need it: %s",
-            *(before, collection, path, drop_command(uri, before)),
+            "kept the replaced build %s of collection %r: %s; drop it yourself when you "
+            "no longer need it: %s",
+            *(name, collection, why, drop_command(uri, name)),
         )
-    update_record(uri, collection, keep={physical} | kept)
-
-
-def _why_kept(client: Any, name: str, collection: str) -> str:
-    """Drop the replaced build ``name`` unless it carries another alias than
-    ``collection`` (the user's pin); why it was kept ("" when dropped)."""
-    try:
-        others = set(client.list_aliases(collection_name=name).get("aliases") or [])
-        if others - {collection}:
-            pins = ", ".join(sorted(others - {collection}))
-            return f"it carries the alias(es) {pins} (the next build drops it once you drop them)"
-        client.drop_collection(name)
-    except Exception as exc:
-        return f"Milvus could not drop it ({getattr(exc, 'message', '') or exc})"
-    return ""
+    update_record(uri, collection, dict.fromkeys(gone))
 
 
 def recorded_builds(uri: str, collection: str) -> dict[str, Any]:
     """The builds the record lists, with what it says of each ({} without a record)."""
     path = record_path(uri, collection)
-    if path is None or not path.is_file():
-        return {}
-    entries = read_record(path).get("collections") or {}
-    return {str(k): v for k, v in entries.items()} if isinstance(entries, dict) else {}
-
-
-def is_our_record(path: Path) -> bool:
-    """Whether ``path`` is absent or a record `update_record` writes."""
-    if not (path.exists() or path.is_symlink()):
-        return True
-    if path.is_symlink() or not path.is_file():
-        return False
-    try:
-        data = read_record(path)
-    except (ValueError, OSError):
-        return False
-    return data.get("format") == 2 and isinstance(data.get("collections"), dict)
+    return dict(read_record(path).get("collections") or {}) if path else {}
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """The record at ``path``; a `ValueError` saying what to do when it is damaged."""
+    """The record at ``path`` ({} when there is none); a `ValueError` saying what to do
+    when it is damaged or not one `update_record` writes (a user's file or a link)."""
+    if not (path.exists() or path.is_symlink()):
+        return {}
+    data: Any = None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(_corrupt(path, str(exc))) from exc
-    if not isinstance(data, dict):
-        raise ValueError(_corrupt(path, "not a JSON object"))
-    return data
+        if path.is_file() and not path.is_symlink():
+            data = json.loads(path.read_text(encoding="utf-8"))
+        ours = isinstance(data, dict) and isinstance(data.get("collections"), dict)
+        why = "" if ours and data.get("format") == 2 else "not a record hyde-plus writes"
+    except (OSError, ValueError, RecursionError) as exc:
+        why = str(exc)
+    if why:
+        raise ValueError(
+            f"{path} is not hyde-plus's record of the collection, or is corrupt ({why}): "
+            f"move it aside (say to {path.name}.bad) and rebuild with `hyde-plus index "
+            "DIR --store milvus` and the same --uri and --collection (the rebuild keeps "
+            "the collection served until now, for you to drop), or choose another --collection"
+        )
+    return dict(data)
 
 
-def _corrupt(path: Path, why: str) -> str:
-    return (
-        f"{path} is corrupt ({why}): move it aside (say to {path.name}.bad) and rebuild "
-        "with `hyde-plus index DIR --store milvus` and the same --uri and --collection; "
-        "the rebuild keeps the collection served until now, for you to drop"
-    )
-
-
-def update_record(
-    uri: str,
-    collection: str,
-    *,
-    add: dict[str, dict[str, Any]] | None = None,
-    keep: set[str] | None = None,
-    drop: set[str] | None = None,
-) -> None:
-    """Add entries to (keep only ``keep`` in, remove ``drop`` from) the record,
-    atomically; the keys the user added to it stay."""
+def update_record(uri: str, collection: str, changes: dict[str, Any]) -> None:
+    """Set (``None``: remove) the record's entries of the builds ``changes`` names,
+    atomically; its other entries, and the keys the user added to it, stay."""
     path = record_path(uri, collection)
-    if path is None:
-        return
-    if not is_our_record(path):
-        raise ValueError(f"{path} is not hyde-plus's record of the collection; left untouched")
-    data = read_record(path) if path.is_file() else {}
-    entries = {**(data.get("collections") or {}), **(add or {})}
-    if keep is not None:
-        entries = {k: v for k, v in entries.items() if k in keep}
-    for name in drop or set():
-        entries.pop(name, None)
-    write_text_atomic(path, json.dumps({**data, "format": 2, "collections": entries}, indent=2))
+    if path is not None:
+        data = read_record(path)
+        entries = {**(data.get("collections") or {}), **changes}
+        entries = {k: v for k, v in entries.items() if v is not None}
+        data = {**data, "format": 2, "collections": entries}
+        write_all_atomic([(path, json.dumps(data, indent=2))])
