@@ -209,7 +209,8 @@ SLOW_MODULES = frozenset(
     }
 )
 """Test modules outside the fast tier (``pytest -m "not slow and not local"``, see
-CONTRIBUTING.md): they start servers, subprocesses, Milvus Lite or the local models."""
+CONTRIBUTING.md): they start servers, subprocesses, Milvus Lite or the local models (a
+slow test of another module carries ``@pytest.mark.slow``)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

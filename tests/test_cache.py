@@ -308,6 +308,7 @@ print("ok", flush=True)
 """
 
 
+@pytest.mark.slow  # 40 interpreters
 def test_processes_creating_one_cache_at_once_never_move_it_aside(tmp_path: Path) -> None:
     import llama_index_hyde_plus.cache as module
 

@@ -81,7 +81,10 @@ def test_query_opens_the_store_at_the_candidate_depth_of_its_config(
     index.mkdir()
     result = CliRunner().invoke(
         app,
-        ["query", "q", "--index", str(index), "--config", str(config), "-k", "3", "--json"],
+        [
+            *("query", "q", "--index", str(index), "--config", str(config), "-k", "3"),
+            *("--json", "--llm", "scripted"),  # not the local model: the depth is what counts
+        ],
     )
     hyde = HyDE(ScriptedLLM(["x"]), strategy="rerank")
     assert asked == [candidate_depth(hyde.guards, 3)] == [RERANK_CANDIDATES], result.output

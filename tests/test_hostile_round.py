@@ -242,13 +242,17 @@ def test_a_function_the_key_cannot_read_disables_the_cache_rather_than_colliding
 
     cache = MemoryCache()
     wrong = 0
-    for i in range(40):  # objects freed and their addresses reused, as in round 3
-        lang = ["EN", "FR"][i % 2]
-        llm = ScriptedLLM([f"answered in {lang}"], **{field: Opaque(lang).fmt})
-        result = HyDE(llm, cache=cache).transform(Q)
-        wrong += result.hypothetical != (f"answered in {lang}",)
-        del llm
-        gc.collect()
+    gc.freeze()  # each collection below frees this loop's objects without the suite's heap
+    try:
+        for i in range(40):  # objects freed and their addresses reused, as in round 3
+            lang = ["EN", "FR"][i % 2]
+            llm = ScriptedLLM([f"answered in {lang}"], **{field: Opaque(lang).fmt})
+            result = HyDE(llm, cache=cache).transform(Q)
+            wrong += result.hypothetical != (f"answered in {lang}",)
+            del llm
+            gc.collect()
+    finally:
+        gc.unfreeze()
     # never cached under a reusable identity; a formatter once per rendering
     assert wrong == 0 and len(cache) == (0 if field == "respond" else 2)
 

@@ -223,6 +223,7 @@ print(HyDE(llm).cache_key_for("q"), MultiQuery(llm).cache_key_for("q"))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_key_is_the_same_in_another_process() -> None:
     root = str(Path(__file__).resolve().parents[1])
     out = subprocess.run(
@@ -293,6 +294,7 @@ def test_the_tune_grid_sweeps_only_search_options(cls: type) -> None:
 
 
 # -- 10, in a transform: a kept result costs its question, once -------------------------
+@pytest.mark.slow  # tens of MB
 async def test_hyde_results_of_one_mb_questions_are_kept_without_their_searches() -> None:
     llm = ScriptedLLM(respond=lambda p: "A passage about revenue.")
     cache = MemoryCache(max_bytes=16 * MiB)
@@ -340,6 +342,7 @@ def test_a_results_children_count_towards_its_size() -> None:
     assert cache.get("parent") is None  # the child's 1 MB counted (once: it is shared)
 
 
+@pytest.mark.slow  # 100 MB
 def test_memory_cache_keeps_at_most_its_budget_of_100_one_mb_results() -> None:
     gc.collect()
     tracemalloc.start()
@@ -470,6 +473,7 @@ def _nodes(start: int, count: int) -> list[NodeWithScore]:
     ]
 
 
+@pytest.mark.slow  # tens of MB
 def test_doc_vectors_keep_float32_vectors_within_their_byte_budget() -> None:
     retriever = StaticRetriever({}, default=[])
     store = MilvusVectorStore(1536)

@@ -524,6 +524,7 @@ def test_load_index_takes_a_spec_or_a_model_not_both(built: Path) -> None:
 
 
 # -- reading with the docs extra leaves the root logger alone -----------------------------
+@pytest.mark.slow  # a fresh interpreter
 def test_reading_documents_with_the_docs_extra_leaves_the_root_logger_alone(
     tmp_path: Path,
 ) -> None:

@@ -143,6 +143,7 @@ class TestQueryLength:
         first, second = parse_queries(reply, 2, max_characters=60)
         assert len(first) <= 60 and first.endswith("revenue") and second == "short query"
 
+    @pytest.mark.slow  # a 10 MB reply
     def test_default_limit_is_500_characters(self) -> None:
         [query] = parse_queries("word " * 2_000_000, 1)  # a 10 MB reply
         assert 0 < len(query) <= 500
@@ -152,6 +153,7 @@ class TestQueryLength:
             parse_queries("q", 1, max_characters=0)
 
 
+@pytest.mark.slow  # a 3.4 MB reply, twice
 @pytest.mark.parametrize("name", ["MultiQuery", "StepBack", "Decompose", "Rewrite"])
 def test_list_transforms_cap_each_generated_query(name: str) -> None:
     import llama_index_hyde_plus as hp

@@ -636,6 +636,7 @@ def test_serve_refuses_a_timeout_that_is_not_positive(value: str) -> None:
     )
 
 
+@pytest.mark.slow  # a server in a subprocess
 def test_serve_on_loopback_does_not_warn_and_its_banner_shows_the_timeout() -> None:
     served = Served("--llm", "scripted")
     try:
@@ -646,6 +647,7 @@ def test_serve_on_loopback_does_not_warn_and_its_banner_shows_the_timeout() -> N
     assert re.search(r"timeout: [\d.]+ s per LLM call \((local|remote) model policy\)", out), out
 
 
+@pytest.mark.slow  # a server in a subprocess
 def test_serve_on_ipv6_loopback_works_or_says_why() -> None:
     try:
         with socket.socket(socket.AF_INET6) as probe:
@@ -666,6 +668,7 @@ def test_serve_on_ipv6_loopback_works_or_says_why() -> None:
     no_traceback(out)
 
 
+@pytest.mark.slow  # a server in a subprocess
 def test_serve_timeout_bounds_each_llm_call() -> None:
     served = Served("--llm", "scripted:3000", "--timeout", "0.3")
     try:
@@ -679,6 +682,7 @@ def test_serve_timeout_bounds_each_llm_call() -> None:
     assert "timeout: 0.3 s per LLM call (--timeout)" in out
 
 
+@pytest.mark.slow  # a server in a subprocess
 def test_http_client_disconnect_mid_request_prints_no_traceback() -> None:
     served = Served("--llm", "scripted:300")
     try:
@@ -700,6 +704,7 @@ def test_http_client_disconnect_mid_request_prints_no_traceback() -> None:
     no_traceback(out)
 
 
+@pytest.mark.slow  # a stdio server in a subprocess
 def test_stdio_client_gone_mid_request_prints_no_traceback() -> None:
     proc = subprocess.Popen(
         [*CLI, "--stdio", "--llm", "scripted:300"],
@@ -733,6 +738,7 @@ def stdio_exchange(
     return [json.loads(line) for line in proc.stdout.splitlines()], proc
 
 
+@pytest.mark.slow  # a stdio server in a subprocess
 def test_stdio_survives_hostile_frames_and_answers_each() -> None:
     lines = [
         b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1e999}}',

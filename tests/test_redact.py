@@ -28,6 +28,7 @@ def test_secret_options_and_uri_credentials_are_hidden() -> None:
     assert redact_uri("index.db") == "index.db"
 
 
+@pytest.mark.slow  # the real local embedder
 @pytest.mark.parametrize("form", [["--milvus-token", "s3cret"], ["--milvus-token=s3cret"]])
 def test_eval_records_no_token_in_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: list[str]
@@ -47,6 +48,7 @@ def test_eval_records_no_token_in_results(
     assert "s3cret" not in (out / "results.json").read_text()
 
 
+@pytest.mark.slow  # the real local embedder
 def test_tune_report_records_no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     report, config = tmp_path / "sweep.md", tmp_path / "tuned.json"
     args = [
