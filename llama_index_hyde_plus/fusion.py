@@ -37,7 +37,26 @@ RRF_K = 60
 Lists = Sequence[Sequence[NodeWithScore]]
 
 
+def _is_sequence(value: object) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _check_lists(lists: Lists) -> None:
+    """A `TypeError` naming ``lists`` unless it is a sequence of sequences of
+    ``NodeWithScore`` (a list of ids, texts or Nones is a mistake, not a ranking)."""
+    expected = "lists must be a sequence of lists of NodeWithScore"
+    if not _is_sequence(lists):
+        raise TypeError(f"{expected}, not {type(lists).__name__}")
+    for nodes in lists:
+        if not _is_sequence(nodes):
+            raise TypeError(f"{expected}: one list is {type(nodes).__name__}")
+        for item in nodes:
+            if not isinstance(item, NodeWithScore):
+                raise TypeError(f"{expected}: one holds {type(item).__name__}")
+
+
 def _validate(lists: Lists, weights: Sequence[float] | None, top_k: int | None) -> list[float]:
+    _check_lists(lists)
     if top_k is not None:
         check_int(top_k, "top_k", 1, None)
     if weights is None:
@@ -177,6 +196,8 @@ def fuse(
     zero weight drops a list. Scores of ``None`` count as 0 in the score-based modes,
     a NaN or infinite one as its list's lowest.
     Interleave assigns ``1 / position`` as the fused score; RRF assigns the RRF sum.
+    ``lists`` is a sequence of sequences of ``NodeWithScore``; anything else is a
+    ``TypeError`` naming it, as a bad ``mode``, ``k``, ``weights`` or ``top_k`` is.
     """
     try:
         mode = FusionMode(mode)

@@ -75,6 +75,9 @@ _TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _HEALTH_STATUS = frozenset({408, 429})
 """The 4xx statuses that speak of the provider (too slow, too busy), not the request."""
 _ALWAYS_PROPAGATE = (KeyboardInterrupt, SystemExit, GeneratorExit)
+# GeneratorExit on every path (docs/failures-and-caches.md, "What still raises"): on the
+# async path it may be the close of the caller's own coroutine, which must go on up
+# (swallowing it is a RuntimeError), and a model raising one is taken at its word.
 _TRANSIENT_NAMES = frozenset(
     {
         "APIConnectionError",
@@ -129,6 +132,23 @@ def counts_against_provider(exc: BaseException) -> bool:
         return False
     status = _status_of(exc)
     return status is None or not 400 <= status < 500 or status in _HEALTH_STATUS
+
+
+MAX_ERROR_CHARS = 1000
+"""The most characters of an error's message kept (in ``TransformResult.error``,
+``failed_searches``, a node's ``hyde_plus`` metadata) and logged: `describe`."""
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as the text a result keeps and a warning logs: ``"ConnectionError:
+    refused"`` (the class alone when there is no message). The one place an error's
+    text is made: a message over `MAX_ERROR_CHARS` characters (a provider's 5 MB HTML
+    error page) is cut there and ends ``... (N more characters)``."""
+    text = str(exc)
+    if len(text) > MAX_ERROR_CHARS:
+        more = len(text) - MAX_ERROR_CHARS
+        text = f"{text[:MAX_ERROR_CHARS]}... ({more:,} more characters)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def as_failure(exc: BaseException, wrapper: type[CallError] = LLMCallError) -> Exception:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +32,7 @@ from ._llm import WORKERS
 from ._workers import DaemonWorkers
 from .fusion import FusionMode, fuse, scored, unique_nodes
 from .provenance import summary, tag_nodes
-from .reliability import failure
+from .reliability import describe, failure
 from .transforms.base import (
     Guards,
     QueryTransformer,
@@ -412,6 +414,23 @@ def _copy(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     scoring never touches the wrapped retriever's objects. A shallow ``model_copy``:
     half the cost of building one."""
     return [item.model_copy() for item in unique_nodes(nodes)]
+
+
+def _rerank_output(out: object) -> list[NodeWithScore]:
+    """A reranker's answer, checked: a list of ``NodeWithScore`` whose scores are None or
+    finite real numbers (numpy's too). Anything else (None, a string, a list of texts, a
+    NaN score) is a ``TypeError`` / ``ValueError``: a failed reranker, whose fused
+    nodes are kept."""
+    if not isinstance(out, list):
+        raise TypeError(f"the reranker returned {type(out).__name__}, not a list of NodeWithScore")
+    for item in out:
+        if not isinstance(item, NodeWithScore):
+            kind = type(item).__name__
+            raise TypeError(f"the reranker returned a list holding {kind}, not NodeWithScore")
+        score = item.score
+        if score is not None and not (isinstance(score, numbers.Real) and math.isfinite(score)):
+            raise ValueError(f"the reranker returned the score {score!r}, not a finite number")
+    return out
 
 
 class TransformRetriever(BaseRetriever):
@@ -1142,7 +1161,7 @@ class TransformRetriever(BaseRetriever):
         for spec, outcome in zip(specs, outcomes):
             if isinstance(outcome, Exception):
                 self._log_failure(spec, outcome)
-                errors.append(f"{type(outcome).__name__}: {outcome}")
+                errors.append(describe(outcome))
                 first_error = first_error or outcome
             else:
                 lists.append(list(outcome))
@@ -1153,10 +1172,9 @@ class TransformRetriever(BaseRetriever):
 
     def _log_failure(self, spec: SearchSpec, exc: Exception) -> None:
         logger.warning(
-            "sub-search %r failed (%s: %s); using the other searches",
+            "sub-search %r failed (%s); using the other searches",
             spec.text[:80],
-            type(exc).__name__,
-            exc,
+            describe(exc),
         )
 
     def _combine(
@@ -1182,9 +1200,10 @@ class TransformRetriever(BaseRetriever):
         deadline = Deadline.start(self.model_timeout)  # its own: whatever came before
         given = _copy(nodes)  # what it scores; one that overran goes on with these alone
         try:
-            return run_within(
+            out = run_within(
                 self._rerank_pool(), self._rerank_call(given, question), deadline, _RERANKER
             )
+            return _rerank_output(out)
         except BaseException as exc:
             self._rerank_failed(failure(exc))
             return nodes
@@ -1212,17 +1231,15 @@ class TransformRetriever(BaseRetriever):
         try:
             if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
                 coro = self.reranker.apostprocess_nodes(given, query_bundle=question.bundle())
-                return await await_within(coro, deadline, _RERANKER)
+                return _rerank_output(await await_within(coro, deadline, _RERANKER))
             call = self._rerank_call(given, question)
-            return await arun_within(self._rerank_pool(), call, deadline, _RERANKER)
+            return _rerank_output(await arun_within(self._rerank_pool(), call, deadline, _RERANKER))
         except BaseException as exc:
             self._rerank_failed(failure(exc, in_task=True))
             return nodes
 
     def _rerank_failed(self, exc: Exception) -> None:
-        logger.warning(
-            "the reranker failed (%s: %s); returning the nodes as fused", type(exc).__name__, exc
-        )
+        logger.warning("the reranker failed (%s); returning the nodes as fused", describe(exc))
 
     def _finish(
         self,
@@ -1274,9 +1291,8 @@ def _unembedded(exc: Exception) -> None:
     """No vector of ours for the question's own search (the embedder failed with
     ``exc``): the wrapped retriever embeds the question itself."""
     logger.warning(
-        "embedding the question failed (%s: %s); the retriever embeds it itself",
-        type(exc).__name__,
-        exc,
+        "embedding the question failed (%s); the retriever embeds it itself",
+        describe(exc),
     )
 
 
@@ -1285,7 +1301,7 @@ def _fell_back(result: TransformResult, exc: Exception) -> TransformResult:
     searching with it, fusing) becomes the question's own search: ``result`` as a
     fallback saying why (`plan.degraded`). Only failures come here (`reliability.failure`):
     cancellation and interrupts propagate."""
-    reason = str(exc) if isinstance(exc, plan.UnusableVector) else f"{type(exc).__name__}: {exc}"
+    reason = str(exc) if isinstance(exc, plan.UnusableVector) else describe(exc)
     logger.warning(
         "searching with the %s output failed (%s); searching with the question alone",
         result.method,

@@ -18,7 +18,7 @@ from .._checks import check_int, check_number, is_number
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
 from ..expansion import check_weight
 from ..fusion import RRF_K, FusionMode
-from ..reliability import failure
+from ..reliability import describe, failure
 from ..usage import Usage, sum_usage
 
 logger = logging.getLogger(__name__)
@@ -607,15 +607,13 @@ class QueryTransformer(BaseQueryTransform):
         return result
 
     def _failed(self, query: str, exc: Exception, start: float) -> TransformResult:
+        error = describe(exc)
         logger.error(
-            "query transform %s raised %s: %s; searching with the original query",
+            "query transform %s raised %s; searching with the original query",
             _method_name(self),
-            type(exc).__name__,
-            exc,
+            error,
         )
-        result = TransformResult.fallback_for(
-            query, _method_name(self), f"{type(exc).__name__}: {exc}"
-        )
+        result = TransformResult.fallback_for(query, _method_name(self), error)
         return replace(result, latency_s=time.perf_counter() - start)
 
     def chain_stage(self) -> QueryTransformer:

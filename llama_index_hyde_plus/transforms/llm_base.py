@@ -28,7 +28,7 @@ from llama_index.core.settings import Settings
 from .. import _llm
 from .._workers import Job, WorkersBusyError
 from ..cache import cache_key, holds_objects
-from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, failure
+from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
 from ..singleflight import SingleFlight, WaitExpired
 from ..timeouts import timeout_for
 from ..usage import Usage, sum_usage
@@ -86,26 +86,37 @@ def _render_template(template: BasePromptTemplate, **kwargs: Any) -> str:
     if not isinstance(template, PromptTemplate) or not _ESCAPED.search(template.get_template()):
         return template.format(**kwargs)
     text = template.get_template()
+    values = _mapped(template, kwargs)
     pieces: list[str] = []
     done = 0
     for match in _ESCAPED.finditer(text):
-        pieces.append(_format_piece(template, text[done : match.start()], kwargs))
+        pieces.append(_format_piece(template, text[done : match.start()], values))
         pieces.append("{" + match.group(1) + "}")
         done = match.end()
-    pieces.append(_format_piece(template, text[done:], kwargs))
+    pieces.append(_format_piece(template, text[done:], values))
     rendered = "".join(pieces)
     parser = template.output_parser
     return parser.format(rendered) if parser is not None else rendered
 
 
-def _format_piece(template: PromptTemplate, piece: str, kwargs: dict[str, Any]) -> str:
-    """``piece`` of ``template``'s text formatted as the template would format it
-    (its partial values and variable mappings apply; the output parser's instructions
-    are added once, to the whole prompt)."""
+def _mapped(template: PromptTemplate, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` over ``template``'s partial values, with each of its function mappings
+    called once (as ``format`` calls them: with all those values), so that every piece
+    of one rendering shows the same value of a mapped variable."""
+    values = {**template.kwargs, **kwargs}
+    functions = template.function_mappings or {}
+    return {**values, **{name: fn(**values) for name, fn in functions.items()}}
+
+
+def _format_piece(template: PromptTemplate, piece: str, values: dict[str, Any]) -> str:
+    """``piece`` of ``template``'s text formatted as the template would format it, with
+    ``values`` (`_mapped`: its function mappings already applied; its variable
+    mappings apply here; the output parser's instructions are added once, to the whole
+    prompt)."""
     if not piece:
         return ""
-    update = {"template": piece, "output_parser": None}
-    return template.model_copy(update=update).format(**kwargs)
+    update = {"template": piece, "output_parser": None, "function_mappings": None}
+    return template.model_copy(update=update).format(**values)
 
 
 class LLMTransform(QueryTransformer):
@@ -629,7 +640,7 @@ class LLMTransform(QueryTransformer):
         return replace(
             result,
             usage=usage,
-            error=_describe(errors[0]) if errors else None,
+            error=describe(errors[0]) if errors else None,
             latency_s=time.perf_counter() - start,
         )
 
@@ -637,7 +648,7 @@ class LLMTransform(QueryTransformer):
         self, query: str, errors: list[BaseException], start: float, usage: Usage | None = None
     ) -> TransformResult:
         """The original query, with the first error and what the failed calls cost."""
-        error = _describe(errors[0]) if errors else "unknown error"
+        error = describe(errors[0]) if errors else "unknown error"
         # an open breaker was logged once when it opened: no warning for every search
         quiet = bool(errors) and isinstance(errors[0], CircuitOpenError)
         logger.log(
@@ -756,6 +767,3 @@ def _as_cached(result: TransformResult, start: float) -> TransformResult:
     )
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
