@@ -7,26 +7,33 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.llms.types import CompletionResponse, LLMMetadata
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.llms import CustomLLM
-from llama_index.core.schema import QueryBundle
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llama_index_hyde_plus import (
     HyDE,
+    MemoryCache,
+    MultiQuery,
+    TransformRetriever,
     _llm,
     _workers,
 )
 from llama_index_hyde_plus._bounded import Deadline, arun_within, run_all_within, run_within
 from llama_index_hyde_plus._workers import LLMPools
 from llama_index_hyde_plus.reliability import NO_RETRY
+from llama_index_hyde_plus.testing import ScriptedLLM
 from llama_index_hyde_plus.transforms.base import QueryTransformer
 from llama_index_hyde_plus.transforms.core import CoreTransform
 
-from .conftest import Q
+from .conftest import DOCS, Q
 
 EMBEDDER = "the embedding model"
 
@@ -167,6 +174,65 @@ def test_abandoned_calls_never_pile_up_in_the_process_line(
     finally:
         hang.set()
     assert first.done.wait(10) and first.result() == "first"
+
+
+class _SyncOnly(BaseRetriever):
+    """A retriever with no async search of its own."""
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [
+            NodeWithScore(node=TextNode(id_=k, text=t), score=1.0 / (r + 1))
+            for r, (k, t) in enumerate(DOCS.items())
+        ]
+
+
+class _OwnTransform(QueryTransformer):
+    """A user's transform with only the blocking ``transform``."""
+
+    method = "own"
+
+    def transform(self, query: str) -> Any:
+        return [f"{query} renewals"]
+
+
+@pytest.fixture
+async def busy_default_executor() -> AsyncIterator[None]:
+    """The event loop's default executor, its one thread held by the app's own job."""
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(executor)
+    release = threading.Event()
+    held = loop.run_in_executor(None, release.wait)
+    yield
+    release.set()
+    await held
+    executor.shutdown(wait=False)
+
+
+@pytest.mark.usefixtures("busy_default_executor")
+async def test_the_questions_own_search_never_waits_on_the_default_executor() -> None:
+    # F4: a retriever without native async was searched for the question through
+    # asyncio.to_thread, so the app's own jobs on the default executor held every
+    # fan-out, cache hit and fallback (and hung searches held the app's threads)
+    fan_out = TransformRetriever(
+        _SyncOnly(),
+        MultiQuery(ScriptedLLM(respond=lambda p: "- costs\n- renewals"), cache=MemoryCache()),
+        search_type="keyword",
+    )
+    down = ScriptedLLM(replies=[ConnectionError("down")] * 4)
+    fallback = TransformRetriever(
+        _SyncOnly(), HyDE(down, retry=NO_RETRY, breaker=None), search_type="keyword"
+    )
+    for retriever in (fan_out, fan_out, fallback):  # the second: a cache hit
+        found = await asyncio.wait_for(retriever.asearch(Q), 10)
+        assert found.nodes and found.transform.fallback is (retriever is fallback)
+
+
+@pytest.mark.usefixtures("busy_default_executor")
+async def test_a_users_blocking_transform_never_waits_on_the_default_executor() -> None:
+    # F4: QueryTransformer.atransform ran a user's blocking transform() there too
+    own = await asyncio.wait_for(_OwnTransform().atransform_safe(Q), 10)
+    assert not own.fallback and own.queries
 
 
 class _GatedCore(BaseQueryTransform):
