@@ -15,6 +15,7 @@ abandoned is never waited for.
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -73,9 +74,14 @@ def run_within(
         return call()
     if not deadline.left():
         raise deadline.overrun(what)
-    job = pool.submit(call)
-    if not job.done.wait(deadline.left()):
-        job.abandon()
+    job = pool.submit(call, budget=deadline.left(), what=what)
+    answered = False
+    try:
+        answered = job.done.wait(deadline.left())
+    finally:  # not answered in time, or interrupted while waiting (Ctrl-C)
+        if not answered:
+            job.abandon()
+    if not answered:
         raise deadline.overrun(what)
     return job.result()  # type: ignore[no-any-return]
 
@@ -109,7 +115,9 @@ def run_all_within(
             while waiting and len(jobs) < max(1, at_once):
                 i = waiting.pop()
                 try:
-                    jobs[i] = pool.submit(calls[i], partial(finished.put, i))
+                    jobs[i] = pool.submit(
+                        calls[i], partial(finished.put, i), _budget(deadline), what
+                    )
                 except Exception as exc:  # WorkersBusyError: all its workers overran
                     outcomes[i] = exc
             if not jobs:
@@ -128,6 +136,13 @@ def run_all_within(
     for i in [*jobs, *waiting]:
         outcomes[i] = deadline.overrun(what) if deadline is not None else None
     return outcomes  # type: ignore[return-value]
+
+
+def _budget(deadline: Deadline | None) -> float:
+    """A call's own time for `DaemonWorkers.submit`: what is left of ``deadline`` (no end
+    with no deadline), so a call abandoned because its caller was cancelled counts
+    as overrun (its callee hung) only once its own time has run out, never at once."""
+    return math.inf if deadline is None else deadline.left()
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -152,7 +167,9 @@ async def arun_within(
         raise deadline.overrun(what)
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
-    job = pool.submit(call, lambda: loop.call_soon_threadsafe(_wake, woken))
+    job = pool.submit(
+        call, lambda: loop.call_soon_threadsafe(_wake, woken), _budget(deadline), what
+    )
     try:
         await asyncio.wait_for(woken, None if deadline is None else deadline.left())
     except BaseException as exc:  # the deadline, or our own cancellation

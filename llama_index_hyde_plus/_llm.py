@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import sys
 import threading
 import time
@@ -662,7 +663,7 @@ async def _in_thread(
 ) -> CompletionResponse:
     """``llm.complete`` (streamed until ``enough``, when given) on an LLM worker
     thread (`WORKERS`); cancelling the await sets ``cancel`` and abandons the thread
-    (counted as overrun only past ``budget``, the attempt's own time)."""
+    (counted as overrun only past ``budget``, the attempt's own time; never with none)."""
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
 
@@ -676,7 +677,9 @@ async def _in_thread(
     )
     if itself:
         call = partial(_told, enough, call)
-    job = WORKERS.for_llm(llm).submit(_telling(cancel, call), wake, budget)
+    job = WORKERS.for_llm(llm).submit(
+        _telling(cancel, call), wake, math.inf if budget is None else budget
+    )
     if isinstance(cancel, _Cancel):
         cancel.job = job
     try:

@@ -4,8 +4,9 @@ that may be abandoned.
 A blocking LLM call with a timeout (the sync path, and the async path of an LLM that
 only implements ``complete``) runs on a worker thread so the caller can stop waiting.
 The pool is the LLM calls' own, never the event loop's default executor: a provider
-that hangs can only use up these threads, and the SQLite cache reads, sync retrievers
-and embedders the async path hands to ``asyncio.to_thread`` keep theirs.
+that hangs can only use up these threads, and the app's own jobs on the loop's default
+executor keep theirs (the package's other blocking calls, searches, embedders, caches,
+run on pools of their own too).
 
 Starting a thread per call costs more than the rest of a search's orchestration, so
 finished workers wait for the next call instead of exiting (at most ``max_idle`` of
@@ -13,9 +14,11 @@ them). They are daemon threads: a call abandoned on timeout never keeps the
 interpreter from exiting. A worker still busy with an abandoned call is not reused
 until it returns. At most ``max_busy`` calls run at once; a call beyond that waits in
 line (FIFO) for a worker, for as long as its caller waits for it (its timeout), and
-one abandoned before it started never runs. Only when every running call has already
-overrun its timeout (the provider hangs) does a new call fail at once, with
-`WorkersBusyError` (the transform falls back), rather than queue behind them. The
+one abandoned before it started never runs (nor stays in line for long). A call
+abandoned while it runs counts as overrun only once its own time is up (``budget``).
+Only when every running call has already overrun its timeout (the provider hangs)
+does a new call fail at once, with `WorkersBusyError` (the transform falls back),
+rather than queue behind them. The
 process-wide cap (`MAX_THREADS`) works the same way: a call past it waits in line
 (`_SlotLine`) for the next slot to free, and fails at once only when every call
 holding a slot overran. A pool of threads that only wait on other pools
@@ -30,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .reliability import LLMNotCalledError
 
@@ -57,6 +60,8 @@ fails at once with `WorkersBusyError` (its transform falls back; no breaker coun
 instead of the process growing thousands of threads. Idle workers hold no slot (a
 pool keeps at most ``max_idle`` of them, for `IDLE_EXIT_S`), nor do threads that only
 wait on other pools' calls (``capped=False``)."""
+
+_E = TypeVar("_E")
 
 _thread_slots = threading.BoundedSemaphore(MAX_THREADS)
 """One slot per running call, across every `DaemonWorkers` (see `MAX_THREADS`)."""
@@ -152,6 +157,31 @@ class Job:
         )
 
 
+class _Line(deque[_E]):
+    """A FIFO of calls waiting (`Job`, or (pool, job)) that drops its abandoned ones
+    when it has grown to twice its live waiters at the last look (at least `MAX_BUSY`):
+    they never run, and with hung workers nothing else would drain them. So it stays
+    within about twice its live waiters, at O(1) per call on average."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._prune_at = MAX_BUSY
+
+    def queue(self, entry: _E) -> None:
+        """Append ``entry`` (dropping the abandoned ones first, when it is time)."""
+        if len(self) >= self._prune_at:
+            live = [e for e in self if not _job(e).abandoned]
+            self.clear()
+            self.extend(live)
+            self._prune_at = max(MAX_BUSY, 2 * len(live))
+        self.append(entry)
+
+
+def _job(entry: Any) -> Job:
+    """The job of a line's ``entry`` (a `Job`, or (pool, job))."""
+    return entry[1] if isinstance(entry, tuple) else entry  # type: ignore[no-any-return]
+
+
 class DaemonWorkers:
     """Runs callables on reusable daemon threads (see the module docstring);
     ``max_busy=None`` for no bound; ``capped=False`` for calls that only wait on other
@@ -173,7 +203,7 @@ class DaemonWorkers:
         self.capped = capped
         self._idle: list[queue.SimpleQueue[Job | None]] = []
         self._running: set[Job] = set()
-        self._waiting: deque[Job] = deque()
+        self._waiting: _Line[Job] = _Line()
         self._lock = threading.Lock()
 
     def submit(
@@ -181,11 +211,14 @@ class DaemonWorkers:
         call: Callable[[], Any],
         on_done: Callable[[], object] | None = None,
         budget: float | None = None,
+        what: str = "the LLM",
     ) -> Job:
         """Start ``call`` in the caller's context, or queue it when ``max_busy`` calls
         are running or no slot of `MAX_THREADS` is free; ``on_done()`` runs on the
-        worker when it ends (what it raises is ignored). Raises `WorkersBusyError` when
-        every running call (of this pool, or holding a slot) overran."""
+        worker when it ends (what it raises is ignored). ``budget``: the call's own
+        time (`Job.abandon`; ``math.inf`` for none); ``what`` names the callee in the
+        `WorkersBusyError` raised when every running call (of this pool, or holding a
+        slot) overran."""
         ctx = contextvars.copy_context()
         job = Job(lambda: ctx.run(call), on_done)
         if budget is not None:  # the call's own time: see `Job.abandon`
@@ -194,12 +227,12 @@ class DaemonWorkers:
             if self.max_busy is not None and len(self._running) >= self.max_busy:
                 if all(j.overran for j in self._running):
                     raise WorkersBusyError(
-                        f"all {self.max_busy} LLM worker threads are busy with calls that "
-                        "overran their timeout; not calling the LLM"
+                        f"all {self.max_busy} worker threads are busy with calls that "
+                        f"overran their timeout; not calling {what}"
                     )
-                self._waiting.append(job)  # a worker takes it when it is free
+                self._waiting.queue(job)  # a worker takes it when it is free
                 return job
-            if self.capped and not _slot_line.take(self, job, _thread_slots):
+            if self.capped and not _slot_line.take(self, job, _thread_slots, what):
                 return job  # waits in line for a slot of the process
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
@@ -234,7 +267,7 @@ class DaemonWorkers:
             full = self.max_busy is not None and len(self._running) >= self.max_busy
             if full:
                 job.slot = None
-                self._waiting.append(job)
+                self._waiting.queue(job)
                 return False
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
@@ -346,10 +379,12 @@ class _SlotLine:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiting: deque[tuple[DaemonWorkers, Job]] = deque()
+        self._waiting: _Line[tuple[DaemonWorkers, Job]] = _Line()
         self._holders: set[Job] = set()
 
-    def take(self, pool: DaemonWorkers, job: Job, slots: threading.Semaphore) -> bool:
+    def take(
+        self, pool: DaemonWorkers, job: Job, slots: threading.Semaphore, what: str = "the LLM"
+    ) -> bool:
         """True when ``job`` took a slot of ``slots``; False when it waits in line for
         one (`give_back` admits it to ``pool``). Raises `WorkersBusyError` when every
         call holding a slot overran its timeout (hung providers: no use waiting)."""
@@ -361,11 +396,9 @@ class _SlotLine:
             if all(j.overran for j in self._holders):
                 raise WorkersBusyError(
                     f"all {MAX_THREADS} worker threads of the process are running calls "
-                    "that overran their timeout; not calling"
+                    f"that overran their timeout; not calling {what}"
                 )
-            while self._waiting and self._waiting[0][1].abandoned:
-                self._waiting.popleft()
-            self._waiting.append((pool, job))
+            self._waiting.queue((pool, job))
             return False
 
     def passed(self, finished: Job, following: Job) -> None:

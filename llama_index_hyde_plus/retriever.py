@@ -877,9 +877,22 @@ class TransformRetriever(BaseRetriever):
         return list(self.retriever.retrieve(bundle))
 
     async def _asearch_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        """A search on the async path: a native async retriever awaited, a blocking
+        one unbounded on `_question_pool` (never the event loop's default executor)."""
         if _has_native(self.retriever, "_aretrieve", BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
-        return list(await asyncio.to_thread(self.retriever.retrieve, bundle))
+        call = partial(self.retriever.retrieve, bundle)
+        return list(await arun_within(self._question_pool(), call, None, _SEARCH))
+
+    def _question_pool(self) -> DaemonWorkers:
+        """The worker threads a blocking retriever's unbounded searches run on in async
+        code (the question's own, and any with no ``model_timeout``): the wrapped
+        retriever's own (per object), apart from `_search_pool`, so hung searches with
+        the generated text never hold the question's, and the app's jobs on the loop's
+        default executor never hold either."""
+        kind = type(self.retriever)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        return WORKERS.for_key(("question search", name, f"id={id(self.retriever)}"))
 
     def _similarity(
         self, question: Question, result: TransformResult, deadline: Deadline | None

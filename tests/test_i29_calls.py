@@ -218,7 +218,7 @@ async def test_an_exhausted_llm_pool_falls_back_at_once(
         assert "LLMTimeoutError" in (result.error or "")
     start = time.monotonic()
     result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
-    assert result.fallback and "all 2 LLM worker threads are busy" in (result.error or "")
+    assert result.fallback and "all 2 worker threads are busy" in (result.error or "")
     assert "calls that overran their timeout" in (result.error or "")
     assert time.monotonic() - start < 0.05 + 1.0 and stuck.calls == 2  # not even tried
 
@@ -236,7 +236,7 @@ def test_a_full_pool_queues_healthy_calls_and_refuses_only_behind_overrun_ones()
     given_up = pool.submit(lambda: "never")  # its caller stops waiting before it starts
     given_up.abandon()
     stuck.abandon()  # the running call overran: a new call is refused at once
-    with pytest.raises(RuntimeError, match="all 1 LLM worker threads are busy with calls"):
+    with pytest.raises(RuntimeError, match="all 1 worker threads are busy with calls"):
         pool.submit(lambda: None)
     hang.set()
     assert stuck.done.wait(5)

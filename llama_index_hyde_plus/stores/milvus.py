@@ -11,12 +11,12 @@ HyDE embedding and the BM25 side the passage text (query plus passage with
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -25,6 +25,8 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
+from .._bounded import arun_within
+from .._llm import WORKERS
 from .._redact import redact_uri
 from ..chunking import Chunking
 from .base import BuildSettings, Store
@@ -490,7 +492,10 @@ class MilvusHybridRetriever(BaseRetriever):
         return sorted(hits, key=lambda h: -(h.score or 0.0))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return await asyncio.to_thread(self._retrieve, query_bundle)
+        """`_retrieve` on this retriever's own worker threads (never the event loop's
+        default executor, which the app's own jobs may fill); cancelling abandons it."""
+        call = partial(self._retrieve, query_bundle)
+        return await arun_within(WORKERS.for_cache(self), call, None, "Milvus")
 
 
 def hybrid_retriever(index: VectorStoreIndex, top_k: int = 10) -> MilvusHybridRetriever:

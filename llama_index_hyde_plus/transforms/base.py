@@ -8,12 +8,15 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any, ClassVar, Literal, cast
 
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import QueryBundle
 
+from .. import _llm
+from .._bounded import arun_within
 from .._checks import check_int, check_number, is_number
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
 from ..expansion import check_weight
@@ -563,8 +566,13 @@ class QueryTransformer(BaseQueryTransform):
         raise NotImplementedError(f"{type(self).__name__} must implement transform()")
 
     async def atransform(self, query: str) -> Any:
-        """Async twin of `transform`; by default ``transform()`` in a worker thread."""
-        return await asyncio.to_thread(self.transform, query)
+        """Async twin of `transform`; by default ``transform()`` on a worker thread of
+        this transform's own (never the event loop's default executor, which the app's
+        own jobs may fill); cancelling the await abandons it."""
+        kind = type(self)
+        key = ("transform", f"{kind.__module__}.{kind.__qualname__}", f"id={id(self)}")
+        call = partial(self.transform, query)
+        return await arun_within(_llm.WORKERS.for_key(key), call, None, "the transform")
 
     # -- safe wrappers used by the retriever and run() -------------------------------
     def transform_safe(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -207,7 +208,9 @@ class CoreTransform(QueryTransformer):
     def _submit(self, query: str, on_done: Any = None) -> Job:
         """The run on its LLM's worker threads (a hung provider holds only its own)."""
         provider = getattr(self.core, "_llm", None) or self.core
-        return _llm.WORKERS.for_llm(provider).submit(lambda: self._run_core(query), on_done)
+        budget = math.inf if self.timeout is None else self.timeout  # see `Job.abandon`
+        pool = _llm.WORKERS.for_llm(provider)
+        return pool.submit(lambda: self._run_core(query), on_done, budget)
 
     def _overran(self, job: Job) -> LLMTimeoutError:
         job.abandon()
