@@ -205,6 +205,10 @@ class DaemonWorkers:
         self._running: set[Job] = set()
         self._waiting: _Line[Job] = _Line()
         self._lock = threading.Lock()
+        self._answered_at = float("-inf")
+        """When a call last ended within its own time (the callee answers)."""
+        self._retried_at = float("-inf")
+        """When `overran_within` last let one caller try a callee that hangs."""
 
     def submit(
         self,
@@ -284,6 +288,8 @@ class DaemonWorkers:
         slot, finished.slot = finished.slot, None
         with self._lock:
             self._running.discard(finished)
+            if not finished.overran:  # it ended within its own time
+                self._answered_at = time.monotonic()
             while self._waiting:
                 job = self._waiting.popleft()
                 if not job.abandoned:
@@ -353,19 +359,29 @@ class DaemonWorkers:
             inbox.put(None)
 
     def overran_within(self, seconds: float) -> bool:
-        """Whether a running call overran (`Job.overran`) less than ``seconds`` ago:
-        its callee hangs now, so a caller that would only wait on it as well can skip
-        it (once that call ends, or ``seconds`` after it overran, a call is tried again).
+        """Whether a caller that would only wait on a hung callee as well should skip
+        it: a running call overran (`Job.overran`) since the callee last answered in
+        time, less than ``seconds`` ago, or it did longer ago and another caller was let
+        through to try again less than ``seconds`` ago. False lets this caller call
+        (with a hung call still running, it is that one try; a call that then answers
+        in time lets every caller through again).
 
         Args:
             seconds: how long an overrun call keeps its callee counted as hung.
         """
         now = time.monotonic()
         with self._lock:
-            return any(
-                j.overran and j.overrun_at is not None and now - j.overrun_at < seconds
+            hung = [
+                j.overrun_at
                 for j in self._running
-            )
+                if j.overran and j.overrun_at is not None and j.overrun_at > self._answered_at
+            ]
+            if not hung:
+                return False
+            if now - max(*hung, self._retried_at) < seconds:
+                return True
+            self._retried_at = now
+            return False
 
     def queued(self) -> int:
         """How many calls wait in line for a worker (abandoned ones included)."""
@@ -472,14 +488,16 @@ class LLMPools:
         kind = type(cache)
         return self.for_key((f"{kind.__module__}.{kind.__qualname__}", f"id={id(cache)}"))
 
-    def for_key(self, key: tuple[str, ...]) -> DaemonWorkers:
-        """The pool named ``key`` (made on first use)."""
+    def for_key(self, key: tuple[str, ...], *, capped: bool = True) -> DaemonWorkers:
+        """The pool named ``key`` (made on first use; ``capped=False``: its calls take
+        no slot of `MAX_THREADS`, see `DaemonWorkers`)."""
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
                 if len(self._pools) >= MAX_POOLS:
                     self._prune()
-                pool = self._pools[key] = DaemonWorkers(self.max_busy, name=self.name)
+                pool = DaemonWorkers(self.max_busy, name=self.name, capped=capped)
+                self._pools[key] = pool
             return pool
 
     def _prune(self) -> None:

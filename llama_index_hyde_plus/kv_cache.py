@@ -23,7 +23,7 @@ from typing import Any
 
 from llama_index.core.storage.kvstore.types import BaseKVStore
 
-from .reliability import failure
+from .reliability import describe, failure
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +133,9 @@ class KVStoreCache:
             self._skip_until = time.monotonic() + RETRY_AFTER_S
         logger.log(
             logging.WARNING if first else logging.DEBUG,
-            "transform cache %s failed (%s: %s); continuing without it",
+            "transform cache %s failed (%s); continuing without it",
             what,
-            type(exc).__name__,
-            exc,
+            describe(exc),
         )
 
     def _skipping(self) -> bool:

@@ -364,7 +364,9 @@ def _has_native(obj: Any, name: str, base: type) -> bool:
 
 
 #: The vector stores whose search runs in this process (no network, no disk wait): a
-#: search of them with a given vector cannot hang on I/O. By class, in the MRO.
+#: search of them with a given vector cannot hang on I/O. By exact class (a subclass
+#: may do anything), or a store class that says so (``searches_in_process = True``, as
+#: the FAISS store of `FaissStore` does).
 IN_PROCESS_STORES = frozenset(
     {
         "llama_index.core.vector_stores.simple.SimpleVectorStore",
@@ -374,10 +376,14 @@ IN_PROCESS_STORES = frozenset(
 _IN_PROCESS_DOCSTORE = "llama_index.core.storage.docstore.simple_docstore.SimpleDocumentStore"
 
 
-def _is_a(obj: object, names: frozenset[str]) -> bool:
-    """Whether ``obj``'s class or one of its bases is named in ``names`` (by module and
-    qualified name: nothing is imported to ask)."""
-    return any(f"{c.__module__}.{c.__qualname__}" in names for c in type(obj).__mro__)
+def _is_exactly(obj: object, names: frozenset[str]) -> bool:
+    """Whether ``obj``'s own class (not a base: a subclass may do I/O) is named in
+    ``names`` (by module and qualified name: nothing is imported to ask), or says it
+    only computes in this process (a class attribute ``searches_in_process = True``)."""
+    kind = type(obj)
+    if getattr(kind, "searches_in_process", False) is True:
+        return True
+    return f"{kind.__module__}.{kind.__qualname__}" in names
 
 
 def searches_in_process(retriever: BaseRetriever, bundle: QueryBundle) -> bool:
@@ -404,7 +410,7 @@ def searches_in_process(retriever: BaseRetriever, bundle: QueryBundle) -> bool:
 
     if type(retriever) is not VectorIndexRetriever or retriever.object_map:
         return False
-    return _is_a(retriever._vector_store, IN_PROCESS_STORES) and _is_a(
+    return _is_exactly(retriever._vector_store, IN_PROCESS_STORES) and _is_exactly(
         retriever._docstore, frozenset({_IN_PROCESS_DOCSTORE})
     )
 
@@ -886,13 +892,16 @@ class TransformRetriever(BaseRetriever):
 
     def _question_pool(self) -> DaemonWorkers:
         """The worker threads a blocking retriever's unbounded searches run on in async
-        code (the question's own, and any with no ``model_timeout``): the wrapped
-        retriever's own (per object), apart from `_search_pool`, so hung searches with
+        code (the question's own, and any with no ``model_timeout``): one pool per
+        retriever class (32 threads), apart from `_search_pool`, so hung searches with
         the generated text never hold the question's, and the app's jobs on the loop's
-        default executor never hold either."""
+        default executor never hold either. Its calls take no slot of the process's
+        thread cap: they are never overrun (unbounded, as a plain retriever's), so hung
+        ones must not make the LLM calls of other providers wait; retrievers built per
+        request share their class's 32 threads."""
         kind = type(self.retriever)
         name = f"{kind.__module__}.{kind.__qualname__}"
-        return WORKERS.for_key(("question search", name, f"id={id(self.retriever)}"))
+        return WORKERS.for_key(("question search", name), capped=False)
 
     def _similarity(
         self, question: Question, result: TransformResult, deadline: Deadline | None

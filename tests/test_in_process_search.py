@@ -12,6 +12,7 @@ import pytest
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
 from llama_index.core.schema import QueryBundle, TextNode
+from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryResult
 from llama_index.vector_stores.faiss import FaissVectorStore
@@ -100,6 +101,26 @@ def test_which_searches_are_in_process() -> None:
         pass
 
     assert not searches_in_process(Sub(plain._index), VECTOR)
+    class IOStore(SimpleVectorStore):  # a subclass may do I/O: not vouched for
+        pass
+
+    class IODocs(SimpleDocumentStore):
+        pass
+
+    sub_store = VectorStoreIndex(
+        [], embed_model=embed, storage_context=StorageContext.from_defaults(vector_store=IOStore())
+    ).as_retriever()
+    sub_docs = VectorStoreIndex(
+        [], embed_model=embed, storage_context=StorageContext.from_defaults(docstore=IODocs())
+    ).as_retriever()
+    from llama_index_hyde_plus.stores.faiss import _checked_faiss_store
+
+    ours = _checked_faiss_store(faiss.IndexFlatIP(8), "the index")  # says so itself
+    context = StorageContext.from_defaults(vector_store=ours)
+    ours_retriever = VectorStoreIndex([], embed_model=embed, storage_context=context)
+    assert searches_in_process(ours_retriever.as_retriever(), VECTOR)
+    assert not searches_in_process(sub_store, VECTOR)
+    assert not searches_in_process(sub_docs, VECTOR)
     plain.object_map = {"x": object()}  # recursive retrieval may call anything
     assert not searches_in_process(plain, VECTOR)
     assert searches_in_process(StaticRetriever({"a": "text"}), VECTOR)

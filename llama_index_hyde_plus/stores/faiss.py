@@ -211,6 +211,8 @@ def _checked_faiss_store(faiss_index: Any, where: str) -> Any:
     from llama_index.vector_stores.faiss import FaissVectorStore
 
     class CheckedFaissVectorStore(FaissVectorStore):
+        searches_in_process: ClassVar[bool] = True  # FAISS in this process, as its base
+
         def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
             got = len(query.query_embedding or [])
             if got != faiss_index.d:

@@ -353,7 +353,8 @@ class LLMTransform(QueryTransformer):
                 latency_s=time.perf_counter() - start,
             )
         except BaseException as exc:
-            logger.warning("transform cache read failed (%s); calling the LLM", failure(exc))
+            said = describe(failure(exc))
+            logger.warning("transform cache read failed (%s); calling the LLM", said)
             return None
 
     def _store(self, key: str, result: TransformResult) -> None:
@@ -367,7 +368,7 @@ class LLMTransform(QueryTransformer):
             )
             self.cache.set(key, value)
         except BaseException as exc:
-            logger.warning("transform cache write failed (%s)", failure(exc))
+            logger.warning("transform cache write failed (%s)", describe(failure(exc)))
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         """A cached result with this instance's search options (they do not change
@@ -455,7 +456,7 @@ class LLMTransform(QueryTransformer):
                 logger.warning(
                     "%s: transform cache off, the cache key cannot be built (%s)",
                     type(self).__name__,
-                    failure(exc),
+                    describe(failure(exc)),
                 )
             return None
         finally:

@@ -1,0 +1,132 @@
+"""Round 11's findings (#29): hung question searches of retrievers built per request
+held the process's thread slots (A2), a subclass of an in-process store was trusted as
+one (A1, in test_in_process_search.py), and cache warnings kept a huge error verbatim
+(A4)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.core.storage.kvstore import SimpleKVStore
+
+from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever, _workers
+from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.reliability import NO_RETRY
+from llama_index_hyde_plus.testing import ScriptedLLM
+
+from .conftest import Q
+
+
+class _HungQuestion(BaseRetriever):
+    """A sync-only store whose search of the question itself hangs until released."""
+
+    gate = threading.Event()
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if query_bundle.query_str.startswith(Q):
+            self.gate.wait(30)
+        return [NodeWithScore(node=TextNode(id_="a", text="Renewals slipped."), score=1.0)]
+
+
+async def test_hung_question_searches_hold_no_slot_of_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """12 requests, each with its own retriever (``index.as_retriever()`` per request)
+    over a store that hangs, given up by the app: their question searches hold none of
+    the process's thread slots (here 8), so a healthy transform of another provider is
+    still answered (before: it waited its whole timeout for a slot and fell back)."""
+    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(8))
+    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine())
+    _HungQuestion.gate.clear()
+    try:
+        for _ in range(12):
+            llm = ScriptedLLM(respond=lambda p: "- costs\n- renewals")
+            per_request = TransformRetriever(_HungQuestion(), MultiQuery(llm), model_timeout=1.0)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(per_request.asearch(Q), 0.3)
+        other = ScriptedLLM(respond=lambda p: "A healthy passage.", model_name="another")
+        hyde = HyDE(other, timeout=5.0, retry=NO_RETRY, breaker=None)
+        result = await asyncio.to_thread(hyde.transform, "Why did costs rise?")
+        assert not result.fallback, result.error
+    finally:
+        _HungQuestion.gate.set()
+
+
+class _Raises(SimpleKVStore):
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("x" * 100_000)
+
+    def put(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("y" * 100_000)
+
+
+def test_a_cache_failure_with_a_huge_message_is_logged_cut(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(_Raises()))
+    with caplog.at_level(logging.DEBUG):
+        assert not hyde.transform(Q).fallback
+    said = [r.getMessage() for r in caplog.records if "transform cache" in r.getMessage()]
+    assert said and all(len(m) < 2_000 for m in said)
+    assert any("more characters" in m for m in said)
+
+
+class _HangsTwice(SimpleKVStore):
+    """A store whose first two reads hang until released; the later ones answer at
+    once (connections that black-holed while the server itself recovered)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.reads += 1
+            hangs = self.reads <= 2
+        if hangs:
+            self.release.wait(30)
+        return super().get(*args, **kwargs)
+
+
+def test_after_the_retry_time_one_caller_tries_the_hung_cache_and_its_answer_reopens_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A3: once `CACHE_RETRY_S` has passed, 12 concurrent callers sent 12 reads to a
+    store that still hung (each paid the bound); now one caller tries while the rest
+    skip, and once a try answers the cache is used again although the hung reads still
+    run."""
+    import time
+
+    from llama_index_hyde_plus.transforms import llm_base
+
+    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(llm_base, "CACHE_RETRY_S", 0.5)
+    store = _HangsTwice()
+    hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
+    try:
+        assert not hyde.transform("Why did revenue drop 0?").fallback  # read 1 hangs
+        time.sleep(0.6)  # past the retry time
+        threads = [
+            threading.Thread(target=hyde.transform, args=(f"Why did revenue drop {i}?",))
+            for i in range(1, 13)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert store.reads == 2  # one try (it hangs too), not twelve
+        time.sleep(0.9)  # past the retry time after that try overran
+        hyde.transform("Why did revenue drop 13?")
+        assert store.reads == 3  # this try answers
+        hyde.transform("Why did revenue drop 14?")
+        assert store.reads == 4  # and the cache is read again, the hung reads still running
+    finally:
+        store.release.set()
