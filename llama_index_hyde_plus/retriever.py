@@ -892,16 +892,18 @@ class TransformRetriever(BaseRetriever):
 
     def _question_pool(self) -> DaemonWorkers:
         """The worker threads a blocking retriever's unbounded searches run on in async
-        code (the question's own, and any with no ``model_timeout``): one pool per
-        retriever class (32 threads), apart from `_search_pool`, so hung searches with
-        the generated text never hold the question's, and the app's jobs on the loop's
-        default executor never hold either. Its calls take no slot of the process's
-        thread cap: they are never overrun (unbounded, as a plain retriever's), so hung
-        ones must not make the LLM calls of other providers wait; retrievers built per
-        request share their class's 32 threads."""
+        code (the question's own, and any with no ``model_timeout``): the wrapped
+        retriever object's own, apart from `_search_pool`, so hung searches with the
+        generated text never hold the question's, hung searches of one retriever never
+        hold another's (even of its class), and the app's jobs on the loop's default
+        executor never hold either. Its calls take no slot of the process's thread
+        cap: they are never overrun (unbounded, as a plain retriever's), so hung ones
+        must not make other providers' LLM calls wait. Each hung search holds a thread
+        until it returns."""
         kind = type(self.retriever)
         name = f"{kind.__module__}.{kind.__qualname__}"
-        return WORKERS.for_key(("question search", name), capped=False)
+        key = ("question search", name, f"id={id(self.retriever)}")
+        return WORKERS.for_key(key, capped=False)
 
     def _similarity(
         self, question: Question, result: TransformResult, deadline: Deadline | None

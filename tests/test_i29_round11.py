@@ -130,3 +130,35 @@ def test_after_the_retry_time_one_caller_tries_the_hung_cache_and_its_answer_reo
         assert store.reads == 4  # and the cache is read again, the hung reads still running
     finally:
         store.release.set()
+
+
+class _PerStore(BaseRetriever):
+    """A sync-only retriever class whose objects each have a store: ``hangs`` or not."""
+
+    def __init__(self, hangs: threading.Event | None) -> None:
+        super().__init__()
+        self.hangs = hangs
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if self.hangs is not None:
+            self.hangs.wait(30)
+        return [NodeWithScore(node=TextNode(id_="a", text="Renewals slipped."), score=1.0)]
+
+
+async def test_one_retrievers_hung_question_searches_never_hold_another_of_its_class() -> None:
+    """Round 12 B1: with one pool per retriever class, 40 given-up searches of a hung
+    store held all 32 threads and every other object of that class waited for good;
+    now each object has its own."""
+    gate = threading.Event()
+    hung = TransformRetriever(_PerStore(gate), MultiQuery(ScriptedLLM(respond=lambda p: "- a")))
+    healthy = TransformRetriever(
+        _PerStore(None), MultiQuery(ScriptedLLM(respond=lambda p: "- costs\n- renewals"))
+    )
+    try:
+        for _ in range(40):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(hung.asearch(Q), 0.05)
+        found = await asyncio.wait_for(healthy.asearch(Q), 10)
+        assert found.nodes and not found.transform.fallback
+    finally:
+        gate.set()
