@@ -139,8 +139,18 @@ class KVStoreCache:
         )
 
     def _skipping(self) -> bool:
-        """Whether an outage is recent enough that the store is not asked."""
-        return self._down and time.monotonic() < self._skip_until
+        """Whether an outage is recent enough that the store is not asked. Once it is
+        not, one caller is let through to try the store; the others go on skipping for
+        another `RETRY_AFTER_S` unless that one succeeds (no herd of callers each
+        paying the store's timeout)."""
+        if not self._down:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if now < self._skip_until:
+                return True
+            self._skip_until = now + RETRY_AFTER_S  # this caller is the one try
+            return False
 
     def _healthy(self) -> None:
         if self._down:

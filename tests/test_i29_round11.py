@@ -162,3 +162,53 @@ async def test_one_retrievers_hung_question_searches_never_hold_another_of_its_c
         assert found.nodes and not found.transform.fallback
     finally:
         gate.set()
+
+
+class _DownThenUp(SimpleKVStore):
+    """A store whose client fails every read after its own timeout (0.2 s) until ``up``
+    is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = threading.Event()
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.reads += 1
+        if not self.up.is_set():
+            self.up.wait(0.2)  # the client's own timeout
+            raise TimeoutError("Timeout reading from socket")
+        return super().get(*args, **kwargs)
+
+
+def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Round 12 B2: after `RETRY_AFTER_S` every concurrent caller asked a store that was
+    still down (each paying its client's timeout); now one does, and once it succeeds
+    the store is asked again by all."""
+    import time
+
+    from llama_index_hyde_plus import kv_cache
+
+    monkeypatch.setattr(kv_cache, "RETRY_AFTER_S", 0.3)
+    store = _DownThenUp()
+    hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
+    assert not hyde.transform("Why did revenue drop 0?").fallback  # the outage starts
+    time.sleep(0.4)
+    threads = [
+        threading.Thread(target=hyde.transform, args=(f"Why did revenue drop {i}?",))
+        for i in range(1, 13)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert store.reads == 2  # one try, not twelve
+    store.up.set()
+    time.sleep(0.4)
+    hyde.transform("Why did revenue drop 13?")  # this try succeeds
+    hyde.transform("Why did revenue drop 14?")
+    assert store.reads == 4
