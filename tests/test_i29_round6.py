@@ -393,6 +393,10 @@ def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Even
     """At most 4 worker threads in the process (the cap is `MAX_THREADS`), and an
     event that ends the hung calls."""
     monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(4), raising=False)
+    # a line of its own: calls of earlier tests still running (healthy, within their
+    # time) would otherwise count among the holders, and a cap is refused at once only
+    # when every holder overran
+    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine(), raising=False)
     release = threading.Event()
     yield release
     release.set()
