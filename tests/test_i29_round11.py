@@ -77,21 +77,42 @@ def test_a_cache_failure_with_a_huge_message_is_logged_cut(
     assert any("more characters" in m for m in said)
 
 
-class _HangsTwice(SimpleKVStore):
+def _twelve_at_once(hyde: HyDE) -> None:
+    """12 different questions transformed at once, from threads."""
+    threads = [
+        threading.Thread(target=hyde.transform, args=(f"Why did revenue drop {i}?",))
+        for i in range(1, 13)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+
+
+class _CountedReads(SimpleKVStore):
+    """A store that counts its reads (from any thread): `_read` is the read's number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def _read(self) -> int:
+        with self._lock:
+            self.reads += 1
+            return self.reads
+
+
+class _HangsTwice(_CountedReads):
     """A store whose first two reads hang until released; the later ones answer at
     once (connections that black-holed while the server itself recovered)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
-        self.reads = 0
-        self._lock = threading.Lock()
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            self.reads += 1
-            hangs = self.reads <= 2
-        if hangs:
+        if self._read() <= 2:
             self.release.wait(30)
         return super().get(*args, **kwargs)
 
@@ -114,14 +135,7 @@ def test_after_the_retry_time_one_caller_tries_the_hung_cache_and_its_answer_reo
     try:
         assert not hyde.transform("Why did revenue drop 0?").fallback  # read 1 hangs
         time.sleep(0.6)  # past the retry time
-        threads = [
-            threading.Thread(target=hyde.transform, args=(f"Why did revenue drop {i}?",))
-            for i in range(1, 13)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
+        _twelve_at_once(hyde)
         assert store.reads == 2  # one try (it hangs too), not twelve
         time.sleep(0.9)  # past the retry time after that try overran
         hyde.transform("Why did revenue drop 13?")
@@ -164,19 +178,16 @@ async def test_one_retrievers_hung_question_searches_never_hold_another_of_its_c
         gate.set()
 
 
-class _DownThenUp(SimpleKVStore):
+class _DownThenUp(_CountedReads):
     """A store whose client fails every read after its own timeout (0.2 s) until ``up``
     is set."""
 
     def __init__(self) -> None:
         super().__init__()
         self.up = threading.Event()
-        self.reads = 0
-        self._lock = threading.Lock()
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            self.reads += 1
+        self._read()
         if not self.up.is_set():
             self.up.wait(0.2)  # the client's own timeout
             raise TimeoutError("Timeout reading from socket")
@@ -198,14 +209,7 @@ def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
     hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
     assert not hyde.transform("Why did revenue drop 0?").fallback  # the outage starts
     time.sleep(0.4)
-    threads = [
-        threading.Thread(target=hyde.transform, args=(f"Why did revenue drop {i}?",))
-        for i in range(1, 13)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
+    _twelve_at_once(hyde)
     assert store.reads == 2  # one try, not twelve
     store.up.set()
     time.sleep(0.4)
