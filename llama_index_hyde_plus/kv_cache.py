@@ -17,12 +17,12 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import threading
 import time
 from typing import Any
 
 from llama_index.core.storage.kvstore.types import BaseKVStore
 
+from .cache import StoreOutage
 from .reliability import describe, failure
 
 logger = logging.getLogger(__name__)
@@ -33,10 +33,6 @@ DEFAULT_COLLECTION = "hyde_plus_transforms"
 REDIS_TIMEOUT_S = 2.0
 """Seconds a Redis opened by `KVStoreCache.from_uri` may take to connect or answer:
 a cache that hangs must not hang the search it was meant to speed up."""
-
-RETRY_AFTER_S = 5.0
-"""Seconds a store that failed is left alone before it is asked again (misses and
-skipped writes meanwhile)."""
 
 CLOCK_SKEW_S = 60.0
 """How far ahead of this process's clock another writer's may run: an entry written
@@ -85,9 +81,7 @@ class KVStoreCache:
         self.kvstore = kvstore
         self.collection = collection
         self.ttl_s = None if ttl_s is None else float(ttl_s)
-        self._lock = threading.Lock()
-        self._down = False
-        self._skip_until = 0.0  # time.monotonic() before which the store is not asked
+        self._outage = StoreOutage()
         self._no_field_expiry = False  # the Redis has no HEXPIRE (older than 7.4)
 
     @classmethod
@@ -124,13 +118,11 @@ class KVStoreCache:
         )
         return cls(store, collection=collection, ttl_s=ttl_s)
 
-    def _outage(self, what: str, exc: BaseException) -> None:
-        """Log the first failure of an outage as a warning, the rest at debug level, and
-        leave the store alone for `RETRY_AFTER_S` (a hung Redis then costs one bounded
-        wait every few seconds, not two on every search)."""
-        with self._lock:
-            first, self._down = not self._down, True
-            self._skip_until = time.monotonic() + RETRY_AFTER_S
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Log the first failure of an outage as a warning, the rest at debug level; the
+        store is then left alone for a while (`StoreOutage`: a hung Redis costs one
+        bounded wait every few seconds, not two on every search)."""
+        first = self._outage.failed()
         logger.log(
             logging.WARNING if first else logging.DEBUG,
             "transform cache %s failed (%s); continuing without it",
@@ -138,36 +130,17 @@ class KVStoreCache:
             describe(exc),
         )
 
-    def _skipping(self) -> bool:
-        """Whether an outage is recent enough that the store is not asked. Once it is
-        not, one caller is let through to try the store; the others go on skipping for
-        another `RETRY_AFTER_S` unless that one succeeds (no herd of callers each
-        paying the store's timeout)."""
-        if not self._down:
-            return False
-        with self._lock:
-            now = time.monotonic()
-            if now < self._skip_until:
-                return True
-            self._skip_until = now + RETRY_AFTER_S  # this caller is the one try
-            return False
-
-    def _healthy(self) -> None:
-        if self._down:
-            with self._lock:
-                self._down = False
-
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored result's dict form, or None (a miss, an expired entry, a
         malformed one, or a store that failed)."""
-        if self._skipping():
+        if self._outage.skipping():
             return None
         try:
             entry = self.kvstore.get(key, collection=self.collection)
         except BaseException as exc:
-            self._outage("read", failure(exc))
+            self._failed("read", failure(exc))
             return None
-        self._healthy()
+        self._outage.answered()
         if not isinstance(entry, dict):
             return None
         value, created = entry.get("result"), entry.get("created")
@@ -185,20 +158,20 @@ class KVStoreCache:
         try:
             self.kvstore.delete(key, collection=self.collection)
         except BaseException as exc:
-            self._outage("delete", failure(exc))
+            self._failed("delete", failure(exc))
 
     def set(self, key: str, value: dict[str, Any]) -> None:
         """Store ``value`` (a result's dict form) under ``key``; a failing store is
         skipped with a warning."""
-        if self._skipping():
+        if self._outage.skipping():
             return
         entry = {"created": time.time(), "result": copy.deepcopy(value)}
         try:
             self.kvstore.put(key, entry, collection=self.collection)
         except BaseException as exc:
-            self._outage("write", failure(exc))
+            self._failed("write", failure(exc))
             return
-        self._healthy()
+        self._outage.answered()
         self._expire(key)
 
     def _expire(self, key: str) -> None:
@@ -217,7 +190,7 @@ class KVStoreCache:
             client.hexpire(self.collection, math.ceil(self.ttl_s), key)  # type: ignore[union-attr]
         except BaseException as exc:
             if type(exc).__name__ != "ResponseError":  # an unknown command: Redis < 7.4
-                self._outage("expiry", failure(exc))
+                self._failed("expiry", failure(exc))
                 return
             self._no_field_expiry = True
             logger.debug("this Redis has no HEXPIRE (7.4+); expired entries go when read")

@@ -197,14 +197,14 @@ class _DownThenUp(_CountedReads):
 def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Round 12 B2: after `RETRY_AFTER_S` every concurrent caller asked a store that was
+    """Round 12 B2: after `STORE_RETRY_S` every concurrent caller asked a store that was
     still down (each paying its client's timeout); now one does, and once it succeeds
     the store is asked again by all."""
     import time
 
-    from llama_index_hyde_plus import kv_cache
+    from llama_index_hyde_plus import cache
 
-    monkeypatch.setattr(kv_cache, "RETRY_AFTER_S", 0.3)
+    monkeypatch.setattr(cache, "STORE_RETRY_S", 0.3)
     store = _DownThenUp()
     hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
     assert not hyde.transform("Why did revenue drop 0?").fallback  # the outage starts
@@ -216,3 +216,51 @@ def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
     hyde.transform("Why did revenue drop 13?")  # this try succeeds
     hyde.transform("Why did revenue drop 14?")
     assert store.reads == 4
+
+
+def test_a_locked_sqlite_cache_costs_one_busy_wait_not_one_per_caller(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 12 B2, the SQLite half: while another process holds the file's write lock,
+    12 concurrent writers each waited ``busy_timeout_s`` in turn (serialised on the
+    cache's lock: 12 x 0.3 s); now the first failure leaves writes alone for one
+    ``busy_timeout_s``, the callers queued behind it skip, then one caller tries again,
+    and once the lock is gone writes land again."""
+    import sqlite3
+    import time
+
+    from llama_index_hyde_plus.cache import SQLiteCache
+
+    path = tmp_path / "cache.sqlite"
+    cache = SQLiteCache(path, busy_timeout_s=0.3)
+    tries = [0]
+    opened = SQLiteCache._open
+
+    def counted(self: SQLiteCache) -> sqlite3.Connection:
+        tries[0] += 1
+        return opened(self)
+
+    monkeypatch.setattr(SQLiteCache, "_open", counted)
+    other = sqlite3.connect(path, isolation_level=None)  # another process's writer
+    other.execute("BEGIN EXCLUSIVE")
+
+    def twelve_writes(round_: int) -> None:
+        threads = [
+            threading.Thread(target=cache.set, args=(f"k{round_}-{i}", {"i": i})) for i in range(12)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+
+    twelve_writes(1)
+    assert tries[0] == 1  # one busy wait, not twelve
+    time.sleep(0.4)
+    twelve_writes(2)
+    assert tries[0] == 2  # after the pause one caller tried, the others skipped
+    other.execute("COMMIT")
+    other.close()
+    time.sleep(0.4)
+    cache.set("after", {"ok": True})  # the one try: it succeeds
+    cache.set("again", {"ok": 2})
+    assert cache.get("after") == {"ok": True} and cache.get("again") == {"ok": 2}

@@ -101,6 +101,7 @@ def test_which_searches_are_in_process() -> None:
         pass
 
     assert not searches_in_process(Sub(plain._index), VECTOR)
+
     class IOStore(SimpleVectorStore):  # a subclass may do I/O: not vouched for
         pass
 

@@ -79,7 +79,10 @@ def test_a_new_list_transform_is_one_short_class() -> None:
 def test_a_prompt_is_named_for_its_method_unless_a_class_names_it() -> None:
     from llama_index_hyde_plus import HyDE, MultiQuery, StepBack
 
-    assert (MultiQuery.prompt_key, StepBack.prompt_key) == ("multi_query_prompt", "step_back_prompt")
+    assert (MultiQuery.prompt_key, StepBack.prompt_key) == (
+        "multi_query_prompt",
+        "step_back_prompt",
+    )
 
     class MyHyDE(HyDE):  # a built-in's subclass keeps the name its users update
         method: ClassVar[str] = "my-hyde"

@@ -298,9 +298,7 @@ class LLMTransform(QueryTransformer):
             context: The passages a grounded transform shows its model."""
         return self._key_of(self._prompt_for(query, context), query, context)
 
-    def _key_of(
-        self, prepared: tuple[LLM, str], query: str, context: Sequence[str] | None
-    ) -> str:
+    def _key_of(self, prepared: tuple[LLM, str], query: str, context: Sequence[str] | None) -> str:
         """`cache_key_for` of the prompt already rendered (``prepared``): the very one the
         call sends, so a mapping that renders differently each time never stores one
         rendering's generation under another's key."""
@@ -440,9 +438,7 @@ class LLMTransform(QueryTransformer):
             raise
         return job.result(), True
 
-    def _key(
-        self, query: str, context: Sequence[str] | None, prepared: _Prepared
-    ) -> str | None:
+    def _key(self, query: str, context: Sequence[str] | None, prepared: _Prepared) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the
         call then falls back on its own)."""
         if self.cache is None or isinstance(prepared, Exception):
@@ -766,5 +762,3 @@ def _as_cached(result: TransformResult, start: float) -> TransformResult:
         generation_usage=result.generation_usage or result.usage,
         latency_s=time.perf_counter() - start,
     )
-
-
