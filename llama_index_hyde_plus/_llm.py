@@ -475,7 +475,7 @@ WORKERS = LLMPools()
 #: The threads `complete_all` runs its calls' retry loops on (each waits on `WORKERS`
 #: at most until its deadline, so there is no cap, and they take no slot of the
 #: process's thread cap: the calls they wait for do).
-CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call", capped=False)
+CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call", cap=None)
 
 
 def complete_all(

@@ -22,7 +22,8 @@ rather than queue behind them. The
 process-wide cap (`MAX_THREADS`) works the same way: a call past it waits in line
 (`_SlotLine`) for the next slot to free, and fails at once only when every call
 holding a slot overran. A pool of threads that only wait on other pools
-(``capped=False``) takes no slot.
+(``cap=None``) takes no slot; a pool of unbounded searches (``cap="search"``) takes
+a slot of its own cap, `MAX_SEARCH_THREADS`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .reliability import LLMNotCalledError
 
@@ -59,12 +60,24 @@ once (100 model names x `MAX_BUSY`), once every call holding a slot overran, one
 fails at once with `WorkersBusyError` (its transform falls back; no breaker counts it)
 instead of the process growing thousands of threads. Idle workers hold no slot (a
 pool keeps at most ``max_idle`` of them, for `IDLE_EXIT_S`), nor do threads that only
-wait on other pools' calls (``capped=False``)."""
+wait on other pools' calls (``cap=None``), nor unbounded searches (``cap="search"``,
+`MAX_SEARCH_THREADS`)."""
+
+MAX_SEARCH_THREADS = 256
+"""Unbounded blocking searches (a sync-only retriever's search of the question, as a
+plain retriever's has no timeout) all pools together may run at once: a cap of their
+own, apart from `MAX_THREADS`, so hung searches never hold a slot an LLM call needs,
+and retrievers built per request whose searches hang never grow the process past it.
+A search past it waits in line for a thread for as long as its caller waits (a
+cancelled caller leaves the line)."""
 
 _E = TypeVar("_E")
 
 _thread_slots = threading.BoundedSemaphore(MAX_THREADS)
 """One slot per running call, across every `DaemonWorkers` (see `MAX_THREADS`)."""
+
+_search_slots = threading.BoundedSemaphore(MAX_SEARCH_THREADS)
+"""One slot per running unbounded search (see `MAX_SEARCH_THREADS`)."""
 
 
 class WorkersBusyError(LLMNotCalledError):
@@ -184,8 +197,9 @@ def _job(entry: Any) -> Job:
 
 class DaemonWorkers:
     """Runs callables on reusable daemon threads (see the module docstring);
-    ``max_busy=None`` for no bound; ``capped=False`` for calls that only wait on other
-    pools' calls (they take no slot of `MAX_THREADS`)."""
+    ``max_busy=None`` for no bound; ``cap``: which process-wide cap its calls take a
+    slot of, ``"llm"`` (`MAX_THREADS`), ``"search"`` (`MAX_SEARCH_THREADS`) or None for
+    calls that only wait on other pools' calls."""
 
     def __init__(
         self,
@@ -193,14 +207,14 @@ class DaemonWorkers:
         max_idle: int = 16,
         name: str = "hyde-plus-llm",
         *,
-        capped: bool = True,
+        cap: Literal["llm", "search"] | None = "llm",
     ) -> None:
         if max_busy is not None and max_busy < 1:
             raise ValueError("max_busy must be >= 1")
         self.max_busy = max_busy
         self.max_idle = max_idle
         self.name = name
-        self.capped = capped
+        self.cap = cap
         self._idle: list[queue.SimpleQueue[Job | None]] = []
         self._running: set[Job] = set()
         self._waiting: _Line[Job] = _Line()
@@ -236,12 +250,19 @@ class DaemonWorkers:
                     )
                 self._waiting.queue(job)  # a worker takes it when it is free
                 return job
-            if self.capped and not _slot_line.take(self, job, _thread_slots, what):
+            line = _line_of(self.cap)
+            if line is not None and not line.take(self, job, _slots(self.cap), what):
                 return job  # waits in line for a slot of the process
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
         self._launch(job, inbox)
         return job
+
+    def _own_line(self) -> _SlotLine:
+        """The line of this pool's cap (called only for a call that holds a slot)."""
+        line = _line_of(self.cap)
+        assert line is not None
+        return line
 
     def _launch(self, job: Job, inbox: queue.SimpleQueue[Job | None] | None) -> None:
         """Hand ``job`` (in ``_running``) to ``inbox``'s worker, or to a new one."""
@@ -256,7 +277,7 @@ class DaemonWorkers:
                 with self._lock:
                     self._running.discard(job)
                 if slot is not None:
-                    _slot_line.give_back(job, slot)
+                    self._own_line().give_back(job, slot)
                 raise
         inbox.put(job)
 
@@ -295,11 +316,11 @@ class DaemonWorkers:
                 if not job.abandoned:
                     if slot is not None:
                         job.slot = slot
-                        _slot_line.passed(finished, job)
+                        self._own_line().passed(finished, job)
                     self._running.add(job)
                     return job
         if slot is not None:
-            _slot_line.give_back(finished, slot)
+            self._own_line().give_back(finished, slot)
         return None
 
     def _serve(self, inbox: queue.SimpleQueue[Job | None]) -> None:
@@ -459,6 +480,22 @@ _slot_line = _SlotLine()
 """The line for `_thread_slots` (see `MAX_THREADS`)."""
 
 
+_search_line = _SlotLine()
+"""The line for `_search_slots` (see `MAX_SEARCH_THREADS`)."""
+
+
+def _line_of(cap: str | None) -> _SlotLine | None:
+    """The line of the process-wide cap named ``cap`` (looked up at each call)."""
+    if cap is None:
+        return None
+    return _search_line if cap == "search" else _slot_line
+
+
+def _slots(cap: str | None) -> threading.Semaphore:
+    """The slots of the process-wide cap named ``cap``."""
+    return _search_slots if cap == "search" else _thread_slots
+
+
 def _dropped() -> None:
     """What a finished `Job` holds instead of its call."""
 
@@ -488,15 +525,17 @@ class LLMPools:
         kind = type(cache)
         return self.for_key((f"{kind.__module__}.{kind.__qualname__}", f"id={id(cache)}"))
 
-    def for_key(self, key: tuple[str, ...], *, capped: bool = True) -> DaemonWorkers:
-        """The pool named ``key`` (made on first use; ``capped=False``: its calls take
-        no slot of `MAX_THREADS`, see `DaemonWorkers`)."""
+    def for_key(
+        self, key: tuple[str, ...], *, cap: Literal["llm", "search"] | None = "llm"
+    ) -> DaemonWorkers:
+        """The pool named ``key`` (made on first use; ``cap``: the process-wide cap its
+        calls take a slot of, see `DaemonWorkers`)."""
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
                 if len(self._pools) >= MAX_POOLS:
                     self._prune()
-                pool = DaemonWorkers(self.max_busy, name=self.name, capped=capped)
+                pool = DaemonWorkers(self.max_busy, name=self.name, cap=cap)
                 self._pools[key] = pool
             return pool
 

@@ -896,14 +896,16 @@ class TransformRetriever(BaseRetriever):
         retriever object's own, apart from `_search_pool`, so hung searches with the
         generated text never hold the question's, hung searches of one retriever never
         hold another's (even of its class), and the app's jobs on the loop's default
-        executor never hold either. Its calls take no slot of the process's thread
-        cap: they are never overrun (unbounded, as a plain retriever's), so hung ones
-        must not make other providers' LLM calls wait. Each hung search holds a thread
-        until it returns."""
+        executor never hold either. Its calls take a slot of the process's cap for
+        unbounded searches (`MAX_SEARCH_THREADS`), not of the LLM calls' one: they are
+        never overrun (unbounded, as a plain retriever's), so hung ones must not make
+        other providers' LLM calls wait, and retrievers built per request whose
+        searches hang never grow the process past that cap. Each hung search holds a
+        thread until it returns."""
         kind = type(self.retriever)
         name = f"{kind.__module__}.{kind.__qualname__}"
         key = ("question search", name, f"id={id(self.retriever)}")
-        return WORKERS.for_key(key, capped=False)
+        return WORKERS.for_key(key, cap="search")
 
     def _similarity(
         self, question: Question, result: TransformResult, deadline: Deadline | None

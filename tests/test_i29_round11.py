@@ -15,7 +15,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.storage.kvstore import SimpleKVStore
 
-from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever, _workers
+from llama_index_hyde_plus import HyDE, MultiQuery, StepBack, TransformRetriever, _workers
 from llama_index_hyde_plus.kv_cache import KVStoreCache
 from llama_index_hyde_plus.reliability import NO_RETRY
 from llama_index_hyde_plus.testing import ScriptedLLM
@@ -264,3 +264,53 @@ def test_a_locked_sqlite_cache_costs_one_busy_wait_not_one_per_caller(
     cache.set("after", {"ok": True})  # the one try: it succeeds
     cache.set("again", {"ok": 2})
     assert cache.get("after") == {"ok": True} and cache.get("again") == {"ok": 2}
+
+
+class _CountedHung(BaseRetriever):
+    """A sync-only store whose searches of the question itself hang until released,
+    counting how many ever started (from any thread)."""
+
+    gate = threading.Event()
+    started = 0
+    lock = threading.Lock()
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if query_bundle.query_str == Q:
+            with _CountedHung.lock:
+                _CountedHung.started += 1
+            self.gate.wait(30)
+        return [NodeWithScore(node=TextNode(id_="a", text="Renewals slipped."), score=1.0)]
+
+
+async def test_hung_question_searches_of_many_retrievers_share_one_thread_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Round 12 B3: retrievers built per request over a store whose searches hang each
+    grew threads of their own with no process-wide bound (6 of 6 searches ran at once
+    here); now they share `MAX_SEARCH_THREADS` (here 4): the rest wait in line, a
+    cancelled one leaves it and never runs, an LLM call is not held up, and once the
+    store answers every search left completes."""
+    monkeypatch.setattr(_workers, "_search_slots", threading.BoundedSemaphore(4))
+    monkeypatch.setattr(_workers, "_search_line", _workers._SlotLine())
+    _CountedHung.gate.clear()
+    _CountedHung.started = 0
+    try:
+        step_back = StepBack(ScriptedLLM(respond=lambda p: "What drives revenue?"))
+        retrievers = [TransformRetriever(_CountedHung(), step_back) for _ in range(6)]
+        tasks = [asyncio.create_task(r.aretrieve(Q)) for r in retrievers]
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if _CountedHung.started >= 4 and _workers._search_line.waiting() >= 2:
+                break
+        assert _CountedHung.started == 4  # the cap, not 6
+        tasks[-1].cancel()  # a waiter given up by its app
+        other = ScriptedLLM(respond=lambda p: "A healthy passage.", model_name="another")
+        hyde = HyDE(other, timeout=5.0, retry=NO_RETRY, breaker=None)
+        result = await asyncio.to_thread(hyde.transform, "Why did costs rise?")
+        assert not result.fallback, result.error
+    finally:
+        _CountedHung.gate.set()
+    done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+    assert isinstance(done[-1], asyncio.CancelledError)
+    assert all(isinstance(d, list) and d for d in done[:-1])
+    assert _CountedHung.started == 5  # the cancelled waiter's search never ran
