@@ -145,9 +145,37 @@ def _budget(deadline: Deadline | None) -> float:
     return math.inf if deadline is None else deadline.left()
 
 
-def _wake(future: asyncio.Future[None]) -> None:
+def wake(future: asyncio.Future[None]) -> None:
+    """Set ``future`` (a worker's "done" for `wait_woken`), unless it is already done
+    (cancelled, or timed out)."""
     if not future.done():
         future.set_result(None)
+
+
+def _time_out(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())
+
+
+async def wait_woken(woken: asyncio.Future[None], timeout: float | None) -> None:
+    """Wait until a worker sets ``woken`` (`wake`); `asyncio.TimeoutError` after
+    ``timeout`` seconds (None: no bound). Unlike ``asyncio.wait_for`` on Python 3.10
+    and 3.11, a cancellation that arrives just as the worker answers is never lost:
+    the future is awaited directly, so the task's cancel always raises
+    `asyncio.CancelledError` here.
+
+    Args:
+        woken: the future the worker's ``on_done`` sets.
+        timeout: seconds to wait; None for no bound.
+    """
+    if timeout is None:
+        await woken
+        return
+    timer = asyncio.get_running_loop().call_later(max(timeout, 0.0), _time_out, woken)
+    try:
+        await woken
+    finally:
+        timer.cancel()
 
 
 async def arun_within(
@@ -168,10 +196,10 @@ async def arun_within(
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
     job = pool.submit(
-        call, lambda: loop.call_soon_threadsafe(_wake, woken), _budget(deadline), what
+        call, lambda: loop.call_soon_threadsafe(wake, woken), _budget(deadline), what
     )
     try:
-        await asyncio.wait_for(woken, None if deadline is None else deadline.left())
+        await wait_woken(woken, None if deadline is None else deadline.left())
     except BaseException as exc:  # the deadline, or our own cancellation
         job.abandon()
         if isinstance(exc, asyncio.TimeoutError) and deadline is not None:

@@ -30,6 +30,7 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import QueryBundle
 
 from .. import _llm
+from .._bounded import wait_woken, wake
 from .._checks import is_number
 from .._llm import is_local, model_name
 from .._workers import Job
@@ -235,9 +236,9 @@ class CoreTransform(QueryTransformer):
         or its default executor; cancelling the await abandons it."""
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
-        job = self._submit(query, lambda: loop.call_soon_threadsafe(_wake, woken))
+        job = self._submit(query, lambda: loop.call_soon_threadsafe(wake, woken))
         try:
-            await asyncio.wait_for(asyncio.shield(woken), self.timeout)
+            await wait_woken(woken, self.timeout)
         except asyncio.TimeoutError:
             if job.done.is_set():
                 return self._result(query, *job.result())
@@ -266,11 +267,6 @@ class CoreTransform(QueryTransformer):
             usage=_usage_of(calls, getattr(self.core, "_llm", None)),
             specs=(SearchSpec(text=text, embedding_strs=strs, embedding=vector),),
         )
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def as_transformer(

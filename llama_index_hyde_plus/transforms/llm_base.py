@@ -26,6 +26,7 @@ from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
 from .. import _llm
+from .._bounded import wait_woken, wake
 from .._workers import Job, WorkersBusyError
 from ..cache import cache_key, holds_objects
 from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
@@ -423,11 +424,11 @@ class LLMTransform(QueryTransformer):
             return call(), True
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
-        job = self._cache_job(call, lambda: loop.call_soon_threadsafe(_wake, woken))
+        job = self._cache_job(call, lambda: loop.call_soon_threadsafe(wake, woken))
         if job is None:
             return None, False
         try:
-            await asyncio.wait_for(woken, CACHE_TIMEOUT_S)
+            await wait_woken(woken, CACHE_TIMEOUT_S)
         except asyncio.TimeoutError:
             job.abandon()
             if not job.done.is_set():
@@ -702,11 +703,6 @@ def _cache_overran(what: str) -> None:
         CACHE_TIMEOUT_S,
         "not cached" if what == "write" else "calling the LLM",
     )
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 _SPECIAL_TAIL = 24
