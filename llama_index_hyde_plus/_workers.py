@@ -250,8 +250,8 @@ class DaemonWorkers:
                     )
                 self._waiting.queue(job)  # a worker takes it when it is free
                 return job
-            line = _line_of(self.cap)
-            if line is not None and not line.take(self, job, _slots(self.cap), what):
+            cap = _cap_of(self.cap)
+            if cap is not None and not cap[0].take(self, job, cap[1], what):
                 return job  # waits in line for a slot of the process
             self._running.add(job)
             inbox = self._idle.pop() if self._idle else None
@@ -260,9 +260,9 @@ class DaemonWorkers:
 
     def _own_line(self) -> _SlotLine:
         """The line of this pool's cap (called only for a call that holds a slot)."""
-        line = _line_of(self.cap)
-        assert line is not None
-        return line
+        cap = _cap_of(self.cap)
+        assert cap is not None
+        return cap[0]
 
     def _launch(self, job: Job, inbox: queue.SimpleQueue[Job | None] | None) -> None:
         """Hand ``job`` (in ``_running``) to ``inbox``'s worker, or to a new one."""
@@ -484,16 +484,12 @@ _search_line = _SlotLine()
 """The line for `_search_slots` (see `MAX_SEARCH_THREADS`)."""
 
 
-def _line_of(cap: str | None) -> _SlotLine | None:
-    """The line of the process-wide cap named ``cap`` (looked up at each call)."""
+def _cap_of(cap: str | None) -> tuple[_SlotLine, threading.Semaphore] | None:
+    """The line and the slots of the process-wide cap named ``cap`` (None: no cap),
+    looked up at each call."""
     if cap is None:
         return None
-    return _search_line if cap == "search" else _slot_line
-
-
-def _slots(cap: str | None) -> threading.Semaphore:
-    """The slots of the process-wide cap named ``cap``."""
-    return _search_slots if cap == "search" else _thread_slots
+    return (_search_line, _search_slots) if cap == "search" else (_slot_line, _thread_slots)
 
 
 def _dropped() -> None:

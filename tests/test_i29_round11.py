@@ -24,14 +24,28 @@ from .conftest import Q
 
 
 class _HungQuestion(BaseRetriever):
-    """A sync-only store whose search of the question itself hangs until released."""
+    """A sync-only store whose search of the question itself hangs until released,
+    counting how many such searches ever started (from any thread)."""
 
     gate = threading.Event()
+    started = 0
+    lock = threading.Lock()
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if query_bundle.query_str.startswith(Q):
+            with _HungQuestion.lock:
+                _HungQuestion.started += 1
             self.gate.wait(30)
         return [NodeWithScore(node=TextNode(id_="a", text="Renewals slipped."), score=1.0)]
+
+
+async def _another_provider_answers() -> None:
+    """A healthy transform of another provider is answered, not refused for want of a
+    thread, while the hung searches run."""
+    other = ScriptedLLM(respond=lambda p: "A healthy passage.", model_name="another")
+    hyde = HyDE(other, timeout=5.0, retry=NO_RETRY, breaker=None)
+    result = await asyncio.to_thread(hyde.transform, "Why did costs rise?")
+    assert not result.fallback, result.error
 
 
 async def test_hung_question_searches_hold_no_slot_of_the_process(
@@ -50,10 +64,7 @@ async def test_hung_question_searches_hold_no_slot_of_the_process(
             per_request = TransformRetriever(_HungQuestion(), MultiQuery(llm), model_timeout=1.0)
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(per_request.asearch(Q), 0.3)
-        other = ScriptedLLM(respond=lambda p: "A healthy passage.", model_name="another")
-        hyde = HyDE(other, timeout=5.0, retry=NO_RETRY, breaker=None)
-        result = await asyncio.to_thread(hyde.transform, "Why did costs rise?")
-        assert not result.fallback, result.error
+        await _another_provider_answers()
     finally:
         _HungQuestion.gate.set()
 
@@ -266,22 +277,6 @@ def test_a_locked_sqlite_cache_costs_one_busy_wait_not_one_per_caller(
     assert cache.get("after") == {"ok": True} and cache.get("again") == {"ok": 2}
 
 
-class _CountedHung(BaseRetriever):
-    """A sync-only store whose searches of the question itself hang until released,
-    counting how many ever started (from any thread)."""
-
-    gate = threading.Event()
-    started = 0
-    lock = threading.Lock()
-
-    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        if query_bundle.query_str == Q:
-            with _CountedHung.lock:
-                _CountedHung.started += 1
-            self.gate.wait(30)
-        return [NodeWithScore(node=TextNode(id_="a", text="Renewals slipped."), score=1.0)]
-
-
 async def test_hung_question_searches_of_many_retrievers_share_one_thread_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -292,25 +287,22 @@ async def test_hung_question_searches_of_many_retrievers_share_one_thread_cap(
     store answers every search left completes."""
     monkeypatch.setattr(_workers, "_search_slots", threading.BoundedSemaphore(4))
     monkeypatch.setattr(_workers, "_search_line", _workers._SlotLine())
-    _CountedHung.gate.clear()
-    _CountedHung.started = 0
+    _HungQuestion.gate.clear()
+    _HungQuestion.started = 0
     try:
         step_back = StepBack(ScriptedLLM(respond=lambda p: "What drives revenue?"))
-        retrievers = [TransformRetriever(_CountedHung(), step_back) for _ in range(6)]
+        retrievers = [TransformRetriever(_HungQuestion(), step_back) for _ in range(6)]
         tasks = [asyncio.create_task(r.aretrieve(Q)) for r in retrievers]
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if _CountedHung.started >= 4 and _workers._search_line.waiting() >= 2:
+            if _HungQuestion.started >= 4 and _workers._search_line.waiting() >= 2:
                 break
-        assert _CountedHung.started == 4  # the cap, not 6
+        assert _HungQuestion.started == 4  # the cap, not 6
         tasks[-1].cancel()  # a waiter given up by its app
-        other = ScriptedLLM(respond=lambda p: "A healthy passage.", model_name="another")
-        hyde = HyDE(other, timeout=5.0, retry=NO_RETRY, breaker=None)
-        result = await asyncio.to_thread(hyde.transform, "Why did costs rise?")
-        assert not result.fallback, result.error
+        await _another_provider_answers()
     finally:
-        _CountedHung.gate.set()
+        _HungQuestion.gate.set()
     done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
     assert isinstance(done[-1], asyncio.CancelledError)
     assert all(isinstance(d, list) and d for d in done[:-1])
-    assert _CountedHung.started == 5  # the cancelled waiter's search never ran
+    assert _HungQuestion.started == 5  # the cancelled waiter's search never ran
