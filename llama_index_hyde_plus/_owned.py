@@ -1,13 +1,11 @@
 """The one pattern for everything hyde-plus writes to disk.
 
-A folder hyde-plus owns (a FAISS index, eval results, a question set) carries one
-marker file, ``.hyde-plus``, naming what it is. A folder is written only when it is
-new, empty, or marked as that kind; inside it hyde-plus replaces its own output files
-(as ``build/`` or ``htmlcov/`` are replaced) and says so. Anything else in the way (a
-user's file, folder or link where an output goes; a folder of someone else's files) is
-refused with an error naming the path and the option. Every file is written beside its
-target and renamed over it, so a kill at any point leaves the old file whole; builds
-in one folder take a lock, so they write one at a time.
+A folder hyde-plus owns (an index, eval results, a question set) carries one marker,
+``.hyde-plus``, naming what it is, and is written only when new, empty or marked as
+that kind; inside it hyde-plus replaces its own files and says so. Anything else in
+the way is refused with an error naming the path and the option. Every file is
+written beside its target and renamed over it (a kill leaves the old file whole);
+builds in one folder take a lock, so they write one at a time.
 """
 
 from __future__ import annotations
@@ -40,21 +38,18 @@ def marker_kind(folder: Path) -> str | None:
 
 
 def check_folder(folder: Path, kind: str, flag: str) -> Path:
-    """``folder`` (``~`` expanded) if hyde-plus may write ``kind`` there: absent, an
-    empty folder, or one marked as ``kind``, with a writable folder as its nearest
-    existing ancestor; else a `ValueError` naming ``flag`` and the path."""
+    """``folder`` (``~`` expanded) if hyde-plus may write ``kind`` there (absent, empty
+    or marked as ``kind``; creatable); else a `ValueError` naming ``flag`` and the path."""
     folder = Path(folder).expanduser()
     if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
         what = "a file" if folder.exists() else "a link to nothing"
         raise ValueError(f"{flag} {folder} is {what}, not a folder; give a new or empty folder")
-    if folder.is_dir() and any(folder.iterdir()):
-        found = marker_kind(folder)
-        if found != kind:
-            why = f"its {MARKER} marker says {found}" if found else f"no {MARKER} marker"
-            raise ValueError(
-                f"{flag} {folder} is neither empty nor a hyde-plus {kind} folder ({why}); "
-                "it is left alone: choose a new or empty folder"
-            )
+    if folder.is_dir() and any(folder.iterdir()) and (found := marker_kind(folder)) != kind:
+        why = f"its {MARKER} marker says {found}" if found else f"no {MARKER} marker"
+        raise ValueError(
+            f"{flag} {folder} is neither empty nor a hyde-plus {kind} folder ({why}); "
+            "it is left alone: choose a new or empty folder"
+        )
     check_creatable(folder, flag)
     return folder
 
@@ -70,9 +65,8 @@ def claim(folder: Path, kind: str) -> bool:
 
 
 def check_outputs(paths: Sequence[Path], flag: str) -> list[Path]:
-    """The ``paths`` (outputs inside a folder hyde-plus owns) that exist and will be
-    replaced; a `ValueError` naming ``flag`` for one that is a folder or a link (a
-    user's, in the way: never followed nor replaced)."""
+    """Those of ``paths`` (outputs in a folder hyde-plus owns) that exist and will be
+    replaced; a `ValueError` naming ``flag`` for a folder or link (a user's, in the way)."""
     for path in paths:
         if path.is_symlink() or (path.exists() and not path.is_file()):
             what = "a link" if path.is_symlink() else "a folder"
@@ -84,18 +78,16 @@ def check_outputs(paths: Sequence[Path], flag: str) -> list[Path]:
 
 
 def say_replacing(paths: Sequence[Path]) -> None:
-    """Log (a warning: shown by the CLI) the one line saying which of hyde-plus's own
-    files a run replaces; nothing when it replaces none."""
+    """Warn (the CLI shows it) in one line which of its own files a run replaces."""
     if paths:
         names = ", ".join(p.name for p in paths)
         logger.warning("replacing %s in %s from the previous run", names, paths[0].parent)
 
 
 def check_file(path: Path, flag: str, kind: str, ours: Callable[[bytes], bool]) -> Path:
-    """``path`` (expanded) if a file may be written there outside any folder hyde-plus
-    owns: absent, or a regular file ``ours`` recognises from its first 64 KB as
-    ``kind`` (a folder or a link never is); its folder creatable. Else a `ValueError`
-    naming ``flag`` and the path."""
+    """``path`` (expanded) if a file may be written there outside a folder hyde-plus
+    owns: absent, or a regular file whose first 64 KB ``ours`` recognises as ``kind``;
+    its folder creatable. Else a `ValueError` naming ``flag`` and the path."""
     path = Path(path).expanduser()
     if path.exists() or path.is_symlink():
         try:
@@ -124,9 +116,8 @@ def check_creatable(path: Path, what: str) -> None:
 
 @contextmanager
 def locked_folder(folder: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``folder`` itself while the block runs (no
-    lock file; a killed holder releases it), saying so (a warning) when another holder
-    makes it wait. Where `fcntl` is missing (Windows) the block runs unlocked."""
+    """Hold an exclusive lock on ``folder`` itself (no lock file; a killed holder
+    releases it), warning when another holder makes it wait; unlocked without `fcntl`."""
     try:
         import fcntl
 
@@ -147,9 +138,8 @@ def locked_folder(folder: Path) -> Iterator[None]:
 
 def write_all_atomic(files: Sequence[tuple[Path, bytes | str]]) -> None:
     """Write every ``(path, data)`` (text as UTF-8) to a temporary file beside it, then
-    rename them all into place: an error (a full disk) or a kill while writing leaves
-    every old file whole and no temporary file behind (only a kill between the renames,
-    which need no space, can leave some replaced). Files get the umask's permissions."""
+    rename them all into place: an error or a kill while writing leaves every old file
+    whole and no temporary file (only a kill between the renames can replace some)."""
     pending: list[tuple[Path, Path]] = []
     try:
         for path, data in files:

@@ -1,18 +1,12 @@
 """The on-disk layout of a FAISS index folder, and how a build replaces one.
 
-An index folder carries the marker ``.hyde-plus`` (`_owned`), ``hyde_plus.json`` (how
-it was embedded, and which data folder is in use), the data folder ``data-<12 hex>``
-with LlamaIndex's storage files (and, in ``ingestion/``, the docstore of the
-`ingestion` pipeline that tells the next build what changed), and the link ``current``
-to it. A build names its new data folder in the metadata (``pending``) before writing
-it, writes it beside the one in use, and switches by renaming the new metadata (naming
-the old data folder as ``replaced`` until it is deleted) over the old: a kill at any
-point leaves the previous index whole. The next build deletes what a killed or failed
-one left (``pending``, ``replaced``), and nothing else; any other key in the metadata
-is carried over. Builds in one parent folder write one at a time. A build that
-embedded something saves the pipeline's cache (``ingestion_cache.json``) before it
-writes its data folder and deletes it once the switch is done: a build that failed or
-was killed after embedding is run again without embedding again.
+An index folder (owned as `_owned` says) holds ``hyde_plus.json`` (how it was
+embedded; the data folder in use), the data folder ``data-<12 hex>`` (LlamaIndex's
+storage files; in ``ingestion/`` the pipeline's docstore) and the link ``current`` to
+it. The metadata names a build's data folder (``pending``, then ``replaced`` for the
+old) before it exists and until it is deleted, so a kill leaves the old index whole and
+the next build deletes only what those keys name. The pipeline's cache is kept until
+the switch (``ingestion_cache.json``), so a failed build embeds nothing again.
 """
 
 from __future__ import annotations
@@ -47,10 +41,9 @@ _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
 
 
 def check_index_target(out: Path, docs: Path | None = None) -> Path:
-    """``out`` resolved, if an index may be written there (absent, empty, or an index
-    hyde-plus built: `check_folder`); else a `ValueError` saying why. It may not be the
-    documents folder ``docs``, a folder above it, or one inside it, and a ``current``
-    in it that is not a link (a user's file or folder) is in the way."""
+    """``out`` resolved, if an index may be written there (`check_folder`; not the
+    documents folder ``docs``, above or inside it; its ``current`` a link if present);
+    else a `ValueError` saying why."""
     target = check_folder(out, KIND, "--out").resolve()
     source = docs.expanduser().resolve() if docs is not None else None
     if source is not None and (target in (source, *source.parents) or source in target.parents):
@@ -77,9 +70,8 @@ def write_index(
     cache: bytes | None = None,
 ) -> None:
     """Write the storage files (and the pipeline's ``docstore``) into a new data folder
-    of ``out`` and switch ``hyde_plus.json`` to it with one atomic rename; ``cache``
-    (the pipeline's, when the build embedded) is kept until the switch (see the
-    module's docstring)."""
+    of ``out`` and switch ``hyde_plus.json`` to it with one atomic rename, keeping
+    ``cache`` (the pipeline's, when the build embedded) until then."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked_folder(out.parent):
         check_index_target(out)  # again, now that no other build runs
@@ -125,39 +117,31 @@ def _persist(folder: Path, storage: StorageContext, docstore: SimpleDocumentStor
 
 
 def _undo(out: Path, data: str, first: tuple[bool, bool] | None) -> None:
-    """After a failed build: its data folder removed (the metadata naming it ``pending``
-    stays, for the next build). ``first`` (whether a first build marked the folder, and
-    made it): the folder is left as empty as it was, or removed, with the cache it saved
-    (a rebuild keeps its cache, so running it again embeds nothing again)."""
+    """Remove a failed build's data folder; after a failed first build (``first``:
+    whether it marked the folder, and made it) also what it wrote there, or the folder."""
     _remove_build(out, data)
-    if first is None:
-        return
-    marked, made = first
-    try:
-        for name in (META_FILE, CACHE_FILE, *([MARKER] if marked else [])):
-            (out / name).unlink(missing_ok=True)
-        if made:
-            out.rmdir()
-    except OSError as exc:  # the build's own error is the one to report
-        logger.warning("could not undo the failed build in %s: %s", out, exc)
+    if first is not None:
+        try:
+            for name in (META_FILE, CACHE_FILE, *([MARKER] if first[0] else [])):
+                (out / name).unlink(missing_ok=True)
+            if first[1]:
+                out.rmdir()
+        except OSError as exc:  # the build's own error is the one to report
+            logger.warning("could not undo the failed build in %s: %s", out, exc)
 
 
 def _remove_build(out: Path, name: object, keep: object = None) -> bool:
-    """Delete the data folder ``name`` of ``out`` (a name the metadata gave; never
-    ``keep``, the one in use): only a real folder named ``data-<12 hex>``, never a link
-    or a path. Whether there was one to delete."""
-    if not isinstance(name, str) or not _DATA_NAME.fullmatch(name) or name == keep:
-        return False
-    folder = out / name
-    if not folder.is_dir() or folder.is_symlink():
+    """Delete the data folder ``name`` the metadata gave (never ``keep``, the one in
+    use; only a real folder ``data-<12 hex>``); whether there was one."""
+    folder = out / name if isinstance(name, str) and _DATA_NAME.fullmatch(name) else None
+    if folder is None or name == keep or folder.is_symlink() or not folder.is_dir():
         return False
     shutil.rmtree(folder, ignore_errors=True)
     return True
 
 
 def point_current(out: Path, data: str) -> None:
-    """Point ``out/current`` at ``out/data`` in one step: a new relative link made
-    beside it and renamed over it, so a reader sees the old data folder or the new one."""
+    """Point ``out/current`` at ``out/data`` in one step (a new link renamed over it)."""
     pending = out / f".{CURRENT_LINK}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         pending.symlink_to(data, target_is_directory=True)

@@ -1,15 +1,11 @@
 """How a Milvus build replaces the collection a name serves, never touching another's.
 
-The name a user gives (``collection``) is a Milvus alias of the collection that holds
-the data, ``<collection>__<12 hex>``: a build fills a new one beside the old, moves
-the alias to it in one step (queries see the old or the new), then drops the builds it
-replaced. Beside a Milvus Lite file, a record (``<uri>.<collection>.hyde_plus.json``)
-lists the builds hyde-plus made and how each was embedded; a build is recorded (as
-``writing``) before its collection exists, so a killed build is dropped by the next.
-A rebuild drops only what the record lists (on a server, which has no record, the
-build the alias pointed at), keeps a build that carries another alias (the user's
-pin), and reads no rows back. A name that is the user's own collection or alias is
-refused before anything is embedded.
+The name a user gives (``collection``) is an alias of the build holding the data,
+``<collection>__<12 hex>``: a build fills a new one beside the old, moves the alias in
+one step, then drops the builds it replaced. Beside a Milvus Lite file a record
+(``<uri>.<collection>.hyde_plus.json``) lists each build before it exists; a rebuild
+drops only those (on a server, the build the alias pointed at), keeps one with another
+alias (the user's pin), and reads no rows back. A name that is the user's is refused.
 """
 
 from __future__ import annotations
@@ -40,8 +36,7 @@ def record_path(uri: str, collection: str) -> Path | None:
 
 
 def is_build_of(name: str, collection: str) -> bool:
-    """Whether ``name`` is one of the collections hyde-plus builds behind the alias
-    ``collection`` (``<collection>__`` and 12 hex digits)."""
+    """Whether ``name`` is named as a build behind the alias ``collection`` would be."""
     return re.fullmatch(re.escape(collection) + r"__[0-9a-f]{12}", name) is not None
 
 
@@ -49,23 +44,19 @@ def drop_command(uri: str, name: str) -> str:
     """The one-line command that drops the collection ``name`` at ``uri``: no hyde-plus
     command drops a collection it keeps, so every message about one says how."""
     where = str(Path(uri).expanduser()) if is_local_uri(uri) else redact_uri(uri)
-    code = (
-        "from pymilvus import MilvusClient; "
-        f"MilvusClient({json.dumps(where)}).drop_collection({json.dumps(name)})"
-    )
-    return f"python -c {shlex.quote(code)}"
+    code = f"MilvusClient({json.dumps(where)}).drop_collection({json.dumps(name)})"
+    return f"python -c {shlex.quote('from pymilvus import MilvusClient; ' + code)}"
 
 
 def alias_of(client: Any, alias: str) -> str | None:
     """The collection the alias ``alias`` points at, whoever made it (None: no such alias)."""
-    if alias not in (client.list_aliases().get("aliases") or []):
-        return None
-    return str(client.describe_alias(alias)["collection_name"])
+    aliases = client.list_aliases().get("aliases") or []
+    return str(client.describe_alias(alias)["collection_name"]) if alias in aliases else None
 
 
 def resolve(client: Any, collection: str) -> str | None:
-    """The collection that holds the data of ``collection``: the build its alias points
-    at, or a collection of that very name; None when there is none."""
+    """The collection holding ``collection``'s data: the build its alias points at, or
+    a collection of that very name (None: neither)."""
     target = alias_of(client, collection)
     if target is not None and is_build_of(target, collection):
         return target
@@ -73,30 +64,28 @@ def resolve(client: Any, collection: str) -> str | None:
 
 
 def check_name_is_ours(client: Any, uri: str, collection: str) -> None:
-    """A `ValueError` when ``collection`` is the user's: an alias of a collection
-    hyde-plus did not build (or that its record does not list), or a collection of
-    that very name."""
+    """A `ValueError` when ``collection`` is the user's: a collection of that very
+    name, or an alias of one hyde-plus did not build (or that its record does not list)."""
     target, path = alias_of(client, collection), record_path(uri, collection)
-    why = ""
-    if target is None and collection in client.list_collections():
-        why = f"already has a collection {collection!r} that is not an alias hyde-plus made"
-    elif target is not None and not is_build_of(target, collection):
-        why = f"already has an alias {collection!r} (of collection {target!r}) that hyde-plus"
-        why += " did not make"
-    elif target and path and path.exists() and target not in recorded_builds(uri, collection):
-        why = f"has an alias {collection!r} pointing at {target!r}, which is named like a "
-        why += f"hyde-plus build but is not one the record {path} lists"
-    if why:
-        raise ValueError(f"{redact_uri(uri)} {why}; it is left alone: choose another --collection")
+    if target is None:
+        theirs, what = collection in client.list_collections(), f"a collection {collection!r}"
+    else:
+        listed = not (path and path.exists()) or target in recorded_builds(uri, collection)
+        theirs = not (is_build_of(target, collection) and listed)
+        what = f"an alias {collection!r} (of {target!r})"
+    if theirs:
+        raise ValueError(
+            f"{redact_uri(uri)} already has {what} that hyde-plus did not make (or its "
+            "record does not list); it is left alone: choose another --collection"
+        )
 
 
 def fill_and_switch(
     client: Any, where: tuple[str, str], entry: dict[str, Any], fill: Callable[[str], Any]
 ) -> Any:
-    """Record a new build of ``where`` (the URI and the alias), ``fill`` it (``fill``
-    creates the collection it is given and writes the rows; its result is returned),
-    move the alias to it, then drop the builds it replaced. A failure before the alias
-    moved drops the new collection and its record entry again (best effort)."""
+    """Record a new build of ``where`` (the URI and the alias), ``fill`` it (create the
+    collection it is given and write the rows; its result is returned), move the alias
+    to it, drop the builds it replaced. A failure before the switch drops the new one."""
     uri, collection = where
     before = resolve(client, collection)
     physical = f"{collection}__{uuid.uuid4().hex[:12]}"
@@ -129,10 +118,9 @@ def switch_alias(client: Any, alias: str, physical: str) -> None:
 
 
 def _drop_replaced(client: Any, where: tuple[str, str], physical: str, before: str | None) -> None:
-    """Drop the builds ``physical`` replaced: those the record lists (on a server, the
-    one the alias pointed at ``before``), and unrecord them. One that the alias pointed
-    at but the record does not list, that carries another alias than ``collection``
-    (the user's pin), or that Milvus fails to drop, is kept (a listed one stays
+    """Drop and unrecord the builds ``physical`` replaced: those the record lists (on a
+    server, the one the alias pointed at ``before``). One the record does not list, one
+    with another alias (the user's pin) or one Milvus fails to drop is kept (and stays
     recorded), with a warning saying how to drop it."""
     uri, collection = where
     path = record_path(uri, collection)
@@ -143,14 +131,12 @@ def _drop_replaced(client: Any, where: tuple[str, str], physical: str, before: s
         if not is_build_of(name, collection):
             continue
         try:
-            aliases = client.list_aliases(collection_name=name).get("aliases") or []
-            pins = ", ".join(sorted(set(aliases) - {collection}))
+            pins = set(client.list_aliases(collection_name=name).get("aliases") or [])
             if name not in listed:
                 why = f"the alias {collection!r} pointed at it; the record {path} does not list it"
-            elif pins:
-                why = (
-                    f"it carries the alias(es) {pins} (the next build drops it once you drop them)"
-                )
+            elif pins - {collection}:
+                why = f"it carries the alias(es) {', '.join(sorted(pins - {collection}))} (the "
+                why += "next build drops it once you drop them)"
             else:
                 client.drop_collection(name)
                 continue
@@ -177,14 +163,14 @@ def read_record(path: Path) -> dict[str, Any]:
     if not (path.exists() or path.is_symlink()):
         return {}
     data: Any = None
+    why = "not a record hyde-plus writes"
     try:
         if path.is_file() and not path.is_symlink():
             data = json.loads(path.read_text(encoding="utf-8"))
-        ours = isinstance(data, dict) and isinstance(data.get("collections"), dict)
-        why = "" if ours and data.get("format") == 2 else "not a record hyde-plus writes"
     except (OSError, ValueError, RecursionError) as exc:
         why = str(exc)
-    if why:
+    ours = isinstance(data, dict) and isinstance(data.get("collections"), dict)
+    if not ours or data.get("format") != 2:
         raise ValueError(
             f"{path} is not hyde-plus's record of the collection, or is corrupt ({why}): "
             f"move it aside (say to {path.name}.bad) and rebuild with `hyde-plus index "
