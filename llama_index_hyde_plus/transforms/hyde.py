@@ -324,13 +324,12 @@ class HyDE(LLMTransform):
     def _reply_tokens(self) -> int | None:
         return self.max_tokens
 
-    def _call_options(self) -> CallOptions:
-        options = super()._call_options()
+    def _call_options(self, **extra: Any) -> CallOptions:
         own = getattr(self.llm, "max_tokens", None)
         if not (is_int(own) and 0 < own <= self.max_tokens):
-            options = replace(options, max_tokens=self.max_tokens)  # below the model's cap
+            extra["max_tokens"] = self.max_tokens  # below the model's cap
         enough = functools.partial(reply_past, self.max_characters, label=_ECHO)
-        return replace(options, enough=enough)
+        return super()._call_options(enough=enough, **extra)
 
     def _context(self, context: Sequence[str] | None) -> tuple[str, ...] | None:
         if not self.grounded or not context:
@@ -370,7 +369,7 @@ class HyDE(LLMTransform):
             result.query, result.hypothetical, include, query_weight, keyword_weight
         )
         reported = {"query_weight": query_weight, "keyword_weight": keyword_weight}
-        return replace(
+        return revised(
             result,
             include_query=include,
             specs=(spec,) if spec is not None else (),

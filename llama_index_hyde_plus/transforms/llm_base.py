@@ -259,7 +259,9 @@ class LLMTransform(QueryTransformer):
     def _render(self, query: str, context: Sequence[str] | None = None) -> str:
         return _render_template(self._prompt, query=query, **self._format_vars())
 
-    def _call_options(self) -> _llm.CallOptions:
+    def _call_options(self, **extra: Any) -> _llm.CallOptions:
+        """How this transform's LLM calls are made; ``extra``: a subclass's own fields
+        of `CallOptions` (built in one construction: this runs for every generation)."""
         return _llm.CallOptions(
             temperature=self.temperature,
             timeout=self.timeout,
@@ -267,6 +269,7 @@ class LLMTransform(QueryTransformer):
             host_callback_manager=self.callback_manager,
             retry=self.retry,
             breaker=self.breaker,
+            **extra,
         )
 
     def _options_within(self, budget: float | None) -> _llm.CallOptions:
@@ -635,7 +638,7 @@ class LLMTransform(QueryTransformer):
             result = self._build(query, texts, usage)
         except UnusableReplyError as exc:
             return self._fallback(query, [exc], start, usage)
-        return replace(
+        return revised(
             result,
             usage=usage,
             error=describe(errors[0]) if errors else None,
@@ -656,7 +659,7 @@ class LLMTransform(QueryTransformer):
             error,
         )
         result = TransformResult.fallback_for(query, self.method, error, usage=usage or Usage())
-        return replace(result, latency_s=time.perf_counter() - start)
+        return revised(result, latency_s=time.perf_counter() - start)
 
 
 KEY_ON_LOOP_S = 0.005
