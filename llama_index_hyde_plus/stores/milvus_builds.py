@@ -131,12 +131,12 @@ def _drop_replaced(client: Any, where: tuple[str, str], physical: str, before: s
         if not is_build_of(name, collection):
             continue
         try:
-            pins = set(client.list_aliases(collection_name=name).get("aliases") or [])
+            aliases = set(client.list_aliases(collection_name=name).get("aliases") or [])
             if name not in listed:
                 why = f"the alias {collection!r} pointed at it; the record {path} does not list it"
-            elif pins - {collection}:
-                why = f"it carries the alias(es) {', '.join(sorted(pins - {collection}))} (the "
-                why += "next build drops it once you drop them)"
+            elif pins := ", ".join(sorted(aliases - {collection})):
+                why = f"it carries the alias(es) {pins} (the next build drops it once you drop "
+                why += "them)"
             else:
                 client.drop_collection(name)
                 continue
