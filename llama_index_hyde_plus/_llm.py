@@ -26,6 +26,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
+from ._attrs import optional_attr
 from ._bounded import drop as _drop
 from ._workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
 from .reliability import (
@@ -71,7 +72,7 @@ def has_native_async(llm: Any) -> bool:
 
 def _needs_loading(llm: Any) -> bool:
     """True for an LLM that loads lazily (``loaded`` is False and it has ``warm_up``)."""
-    return getattr(llm, "loaded", True) is False and callable(getattr(llm, "warm_up", None))
+    return optional_attr(llm, "loaded", True) is False and callable(optional_attr(llm, "warm_up"))
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def model_name(llm: Any) -> str | None:
     except Exception:
         name = None
     if not name or name == "unknown":
-        name = getattr(llm, "model", None)
+        name = optional_attr(llm, "model")
     return str(name) if name else None
 
 
@@ -113,7 +114,7 @@ def generator_kind(llm: Any) -> str:
 
 def is_local(llm: Any) -> bool:
     """True for LLMs that run on this machine and cost nothing per token."""
-    return bool(getattr(llm, "is_local", False))
+    return bool(optional_attr(llm, "is_local", False))
 
 
 def _missing_handlers(llm: LLM, host: CallbackManager | None) -> list[Any]:
@@ -248,7 +249,7 @@ def _stopped_usage(usage: Usage, prompt: str, raw: Mapping[str, Any]) -> Usage:
 
 
 def _cap(llm: Any, kwargs: Mapping[str, Any]) -> int | None:
-    cap = kwargs.get("max_tokens", getattr(llm, "max_tokens", None))
+    cap = kwargs.get("max_tokens", optional_attr(llm, "max_tokens"))
     return cap if type(cap) is int and cap > 0 else None
 
 
@@ -411,10 +412,10 @@ def times_itself(llm: Any, budget: float) -> bool:
     retries of its own (``max_retries=0``; our retries are under the budget). Such a
     call is made in the caller's thread, with no worker to hand it to."""
     try:
-        retries = getattr(llm, "max_retries", None)
-        limit = getattr(llm, "timeout", None)
+        retries = optional_attr(llm, "max_retries")
+        limit = optional_attr(llm, "timeout")
         if limit is None:
-            limit = getattr(llm, "request_timeout", None)
+            limit = optional_attr(llm, "request_timeout")
     except Exception:  # a property that raises vouches for nothing
         return False
     if type(retries) is not int or retries != 0 or not isinstance(limit, (int, float)):

@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from ._attrs import optional_attr
 from .reliability import LLMNotCalledError
 
 MAX_POOLS = 64
@@ -557,7 +558,7 @@ def provider_key(llm: object) -> tuple[str, ...]:
     for names in (("api_base", "base_url", "endpoint"), ("model_path", "model", "model_name")):
         for name in names:
             try:
-                value = getattr(llm, name, None)
+                value = optional_attr(llm, name)
             except Exception:  # a property that raises names nothing
                 value = None
             if isinstance(value, str) and value:

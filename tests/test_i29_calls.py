@@ -266,6 +266,37 @@ async def test_a_hung_provider_holds_only_its_own_worker_threads(
     assert breaker.state == "closed"
 
 
+def test_a_provider_is_named_by_a_property_an_extra_field_or_a_proxy_as_before() -> None:
+    """The per-class shortcut in `provider_key` (no failed lookup per call on a plain
+    pydantic LLM) still reads every place an endpoint or model can live: a property,
+    an attribute set on the instance, an extra field, a proxy's ``__getattr__``."""
+    from pydantic import ConfigDict
+
+    from llama_index_hyde_plus._workers import provider_key
+
+    class ByProperty(ScriptedLLM):
+        @property
+        def api_base(self) -> str:
+            return "http://by-property:1"
+
+    class WithExtras(ScriptedLLM):
+        model_config = ConfigDict(extra="allow")
+
+    class Proxy:
+        def __getattr__(self, name: str) -> str:
+            if name == "base_url":
+                return "http://proxied:2"
+            raise AttributeError(name)
+
+    assert provider_key(ByProperty())[-1] == "api_base=http://by-property:1"
+    assert provider_key(WithExtras(endpoint="http://extra:3"))[-1] == "endpoint=http://extra:3"
+    assert provider_key(Proxy())[-1] == "base_url=http://proxied:2"
+    plain = ScriptedLLM(model_name="m")
+    assert provider_key(plain)[-1] == "model_name=m"
+    object.__setattr__(plain, "base_url", "http://set-later:4")  # on the instance
+    assert provider_key(plain)[-1] == "base_url=http://set-later:4"
+
+
 def test_llm_objects_of_one_provider_share_a_pool_and_idle_workers_exit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.llms import LLM
 
+from .._attrs import optional_attr
 from .._checks import check_int, is_int
 from .._llm import CallOptions
 from ..expansion import check_weight, keyword_query
@@ -325,7 +326,7 @@ class HyDE(LLMTransform):
         return self.max_tokens
 
     def _call_options(self, **extra: Any) -> CallOptions:
-        own = getattr(self.llm, "max_tokens", None)
+        own = optional_attr(self.llm, "max_tokens")
         if not (is_int(own) and 0 < own <= self.max_tokens):
             extra["max_tokens"] = self.max_tokens  # below the model's cap
         enough = functools.partial(reply_past, self.max_characters, label=_ECHO)
