@@ -222,16 +222,47 @@ async def await_within(awaitable: Awaitable[T], deadline: Deadline | None, what:
     if not deadline.left():
         _close(awaitable)
         raise deadline.overrun(what)
-    task = asyncio.ensure_future(awaitable)
-    try:
-        done, _ = await asyncio.wait((task,), timeout=deadline.left())
-    except BaseException:  # our caller is cancelled: the model's task is dropped
-        drop(task)
-        raise
-    if not done:  # dropped, not awaited: one that swallows its cancellation never holds us
-        drop(task)
+    task = await run_as_task(awaitable, deadline.left())
+    if task is None:
         raise deadline.overrun(what)
     return task.result()  # the model's own errors (its own TimeoutError too) as they are
+
+
+async def run_as_task(awaitable: Awaitable[T], timeout: float) -> asyncio.Task[T] | None:
+    """``awaitable`` run as a task of its own, waited for ``timeout`` seconds: the
+    finished task (its result or error is the caller's to read), or None once the time
+    is up, the task dropped (`drop`: not awaited, so one that swallows its
+    cancellation never holds the caller, and its late result is never used). The
+    caller's own cancellation drops it too, and propagates.
+
+    The task wakes the caller itself as it ends (`wake`), not through its done
+    callbacks: two event-loop turns for a reply that needs none of its own, where
+    ``asyncio.wait`` takes three (and a third fewer bytecodes).
+
+    Args:
+        awaitable: the coroutine (or future) to run.
+        timeout: seconds to wait for it.
+    """
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+    task = loop.create_task(_waking(awaitable, woken))
+    try:
+        await wait_woken(woken, timeout)
+    except asyncio.TimeoutError:
+        drop(task)
+        return None
+    except BaseException:  # our caller is cancelled: the task is dropped
+        drop(task)
+        raise
+    return task
+
+
+async def _waking(awaitable: Awaitable[T], woken: asyncio.Future[None]) -> T:
+    """``await awaitable``, then set ``woken`` (unless the waiter gave up)."""
+    try:
+        return await awaitable
+    finally:
+        wake(woken)
 
 
 def drop(task: asyncio.Future[Any]) -> None:

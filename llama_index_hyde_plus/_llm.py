@@ -27,7 +27,7 @@ from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayloa
 from llama_index.core.llms import LLM
 
 from ._attrs import optional_attr
-from ._bounded import drop as _drop
+from ._bounded import run_as_task as _run_as_task
 from ._workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
 from .reliability import (
     NO_RETRY,
@@ -639,15 +639,9 @@ async def _wait_within(
     dropped then (for a native coroutine, and on Python 3.10, which has no
     ``asyncio.timeout``), so that our deadline (the wait ran out) is never confused
     with a ``TimeoutError`` the provider raised."""
-    task = asyncio.ensure_future(coro)
-    try:
-        await asyncio.wait((task,), timeout=budget)
-    except BaseException:  # our own cancellation
-        _drop(task)
-        raise
-    if task.done():
+    task = await _run_as_task(coro, budget)
+    if task is not None:
         return task.result()  # type: ignore[no-any-return]
-    _drop(task)
     if cancel is not None:
         cancel.set()
     raise _overrun(attempts, getattr(cancel, "job", None))
