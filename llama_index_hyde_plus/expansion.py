@@ -104,6 +104,11 @@ def keyword_repeats(query: str, passages: Sequence[str], query_weight: float) ->
     MuGI repeat the question so BM25 is not swamped by a long passage)."""
     w = check_weight(query_weight, "keyword_weight", allow_none=False)
     assert w is not None
+    return _repeats(query, passages, w)
+
+
+def _repeats(query: str, passages: Sequence[str], w: float) -> int:
+    """`keyword_repeats` of a weight already checked."""
     if w <= 0.0:
         return 0
     q_words = max(1, word_count(query))
@@ -122,7 +127,7 @@ def keyword_query(query: str, passages: Sequence[str], query_weight: float) -> s
     assert w is not None
     if w >= 1.0 or not passages:
         return query
-    repeats = keyword_repeats(query, passages, w)
+    repeats = _repeats(query, passages, w)
     return "\n\n".join([query] * repeats + list(passages))
 
 

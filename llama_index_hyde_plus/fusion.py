@@ -103,8 +103,9 @@ def unique_nodes(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:
     ids: set[str] = set()
     out = []
     for item in nodes:
-        if item.node.node_id not in ids:
-            ids.add(item.node.node_id)
+        nid = item.node.node_id  # a property: read once
+        if nid not in ids:
+            ids.add(nid)
             out.append(item)
     return out
 

@@ -144,11 +144,15 @@ class Usage:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able form, as `from_dict` reads it: every field in order but
         ``cached``, and ``tokens_saved`` only when some were."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name != "cached" and (f.name != "tokens_saved" or self.tokens_saved)
-        }
+        record = {name: getattr(self, name) for name in _RECORDED}
+        if self.tokens_saved:
+            record["tokens_saved"] = self.tokens_saved
+        return record
+
+
+_RECORDED = tuple(f.name for f in fields(Usage) if f.name not in ("cached", "tokens_saved"))
+"""The fields `Usage.to_dict` always keeps, in order (``tokens_saved``, the last field,
+only when some were)."""
 
 
 def sum_usage(usages: list[Usage]) -> Usage:
@@ -157,6 +161,8 @@ def sum_usage(usages: list[Usage]) -> Usage:
     Args:
         usages: the usages to add up.
     """
+    if len(usages) == 1 and not usages[0].cached:
+        return usages[0]  # what adding it to zero makes (frozen: shared as it is)
     total = Usage()
     for usage in usages:
         total = total + usage

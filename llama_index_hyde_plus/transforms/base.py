@@ -411,15 +411,16 @@ def validate_query(query: Any) -> str:
     return query
 
 
-def _emit_start(transformer: QueryTransformer, query: str) -> None:
+def _emit_start(transformer: QueryTransformer, query: str) -> bool:
+    """Emit the start event when a handler listens; whether one does (the end event
+    is emitted only then: the handlers are looked for once per transform)."""
     if not listening():
-        return
+        return False
     dispatcher.event(QueryTransformStartEvent(query=query, method=_method_name(transformer)))
+    return True
 
 
 def _emit_end(result: TransformResult) -> None:
-    if not listening():
-        return
     dispatcher.event(
         QueryTransformEndEvent(
             query=result.query,
@@ -584,7 +585,7 @@ class QueryTransformer(BaseQueryTransform):
         top passages) is passed on only to transforms whose guards ask for it."""
         validate_query(query)
         start = time.perf_counter()
-        _emit_start(self, query)
+        told = _emit_start(self, query)
         try:
             if context is not None and self.guards.context_k:
                 value = self.transform(query, context=context)  # type: ignore[call-arg]
@@ -593,7 +594,8 @@ class QueryTransformer(BaseQueryTransform):
             result = coerce_result(self, query, value, time.perf_counter() - start)
         except BaseException as exc:
             result = self._failed(query, failure(exc), start)  # interrupts go on up
-        _emit_end(result)
+        if told:
+            _emit_end(result)
         return result
 
     async def atransform_safe(
@@ -602,7 +604,7 @@ class QueryTransformer(BaseQueryTransform):
         """`atransform` that never raises (cancellation still propagates)."""
         validate_query(query)
         start = time.perf_counter()
-        _emit_start(self, query)
+        told = _emit_start(self, query)
         try:
             if context is not None and self.guards.context_k:
                 value = await self.atransform(query, context=context)  # type: ignore[call-arg]
@@ -611,7 +613,8 @@ class QueryTransformer(BaseQueryTransform):
             result = coerce_result(self, query, value, time.perf_counter() - start)
         except BaseException as exc:
             result = self._failed(query, failure(exc, in_task=True), start)  # ours propagates
-        _emit_end(result)
+        if told:
+            _emit_end(result)
         return result
 
     def _failed(self, query: str, exc: Exception, start: float) -> TransformResult:
