@@ -12,9 +12,13 @@ defaults (the LLM timeout and the circuit breaker on; the built-ins have neither
 pooled worker thread, so the caller can stop waiting) against the same search with
 ``timeout=None``. The load average is printed before and after.
 
-    uv run --frozen python benchmarks/overhead.py [--queries 2000] [--rounds 5] [--markdown]
+    uv run --frozen python benchmarks/overhead.py [--queries 2000] [--markdown]
 
-Rows (1) and (0) alternate ours and the other side ``--rounds`` times and show medians.
+Rows (1), (0) and (1t) time ``--queries`` searches of each side in blocks of 20 that
+alternate (which side goes first flips every block), and show the median time per
+search and the median of the blocks' ratios with its quartiles: one run's spread, so
+a ratio's uncertainty is printed beside it. ``instructions.py`` counts the same rows'
+work without timing noise.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -130,42 +135,71 @@ def cache_hit_ratio(n: int) -> tuple[float, float]:
     return statistics.median(misses), statistics.median(hits)
 
 
-def per_query_sync(make: Callable[[], Any], n: int) -> float:
-    r = make()
-    r.retrieve("warm up")
-    start = time.perf_counter()
-    for i in range(n):
-        r.retrieve(f"question {i}")
-    return (time.perf_counter() - start) / n
+BLOCK = 20
+"""Searches per timed block: ours and the other side alternate block by block."""
 
 
-def per_query_async(make: Callable[[], Any], n: int) -> float:
-    async def run() -> float:
-        r = make()
-        await r.aretrieve("warm up")
-        start = time.perf_counter()
-        for i in range(n):
-            await r.aretrieve(f"question {i}")
-        return (time.perf_counter() - start) / n
+@dataclass(frozen=True)
+class Paired:
+    """Ours against another side, measured in alternating blocks."""
 
-    return asyncio.run(run())
+    ours: float
+    """Median seconds per search of ours, over the blocks."""
+    theirs: float
+    """The same for the other side."""
+    ratio: float
+    """The median over block pairs of theirs / ours (above 1: ours is faster)."""
+    low: float
+    """The lower quartile of those ratios."""
+    high: float
+    """The upper quartile."""
+
+    def ratio_text(self) -> str:
+        return f"{self.ratio:.2f}x ({self.low:.2f}-{self.high:.2f})"
 
 
-def paired(
-    measure: Callable[[Callable[[], Any], int], float],
-    ours: Callable[[], Any],
-    theirs: Callable[[], Any],
-    n: int,
-    rounds: int,
-) -> tuple[float, float]:
-    """Median per-query seconds of ``ours`` and ``theirs`` over ``rounds`` runs taken
-    alternately (ours, theirs, ours, ...), so load that comes and goes hits both."""
+def _paired(mine: list[float], other: list[float]) -> Paired:
+    ratios = [b / a for a, b in zip(mine, other)]
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    median = statistics.median
+    return Paired(median(mine), median(other), median(ratios), q1, q3)
+
+
+def paired_sync(ours: Callable[[], Any], theirs: Callable[[], Any], n: int) -> Paired:
+    """``n`` sync searches of each side in blocks of `BLOCK`, alternating (which goes
+    first flips every block), so load that comes and goes weighs on both."""
+    a, b = ours(), theirs()
+    a.retrieve("warm up")
+    b.retrieve("warm up")
     mine: list[float] = []
     other: list[float] = []
-    for _ in range(rounds):
-        mine.append(measure(ours, n))
-        other.append(measure(theirs, n))
-    return statistics.median(mine), statistics.median(other)
+    for k in range(max(1, n // BLOCK)):
+        for r, times in ((a, mine), (b, other)) if k % 2 == 0 else ((b, other), (a, mine)):
+            start = time.perf_counter()
+            for i in range(BLOCK):
+                r.retrieve(f"question {k} {i}")
+            times.append((time.perf_counter() - start) / BLOCK)
+    return _paired(mine, other)
+
+
+def paired_async(ours: Callable[[], Any], theirs: Callable[[], Any], n: int) -> Paired:
+    """`paired_sync` with ``aretrieve``, both sides on one event loop."""
+
+    async def run() -> Paired:
+        a, b = ours(), theirs()
+        await a.aretrieve("warm up")
+        await b.aretrieve("warm up")
+        mine: list[float] = []
+        other: list[float] = []
+        for k in range(max(1, n // BLOCK)):
+            for r, times in ((a, mine), (b, other)) if k % 2 == 0 else ((b, other), (a, mine)):
+                start = time.perf_counter()
+                for i in range(BLOCK):
+                    await r.aretrieve(f"question {k} {i}")
+                times.append((time.perf_counter() - start) / BLOCK)
+        return _paired(mine, other)
+
+    return asyncio.run(run())
 
 
 def concurrent_wall(make: Callable[[], Any], k: int = 64) -> float:
@@ -193,11 +227,8 @@ def peak_memory(make: Callable[[], Any], k: int = 1000) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--queries", type=int, default=2000, help="searches of each side")
     parser.add_argument("--markdown", action="store_true")
-    parser.add_argument(
-        "--rounds", type=int, default=5, help="alternate runs per row (1); medians shown"
-    )
     parser.epilog = (
         "Rows (0) compare ours with the floor (the last column is floor / ours: 1.0 is "
         "the floor, 0.77 is 1.3x it); row (4) puts a cache hit (hyde-plus column) against "
@@ -208,116 +239,76 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     n = args.queries
     us = 1e6
-    rows: list[tuple[str, str, str, float]] = []
+    rows: list[tuple[str, str, str, str]] = []
 
     def add(name: str, ours: float, theirs: float, unit: str, scale: float) -> None:
         rows.append(
-            (name, f"{ours * scale:,.0f} {unit}", f"{theirs * scale:,.0f} {unit}", theirs / ours)
+            (
+                name,
+                f"{ours * scale:,.0f} {unit}",
+                f"{theirs * scale:,.0f} {unit}",
+                f"{theirs / ours:.2f}x",
+            )
         )
 
-    r = args.rounds
-    add("(1) HyDE, sync, per query", *paired(per_query_sync, ours_hyde, core_hyde, n, r), "µs", us)
+    def add_paired(name: str, found: Paired) -> None:
+        rows.append(
+            (name, f"{found.ours * us:,.0f} µs", f"{found.theirs * us:,.0f} µs", found.ratio_text())
+        )
+
+    multi_floor = lambda: Floor(1, N + 1)  # noqa: E731
+    add_paired("(1) HyDE, sync", paired_sync(ours_hyde, core_hyde, n))
+    add_paired("(1) HyDE, async", paired_async(ours_hyde, core_hyde, n))
+    add_paired(f"(1) multi-query n={N}, sync", paired_sync(ours_multi, core_multi, n // 4))
+    add_paired(f"(1) multi-query n={N}, async", paired_async(ours_multi, core_multi, n // 4))
     add(
-        "(1) HyDE, async, per query",
-        *paired(per_query_async, ours_hyde, core_hyde, n, r),
-        "µs",
-        us,
-    )
-    add(
-        f"(1) multi-query n={N}, sync, per query",
-        *paired(per_query_sync, ours_multi, core_multi, n // 4, r),
-        "µs",
-        us,
-    )
-    add(
-        f"(1) multi-query n={N}, async, per query",
-        *paired(per_query_async, ours_multi, core_multi, n // 4, r),
-        "µs",
-        us,
-    )
-    add(
-        "(2) HyDE, 64 concurrent, 100 ms LLM",
+        "(2) HyDE, 64 at once, 100 ms LLM",
         concurrent_wall(lambda: ours_hyde(0.1)),
         concurrent_wall(lambda: core_hyde(0.1)),
         "ms",
         1000,
     )
     add(
-        f"(2) multi-query n={N}, 64 concurrent, 100 ms LLM",
+        f"(2) multi-query n={N}, 64 at once",
         concurrent_wall(lambda: ours_multi(0.1)),
         concurrent_wall(lambda: core_multi(0.1)),
         "ms",
         1000,
     )
+    add("(3) HyDE, peak, 1,000 in flight", peak_memory(ours_hyde), peak_memory(core_hyde), "MB", 1)
     add(
-        "(3) HyDE, peak memory, 1,000 in flight",
-        peak_memory(ours_hyde),
-        peak_memory(core_hyde),
-        "MB",
-        1,
-    )
-    add(
-        f"(3) multi-query n={N}, peak memory, 1,000 in flight",
+        f"(3) multi-query n={N}, peak memory",
         peak_memory(ours_multi),
         peak_memory(core_multi),
         "MB",
         1,
     )
-
-    floors = [
-        ("(0) floor: HyDE, sync", paired(per_query_sync, ours_hyde, Floor, n, r)),
-        ("(0) floor: HyDE, async", paired(per_query_async, ours_hyde, Floor, n, r)),
-        (
-            f"(0) floor: multi-query n={N}, sync",
-            paired(per_query_sync, ours_multi, lambda: Floor(1, N + 1), n // 4, r),
-        ),
-        (
-            f"(0) floor: multi-query n={N}, async",
-            paired(per_query_async, ours_multi, lambda: Floor(1, N + 1), n // 4, r),
-        ),
-    ]
-    for name, (ours_s, floor) in floors:  # measured in pairs too: the same load on both
-        rows.append(
-            (
-                f"{name} (ours / floor)",
-                f"{ours_s * us:,.0f} µs",
-                f"{floor * us:,.0f} µs",
-                floor / ours_s,
-            )
-        )
-    timed, untimed = paired(per_query_sync, ours_hyde, ours_hyde_untimed, n, r)
-    rows.append(
-        (
-            "(1t) HyDE, sync: default timeout (ours) / timeout=None (other column)",
-            f"{timed * us:,.0f} µs",
-            f"{untimed * us:,.0f} µs",
-            untimed / timed,
-        )
-    )
+    add_paired("(0) floor: HyDE, sync", paired_sync(ours_hyde, Floor, n))
+    add_paired("(0) floor: HyDE, async", paired_async(ours_hyde, Floor, n))
+    add_paired("(0) floor: multi-query, sync", paired_sync(ours_multi, multi_floor, n // 4))
+    add_paired("(0) floor: multi-query, async", paired_async(ours_multi, multi_floor, n // 4))
+    add_paired("(1t) HyDE sync: timeout / None", paired_sync(ours_hyde, ours_hyde_untimed, n))
     miss, hit = cache_hit_ratio(50)
-    rows.append(
-        (
-            "(4) cache: miss (100 ms LLM) / hit",
-            f"{hit * us:,.0f} µs",
-            f"{miss * us:,.0f} µs",
-            miss / hit,
-        )
-    )
+    add("(4) cache: hit / 100 ms miss", hit, miss, "µs", us)
 
     load = f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     print(f"{os.cpu_count()} cores, {load}")
+    head = ("measure", "hyde-plus", "other", "other / ours")
     if args.markdown:
-        print("| measure | hyde-plus | LlamaIndex built-in | built-in / ours |")
-        print("| --- | ---: | ---: | ---: |")
-        for name, ours, theirs, ratio in rows:
-            print(f"| {name} | {ours} | {theirs} | {ratio:.2f}x |")
+        print(f"| {' | '.join(head)} |\n| --- | ---: | ---: | ---: |")
+        for row in rows:
+            print(f"| {' | '.join(row)} |")
         return
-    table = Table(title="Overhead, concurrency and memory against LlamaIndex built-ins")
-    for col in ("measure", "hyde-plus", "LlamaIndex", "built-in / ours"):
+    table = Table(title="Overhead against LlamaIndex's built-ins")
+    for col in head:
         table.add_column(col, justify="left" if col == "measure" else "right")
-    for name, ours, theirs, ratio in rows:
-        table.add_row(name, ours, theirs, f"{ratio:.2f}x")
-    Console(width=110).print(table)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=80).print(table)
+    print(
+        f"(1), (0), (1t): medians of {BLOCK}-search blocks of each side taken in turn; "
+        "the quartiles of the blocks' ratios in brackets."
+    )
 
 
 if __name__ == "__main__":
