@@ -2,11 +2,12 @@
 built-ins and the floor, with no timing noise.
 
 The wall-clock rows of ``overhead.py`` move by 20-40% between runs on a shared VM;
-an instruction count does not (two runs agree to about 0.1%). It measures work only:
-what a thread hand-off or an event-loop turn costs in waiting, and how many cycles an
-instruction takes on the real CPU (caches, branch prediction), are left out, which is
-why both tables are kept. The rows mirror ``overhead.py``'s: the same instant LLM and
-in-memory retriever, ours with the shipped defaults (the timeout on) unless marked.
+an instruction count barely does (two runs of one configuration agree within 0.5%).
+It measures work only: what a thread hand-off or an event-loop turn costs in
+waiting, and how many cycles an instruction takes on the real CPU (caches, branch
+prediction), are left out, which is why both tables are kept. The rows mirror
+``overhead.py``'s: the same instant LLM and in-memory retriever, ours with the shipped
+defaults (the timeout on) unless marked.
 
 Each configuration runs in its own process under ``valgrind --tool=callgrind`` with
 instrumentation off; after 20 warm-up searches it is switched on
