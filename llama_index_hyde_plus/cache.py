@@ -37,7 +37,8 @@ class TransformCache(Protocol):
     What is stored: a complete `TransformResult` (never a fallback, nor one with an
     ``error`` from a failed call). By default `set` receives its JSON-able
     ``to_dict()`` form and `get` must return an equal dict (or None for a miss); such a
-    cache may do blocking I/O, so the async path calls it in a worker thread. A cache
+    cache may do blocking I/O, so it is called on worker threads of its own (unless
+    its ``answers_in_process`` is True: `answers_in_process`). A cache
     whose class sets ``holds_objects = True``
     (like `MemoryCache`) receives the immutable `TransformResult` itself, must return
     the very object, and must never block (it is called on the event loop)."""
@@ -65,6 +66,15 @@ def holds_objects(cache: TransformCache) -> bool:
     """Whether ``cache`` keeps `TransformResult` objects in process (see
     `TransformCache`): no encoding, and no worker thread for its calls."""
     return getattr(cache, "holds_objects", False) is True
+
+
+def answers_in_process(cache: TransformCache) -> bool:
+    """Whether ``cache``'s calls only compute in this process (no disk, lock or network
+    to wait on), so a transform makes them in the caller's thread, the event loop's
+    included, instead of on the cache's worker threads: one that holds objects
+    (`holds_objects`), or one that says so (a true ``answers_in_process``, as a
+    `KVStoreCache` over LlamaIndex's in-memory ``SimpleKVStore`` does)."""
+    return holds_objects(cache) or getattr(cache, "answers_in_process", False) is True
 
 
 def cache_key(parts: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ import math
 import time
 from typing import Any
 
+from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
 from llama_index.core.storage.kvstore.types import BaseKVStore
 
 from .cache import StoreOutage
@@ -50,7 +51,8 @@ class KVStoreCache:
     entry also expires in Redis itself (``HEXPIRE``), elsewhere expired entries stay
     until read. What is read and written is a copy: changing a hit changes no later
     one. Calls are blocking (a transform makes them on worker threads of the cache's
-    own, each bounded by ``llm_base.CACHE_TIMEOUT_S``).
+    own, each bounded by ``llm_base.CACHE_TIMEOUT_S``), except over the in-memory
+    ``SimpleKVStore``, which only computes (`answers_in_process`).
 
     Args:
         kvstore: the store, e.g. ``RedisKVStore(redis_uri="redis://localhost:6379")``.
@@ -117,6 +119,14 @@ class KVStoreCache:
             redis_uri=uri, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         return cls(store, collection=collection, ttl_s=ttl_s)
+
+    @property
+    def answers_in_process(self) -> bool:
+        """True over LlamaIndex's in-memory ``SimpleKVStore`` itself (not a subclass,
+        which may do I/O): a read is a dict lookup and a copy, made in the caller's
+        thread (`cache.answers_in_process`); a hand-off to a worker thread would cost
+        more than the read. Any other store is called on the cache's worker threads."""
+        return type(self.kvstore) is SimpleKVStore
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """Log the first failure of an outage as a warning, the rest at debug level; the

@@ -377,9 +377,14 @@ def test_a_hung_cache_never_turns_off_another_cache_of_its_class(
     assert _within(10, lambda: healthy.transform(Q)).cached
 
 
+class _SubclassedStore(SimpleKVStore):
+    """A SimpleKVStore subclass: it may do I/O, so its cache is called on threads."""
+
+
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_async: bool) -> None:
-    cache = KVStoreCache(SimpleKVStore())
+    cache = KVStoreCache(_SubclassedStore())
+    assert not cache.answers_in_process
     llm = ScriptedLLM(respond=lambda p: "a passage")
     transform = HyDE(llm=llm, cache=cache)
     for _ in range(2):
@@ -654,3 +659,32 @@ async def test_a_core_transform_is_given_the_callers_own_bundle(use_async: bool)
         seen[name] = (spy.seen, {tuple(b.embedding or ()) for b in inner.bundles})
     assert seen["ours"] == seen["core"]
     assert seen["ours"][0] == [("q", ["special text"], [0.5, 0.5])]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_in_memory_kv_store_is_read_in_the_callers_thread(
+    use_async: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#32: LlamaIndex's own SimpleKVStore only computes: its reads and writes are made
+    where the transform runs (the event loop's thread on the async path), with no
+    hand-off; a subclass of it still goes to the cache's worker threads."""
+    seen: list[int] = []
+    real_get = SimpleKVStore.get
+
+    def get(self: SimpleKVStore, key: str, collection: str = "data") -> Any:
+        seen.append(threading.get_ident())
+        return real_get(self, key, collection=collection)
+
+    monkeypatch.setattr(SimpleKVStore, "get", get)
+    for store, in_place in ((SimpleKVStore(), True), (_SubclassedStore(), False)):
+        seen.clear()
+        cache = KVStoreCache(store)
+        assert cache.answers_in_process is in_place
+        llm = ScriptedLLM(respond=lambda p: "a passage")
+        transform = HyDE(llm=llm, cache=cache)
+        for _ in range(2):
+            result = await transform.atransform(Q) if use_async else transform.transform(Q)
+        assert result.cached and len(llm.prompts) == 1
+        here = threading.get_ident()
+        assert seen and all((ident == here) is in_place for ident in seen), (store, seen)
+

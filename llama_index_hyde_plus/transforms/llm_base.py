@@ -28,7 +28,7 @@ from llama_index.core.settings import Settings
 from .. import _llm
 from .._bounded import wait_woken, wake
 from .._workers import Job, WorkersBusyError
-from ..cache import cache_key, holds_objects
+from ..cache import answers_in_process, cache_key, holds_objects
 from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
 from ..singleflight import SingleFlight, WaitExpired
 from ..timeouts import timeout_for
@@ -378,7 +378,7 @@ class LLMTransform(QueryTransformer):
         return revised(result, include_query=self.include_query, **changes)
 
     def _cache_io_is_blocking(self) -> bool:
-        return self.cache is not None and not holds_objects(self.cache)
+        return self.cache is not None and not answers_in_process(self.cache)
 
     def _cache_job(self, call: Callable[[], _T], on_done: Any = None) -> Job | None:
         """``call`` (a `_lookup` or `_store`) on the cache's own worker threads (one
