@@ -37,11 +37,11 @@ class TransformCache(Protocol):
     What is stored: a complete `TransformResult` (never a fallback, nor one with an
     ``error`` from a failed call). By default `set` receives its JSON-able
     ``to_dict()`` form and `get` must return an equal dict (or None for a miss); such a
-    cache may do blocking I/O, so it is called on worker threads of its own (unless
-    its ``answers_in_process`` is True: `answers_in_process`). A cache
-    whose class sets ``holds_objects = True``
-    (like `MemoryCache`) receives the immutable `TransformResult` itself, must return
-    the very object, and must never block (it is called on the event loop)."""
+    cache may do blocking I/O, so it is called on worker threads of its own, unless
+    it says it only computes (`answers_in_process`). A cache whose class sets
+    ``holds_objects = True`` (like `MemoryCache`) receives the immutable
+    `TransformResult` itself, must return the very object, and must never block (it is
+    called on the event loop)."""
 
     def get(self, key: str) -> Any:
         """The value stored under ``key``, or None for a miss.
