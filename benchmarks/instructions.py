@@ -112,7 +112,8 @@ def count(label: str, queries: int, folder: Path) -> float:
     assert proc.stdin is not None and proc.stdout is not None
 
     def expect(word: str) -> None:
-        line = proc.stdout.readline() if proc.stdout else ""
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
         if line.strip() != word:
             proc.kill()
             raise RuntimeError(f"{label}: expected {word!r}, got {line!r}")

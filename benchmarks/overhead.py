@@ -158,6 +158,10 @@ class Paired:
         return f"{self.ratio:.2f}x ({self.low:.2f}-{self.high:.2f})"
 
 
+_Side = tuple[Any, list[float]]
+"""A retriever and the per-search times of its blocks."""
+
+
 def _paired(mine: list[float], other: list[float]) -> Paired:
     ratios = [b / a for a, b in zip(mine, other)]
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
@@ -165,16 +169,21 @@ def _paired(mine: list[float], other: list[float]) -> Paired:
     return Paired(median(mine), median(other), median(ratios), q1, q3)
 
 
+def _turns(k: int, ours: _Side, theirs: _Side) -> tuple[_Side, _Side]:
+    """The two sides in the order block ``k`` times them: which goes first flips
+    every block, so load that comes and goes weighs on both."""
+    return (ours, theirs) if k % 2 == 0 else (theirs, ours)
+
+
 def paired_sync(ours: Callable[[], Any], theirs: Callable[[], Any], n: int) -> Paired:
-    """``n`` sync searches of each side in blocks of `BLOCK`, alternating (which goes
-    first flips every block), so load that comes and goes weighs on both."""
+    """``n`` sync searches of each side in blocks of `BLOCK`, taken in turn (`_turns`)."""
     a, b = ours(), theirs()
     a.retrieve("warm up")
     b.retrieve("warm up")
     mine: list[float] = []
     other: list[float] = []
     for k in range(max(1, n // BLOCK)):
-        for r, times in ((a, mine), (b, other)) if k % 2 == 0 else ((b, other), (a, mine)):
+        for r, times in _turns(k, (a, mine), (b, other)):
             start = time.perf_counter()
             for i in range(BLOCK):
                 r.retrieve(f"question {k} {i}")
@@ -192,7 +201,7 @@ def paired_async(ours: Callable[[], Any], theirs: Callable[[], Any], n: int) -> 
         mine: list[float] = []
         other: list[float] = []
         for k in range(max(1, n // BLOCK)):
-            for r, times in ((a, mine), (b, other)) if k % 2 == 0 else ((b, other), (a, mine)):
+            for r, times in _turns(k, (a, mine), (b, other)):
                 start = time.perf_counter()
                 for i in range(BLOCK):
                     await r.aretrieve(f"question {k} {i}")
