@@ -1,9 +1,10 @@
-"""The ``hyde-plus`` entry point: refuse what needs no library to refuse (an explicit
-``--llm openai`` or ``--embed openai`` without a key) before the CLI loads LlamaIndex,
-which takes several seconds on a small machine."""
+"""The ``hyde-plus`` entry point: refuse what needs no library to refuse (the ``cli``
+extra not installed; an explicit ``--llm openai`` or ``--embed openai`` without a key)
+before the CLI loads LlamaIndex, which takes several seconds on a small machine."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -40,8 +41,23 @@ def early_error(argv: Sequence[str]) -> str | None:
     return None
 
 
+#: What the command itself is written with: the ``cli`` extra.
+CLI_MODULES = ("typer", "rich")
+
+
+def missing_cli() -> str | None:
+    """The error for a base install (the library alone), which has no command, or None."""
+    missing = [m for m in CLI_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"the hyde-plus command needs the 'cli' extra ({', '.join(missing)} not installed): "
+        'pip install "llama-index-hyde-plus[cli]"'
+    )
+
+
 def main() -> None:
-    message = early_error(sys.argv[1:])
+    message = missing_cli() or early_error(sys.argv[1:])
     if message is not None:
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)

@@ -418,6 +418,8 @@ def test_index_with_openai_unreachable_gives_up_quickly(
         (["demo"], "xllamacpp", "local"),
         (["transform", "q", "--llm", "local"], "xllamacpp", "local"),
         (["query", "q", "--index", "IDX", "-t", "none"], "fastembed", "local"),
+        (["serve", "--index", "IDX", "--stdio"], "rcp", "server"),
+        (["serve", "--index", "IDX", "--stdio"], "uvicorn", "server"),
     ],
 )
 def test_a_missing_extra_is_named_before_any_work(

@@ -148,3 +148,74 @@ def test_the_retriever_names_no_transform() -> None:
     text = (PACKAGE / "retriever.py").read_text() + (PACKAGE / "plan.py").read_text()
     for name in ("HyDE", "Rocchio", "MultiQuery", "StepBack", "Decompose", "Rewrite"):
         assert f"import {name}" not in text and f" {name}(" not in text, name
+
+
+#: What the ``cli``, ``server`` and ``eval`` extras bring, none of which the library needs.
+APP_DEPENDENCIES = ("typer", "rich", "starlette", "uvicorn", "rcp", "ir_measures", "matplotlib")
+#: The application layers: the command, the server, the evaluation.
+APP_MODULES = ("cli", "rcp", "rcp_http", "evaluation", "_entry")
+
+_BASE_INSTALL = f"""
+import importlib, pkgutil, sys
+BLOCKED = {APP_DEPENDENCIES!r}
+for blocked in BLOCKED:  # as if not installed: an import of it fails, find_spec says None
+    sys.modules[blocked] = None
+import llama_index_hyde_plus as pkg
+for name in pkg.__all__:
+    getattr(pkg, name)
+for info in pkgutil.walk_packages(pkg.__path__, "llama_index_hyde_plus."):
+    if info.name.split(".")[1] not in {APP_MODULES!r}:
+        importlib.import_module(info.name)
+from llama_index_hyde_plus import HyDE, TransformRetriever
+from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+retriever = TransformRetriever(
+    StaticRetriever({{"q3": "Renewals slipped."}}, default=["q3"]),
+    HyDE(ScriptedLLM(replies=["Renewals slipped last quarter."])),
+    embed_model=DeterministicEmbedding(),
+)
+found = retriever.search("Why did revenue drop?")
+assert found.transform.hypothetical == ("Renewals slipped last quarter.",), found.transform
+assert [n.node.node_id for n in found.nodes] == ["q3"], found.nodes
+apps = sorted({{m.split(".")[0] for m, mod in sys.modules.items() if mod is not None}} & set(BLOCKED))
+assert not apps, apps
+print("library-only import ok")
+"""
+
+
+def test_the_library_works_without_the_cli_server_and_eval_extras() -> None:
+    """A base install (no ``cli``, ``server`` or ``eval`` extra) imports every library
+    module and searches; any import of those extras' packages fails the run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _BASE_INSTALL], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "library-only import ok" in done.stdout
+
+
+def test_the_base_install_lists_no_application_dependency() -> None:
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    names = {d.split(">")[0].split("=")[0].split("[")[0] for d in project["dependencies"]}
+    pypi = {"typer", "rich", "starlette", "uvicorn", "rcp-protocol", "ir-measures", "matplotlib"}
+    assert not names & pypi, names & pypi
+    extras = project["optional-dependencies"]
+    assert {"typer>=0.12", "rich>=13"} <= set(extras["cli"])
+    assert "llama-index-hyde-plus[cli]" in extras["local"]  # the README's demo command
+
+
+def test_the_command_without_the_cli_extra_names_it() -> None:
+    import subprocess
+    import sys
+
+    script = _BASE_INSTALL.split("import llama_index_hyde_plus as pkg")[0] + (
+        "from llama_index_hyde_plus._entry import main\nsys.argv = ['hyde-plus', '--help']\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "needs the 'cli' extra" in done.stderr
+    assert 'pip install "llama-index-hyde-plus[cli]"' in done.stderr

@@ -15,6 +15,9 @@ from ._console import fail, reported, setup_logging, warm_up
 from ._names import TIMEOUT_POLICY
 from ._options import Collection, IndexPath, MilvusToken, Uri, Verbose
 
+#: The ``server`` extra: what `rcp` and `rcp_http` are written with.
+SERVER_EXTRA: tuple[str, tuple[str, ...]] = ("server", ("rcp", "starlette", "uvicorn"))
+
 if TYPE_CHECKING:
     import socket
 
@@ -300,6 +303,7 @@ def serve(
     check_writable(writable, http, token, index_path is not None or uri is not None)
     policy = check_sessionless(sessionless, http)
     with early.refused():
+        early.extra(*SERVER_EXTRA, "hyde-plus serve")
         if index_path is not None or uri is not None:
             early.store_address(index_path, uri)
         for path in config_files or []:
