@@ -101,7 +101,7 @@ def model_name(llm: Any) -> str | None:
 
 SMALL_GENERATORS: tuple[str, ...] = ("SmolLM2-135M",)
 """Model-name prefixes of the generators measured too weak for the capable-model
-defaults: the bundled SmolLM2-135M (BENCHMARKS.md, issue #23)."""
+defaults: the bundled SmolLM2-135M (BENCHMARKS.md)."""
 _SMALL_PREFIXES = tuple(p.lower() for p in SMALL_GENERATORS)  # read on every search
 
 

@@ -5,7 +5,7 @@ and normalisation of sentence-transformers. The sequence length is capped at
 ``max_length`` tokens (256, the model's own limit, by default): fastembed's default of
 512 costs 3x the time for no gain on this model.
 
-Batching (issue #15): the texts of one call are sorted by length and cut into ONNX runs
+Batching: the texts of one call are sorted by length and cut into ONNX runs
 of at most ``batch_size`` texts and ``max_batch_chars`` padded characters, then the
 vectors are put back in the callers' order. Long passages (a 256-token abstract) then
 run one at a time, which on a 2-core CPU is the fastest and keeps the onnxruntime

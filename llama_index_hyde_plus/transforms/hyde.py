@@ -104,7 +104,7 @@ class HyDE(LLMTransform):
         "capable": Shipped(query_weight=0.7, gate=None),
     }
     """The defaults by generator (`LLMTransform.generator`), chosen on SciFact train
-    (BENCHMARKS.md, issue #23). ``"small"``, the bundled SmolLM2-135M, whose passages
+    (BENCHMARKS.md). ``"small"``, the bundled SmolLM2-135M, whose passages
     rarely help: the question keeps 0.8 of the vector and a 0.7 cosine gate skips
     passages far from the question. ``"capable"``, any other LLM, measured with the
     strong-generator stand-in (``--llm oracle:P``): question weight 0.7 and no gate
