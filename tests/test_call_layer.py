@@ -1,6 +1,6 @@
-"""Issue #29, the call layer: the breaker's half-open slot, single-flight cancellation,
-the LLM worker pool, what the breaker counts, non-Exception errors, timeout accounting
-and provider token counts."""
+"""The LLM call layer: the breaker's half-open slot, single-flight cancellation, the
+LLM worker pool, what the breaker counts, non-Exception errors, timeout accounting and
+provider token counts."""
 
 from __future__ import annotations
 

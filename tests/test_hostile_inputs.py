@@ -1,11 +1,8 @@
-"""Regressions from the fresh hostile round on the Python API (#29, "Done when").
-
-Each failed before its fix: a store, embedder or cache raising an error that is not an
-``Exception`` crashed the search; two LLMs differing only in a function field (their
-prompt format) shared cache entries; a generation with an empty reply among N was
-cached as complete; a cache entry of another question, or with nothing in it, was
-served as a hit.
-"""
+"""Hostile inputs to the Python API: a store, embedder or cache raising an error that is
+not an ``Exception`` never crashes the search; two LLMs differing only in a function
+field (their prompt format) never share cache entries; a generation with an empty reply
+among N is not cached as complete; a cache entry of another question, or with nothing
+in it, is never served as a hit."""
 
 from __future__ import annotations
 

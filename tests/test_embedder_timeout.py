@@ -1,10 +1,10 @@
-"""Issue #29, round 7 D7: a hung embedder never hangs a search.
+"""A hung embedder never hangs a search.
 
 Every model call hyde-plus makes after the LLM (embedding the generated text, the
 question for the gate and the mix, documents for rerank and Rocchio) is bounded by
 ``model_timeout``: a blocking embedder on worker threads of its own, a native async one
 under asyncio's timeout. Past the deadline the search falls back to the question's own
-hits. Before the fix each of these searches waited for the embedder for ever."""
+hits."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""#29 round 8 (D1): every public constructor refuses a bad parameter up front, with a
-`TypeError` or `ValueError` naming it, instead of accepting it and failing later (a
-NaN cooldown kept an opened breaker open for good, ``retry="3"`` or
-``callback_manager=object()`` made every call fall back, ``prompt=3`` raised an
-``AttributeError`` naming nothing)."""
+"""Every public constructor refuses a bad parameter up front, with a `TypeError` or
+`ValueError` naming it, instead of accepting it and failing later (a NaN cooldown, a
+string ``retry``, a ``callback_manager`` that is not one, a ``prompt`` that is not a
+prompt)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Issue #29, hostile round 6: the cache key covers bound built-ins, the globals a
-setting reads and a prompt's function mappings; secret names are exactly secrets; a
-blocking cache store never hangs a search; a wrapped core transform sees the caller's
-bundle and its own embedding is searched; worker threads have one overall cap; KV
-store entries expire in the store and a hit cannot be mutated."""
+"""The cache key covers bound built-ins, the globals a setting reads and a prompt's
+function mappings; secret names are exactly secrets; a blocking cache store never hangs
+a search; a wrapped core transform sees the caller's bundle and its own embedding is
+searched; worker threads have one overall cap; KV store entries expire in the store and
+a hit cannot be mutated."""
 
 from __future__ import annotations
 

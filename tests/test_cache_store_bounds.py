@@ -1,5 +1,5 @@
-"""Round 8's cache findings: one bound per search for a hung cache store (M1), and a
-cache turned off by a setting it cannot key says so (M2)."""
+"""A hung cache store costs one bound per search, and a cache turned off by a setting it
+cannot key says so."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class _SlowKV(SimpleKVStore):
 def test_a_hung_cache_costs_one_bound_then_is_tried_again_after_the_retry_time(
     monkeypatch: pytest.MonkeyPatch, use_async: bool
 ) -> None:
-    """Round 9: a store that hangs cost its 2 s bound on each of the first 32 searches
+    """a store that hangs cost its 2 s bound on each of the first 32 searches
     (until all its threads held hung calls). Now the searches while the hung call runs
     skip it at once; once ``CACHE_RETRY_S`` has passed one more call tries it, and once
     the store answers again it is used."""

@@ -1,10 +1,9 @@
-"""Issue #29, hostile round 8: the search path after the LLM.
-
-D5: a store that answers the question but hangs on the generated text is bounded by
-``model_timeout`` (the question's own hits come back). D6: a document whose text
-changes under the same id is scored by its new text. M4: a failing question search
-raises at once, not after the LLM. M3: no zero vector from the test double, and a
-zero vector from a real embedder is an unusable vector (fallback, no NaN score)."""
+"""The search path after the LLM: a store that answers the question but hangs on the
+generated text is bounded by ``model_timeout`` (the question's own hits come back); a
+document whose text changes under the same id is scored by its new text; a failing
+question search raises at once, not after the LLM; the test double makes no zero
+vector, and a zero vector from a real embedder is an unusable vector (fallback, no NaN
+score)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ from .conftest import DOCS, Q, ids, search, sync_within
 
 _words = DeterministicEmbedding(dim=64)
 
-# -- D6: document vectors keyed by id and content ---------------------------------------
+# -- document vectors keyed by id and content ---------------------------------------
 
 RENEWALS = "Enterprise renewals slipped last quarter as accounts delayed signing."
 OFFICE = "The office moved to the third floor in March."
@@ -64,7 +63,7 @@ def test_an_unchanged_document_is_still_served_from_the_cache() -> None:
     assert len(model.embedded_texts) == embedded  # nothing embedded again
 
 
-# -- M3: zero vectors ----------------------------------------------------------------------
+# -- zero vectors ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("text", ["", "the and a of", "What is it?"])
@@ -135,7 +134,7 @@ async def test_a_zero_vector_of_the_question_is_never_searched_with(use_async: b
     assert [b.embedding for b in store.asked] == [None]  # the store embeds it itself
 
 
-# -- D5: a store that hangs on the generated text -----------------------------------------
+# -- a store that hangs on the generated text -----------------------------------------
 
 T = 0.3
 """The configured ``model_timeout``; a search must end well within `LIMIT`."""
@@ -268,7 +267,7 @@ async def test_a_hung_blocking_store_holds_at_most_its_own_threads(
     assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
 
 
-# -- M4: the question's own search fails while the LLM writes -----------------------------
+# -- the question's own search fails while the LLM writes -----------------------------
 
 
 class Down(BaseRetriever):

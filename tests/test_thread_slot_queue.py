@@ -1,4 +1,4 @@
-"""Round 9's findings in the worker threads: the process's line for thread slots."""
+"""The worker threads: the process's line for thread slots."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from llama_index_hyde_plus import _workers
 def test_a_long_line_for_slots_behind_a_full_pool_never_deepens_the_stack(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # round 9, D1: each freed slot was handed down the line recursively (give_back ->
+    # each freed slot was handed down the line recursively (give_back ->
     # admit -> pool full -> give_back ...): 1,500 calls in line killed the worker with
     # RecursionError, the slots were lost and the calls never ran
     monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(2))
@@ -35,7 +35,7 @@ def test_a_long_line_for_slots_behind_a_full_pool_never_deepens_the_stack(
     assert _workers._slot_line.waiting() == 0
 
 
-# -- single-flight: a slow cache write and a cancelled leader (round 9, D3 and D5) -----
+# -- single-flight: a slow cache write and a cancelled leader -----
 def test_waiters_have_the_leaders_value_before_its_cache_write_ends() -> None:
     from llama_index_hyde_plus.singleflight import SingleFlight
 
@@ -152,7 +152,7 @@ def test_when_the_sync_leader_is_interrupted_one_waiter_leads() -> None:
     assert len(calls) == 2
 
 
-# -- a reranker that overruns model_timeout (round 9, D2 and D4) --------------------
+# -- a reranker that overruns model_timeout --------------------
 def _rerank_retriever(reranker: object, model_timeout: float) -> object:
     from llama_index.core import Document, VectorStoreIndex
 
@@ -219,7 +219,7 @@ async def test_an_async_reranker_that_swallows_its_cancellation_costs_model_time
     assert time.monotonic() - start < 2.0 and len(found.nodes) == 2  # was 3.3 s
 
 
-# -- the prompt is rendered once per call: what is keyed is what is sent (round 9, D6) --
+# -- the prompt is rendered once per call: what is keyed is what is sent --
 @pytest.mark.parametrize("use_async", [False, True])
 def test_a_rotating_mapping_never_stores_one_renderings_passage_under_anothers_key(
     use_async: bool,
@@ -251,7 +251,7 @@ def test_a_rotating_mapping_never_stores_one_renderings_passage_under_anothers_k
     assert [r.cached for r in results] == [False, False, True, True]
 
 
-# -- a call whose caller went away is not a hung call (round 9, D7) ------------------
+# -- a call whose caller went away is not a hung call ------------------
 def test_calls_abandoned_by_cancelled_callers_do_not_make_a_provider_look_hung() -> None:
     release = threading.Event()
     pool = _workers.DaemonWorkers(max_busy=2, name="cancelled")
@@ -276,7 +276,7 @@ def test_calls_past_their_own_time_still_make_a_provider_look_hung() -> None:
         release.set()
 
 
-# -- minor: fuse's and from_index's arguments (round 9) ------------------------------
+# -- minor: fuse's and from_index's arguments ------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [

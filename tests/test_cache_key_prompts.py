@@ -1,10 +1,7 @@
-"""Issue #29, hostile round 7, D3-D5: the cache key holds what is sent to the model.
-
-D3: a formatter reading a 20,000-entry table rebuilt the key from the table on every
-query (50 cached queries stalled the event loop 6 s); D4: a formatter reading a file
-was keyed by its code only (stale hits once the file changed); D5: a function reading
-one environment variable keyed the whole environment (no shared hits across replicas
-whose PWD differs)."""
+"""The cache key holds what is sent to the model: a formatter reading a large table is
+keyed by its output, not the table (no stall per query); a formatter reading a file is
+keyed by what it read (no stale hit once the file changes); a function reading one
+environment variable keys that variable, not the whole environment."""
 
 from __future__ import annotations
 
@@ -235,7 +232,7 @@ def test_an_unset_variable_and_an_empty_one_get_different_keys(
 _KEYS_IN_A_SUBPROCESS = """
 import sys
 sys.path.insert(0, sys.argv[1])
-import tests.test_i29_round7_keys as t
+import tests.test_cache_key_prompts as t
 for hyde in t.configurations():
     print(hyde.cache_key_for(t.Q))
 """
@@ -356,7 +353,7 @@ def test_the_llm_settings_read_once_follow_every_change_on_the_same_transform() 
     immutable object (`keys.settings_snapshot`); any change is read again, and a
     setting that can change in place (a dict) is read for every key."""
     from llama_index_hyde_plus.transforms.keys import settings_snapshot
-    from tests.test_i29_caches import SettingsLLM
+    from tests.test_cache_guarantees import SettingsLLM
 
     hook = _copy_of(_reply_hook)
     llm = ScalarLLM(respond=hook)

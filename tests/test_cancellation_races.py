@@ -1,6 +1,7 @@
-"""Round 13's finding (#29): on Python 3.10 and 3.11 ``asyncio.wait_for`` returns the
-inner result when the task's cancellation arrives just after that result is ready, so
-a cancelled ``asearch`` whose worker had just answered returned a result (F1)."""
+"""Cancellation that races a result: ``asyncio.wait_for`` on Python 3.10 and 3.11
+returns the inner result when the task's cancellation arrives just after that result
+is ready; a cancelled ``asearch`` whose worker had just answered still raises
+``CancelledError``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Issue #29, caches: a cache that cannot be created degrades instead of raising, only
-complete generations are cached or shared, the key covers every option and LLM setting
-that changes a generation, and the in-process caches are bounded by bytes."""
+"""Caches: one that cannot be created degrades instead of raising, only complete
+generations are cached or shared, the key covers every option and LLM setting that
+changes a generation, and the in-process caches are bounded by bytes."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_openais_generation_settings_are_in_the_key_and_its_key_is_not() -> None
 _KEY_IN_A_SUBPROCESS = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from tests.test_i29_caches import SettingsLLM
+from tests.test_cache_guarantees import SettingsLLM
 from llama_index_hyde_plus import HyDE, MultiQuery
 llm = SettingsLLM(temperature=0.4, additional_kwargs={"top_p": 0.5})
 print(HyDE(llm).cache_key_for("q"), MultiQuery(llm).cache_key_for("q"))

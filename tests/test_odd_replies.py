@@ -1,6 +1,5 @@
-"""Round 10's edge findings (issue #29): a reranker's garbage (F3), GeneratorExit (F6),
-function mappings with an escaped ``{{name}}`` (F7), a huge provider error (F8) and
-``fuse``'s ``lists`` (F9)."""
+"""Odd replies and inputs: a reranker's garbage, GeneratorExit, function mappings with
+an escaped ``{{name}}``, a huge provider error and ``fuse``'s ``lists``."""
 
 from __future__ import annotations
 
@@ -50,7 +49,7 @@ def _ranked(nodes: list[Any]) -> list[tuple[str, Any]]:
     return [(n.node.node_id, n.score) for n in nodes]
 
 
-# -- F3: a reranker that returns garbage is a failed reranker ---------------------------
+# -- a reranker that returns garbage is a failed reranker ---------------------------
 class _Garbage(BaseNodePostprocessor):
     """Returns what ``mode`` says instead of reranked nodes."""
 
@@ -83,7 +82,7 @@ class _AsyncGarbage(_Garbage):
 def test_a_reranker_that_returns_garbage_keeps_the_fused_nodes_with_a_warning(
     mode: str, use_async: bool, native: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # round 10, F3: None crashed search/asearch/retrieve with a TypeError; a str or a list
+    # None crashed search/asearch/retrieve with a TypeError; a str or a list
     # of texts was served as the result's nodes; NaN scores passed through
     index = _index()
     plain = _search(TransformRetriever.from_index(index, HyDE(_llm())), use_async)
@@ -128,7 +127,7 @@ def test_a_reranker_answer_with_none_scores_is_used(
     assert not any("the reranker failed" in r.getMessage() for r in caplog.records)
 
 
-# -- F6: GeneratorExit propagates, as documented ---------------------------------------
+# -- GeneratorExit propagates, as documented ---------------------------------------
 class _GenExitEmbed(BaseEmbedding):
     """Blocking text embeddings (run on worker threads) that raise GeneratorExit for
     the generated passage; the documents and the question embed normally."""
@@ -165,7 +164,7 @@ def _gen_exit_retriever(where: str) -> TransformRetriever:
 @pytest.mark.parametrize("use_async", [False, True])
 @pytest.mark.parametrize("where", ["llm", "embedder", "reranker"])
 def test_generator_exit_from_a_component_propagates(where: str, use_async: bool) -> None:
-    # round 10, F6: decided to propagate, like KeyboardInterrupt and SystemExit (on the
+    # decided to propagate, like KeyboardInterrupt and SystemExit (on the
     # async path it may be the close of the caller's own coroutine, which must go on
     # up); the docs now say so
     with pytest.raises(GeneratorExit):
@@ -178,10 +177,10 @@ def test_the_docs_list_generator_exit_among_what_still_raises() -> None:
     assert "`GeneratorExit`" in still and "`KeyboardInterrupt`" in still
 
 
-# -- F7: a function mapping runs once per rendering, escapes or not ----------------------
+# -- a function mapping runs once per rendering, escapes or not ----------------------
 @pytest.mark.parametrize("use_async", [False, True])
 def test_a_function_mapping_runs_once_per_prompt_with_escaped_names(use_async: bool) -> None:
-    # round 10, F7: with escapes the template was formatted piece by piece, each piece
+    # with escapes the template was formatted piece by piece, each piece
     # calling the mapping again: 3 calls for 2 escapes, and two renderings in one prompt
     calls: list[int] = []
 
@@ -217,7 +216,7 @@ def test_escaped_names_keep_partial_values_and_variable_mappings() -> None:
     assert len(calls) == 1
 
 
-# -- F8: a huge provider error is cut where its text is made -----------------------------
+# -- a huge provider error is cut where its text is made -----------------------------
 HUGE = "<html>" + "x" * 5_000_000 + "</html>"
 
 
@@ -230,7 +229,7 @@ def test_describe_cuts_a_long_message_and_keeps_a_short_one() -> None:
 
 
 def test_a_huge_provider_error_is_kept_and_logged_cut(caplog: pytest.LogCaptureFixture) -> None:
-    # round 10, F8: a 5 MB error page was kept verbatim in TransformResult.error, in the
+    # a 5 MB error page was kept verbatim in TransformResult.error, in the
     # first node's hyde_plus metadata, and logged
     retriever = TransformRetriever.from_index(
         _index(), HyDE(ScriptedLLM([ConnectionError(HUGE)] * 6))
@@ -260,7 +259,7 @@ def test_a_huge_error_after_the_llm_is_kept_cut(use_async: bool) -> None:
     assert len(found.transform.error or "") < MAX_ERROR_CHARS + 200
 
 
-# -- F9: fuse refuses bad lists by name ---------------------------------------------------
+# -- fuse refuses bad lists by name ---------------------------------------------------
 def _nws(name: str, score: float) -> NodeWithScore:
     return NodeWithScore(node=TextNode(text=name, id_=name), score=score)
 
@@ -269,7 +268,7 @@ def _nws(name: str, score: float) -> NodeWithScore:
     "lists", [[[1, 2]], "abc", [["a"]], [None], None, [[_nws("a", 1.0)], "ab"], b"ab", 3]
 )
 def test_fuse_refuses_lists_that_are_not_lists_of_nodes(lists: Any) -> None:
-    # round 10, F9: [[1]], "abc" and [["a"]] raised a bare AttributeError
+    # [[1]], "abc" and [["a"]] raised a bare AttributeError
     with pytest.raises(TypeError, match=re.escape("lists must be")):
         fuse(lists)
 

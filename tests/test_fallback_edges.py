@@ -1,8 +1,8 @@
-"""Edge cases of issue #29: whatever fails after the LLM falls back to the question's
-own search, traces on the host's callback manager, replies with no content, what a
-QueryBundle carries, non-finite scores, escaped prompt braces, placeholder queries, the
-embedding model of a loaded index, the docs extra's logging, and the RCP servers' last
-line of defence."""
+"""Edge cases: whatever fails after the LLM falls back to the question's own search,
+traces on the host's callback manager, replies with no content, what a QueryBundle
+carries, non-finite scores, escaped prompt braces, placeholder queries, the embedding
+model of a loaded index, the docs extra's logging, and the RCP servers' last line of
+defence."""
 
 from __future__ import annotations
 

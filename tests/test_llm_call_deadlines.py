@@ -1,9 +1,8 @@
-"""Issue #29, hostile round 8, the LLM call layer: threads that only wait take no slot
-of the process's thread cap and a burst past it waits in line (D4); a streamed reply
-keeps the overall deadline on the sync path (D2) and an abandoned one is no longer
-read (D8); a generation stopped early is counted by the host's token counter (D3); an
-async LLM that swallows its cancellation is never waited for (D7); a sync `HANG`
-frees its thread once abandoned (D9)."""
+"""The LLM call layer under load: threads that only wait take no slot of the process's
+thread cap and a burst past it waits in line; a streamed reply keeps the overall
+deadline on the sync path and an abandoned one is no longer read; a generation stopped
+early is counted by the host's token counter; an async LLM that swallows its
+cancellation is never waited for; a sync `HANG` frees its thread once abandoned."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ def _healthy(name: str, delay: float = 0.2) -> ScriptedLLM:
     return ScriptedLLM(respond=lambda _: PASSAGE, delay=delay, model_name=name, record=False)
 
 
-# -- D4: threads that only wait hold no slot; a healthy burst waits in line -------------
+# -- threads that only wait hold no slot; a healthy burst waits in line -------------
 def test_num_passages_calls_fit_the_thread_cap_they_use(four_thread_slots: None) -> None:
     # 4 LLM calls, 4 slots: the 3 threads that wait on them must take none
     llm = _healthy("d4-fit")
@@ -83,7 +82,7 @@ def test_a_caller_thread_that_cannot_start_is_that_calls_outcome(
     assert "can't start new thread" in (result.error or "")
 
 
-# -- D2, D8: streamed replies keep the deadline and stop being read once abandoned ------
+# -- streamed replies keep the deadline and stop being read once abandoned ------
 class _Trickle(CustomLLM):
     """A streamed reply, one piece every ``gap`` seconds; its client's timeout (1 s,
     per read, as httpx's) may be within the budget, so it 'times itself'."""
@@ -138,7 +137,7 @@ def test_an_abandoned_stream_is_closed_and_no_longer_read(use_async: bool) -> No
     assert len(llm.read) <= at_return + 1 and llm.closed == [True]
 
 
-# -- D3: a generation stopped early is counted by the host's TokenCountingHandler --------
+# -- a generation stopped early is counted by the host's TokenCountingHandler --------
 class _Streamer(CustomLLM):
     """A streamed reply far longer than ``max_characters``, through LlamaIndex's own
     callback decorator (closing the stream ends its event with an exception)."""
@@ -177,7 +176,7 @@ def test_a_stopped_generation_is_counted_once_by_the_token_counter(use_async: bo
     assert Q in counted[0].prompt
 
 
-# -- D7: an async LLM that swallows its cancellation is abandoned at the deadline -------
+# -- an async LLM that swallows its cancellation is abandoned at the deadline -------
 class _Stubborn(CustomLLM):
     @property
     def metadata(self) -> LLMMetadata:
@@ -206,7 +205,7 @@ async def test_an_llm_that_swallows_its_cancellation_is_not_waited_for() -> None
     assert result.fallback and "LLMTimeoutError" in (result.error or "")
 
 
-# -- D9: a sync HANG ends when its call is abandoned ------------------------------------
+# -- a sync HANG ends when its call is abandoned ------------------------------------
 def _busy_after(pool: _workers.DaemonWorkers, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     while pool.busy() and time.monotonic() < deadline:

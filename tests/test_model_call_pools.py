@@ -1,7 +1,7 @@
-"""Round 10's findings in the bounded calls after the LLM and their worker pools (#29):
-cancelled callers made healthy pools look hung (F1, F2), an interrupt left its call
-running un-abandoned and the pools' lines kept abandoned calls (F5), and the question's
-own search waited on the event loop's default executor (F4)."""
+"""The bounded calls after the LLM and their worker pools: cancelled callers never make
+a healthy pool look hung, an interrupt abandons its call and the pools' lines drop
+abandoned calls, and the question's own search never waits on the event loop's default
+executor."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ async def _cancelled_while_running(pool: _workers.DaemonWorkers, gate: threading
 
 
 async def test_cancelled_callers_never_make_a_healthy_pool_look_hung() -> None:
-    # F1: arun_within submitted with no budget, so each call abandoned by a cancelled
+    # arun_within submitted with no budget, so each call abandoned by a cancelled
     # caller counted as overrun at once: a full pool of them refused the next call
     pool = _workers.DaemonWorkers(max_busy=2, name="embedder")
     gate = threading.Event()
@@ -76,7 +76,7 @@ async def test_cancelled_callers_never_make_a_healthy_pool_look_hung() -> None:
 async def test_cancelled_callers_never_make_the_process_slots_look_hung(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # F2: the same at process scope: cancelled healthy calls holding every slot of
+    # the same at process scope: cancelled healthy calls holding every slot of
     # MAX_THREADS made any other pool's call fail at once
     monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(2))
     monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine())
@@ -93,7 +93,7 @@ async def test_cancelled_callers_never_make_the_process_slots_look_hung(
 
 
 def test_a_busy_pool_names_the_model_it_did_not_call() -> None:
-    # F1: the message said "LLM worker threads ... not calling the LLM" for every pool
+    # the message said "LLM worker threads ... not calling the LLM" for every pool
     pool = _workers.DaemonWorkers(max_busy=1, name="embedder")
     hang = threading.Event()
     try:
@@ -127,7 +127,7 @@ class _Interrupting(_workers.DaemonWorkers):
 
 
 def test_an_interrupt_abandons_the_call_it_waited_for() -> None:
-    # F5: run_within re-raised the KeyboardInterrupt without abandoning the call, so a
+    # run_within re-raised the KeyboardInterrupt without abandoning the call, so a
     # hung one never counted as overrun and one still in line would run later
     pool = _Interrupting(max_busy=1, name="embedder")
     pool.jobs = []
@@ -142,7 +142,7 @@ def test_an_interrupt_abandons_the_call_it_waited_for() -> None:
 
 
 def test_abandoned_calls_never_pile_up_in_a_pools_line() -> None:
-    # F5: with every worker busy, each call that gave up stayed in the pool's line for
+    # with every worker busy, each call that gave up stayed in the pool's line for
     # good (only a finishing call drained it): 2 -> 202 -> 402
     pool = _workers.DaemonWorkers(max_busy=1, name="embedder")
     hang = threading.Event()
@@ -211,7 +211,7 @@ async def busy_default_executor() -> AsyncIterator[None]:
 
 @pytest.mark.usefixtures("busy_default_executor")
 async def test_the_questions_own_search_never_waits_on_the_default_executor() -> None:
-    # F4: a retriever without native async was searched for the question through
+    # a retriever without native async was searched for the question through
     # asyncio.to_thread, so the app's own jobs on the default executor held every
     # fan-out, cache hit and fallback (and hung searches held the app's threads)
     fan_out = TransformRetriever(
@@ -230,7 +230,7 @@ async def test_the_questions_own_search_never_waits_on_the_default_executor() ->
 
 @pytest.mark.usefixtures("busy_default_executor")
 async def test_a_users_blocking_transform_never_waits_on_the_default_executor() -> None:
-    # F4: QueryTransformer.atransform ran a user's blocking transform() there too
+    # QueryTransformer.atransform ran a user's blocking transform() there too
     own = await asyncio.wait_for(_OwnTransform().atransform_safe(Q), 10)
     assert not own.fallback and own.queries
 

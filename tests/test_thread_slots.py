@@ -1,7 +1,6 @@
-"""Round 11's findings (#29): hung question searches of retrievers built per request
-held the process's thread slots (A2), a subclass of an in-process store was trusted as
-one (A1, in test_in_process_search.py), and cache warnings kept a huge error verbatim
-(A4)."""
+"""Thread slots: hung question searches of retrievers built per request do not hold the
+process's thread slots, and cache warnings shorten a huge error (a subclass of an
+in-process store is tested in test_in_process_search.py)."""
 
 from __future__ import annotations
 
@@ -131,7 +130,7 @@ class _HangsTwice(_CountedReads):
 def test_after_the_retry_time_one_caller_tries_the_hung_cache_and_its_answer_reopens_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A3: once `CACHE_RETRY_S` has passed, 12 concurrent callers sent 12 reads to a
+    """Once `CACHE_RETRY_S` has passed, 12 concurrent callers sent 12 reads to a
     store that still hung (each paid the bound); now one caller tries while the rest
     skip, and once a try answers the cache is used again although the hung reads still
     run."""
@@ -171,7 +170,7 @@ class _PerStore(BaseRetriever):
 
 
 async def test_one_retrievers_hung_question_searches_never_hold_another_of_its_class() -> None:
-    """Round 12 B1: with one pool per retriever class, 40 given-up searches of a hung
+    """With one pool per retriever class, 40 given-up searches of a hung
     store held all 32 threads and every other object of that class waited for good;
     now each object has its own."""
     gate = threading.Event()
@@ -208,7 +207,7 @@ class _DownThenUp(_CountedReads):
 def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Round 12 B2: after `STORE_RETRY_S` every concurrent caller asked a store that was
+    """After `STORE_RETRY_S` every concurrent caller asked a store that was
     still down (each paying its client's timeout); now one does, and once it succeeds
     the store is asked again by all."""
     import time
@@ -232,7 +231,7 @@ def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
 def test_a_locked_sqlite_cache_costs_one_busy_wait_not_one_per_caller(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Round 12 B2, the SQLite half: while another process holds the file's write lock,
+    """While another process holds the file's write lock,
     12 concurrent writers each waited ``busy_timeout_s`` in turn (serialised on the
     cache's lock: 12 x 0.3 s); now the first failure leaves writes alone for one
     ``busy_timeout_s``, the callers queued behind it skip, then one caller tries again,
@@ -280,7 +279,7 @@ def test_a_locked_sqlite_cache_costs_one_busy_wait_not_one_per_caller(
 async def test_hung_question_searches_of_many_retrievers_share_one_thread_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Round 12 B3: retrievers built per request over a store whose searches hang each
+    """Retrievers built per request over a store whose searches hang each
     grew threads of their own with no process-wide bound (6 of 6 searches ran at once
     here); now they share `MAX_SEARCH_THREADS` (here 4): the rest wait in line, a
     cancelled one leaves it and never runs, an LLM call is not held up, and once the
