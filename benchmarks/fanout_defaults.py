@@ -1,4 +1,4 @@
-"""The fan-outs' fusion weight across generator strength (issue #33, item 1).
+"""The fan-outs' fusion weight across generator strength.
 
 A fan-out (multi-query, step-back, decompose, rewrite) searches the question and each
 generated query and fuses the lists by weighted RRF: ``w / (k + rank)`` for the

@@ -1,4 +1,4 @@
-"""The relative gate and a learned per-query choice for HyDE (issue #33, items 2-3).
+"""The relative gate and a learned per-query choice for HyDE.
 
 With the bundled model's own passages (read from the eval cache: run ``hyde-plus eval
 --llm local --transforms hyde --hyde-prompt scifact`` on both splits with the same

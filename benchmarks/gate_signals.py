@@ -1,4 +1,4 @@
-"""Does any label-free signal tell a good HyDE passage from a bad one? (issue #23)
+"""Does any label-free signal tell a good HyDE passage from a bad one?
 
 A gate skips the expansion for a query when a signal says the passage is bad. It earns
 its place only if the signal separates good from bad on the training split. For each

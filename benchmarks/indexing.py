@@ -1,4 +1,4 @@
-"""Indexing speed and memory with the local embedding model (issue #15).
+"""Indexing speed and memory with the local embedding model.
 
 Indexes a BEIR corpus (SciFact's 5,183 abstracts by default) with all-MiniLM-L6-v2
 int8 at 256 tokens into a temporary folder, the way ``hyde-plus index`` does
@@ -7,7 +7,7 @@ peak RSS (and the 1-minute load average at the end, as a sign of other work on t
 machine). Each path runs in its own child process, so the peak RSS is that path's.
 ``--baseline`` also runs the old path in the same invocation (batches in corpus order,
 32 texts per ONNX run, onnxruntime's default threads) and prints the ratio.
-``--incremental`` (#32 item 5) instead indexes the corpus as ``hyde-plus index`` does
+``--incremental`` instead indexes the corpus as ``hyde-plus index`` does
 (chunks of 200 tokens), then rebuilds it unchanged, then after editing 10 documents,
 and prints seconds and chunks embedded for each build.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 DEFAULT_CORPUS = Path("/work/shared/datasets/scifact")
 MAX_LENGTH = 256
-#: The settings before issue #15: what ``LocalEmbedding`` and ``embed_nodes`` did.
+#: The settings before batching by length: what ``LocalEmbedding`` and ``embed_nodes`` did.
 OLD = {"threads": 0, "batch_size": 32, "max_batch_chars": None, "sort_by_length": False}
 
 
@@ -69,7 +69,7 @@ def corpus_file(path: Path) -> Path:
 def old_embed_nodes(
     nodes: Sequence[Any], embed_model: Any, *, batch_size: int = 64, progress: Any = None
 ) -> None:
-    """`embed_nodes` as it was before issue #15: batches in the documents' order."""
+    """`embed_nodes` as it was before batching by length: batches in the documents' order."""
     for start in range(0, len(nodes), batch_size):
         batch = nodes[start : start + batch_size]
         texts = [n.get_content(metadata_mode="embed") for n in batch]
@@ -221,7 +221,7 @@ def print_table(rows: list[dict[str, Any]], *, markdown: bool) -> None:
     header = ["path", "docs", "seconds", "docs/s", "peak RSS", "batching", "threads", "load"]
     lines = [
         [
-            "old (before #15)" if r["path"] == "old" else "new",
+            "old (document order)" if r["path"] == "old" else "new",
             f"{r['docs']:,}",
             f"{r['seconds']:.1f}",
             f"{r['docs_per_s']:.1f}",

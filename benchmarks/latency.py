@@ -1,4 +1,4 @@
-"""End-to-end latency as a user feels it (issue #32): a remote-like LLM and store.
+"""End-to-end latency as a user feels it: a remote-like LLM and store.
 
 A scripted LLM that answers in ``--llm-ms`` (100 ms) and a store that answers each
 search in ``--search-ms`` (50 ms). For HyDE (shipped defaults, and ``strategy="rerank"``),

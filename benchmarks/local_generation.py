@@ -1,4 +1,4 @@
-"""Local generation benchmark (issue #15): aggregate tokens/s of the local LLM with 1,
+"""Local generation benchmark: aggregate tokens/s of the local LLM with 1,
 2, 4 and 8 requests in flight.
 
 The real SmolLM2-135M-Instruct (Q4_1 GGUF) through `local_llm()`, called as the
@@ -12,7 +12,7 @@ requests over its wall time; latency is per request. Each row is the median of
         [--threads N] [--max-tokens 128] [--repeat 3] [--markdown]
 
 With ``--hyde N`` it measures instead what stopping a generation once it holds what is
-kept saves (issue #32): HyDE at ``--max-characters`` (300) over N fixed questions, all
+kept saves: HyDE at ``--max-characters`` (300) over N fixed questions, all
 in flight at once, each reply generated whole (before: the cap of max_characters / 4
 tokens) and stopped once it decides the kept passage (after): tokens written, tokens
 saved, wall time, and how many kept passages are identical.

@@ -200,7 +200,7 @@ def test_identical_concurrent_sync_requests_share_one_call() -> None:
 
 
 async def test_a_leaders_provider_failure_is_the_waiters_own_fallback() -> None:
-    """Round 7 D6: the waiter used to call the provider again (2 x timeout when hung)."""
+    """A waiter does not call the provider again (2 x timeout when it hangs)."""
     llm = ScriptedLLM([RuntimeError("down"), "p2.", "p3."], delay=0.05)
     hyde = HyDE(llm, cache=MemoryCache())
     results = await asyncio.gather(hyde.atransform(Q), hyde.atransform(Q))

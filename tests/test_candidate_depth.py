@@ -1,4 +1,4 @@
-"""One candidate depth for a reranking transform (issue #30 item 3): the ranking does
+"""One candidate depth for a reranking transform: the ranking does
 not depend on how deep the wrapped retriever fetched, and ``hyde-plus query`` fetches
 as deep as ``from_index`` and ``eval``."""
 

@@ -85,7 +85,7 @@ def test_chunk_settings_that_cannot_work_are_errors_naming_the_option(
         chunking.check(max_length=256)
 
 
-# -- Done when (issue #14): a fact at the end of a long file is found -----------------
+# -- a fact at the end of a long file is found -----------------
 
 FACT = "The Kestrel backup window closes at 03:40 UTC on Sundays."
 QUESTION = "When does the Kestrel backup window close?"

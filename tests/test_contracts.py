@@ -1,4 +1,4 @@
-"""Contract tests (#31 item 1): `TransformRetriever` and this package's transforms work
+"""Contract tests: `TransformRetriever` and this package's transforms work
 in each LlamaIndex 0.14 surface docs/from-core.md and docs/quickstart.md name.
 
 Each test asserts the surface returns the expected nodes or answer, that the transform

@@ -1,5 +1,5 @@
 """`TransformRetriever` as a drop-in for core's: core transforms, core's keywords and
-prompt keys, a rewrite made in an earlier step (`transformed=`), a Workflow (#31)."""
+prompt keys, a rewrite made in an earlier step (`transformed=`), a Workflow."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fan-outs' shipped fusion by generator (issue #33): a capable model's queries get
+"""The fan-outs' shipped fusion by generator: a capable model's queries get
 question weight 5 (3 for decompose) and RRF k 10, the bundled model's stay near no-ops
 (weight 100 or 50, k 60); `TransformRetriever` fuses with the transform's own k."""
 

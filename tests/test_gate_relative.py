@@ -1,4 +1,4 @@
-"""HyDE's relative gate (issue #33): skip the expansion when the passage's cosine to the
+"""HyDE's relative gate: skip the expansion when the passage's cosine to the
 question is more than ``gate_relative`` below the question's cosine to its own top hit,
 the hits the retriever already fetches while the LLM writes."""
 

@@ -91,7 +91,7 @@ def test_a_profile_chooses_the_shipped_defaults_explicitly_and_repr_shows_it() -
 
 
 def test_a_profile_sweep_reuses_one_generation() -> None:
-    # the profile chooses search defaults only: its passages are the same (round 7, D8)
+    # the profile chooses search defaults only: its passages are the same
     strong = ScriptedLLM([P1], model_name="gpt-4o-mini")
     keys = {HyDE(strong, profile=p).cache_key_for(Q) for p in ("auto", "small", "capable")}
     assert len(keys) == 1
@@ -686,7 +686,7 @@ def test_a_chain_refuses_guards_it_cannot_carry_out(options: dict) -> None:
         StepBack(ScriptedLLM(["sub question"])).then(HyDE(ScriptedLLM([UNRELATED]), **options))
 
 
-# -- non-finite vectors fall back to the question's search (#24.13) ---------------------
+# -- non-finite vectors fall back to the question's search ---------------------
 class _Poisoned(DeterministicEmbedding):
     """Embeds any text holding ``poison`` (or a document listed in it) as NaNs."""
 

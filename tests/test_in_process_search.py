@@ -1,4 +1,4 @@
-"""Issue #32 item 6: a search that only computes in this process (an in-memory or FAISS
+"""A search that only computes in this process (an in-memory or FAISS
 index given the vector) runs in the caller's thread, with no worker hand-off; a search
 that may wait on I/O keeps its `model_timeout` bound."""
 

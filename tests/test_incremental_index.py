@@ -1,4 +1,4 @@
-"""Incremental rebuilds (#32 item 5): a rebuild over a folder indexed before embeds only
+"""Incremental rebuilds: a rebuild over a folder indexed before embeds only
 new or changed documents' chunks and drops removed ones (LlamaIndex's IngestionPipeline
 with a docstore), on FAISS and Milvus Lite, and gives what a build from scratch gives.
 A counting embedder (`DeterministicEmbedding.embedded_texts`) proves what was embedded."""

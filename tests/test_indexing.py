@@ -489,7 +489,7 @@ def test_index_lists_links_to_nothing_and_fifos_under_skipped(tmp_path: Path) ->
     assert "gone.txt: a symbolic link to nothing" in result.output and "pipe.txt" in result.output
 
 
-# Round 3 of the hostile tests: what a build may replace or delete is recognised by more
+# What a build may replace or delete is recognised by more
 # than its name (the folder's metadata, a marker naming the folder, the index's format).
 
 

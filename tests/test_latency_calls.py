@@ -1,4 +1,4 @@
-"""The sync timeout without a thread hop (#32 item 3) and the call's hand-off."""
+"""The sync timeout without a thread hop and the call's hand-off."""
 
 from __future__ import annotations
 

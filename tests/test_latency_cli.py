@@ -1,5 +1,4 @@
-"""``eval``/``tune --timeout`` and the advice when generations run out of time (#32
-item 4)."""
+"""``eval``/``tune --timeout`` and the advice when generations run out of time."""
 
 from __future__ import annotations
 

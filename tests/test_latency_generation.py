@@ -1,4 +1,4 @@
-"""Generate only what is kept (#32 item 4): a HyDE reply stops once it holds what
+"""Generate only what is kept: a HyDE reply stops once it holds what
 ``max_characters`` keeps, for the local model (llama.cpp told to stop) and for an LLM
 whose class says it streams (``streams_replies``); the tokens not written are counted.
 Other LLMs answer in full (an OpenAI stream carries no provider counts)."""

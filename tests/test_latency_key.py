@@ -1,4 +1,4 @@
-"""The cache key read per configuration (#32 item 6): a function setting's key part is
+"""The cache key read per configuration: a function setting's key part is
 read once and served while its state is unchanged, so each guard here changes that
 state in place, on the same transform, between two keys; a fresh transform's key is
 the reference (it reads everything anew)."""

@@ -1,4 +1,4 @@
-"""Batching by length (issue #15): every text keeps its own vector whatever the order
+"""Batching by length: every text keeps its own vector whatever the order
 and grouping it is embedded in."""
 
 from __future__ import annotations

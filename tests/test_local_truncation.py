@@ -1,4 +1,4 @@
-"""The local embedder says when it cuts texts at its token limit (#31 item 5)."""
+"""The local embedder says when it cuts texts at its token limit."""
 
 from __future__ import annotations
 

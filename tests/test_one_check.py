@@ -1,5 +1,5 @@
 """What cannot be chained and which strategies exist are each decided in one place:
-every entry point refuses the same options with the same message (issue #30)."""
+every entry point refuses the same options with the same message."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ HTTPX_CHUNK = (
 def test_questions_that_echo_the_prompt_or_name_too_little_of_the_chunk_are_rejected(
     question: str, reason: str | None
 ) -> None:
-    # what the bundled model wrote for httpx's documentation (issue #33)
+    # what the bundled model wrote for httpx's documentation
     assert check_question(question, HTTPX_CHUNK) == reason
 
 

@@ -375,7 +375,7 @@ def test_stdio_malformed_json_and_calls_before_initialize(disk_index: Path) -> N
     assert replies[5] == {"jsonrpc": "2.0", "id": 5, "result": {}}
 
 
-# -- issue 12: hardening ---------------------------------------------------------------
+# -- hardening ---------------------------------------------------------------
 
 CLI = [sys.executable, "-m", "llama_index_hyde_plus.cli", "serve"]
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}

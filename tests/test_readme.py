@@ -1,4 +1,4 @@
-"""Every ```python block of README.md, run as written, in order, in one namespace (#14).
+"""Every ```python block of README.md, run as written, in order, in one namespace.
 
 A reader pastes the blocks one after another, so later blocks use names that earlier
 ones define (`index`, `retriever`, `llm`, `embed_model`, `documents`...). What this test

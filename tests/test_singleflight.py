@@ -44,7 +44,7 @@ def test_concurrent_sync_callers_share_one_piece_of_work() -> None:
 
 
 def test_a_failure_the_leader_returned_is_shared_not_worked_again() -> None:
-    """Round 7 D6: a waiter handed a fallback used to call the provider again."""
+    """A waiter handed a fallback does not call the provider again."""
     flight: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
     started = threading.Event()
@@ -192,7 +192,7 @@ def test_an_interrupted_sync_waiter_propagates_and_starts_no_work() -> None:
     assert len(calls) == 1
 
 
-# -- round 7 D6: a waiter waits at most its own time and shares the leader's failure --
+# -- a waiter waits at most its own time and shares the leader's failure --
 def test_a_sync_waiter_waits_no_longer_than_its_own_time() -> None:
     flight: SingleFlight[str] = SingleFlight()
     started, release = threading.Event(), threading.Event()

@@ -107,7 +107,7 @@ def test_a_store_build_keeps_one_node_per_document_unless_asked_to_chunk(tmp_pat
     assert "long" not in ids and {"long#1", "long#2", "pto"} <= ids
 
 
-# -- one place chooses a store (#21) ------------------------------------------------------
+# -- one place chooses a store ------------------------------------------------------
 def test_every_store_kind_has_one_class_and_back() -> None:
     from llama_index_hyde_plus.stores import STORE_KINDS
     from llama_index_hyde_plus.stores.choice import store_classes
