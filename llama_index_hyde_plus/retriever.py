@@ -694,10 +694,12 @@ class TransformRetriever(BaseRetriever):
             nodes, errors = await self._acarry_out(step, question, hits, pending, deadline)
             result = expanded
         except BaseException as exc:
-            if pending is not None and not pending.done():
-                pending.cancel()
-            error = failure(exc, in_task=True)  # our own cancellation goes on up
+            # the question's own search still running is what the fallback returns: it
+            # is cancelled only when this search ends here (cancelled, interrupted, or
+            # the question's own search failed)
+            error = _failure_or_cancel(exc, pending)
             if plan.question_alone(step, question.text):
+                _cancel(pending)
                 raise
             result = _fell_back(result, error)
             step = self._planned(result, guards, hits)
@@ -1320,6 +1322,23 @@ def _unembedded(exc: Exception) -> None:
         "embedding the question failed (%s); the retriever embeds it itself",
         describe(exc),
     )
+
+
+def _cancel(task: Any) -> None:
+    """Cancel ``task`` (the question's own search, or None) if it is still running."""
+    if task is not None and not task.done():
+        task.cancel()
+
+
+def _failure_or_cancel(exc: BaseException, pending: Any) -> Exception:
+    """`failure` of ``exc`` on the async path; when ``exc`` must propagate (our own
+    cancellation, an interrupt), ``pending`` is cancelled first so no task is left
+    behind."""
+    try:
+        return failure(exc, in_task=True)
+    except BaseException:
+        _cancel(pending)
+        raise
 
 
 def _fell_back(result: TransformResult, exc: Exception) -> TransformResult:
