@@ -26,6 +26,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
 from . import expansion, plan
+from ._attrs import overrides
 from ._bounded import Deadline, arun_within, await_within, run_all_within, run_within
 from ._checks import check_int, is_int, is_number
 from ._llm import WORKERS
@@ -357,10 +358,6 @@ def _check_transformed(
             "transformed cannot be given for a grounded transform (it is shown the "
             "question's own hits, which only the search fetches); call search(query)"
         )
-
-
-def _has_native(obj: Any, name: str, base: type) -> bool:
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 #: The vector stores whose search runs in this process (no network, no disk wait): a
@@ -887,7 +884,7 @@ class TransformRetriever(BaseRetriever):
     async def _asearch_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
         """A search on the async path: a native async retriever awaited, a blocking
         one unbounded on `_question_pool` (never the event loop's default executor)."""
-        if _has_native(self.retriever, "_aretrieve", BaseRetriever):
+        if overrides(self.retriever, "_aretrieve", BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
         call = partial(self.retriever.retrieve, bundle)
         return list(await arun_within(self._question_pool(), call, None, _SEARCH))
@@ -1116,7 +1113,7 @@ class TransformRetriever(BaseRetriever):
         """`_search_generated` on the async path: a native async retriever cancelled at
         ``deadline`` (awaited in this task when `searches_in_process`), a blocking one
         on `_search_pool` (never the loop's executor)."""
-        if _has_native(self.retriever, "_aretrieve", BaseRetriever):
+        if overrides(self.retriever, "_aretrieve", BaseRetriever):
             if deadline is not None and searches_in_process(self.retriever, bundle):
                 deadline = None  # awaited in this task: no task of its own to bound
             return await await_within(self._asearch_bundle(bundle), deadline, _SEARCH)
@@ -1257,7 +1254,7 @@ class TransformRetriever(BaseRetriever):
         deadline = Deadline.start(self.model_timeout)
         given = _copy(nodes)  # see _reranked_or_kept
         try:
-            if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
+            if overrides(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
                 coro = self.reranker.apostprocess_nodes(given, query_bundle=question.bundle())
                 return _rerank_output(await await_within(coro, deadline, _RERANKER))
             call = self._rerank_call(given, question)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import wrapt
 from llama_index.core import VectorStoreIndex
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -582,3 +583,36 @@ async def test_caller_cancelling_during_the_fallback_cancels_the_question_search
     await asyncio.sleep(0)
     assert asyncio.all_tasks() - before == set()  # nothing left running
     assert base.active == 0
+
+
+class _CountsPaths(StaticRetriever):
+    """A `StaticRetriever` that counts its blocking and its async searches."""
+
+    def __init__(self) -> None:
+        super().__init__(DOCS, default=["renewals", "pto"])
+        self.blocking = 0
+        self.native = 0
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.blocking += 1
+        return super()._retrieve(query_bundle)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.native += 1
+        return await super()._aretrieve(query_bundle)
+
+
+async def test_llm_embedder_and_retriever_behind_a_transparent_proxy_run_natively_async() -> None:
+    llm = ScriptedLLM([P1], forbid_sync=True)
+    embed = DeterministicEmbedding(dim=64)
+    base = _CountsPaths()
+    retriever = TransformRetriever(
+        wrapt.ObjectProxy(base),
+        HyDE(wrapt.ObjectProxy(llm), include_query=True),
+        embed_model=wrapt.ObjectProxy(embed),
+    )
+    found = await retriever.asearch(Q)
+    assert not found.transform.fallback, found.transform.error
+    assert found.transform.hypothetical == (P1,) and llm.async_calls == 1
+    assert embed.async_calls > 0 and embed.sync_calls == 0
+    assert base.native == 1 and base.blocking == 0
