@@ -1048,10 +1048,21 @@ class TransformRetriever(BaseRetriever):
                 bundles.append(QueryBundle(query_str=spec.text, embedding=vector))
             elif dense is None:
                 strs = list(spec.embedding_strs)
-                bundles.append(QueryBundle(query_str=spec.text, custom_embedding_strs=strs))
+                text = self._query_str(spec)
+                bundles.append(QueryBundle(query_str=text, custom_embedding_strs=strs))
             else:
-                bundles.append(_dense_bundle(spec, dense))
+                bundles.append(_dense_bundle(self._query_str(spec), spec, dense))
         return bundles
+
+    def _query_str(self, spec: SearchSpec) -> str:
+        """The ``query_str`` of the search ``spec``: its text (the passages, the
+        question repeated to its weight) for a keyword or hybrid retriever, which
+        matches it; for a dense one the question it asks (``spec.query`` beside
+        passages), as core's HyDE sends it, the generated text going only to the
+        embedding (``custom_embedding_strs`` or our vector)."""
+        if self.search_type in ("keyword", "hybrid"):
+            return spec.text
+        return spec.query if spec.passages and spec.query else spec.text
 
     def _run_sync(self, fan: _Fanout) -> Found:
         """The searches of ``fan`` at once. Those of the generated text run on the
@@ -1359,17 +1370,17 @@ def _similarity(own: Vec, generated: list[Vec]) -> float:
     return expansion.cosine(own, expansion.mean_unit(generated))
 
 
-def _dense_bundle(spec: SearchSpec, dense: _Dense) -> QueryBundle:
+def _dense_bundle(query_str: str, spec: SearchSpec, dense: _Dense) -> QueryBundle:
     """The bundle of a search with our own vector: the weighted mix of the question and
     the passages, or the query's own vector when there are none. `plan.UnusableVector`
     when a vector is empty, of another size than the question's, NaN or infinite."""
     own, passages = dense
     if not passages:  # a sub-question of a chain, embedded as a query of its own
-        return QueryBundle(query_str=spec.text, embedding=_searchable(own))
+        return QueryBundle(query_str=query_str, embedding=_searchable(own))
     plan.check_vectors([own, *passages], "question or passage", len(own))
     vector = expansion.weighted_vector(own, passages, spec.query_weight)
     plan.check_vectors([vector], "weighted search")
-    return QueryBundle(query_str=spec.text, embedding=vector)
+    return QueryBundle(query_str=query_str, embedding=vector)
 
 
 def _feedback(query: str, own: Vec, doc_vectors: list[Vec], step: plan.Feedback) -> QueryBundle:
