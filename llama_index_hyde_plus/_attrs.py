@@ -13,6 +13,7 @@ missing name costs two dict lookups.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 
@@ -46,3 +47,39 @@ def _only_in_dict(kind: type, name: str) -> bool:
     getattr_owner = next(c for c in mro if "__getattr__" in vars(c))
     getattribute_owner = next(c for c in mro if "__getattribute__" in vars(c))
     return getattr_owner is BaseModel and getattribute_owner is object
+
+
+def overrides(obj: object, name: str, base: type) -> bool:
+    """Whether ``obj``'s method ``name`` is its own rather than ``base``'s default (a
+    native ``acomplete``, ``_aretrieve``, ``_aget_query_embedding`` rather than the
+    base class's one that calls the blocking method).
+
+    The class asked is the one ``obj`` reports (``obj.__class__``), so a transparent
+    proxy (``wrapt.ObjectProxy``) answers for the object it wraps. An object whose
+    class does not show the method (a wrapper that hands attributes on with
+    ``__getattr__``, a function set on the instance) answers through the method it
+    returns: a bound method is asked of the object it is bound to, a plain function
+    counts as native when it is a coroutine function.
+
+    Args:
+        obj: the model, retriever or postprocessor.
+        name: the method's name.
+        base: the class whose own definition of ``name`` is not native.
+    """
+    kind: Any = obj.__class__  # hashable (typing's object.__hash__ says otherwise)
+    if not isinstance(kind, type):
+        kind = type(obj)
+    owner = _owner(kind, name)
+    if owner is not None:
+        return not issubclass(base, owner)
+    found = getattr(obj, name, None)
+    bound_to = getattr(found, "__self__", None)
+    if bound_to is not None and bound_to is not obj:
+        return overrides(bound_to, name, base)
+    return inspect.iscoroutinefunction(found)
+
+
+@functools.lru_cache(maxsize=1024)
+def _owner(kind: type, name: str) -> type | None:
+    """The first class of ``kind``'s MRO that defines ``name`` itself, or None."""
+    return next((k for k in kind.__mro__ if name in vars(k)), None)

@@ -26,7 +26,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
-from ._attrs import optional_attr
+from ._attrs import optional_attr, overrides
 from ._bounded import run_as_task as _run_as_task
 from ._workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
 from .reliability import (
@@ -59,15 +59,11 @@ CANCEL_EVENT: contextvars.ContextVar[threading.Event | None] = contextvars.Conte
 
 def has_native_async(llm: Any) -> bool:
     """False for an LLM whose ``acomplete`` is LlamaIndex's `CustomLLM` default, which
-    just calls the blocking ``complete`` on the event loop."""
+    just calls the blocking ``complete`` on the event loop (`overrides`: through a
+    proxy too)."""
     from llama_index.core.llms.custom import CustomLLM
 
-    if not isinstance(llm, CustomLLM):
-        return True
-    # the class that defines acomplete (LlamaIndex re-wraps inherited methods per
-    # subclass for instrumentation, so identity with CustomLLM.acomplete does not hold)
-    owner = next(k for k in type(llm).__mro__ if "acomplete" in vars(k))
-    return owner is not CustomLLM
+    return overrides(llm, "acomplete", CustomLLM)
 
 
 def _needs_loading(llm: Any) -> bool:

@@ -62,7 +62,6 @@ from .usage import Usage
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_N = 3
 MAX_K = 100
 MAX_QUERY_CHARS = 2000
 MAX_BODY_BYTES = 1 << 20
@@ -216,25 +215,28 @@ class TransformService:
         self._retrievers: dict[tuple[int, int], TransformRetriever] = {}
         self._lock = threading.Lock()
 
-    def transformer(self, method: str, n: int) -> QueryTransformer:
-        key = (method, n if transform_class(method).count_option() == "n" else 0)
+    def transformer(self, method: str, n: int | None) -> QueryTransformer:
+        """The ``method`` transform writing ``n`` queries or passages (its count option,
+        `count_option`: ``n``, HyDE's ``num_passages``); None: its own default."""
+        option = transform_class(method).count_option()
+        key = (method, n if option is not None and n is not None else 0)
         with self._lock:
             found = self._transforms.get(key)
             if found is None:
                 options: dict[str, Any] = dict(self.options.get(method, {}))
                 if self.timeout is not None:
                     options["timeout"] = self.timeout
-                if key[1]:
-                    options["n"] = key[1]
+                if option is not None and key[1]:
+                    options[option] = key[1]
                 found = build(method, self.llm, options, cache=self.cache)
                 self._transforms[key] = found
         return found
 
-    def transform(self, query: str, method: str, n: int) -> TransformResult:
+    def transform(self, query: str, method: str, n: int | None) -> TransformResult:
         return self.transformer(method, n).transform_safe(query)
 
     def search(
-        self, query: str, method: str | None, n: int, k: int, mode: str | None = None
+        self, query: str, method: str | None, n: int | None, k: int, mode: str | None = None
     ) -> Any:
         """Search in ``mode`` (default: the first of `modes`) with the ``method``
         rewrite; the top ``k`` of the fused results.
@@ -282,6 +284,13 @@ def _count(params: dict[str, Any], field: str, default: int, maximum: int) -> in
     value = params.get(field, default)
     # type and sign are checked centrally by the SDK (-32602); the range is clamped
     return min(int(value), maximum)
+
+
+def _given_count(params: dict[str, Any]) -> int | None:
+    """``n`` clamped to `MAX_N`, or None when not given: the method's own default
+    (three queries for multi-query and decompose, one passage for hyde, or what the
+    server's options for the method say)."""
+    return _count(params, "n", 1, MAX_N) if "n" in params else None
 
 
 def build_server(
@@ -377,9 +386,8 @@ def _transform(service: TransformService, params: dict[str, Any]) -> dict[str, A
         raise _unsupported(
             f"transform method '{method}' is not advertised", "method", list(METHODS)
         )
-    n = _count(params, "n", DEFAULT_N, MAX_N)
     start = time.perf_counter()
-    result = service.transform(query, method, n)
+    result = service.transform(query, method, _given_count(params))
     out: dict[str, Any] = {
         "queries": list(result.queries),
         "usage": _usage(result.usage, time.perf_counter() - start, result.cached),
@@ -391,7 +399,7 @@ def _transform(service: TransformService, params: dict[str, Any]) -> dict[str, A
     return _with_status(out, transform_status(result))
 
 
-def _rewrite_spec(params: dict[str, Any], n: int) -> tuple[str | None, int]:
+def _rewrite_spec(params: dict[str, Any], n: int | None) -> tuple[str | None, int | None]:
     """``(method or None, n)`` from ``rewrite``: a method name or ``{method, n}``."""
     rewrite = params.get("rewrite")
     if isinstance(rewrite, dict):
@@ -444,7 +452,7 @@ def _retrieve(service: TransformService, params: dict[str, Any]) -> dict[str, An
     query = _query(params)
     k = _count(params, "k", 10, MAX_K)
     mode, notes = _mode(service, params)
-    rewrite, n = _rewrite_spec(params, _count(params, "n", DEFAULT_N, MAX_N))
+    rewrite, n = _rewrite_spec(params, _given_count(params))
     start = time.perf_counter()
     result = service.search(query, rewrite, n, k, mode)
     t = result.transform

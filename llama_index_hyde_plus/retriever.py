@@ -26,6 +26,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
 from . import expansion, plan
+from ._attrs import overrides
 from ._bounded import Deadline, arun_within, await_within, run_all_within, run_within
 from ._checks import check_int, is_int, is_number
 from ._llm import WORKERS
@@ -359,10 +360,6 @@ def _check_transformed(
         )
 
 
-def _has_native(obj: Any, name: str, base: type) -> bool:
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
-
-
 #: The vector stores whose search runs in this process (no network, no disk wait): a
 #: search of them with a given vector cannot hang on I/O. By exact class (a subclass
 #: may do anything), or a store class that says so (``searches_in_process = True``, as
@@ -694,10 +691,12 @@ class TransformRetriever(BaseRetriever):
             nodes, errors = await self._acarry_out(step, question, hits, pending, deadline)
             result = expanded
         except BaseException as exc:
-            if pending is not None and not pending.done():
-                pending.cancel()
-            error = failure(exc, in_task=True)  # our own cancellation goes on up
+            # the question's own search still running is what the fallback returns: it
+            # is cancelled only when this search ends here (cancelled, interrupted, or
+            # the question's own search failed)
+            error = _failure_or_cancel(exc, pending)
             if plan.question_alone(step, question.text):
+                _cancel(pending)
                 raise
             result = _fell_back(result, error)
             step = self._planned(result, guards, hits)
@@ -885,7 +884,7 @@ class TransformRetriever(BaseRetriever):
     async def _asearch_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
         """A search on the async path: a native async retriever awaited, a blocking
         one unbounded on `_question_pool` (never the event loop's default executor)."""
-        if _has_native(self.retriever, "_aretrieve", BaseRetriever):
+        if overrides(self.retriever, "_aretrieve", BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
         call = partial(self.retriever.retrieve, bundle)
         return list(await arun_within(self._question_pool(), call, None, _SEARCH))
@@ -1049,10 +1048,21 @@ class TransformRetriever(BaseRetriever):
                 bundles.append(QueryBundle(query_str=spec.text, embedding=vector))
             elif dense is None:
                 strs = list(spec.embedding_strs)
-                bundles.append(QueryBundle(query_str=spec.text, custom_embedding_strs=strs))
+                text = self._query_str(spec)
+                bundles.append(QueryBundle(query_str=text, custom_embedding_strs=strs))
             else:
-                bundles.append(_dense_bundle(spec, dense))
+                bundles.append(_dense_bundle(self._query_str(spec), spec, dense))
         return bundles
+
+    def _query_str(self, spec: SearchSpec) -> str:
+        """The ``query_str`` of the search ``spec``: its text (the passages, the
+        question repeated to its weight) for a keyword or hybrid retriever, which
+        matches it; for a dense one the question it asks (``spec.query`` beside
+        passages), as core's HyDE sends it, the generated text going only to the
+        embedding (``custom_embedding_strs`` or our vector)."""
+        if self.search_type in ("keyword", "hybrid"):
+            return spec.text
+        return spec.query if spec.passages and spec.query else spec.text
 
     def _run_sync(self, fan: _Fanout) -> Found:
         """The searches of ``fan`` at once. Those of the generated text run on the
@@ -1114,7 +1124,7 @@ class TransformRetriever(BaseRetriever):
         """`_search_generated` on the async path: a native async retriever cancelled at
         ``deadline`` (awaited in this task when `searches_in_process`), a blocking one
         on `_search_pool` (never the loop's executor)."""
-        if _has_native(self.retriever, "_aretrieve", BaseRetriever):
+        if overrides(self.retriever, "_aretrieve", BaseRetriever):
             if deadline is not None and searches_in_process(self.retriever, bundle):
                 deadline = None  # awaited in this task: no task of its own to bound
             return await await_within(self._asearch_bundle(bundle), deadline, _SEARCH)
@@ -1255,7 +1265,7 @@ class TransformRetriever(BaseRetriever):
         deadline = Deadline.start(self.model_timeout)
         given = _copy(nodes)  # see _reranked_or_kept
         try:
-            if _has_native(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
+            if overrides(self.reranker, "_apostprocess_nodes", BaseNodePostprocessor):
                 coro = self.reranker.apostprocess_nodes(given, query_bundle=question.bundle())
                 return _rerank_output(await await_within(coro, deadline, _RERANKER))
             call = self._rerank_call(given, question)
@@ -1322,6 +1332,23 @@ def _unembedded(exc: Exception) -> None:
     )
 
 
+def _cancel(task: Any) -> None:
+    """Cancel ``task`` (the question's own search, or None) if it is still running."""
+    if task is not None and not task.done():
+        task.cancel()
+
+
+def _failure_or_cancel(exc: BaseException, pending: Any) -> Exception:
+    """`failure` of ``exc`` on the async path; when ``exc`` must propagate (our own
+    cancellation, an interrupt), ``pending`` is cancelled first so no task is left
+    behind."""
+    try:
+        return failure(exc, in_task=True)
+    except BaseException:
+        _cancel(pending)
+        raise
+
+
 def _fell_back(result: TransformResult, exc: Exception) -> TransformResult:
     """The one place where a failure after the LLM (embedding the generated text,
     searching with it, fusing) becomes the question's own search: ``result`` as a
@@ -1343,17 +1370,17 @@ def _similarity(own: Vec, generated: list[Vec]) -> float:
     return expansion.cosine(own, expansion.mean_unit(generated))
 
 
-def _dense_bundle(spec: SearchSpec, dense: _Dense) -> QueryBundle:
+def _dense_bundle(query_str: str, spec: SearchSpec, dense: _Dense) -> QueryBundle:
     """The bundle of a search with our own vector: the weighted mix of the question and
     the passages, or the query's own vector when there are none. `plan.UnusableVector`
     when a vector is empty, of another size than the question's, NaN or infinite."""
     own, passages = dense
     if not passages:  # a sub-question of a chain, embedded as a query of its own
-        return QueryBundle(query_str=spec.text, embedding=_searchable(own))
+        return QueryBundle(query_str=query_str, embedding=_searchable(own))
     plan.check_vectors([own, *passages], "question or passage", len(own))
     vector = expansion.weighted_vector(own, passages, spec.query_weight)
     plan.check_vectors([vector], "weighted search")
-    return QueryBundle(query_str=spec.text, embedding=vector)
+    return QueryBundle(query_str=query_str, embedding=vector)
 
 
 def _feedback(query: str, own: Vec, doc_vectors: list[Vec], step: plan.Feedback) -> QueryBundle:

@@ -24,6 +24,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
 
+from ._attrs import overrides
 from ._bounded import Deadline, arun_within, await_within, run_within
 from ._llm import WORKERS
 from ._workers import DaemonWorkers
@@ -90,8 +91,9 @@ class _LRU(LRUHolder[tuple[str, str], npt.NDArray[Any]]):
             self._lru.set(key, packed)
 
 
-def _native_async(model: BaseEmbedding, name: str) -> bool:
-    return getattr(type(model), name, None) is not getattr(BaseEmbedding, name, None)
+#: The async text-embedding methods; a model that has either of its own embeds
+#: generated text natively on the async path.
+_TEXT_ASYNC = ("_aget_text_embeddings", "_aget_text_embedding")
 
 
 class Embedder:
@@ -171,7 +173,7 @@ class Embedder:
         key = ("q", text)
         hit = self._cache.get(key)
         if hit is None:
-            if _native_async(self.model, "_aget_query_embedding"):
+            if overrides(self.model, "_aget_query_embedding", BaseEmbedding):
                 got = await await_within(self.model.aget_query_embedding(text), deadline, _WHAT)
             else:
                 got = await self._acall(deadline, self.model.get_query_embedding, text)
@@ -189,9 +191,7 @@ class Embedder:
         found = self._cached_texts(texts)
         missing = [t for t, vec in found.items() if vec is None]
         if missing:
-            native = _native_async(self.model, "_aget_text_embeddings") or _native_async(
-                self.model, "_aget_text_embedding"
-            )
+            native = any(overrides(self.model, name, BaseEmbedding) for name in _TEXT_ASYNC)
             if native:
                 batch = self.model.aget_text_embedding_batch(missing)
                 vecs = await await_within(batch, deadline, _WHAT)

@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import wrapt
+from llama_index.core.base.llms.types import CompletionResponse, LLMMetadata
 from llama_index.core.llms import MockLLM
+from llama_index.core.llms.custom import CustomLLM
 from pydantic import ConfigDict
 
-from llama_index_hyde_plus._attrs import _only_in_dict, optional_attr
+from llama_index_hyde_plus._attrs import _only_in_dict, optional_attr, overrides
 from llama_index_hyde_plus.testing import ScriptedLLM
 
 NAMES = ("api_base", "model", "model_name", "max_tokens", "timeout", "loaded", "is_local")
@@ -87,3 +90,48 @@ def test_a_property_that_raises_still_raises() -> None:
 
     with pytest.raises(RuntimeError, match="no timeout"):
         optional_attr(Raises(), "timeout")
+
+
+class _HandsOn:
+    """A wrapper whose class shows no LLM method: it hands every attribute on."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_overrides_answers_for_the_object_behind_a_proxy_or_a_forwarding_wrapper() -> None:
+    native, blocking = ScriptedLLM(), _BlockingOnly()
+    for wrap in (lambda o: o, wrapt.ObjectProxy, _HandsOn):
+        assert overrides(wrap(native), "acomplete", CustomLLM)
+        assert not overrides(wrap(blocking), "acomplete", CustomLLM)
+
+
+def test_overrides_reads_a_coroutine_function_set_on_an_object_without_the_method() -> None:
+    class Bare:
+        pass
+
+    obj = Bare()
+    assert not overrides(obj, "acomplete", CustomLLM)
+    obj.acomplete = _acomplete  # type: ignore[attr-defined]
+    assert overrides(obj, "acomplete", CustomLLM)
+
+
+async def _acomplete(prompt: str) -> str:
+    return prompt
+
+
+class _BlockingOnly(CustomLLM):
+    """A CustomLLM with only the blocking methods: its acomplete is CustomLLM's."""
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata()
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return CompletionResponse(text=prompt)
+
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        yield CompletionResponse(text=prompt)

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llama_index.core import VectorStoreIndex
 from llama_index.core.indices.query.query_transform.base import (
     BaseQueryTransform,
     HyDEQueryTransform,
 )
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.schema import QueryBundle
+from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
@@ -242,3 +244,38 @@ def test_a_core_transforms_query_text_is_searched_as_it_returns_it() -> None:
 
     TransformRetriever(base, Keeps()).search(Q)
     assert base.queries == [Q + "\n"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_dense_retriever_gets_the_question_as_query_str_and_the_passage_to_embed(
+    use_async: bool,
+) -> None:
+    base = _base()  # no embedding model: it embeds the strings it is given, as core's do
+    retriever = TransformRetriever(base, HyDE(ScriptedLLM(respond=lambda p: PASSAGE)))
+    found = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert found.transform.hypothetical == (PASSAGE,) and not found.transform.fallback
+    (bundle,) = base.bundles
+    assert bundle.query_str == Q and PASSAGE in bundle.embedding_strs
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_vector_index_retriever_gets_the_question_as_query_str(
+    faiss_index: VectorStoreIndex, spy_queries: list[VectorStoreQuery], use_async: bool
+) -> None:
+    hyde = HyDE(ScriptedLLM(respond=lambda p: PASSAGE), include_query=False)
+    retriever = TransformRetriever(faiss_index.as_retriever(similarity_top_k=2), hyde)
+    found = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert not found.transform.fallback
+    (query,) = spy_queries
+    assert query.query_str == Q and query.query_embedding is not None
+
+
+@pytest.mark.parametrize("search_type", ["keyword", "hybrid"])
+def test_keyword_and_hybrid_retrievers_get_the_generated_text_as_query_str(
+    search_type: str,
+) -> None:
+    base = _base()
+    hyde = HyDE(ScriptedLLM(respond=lambda p: PASSAGE), include_query=True)
+    TransformRetriever(base, hyde, search_type=search_type).search(Q)  # type: ignore[arg-type]
+    (bundle,) = base.bundles
+    assert PASSAGE in bundle.query_str

@@ -28,7 +28,7 @@ from llama_index_hyde_plus.rcp import (
 )
 from llama_index_hyde_plus.rcp_http import RcpHttpServer
 from llama_index_hyde_plus.stores.faiss import build_faiss_index
-from llama_index_hyde_plus.testing import echo_llm
+from llama_index_hyde_plus.testing import ScriptedLLM, echo_llm
 
 from .conftest import DOCS, Served
 
@@ -826,3 +826,26 @@ def test_serve_local_warms_the_model_up_and_names_it() -> None:
         assert "llm: SmolLM2" in banner
     finally:
         served.stop()
+
+
+@pytest.fixture
+def passages_client(faiss_index: VectorStoreIndex) -> Iterator[rcp.Client]:
+    """A client of a server whose LLM writes a different passage on every call."""
+    replies = iter(f"Passage number {i} about revenue." for i in range(1, 100))
+    llm = ScriptedLLM(respond=lambda prompt: next(replies))
+    service = TransformService(llm, faiss_index.as_retriever(similarity_top_k=10))
+    server = RcpHttpServer(build_server(service, http=True)).start()
+    yield rcp.connect_http(server.url)
+    server.stop()
+
+
+def test_hyde_over_rcp_writes_n_passages_and_one_by_default(passages_client: rcp.Client) -> None:
+    three = passages_client.call("query/transform", {"query": "q", "method": "hyde", "n": 3})
+    assert three["hypothetical"].count("Passage number") == 3
+    assert three["usage"]["llmCalls"] == 3
+    one = passages_client.call("query/transform", {"query": "q2", "method": "hyde"})
+    assert one["hypothetical"].count("Passage number") == 1
+    found = passages_client.call(
+        "retrieve", {"query": "q3", "rewrite": {"method": "hyde", "n": 2}, "k": 3}
+    )
+    assert found["usage"]["llmCalls"] == 2

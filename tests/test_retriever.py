@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
 import numpy as np
 import pytest
+import wrapt
 from llama_index.core import VectorStoreIndex
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -22,6 +24,7 @@ from llama_index_hyde_plus import (
     TransformRetriever,
 )
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
+from llama_index_hyde_plus.transforms.base import Guards, SearchSpec, TransformResult
 
 from .conftest import DOCS, LoopTicks
 
@@ -505,3 +508,111 @@ def test_from_index_takes_similarity_top_k_once(faiss_index: VectorStoreIndex) -
         TransformRetriever.from_index(
             faiss_index, HyDE(ScriptedLLM()), retriever_kwargs={"similarity_top_k": 3}
         )
+
+
+class _QuestionAndPassage(QueryTransformer):
+    """An LLM transform (the question searched on its own while it writes) that asks for
+    the question's list and one passage's, the passage embedded by the retriever."""
+
+    uses_llm = True
+    include_query = True
+
+    def __init__(self, guards: Guards | None = None) -> None:
+        super().__init__()
+        self.guards = guards or Guards()
+
+    def transform(self, query: str) -> TransformResult:
+        passage = SearchSpec(P1, (P1,), passages=(P1,), query=query, query_weight=0.5)
+        return TransformResult(
+            query=query,
+            method="question-and-passage",
+            queries=(query,),
+            hypothetical=(P1,),
+            specs=(SearchSpec(query, (query,)), passage),
+        )
+
+
+class _FailsOnPassage(DeterministicEmbedding):
+    """Embeds the question; the passage's embedding fails as ``mode`` says: ``503``
+    raises (a provider's HTTP 503), ``zeros`` is a vector no search can use."""
+
+    mode: str = "503"
+
+    def _passage(self, text: str) -> list[float]:
+        if self.mode == "503":
+            raise RuntimeError("HTTP 503 Service Unavailable")
+        return [0.0] * self.dim
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._passage(text)
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        return self._passage(text)
+
+
+#: Where the generated side fails while the question's own search is still running:
+#: embedding the passage, a vector no search can use, the gate's similarity.
+_OVERLAP_FAILURES = [
+    ("503", Guards(), "HTTP 503"),
+    ("zeros", Guards(), "all zeros"),
+    ("503", Guards(gate=0.1), "HTTP 503"),
+]
+
+
+@pytest.mark.parametrize(("mode", "guards", "error"), _OVERLAP_FAILURES)
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_generated_side_failing_beside_the_running_question_search_returns_its_hits(
+    mode: str, guards: Guards, error: str, use_async: bool
+) -> None:
+    base = StaticRetriever(DOCS, results={Q: ["renewals", "pto"]}, delay=0.2)
+    retriever = TransformRetriever(
+        base, _QuestionAndPassage(guards), embed_model=_FailsOnPassage(dim=64, mode=mode)
+    )
+    found = await retriever.asearch(Q) if use_async else retriever.search(Q)
+    assert [n.node.node_id for n in found.nodes] == ["renewals", "pto"]
+    assert found.transform.fallback and error in (found.transform.error or "")
+    assert base.queries == [Q]  # the search that was running, not a second one
+
+
+async def test_caller_cancelling_during_the_fallback_cancels_the_question_search() -> None:
+    base = StaticRetriever(DOCS, results={Q: ["renewals"]}, delay=5.0)
+    retriever = TransformRetriever(base, _QuestionAndPassage(), embed_model=_FailsOnPassage(dim=64))
+    before = asyncio.all_tasks()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(retriever.asearch(Q), 0.3)
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() - before == set()  # nothing left running
+    assert base.active == 0
+
+
+class _CountsPaths(StaticRetriever):
+    """A `StaticRetriever` that counts its blocking and its async searches."""
+
+    def __init__(self) -> None:
+        super().__init__(DOCS, default=["renewals", "pto"])
+        self.blocking = 0
+        self.native = 0
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.blocking += 1
+        return super()._retrieve(query_bundle)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.native += 1
+        return await super()._aretrieve(query_bundle)
+
+
+async def test_llm_embedder_and_retriever_behind_a_transparent_proxy_run_natively_async() -> None:
+    llm = ScriptedLLM([P1], forbid_sync=True)
+    embed = DeterministicEmbedding(dim=64)
+    base = _CountsPaths()
+    retriever = TransformRetriever(
+        wrapt.ObjectProxy(base),
+        HyDE(wrapt.ObjectProxy(llm), include_query=True),
+        embed_model=wrapt.ObjectProxy(embed),
+    )
+    found = await retriever.asearch(Q)
+    assert not found.transform.fallback, found.transform.error
+    assert found.transform.hypothetical == (P1,) and llm.async_calls == 1
+    assert embed.async_calls > 0 and embed.sync_calls == 0
+    assert base.native == 1 and base.blocking == 0
