@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,6 +295,7 @@ def test_a_read_only_cache_serves_hits_and_skips_writes(tmp_path: Path) -> None:
 WORKER = """
 import importlib.util, sys, time
 from pathlib import Path
+from typing import Any
 # cache.py alone (stdlib only), so the processes start fast and race for real
 spec = importlib.util.spec_from_file_location("hp_cache", sys.argv[4])
 mod = importlib.util.module_from_spec(spec)
@@ -389,3 +391,59 @@ def test_another_programs_database_is_never_changed(tmp_path: Path, kind: str) -
     cache.close()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["transforms.sqlite"]
+
+
+_POISONS = {
+    "queries-a-string": ("queries", "POISON"),
+    "queries-not-strings": ("queries", [1, 2, None]),
+    "passage-not-a-string": ("hypothetical", [{"text": "a passage."}]),
+    "passages-a-string": ("hypothetical", "a passage."),
+    "usage-not-counts": ("usage", {"calls": "one"}),
+    "query-missing": ("query", None),
+    "queries-missing": ("queries", None),
+}
+
+
+def _caches(tmp_path: Path) -> dict[str, Any]:
+    from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
+
+    from llama_index_hyde_plus.kv_cache import KVStoreCache
+
+    return {
+        "memory": MemoryCache(),
+        "sqlite": SQLiteCache(tmp_path / "c.sqlite"),
+        "kv": KVStoreCache(SimpleKVStore()),
+    }
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "kv"])
+@pytest.mark.parametrize("poison", sorted(_POISONS))
+@pytest.mark.parametrize("method", ["hyde", "multi-query"])
+@pytest.mark.parametrize("is_async", [False, True])
+def test_an_entry_of_another_shape_is_a_miss_and_the_next_generation_replaces_it(
+    tmp_path: Path, backend: str, poison: str, method: str, is_async: bool
+) -> None:
+    """A stored record whose fields are missing or of another type (a string of
+    queries, a list holding non-strings, a passage that is a dict) is never served:
+    the LLM is called, and what it writes replaces the entry, served from then on."""
+    cache = _caches(tmp_path)[backend]
+    kind = HyDE if method == "hyde" else MultiQuery
+    reply = "A passage." if method == "hyde" else "first query\nsecond query"
+    llm = ScriptedLLM(respond=lambda p: reply)
+    transform = kind(llm, cache=cache)
+    good = kind(ScriptedLLM([reply])).transform(Q).to_dict()
+    field, value = _POISONS[poison]
+    record = {k: v for k, v in good.items() if k != field}
+    if value is not None:
+        record[field] = value
+    cache.set(transform.cache_key_for(Q), record)
+
+    def run() -> Any:
+        return asyncio.run(transform.atransform(Q)) if is_async else transform.transform(Q)
+
+    first = run()
+    assert not first.cached and not first.fallback and len(llm.prompts) == 1
+    assert all(isinstance(q, str) for q in (*first.queries, *first.hypothetical))
+    second = run()
+    assert second.cached and len(llm.prompts) == 1
+    assert (second.queries, second.hypothetical) == (first.queries, first.hypothetical)

@@ -338,13 +338,23 @@ class LLMTransform(QueryTransformer):
         return digest
 
     def _lookup(self, key: str, query: str, start: float) -> TransformResult | None:
+        """The cached result under ``key`` as this call's hit, or None: a miss, an entry
+        that does not serve ``query`` (`_serves`), one of another shape than a result
+        record (`TransformResult.from_dict` refuses it: the generation made instead
+        overwrites it), or a cache that failed."""
         assert self.cache is not None
         try:
             data = self.cache.get(key)
             if data is None:
                 return None
             # an in-process cache holds the (immutable) result itself: no decoding
-            stored = data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
+            try:
+                stored = (
+                    data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
+                )
+            except ValueError as exc:
+                logger.warning("transform cache entry unusable (%s); calling the LLM", exc)
+                return None
             if not _serves(stored, query, self.method):
                 return None  # another question's, empty, or partial (an older version's)
             return self._restyle(
