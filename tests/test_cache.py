@@ -447,3 +447,112 @@ def test_an_entry_of_another_shape_is_a_miss_and_the_next_generation_replaces_it
     second = run()
     assert second.cached and len(llm.prompts) == 1
     assert (second.queries, second.hypothetical) == (first.queries, first.hypothetical)
+
+
+def _damaged_wal_database(path: Path, stamp: int | None) -> dict[str, bytes]:
+    """A SQLite database in WAL mode with its ``-wal`` and ``-shm`` beside it (as a
+    program that is running, or was killed, leaves them), whose schema page is damaged
+    after the file header (kept: it names the owner). ``stamp``: its application id.
+    Returns every file's bytes."""
+    source = path.with_name("source.db")
+    conn = sqlite3.connect(source)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    if stamp is not None:
+        conn.execute(f"PRAGMA application_id = {stamp}")
+    conn.execute("CREATE TABLE contacts (name TEXT)")
+    conn.execute("INSERT INTO contacts VALUES ('Ada')")
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(FULL)")
+    conn.execute("INSERT INTO contacts VALUES ('Grace')")  # this one only in the -wal
+    conn.commit()
+    for suffix in ("", "-wal", "-shm"):  # copied while open: the -wal and -shm exist
+        Path(f"{path}{suffix}").write_bytes(Path(f"{source}{suffix}").read_bytes())
+    conn.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{source}{suffix}").unlink(missing_ok=True)
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[100:page] = b"\xa5" * (page - 100)  # the schema's b-tree, not the header
+    path.write_bytes(bytes(data))
+    return {p.name: p.read_bytes() for p in path.parent.iterdir()}
+
+
+@pytest.mark.parametrize("stamp", [None, 7], ids=["unmarked", "another-application-id"])
+def test_another_programs_damaged_database_and_its_wal_are_left_untouched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, stamp: int | None
+) -> None:
+    """A damaged database the cache cannot show to be its own (no owner marker in its
+    header) is never renamed, replaced or written, nor are its ``-wal`` and ``-shm``:
+    the cache is off, with one warning."""
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    path = tmp_path / "app.db"
+    before = _damaged_wal_database(path, stamp)
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") is None and len(cache) == 0
+    cache.close()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "left untouched" in warnings[0], warnings
+
+
+def test_serve_with_another_programs_damaged_database_as_cache_leaves_it_untouched(
+    tmp_path: Path,
+) -> None:
+    import rcp
+
+    from .conftest import Served
+
+    path = tmp_path / "app.db"
+    before = _damaged_wal_database(path, None)
+    served = Served("--llm", "scripted", "--cache", str(path))
+    try:
+        reply = rcp.connect_http(served.url).transform(Q, "hyde")
+        assert reply["hypothetical"]  # the search is answered without the cache
+    finally:
+        log = served.stop()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert "left untouched" in log
+
+
+def test_a_damaged_database_marked_as_the_caches_own_is_moved_aside(tmp_path: Path) -> None:
+    """The owner marker in the header is what makes a damaged database the cache's to
+    move aside, whatever its tables: it is moved, and a fresh cache started."""
+    from llama_index_hyde_plus.cache import APPLICATION_ID
+
+    path = tmp_path / "c.sqlite"
+    _damaged_wal_database(path, APPLICATION_ID)
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") == {"x": 1}
+    cache.close()
+    aside = [p for p in tmp_path.glob("c.sqlite.corrupt-*") if not p.name.endswith(("wal", "shm"))]
+    assert len(aside) == 1
+
+
+def test_a_new_cache_carries_the_owner_marker_in_its_header(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.cache import APPLICATION_ID
+
+    path = tmp_path / "c.sqlite"
+    SQLiteCache(path).set("k", {"x": 1})
+    assert int.from_bytes(path.read_bytes()[68:72], "big") == APPLICATION_ID
+
+
+def test_a_cache_written_before_the_marker_is_kept_and_marked(tmp_path: Path) -> None:
+    """A healthy database holding only this cache's table and no marker (an older
+    version's cache) is still the cache's: its entries are served, and it is marked."""
+    from llama_index_hyde_plus.cache import APPLICATION_ID
+
+    path = tmp_path / "c.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE results (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
+    )
+    old.execute("INSERT INTO results VALUES ('k', '{\"x\": 1}', ?)", (time.time(),))
+    old.commit()
+    old.close()
+    cache = SQLiteCache(path)
+    assert cache.get("k") == {"x": 1}
+    cache.close()
+    assert int.from_bytes(path.read_bytes()[68:72], "big") == APPLICATION_ID
