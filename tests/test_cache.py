@@ -556,3 +556,58 @@ def test_a_cache_written_before_the_marker_is_kept_and_marked(tmp_path: Path) ->
     assert cache.get("k") == {"x": 1}
     cache.close()
     assert int.from_bytes(path.read_bytes()[68:72], "big") == APPLICATION_ID
+
+
+class _CountingLLM(ScriptedLLM):
+    """An LLM that keeps mutable state of its own, as providers' wrappers do: a call
+    counter and usage statistics, changed by every call."""
+
+    calls_made: int = 0
+    usage_stats: dict[str, int] = {}
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        self._count(prompt)
+        return super().complete(prompt, formatted=formatted, **kwargs)
+
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        self._count(prompt)
+        return await super().acomplete(prompt, formatted=formatted, **kwargs)
+
+    def _count(self, prompt: str) -> None:
+        self.calls_made += 1
+        words = self.usage_stats.get("prompt_words", 0) + len(prompt.split())
+        self.usage_stats = {**self.usage_stats, "prompt_words": words}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("kind", [HyDE, MultiQuery])
+async def test_an_llm_with_a_call_counter_gets_a_hit_on_a_repeated_question(
+    use_async: bool, kind: type
+) -> None:
+    """The key reads the documented settings, not the LLM object's whole state: a
+    counter or usage statistics the LLM updates on every call never make a miss."""
+    llm = _CountingLLM(respond=lambda p: "first query\nsecond query")
+    transform = kind(llm, cache=MemoryCache())
+    run = transform.atransform if use_async else None
+    first = await run(Q) if run else transform.transform(Q)
+    again = await run(Q) if run else transform.transform(Q)
+    assert not first.cached and again.cached and llm.calls_made == 1
+    assert llm.usage_stats["prompt_words"] > 0
+
+
+def test_the_key_holds_the_documented_settings_and_nothing_else_of_the_llm() -> None:
+    """Each of a few documented settings changes the key; a field outside the list
+    (the harness's own, a counter) does not; other models and classes never share."""
+    from llama_index_hyde_plus.transforms.keys import LLM_SETTINGS
+
+    base = HyDE(ScriptedLLM()).cache_key_for(Q)
+    for name, value in [("system_prompt", "Be brief."), ("stop_token", "\n")]:
+        assert name in LLM_SETTINGS
+        llm = ScriptedLLM()
+        object.__setattr__(llm, name, value)
+        assert HyDE(llm).cache_key_for(Q) != base, name
+    assert HyDE(ScriptedLLM(delay=0.01, record=False)).cache_key_for(Q) == base
+    assert HyDE(_CountingLLM(calls_made=9)).cache_key_for(Q) != base  # another class
+    assert HyDE(_CountingLLM(calls_made=9)).cache_key_for(Q) == HyDE(_CountingLLM()).cache_key_for(
+        Q
+    )
