@@ -2,9 +2,8 @@
 
 The key (`transform_key`) is the SHA-256 of the sorted JSON of:
 
-- ``sent``: what the model receives: the prompt as the transform renders it for this
-  question and, when the LLM has its own ``completion_to_prompt`` or
-  ``messages_to_prompt`` (not LlamaIndex's defaults), what each makes of that prompt;
+- ``sent``: what the model receives: the prompt as rendered for this question, and
+  what the LLM's own formatters (not LlamaIndex's defaults) make of it (`sent_to`);
 - ``llm`` and ``model``: the LLM's class (module and qualified name) and model name;
 - ``llm_settings``: those of `LLM_SETTINGS` the LLM has, read by attribute;
 - ``method`` and ``params``: the transform and its generation options (its
@@ -14,16 +13,15 @@ The key (`transform_key`) is the SHA-256 of the sorted JSON of:
 Nothing else is read: not the LLM object's other state (a call counter, usage
 statistics, a client), not the code or globals of a function. A formatter is keyed by
 its output; a prompt function whose output depends on state it does not show (a clock,
-a file, a global) is the caller's to key (add it to the prompt, or use one cache per
-state), as LangChain's and LlamaIndex's caches do. Plain data only, so a key is the
-same in every process for the same configuration.
+a file, a global) is the caller's to key, as LangChain's and LlamaIndex's caches
+expect. Plain data only: the same key in every process for the same configuration.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from llama_index.core.base.llms.generic_utils import messages_to_prompt
@@ -40,8 +38,6 @@ __all__ = ["LLM_SETTINGS", "NOT_GENERATION_OPTIONS", "Unkeyable", "option_value"
 class Unkeyable(TypeError):
     """A part of the key with no plain form: the transform is not cached."""
 
-
-_ABSENT = object()
 
 LLM_SETTINGS = (
     *("temperature", "max_tokens", "max_new_tokens", "num_predict", "top_p", "top_k"),
@@ -64,18 +60,14 @@ as what it renders; ``profile`` chooses search defaults only)."""
 
 
 def transform_key(
-    method: str,
-    llm: object,
-    prompt: str,
-    params: dict[str, Any],
-    query: str,
-    context: Sequence[str] | None,
+    method: str, llm: Any, prompt: str, params: dict[str, Any], query: str, context: Any
 ) -> str:
     """The cache key of one generation of ``method`` by ``llm`` for ``prompt`` (as
     rendered for ``query``), with generation options ``params`` (plain data, see
     `option_value`) and a grounded transform's ``context`` (see the module's docstring)."""
-    read = ((name, getattr(llm, name, _ABSENT)) for name in LLM_SETTINGS)
-    settings = {name: value for name, value in read if value is not _ABSENT}
+    own = getattr(llm, "__dict__", None) or {}
+    names = {*_class_settings(llm.__class__), *(n for n in LLM_SETTINGS if n in own)}
+    settings = {name: getattr(llm, name) for name in names}
     kind = type(llm)
     parts = {
         "method": method,
@@ -89,6 +81,14 @@ def transform_key(
     if context:
         parts["context"] = list(context)
     return cache_key(parts)
+
+
+@functools.cache
+def _class_settings(cls: Any) -> tuple[str, ...]:
+    """The `LLM_SETTINGS` ``cls`` gives every instance, once per class (a pydantic
+    model is slow to refuse a missing attribute)."""
+    fields = getattr(cls, "model_fields", {})
+    return tuple(n for n in LLM_SETTINGS if n in fields or hasattr(cls, n))
 
 
 def sent_to(llm: object, prompt: str) -> dict[str, Any]:
