@@ -420,7 +420,8 @@ def _unmarked_damage(path: Path, exc: BaseException) -> ForeignFileError:
 def _check_unmarked(path: Path, timeout: float) -> None:
     """A `ForeignFileError` unless the database at ``path``, which lacks the owner marker,
     is absent, empty, or (`_check_not_foreign`) holds only this cache's table (a cache
-    written before the marker, stamped once it is opened). Read as an immutable file
+    written before the marker, stamped once it is opened); one with a ``-wal`` journal
+    beside it is not (reading that journal recovers it). Read as an immutable file
     (no lock, no journal, no ``-wal`` or ``-shm`` opened), so another program's
     database is never written, checkpointed or recovered, nor its shared memory
     changed; one that cannot be read (damaged) is not provably this cache's, and is
@@ -428,8 +429,15 @@ def _check_unmarked(path: Path, timeout: float) -> None:
     try:
         if not path.exists() or path.stat().st_size == 0:
             return
+        wal = Path(f"{path}-wal")
+        journaled = wal.exists() and wal.stat().st_size > 0
     except OSError:
         return  # unreadable: connecting will say why
+    if journaled:  # what the -wal holds is read only by recovering it: a write
+        raise ForeignFileError(
+            f"{path} has no owner marker and a -wal journal in use or left by another "
+            "program; it is left untouched"
+        )
     uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro&immutable=1"
     try:
         probe = sqlite3.connect(uri, uri=True, timeout=timeout)

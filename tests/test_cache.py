@@ -611,3 +611,26 @@ def test_the_key_holds_the_documented_settings_and_nothing_else_of_the_llm() -> 
     assert HyDE(_CountingLLM(calls_made=9)).cache_key_for(Q) == HyDE(_CountingLLM()).cache_key_for(
         Q
     )
+
+
+def test_another_programs_database_with_its_tables_in_a_wal_journal_is_left_untouched(
+    tmp_path: Path,
+) -> None:
+    """A healthy database whose tables are still only in its ``-wal`` (its program is
+    running, or was killed) looks empty in its main file: it is not recovered,
+    checkpointed or written, and the ``-wal`` and ``-shm`` stay as they are."""
+    source, path = tmp_path / "src" / "app.db", tmp_path / "app.db"
+    source.parent.mkdir()
+    conn = sqlite3.connect(source)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE contacts (name TEXT)")
+    conn.commit()
+    for suffix in ("", "-wal", "-shm"):  # copied while open: the -wal holds the table
+        Path(f"{path}{suffix}").write_bytes(Path(f"{source}{suffix}").read_bytes())
+    conn.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("app.db*")}
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") is None
+    cache.close()
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("app.db*")} == before
