@@ -369,6 +369,25 @@ def _check_sqlite_file(path: Path) -> None:
 
 _COLUMNS = ["key", "value", "created"]
 
+APPLICATION_ID = 0x48595044
+"""The application id (``PRAGMA application_id``, bytes 68-71 of the file's header:
+``HYPD``) a `SQLiteCache` stamps its database with: its owner marker. The header is
+read without SQLite, so a database whose schema is damaged still shows whose it is."""
+
+
+def _stamped_as_ours(path: Path) -> bool:
+    """Whether the file at ``path`` is a SQLite database whose header carries
+    `APPLICATION_ID`: provably this cache's, so it may be moved aside when damaged."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        with path.open("rb") as handle:
+            head = handle.read(100)
+    except OSError:
+        return False
+    return head.startswith(_SQLITE_HEADER) and int.from_bytes(head[68:72], "big") == APPLICATION_ID
+
+
 _UNAVAILABLE: tuple[type[Exception], ...] = (sqlite3.Error, OSError)
 """What an unavailable cache raises: SQLite's errors, and the file system's (a folder
 that cannot be made: a file in the way, a read-only file system, no permission)."""
@@ -376,25 +395,74 @@ that cannot be made: a file in the way, a read-only file system, no permission).
 
 def _check_not_foreign(conn: sqlite3.Connection, path: Path) -> None:
     """A `ForeignFileError` unless the database is empty or holds only this cache's
-    table with its columns (and no application id or user version a program set)."""
+    table with its columns, with no application id but `APPLICATION_ID` and no user
+    version (another program's marks)."""
     names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     columns = [row[1] for row in conn.execute("PRAGMA table_info(results)")]
-    marks = [conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("application_id", "user_version")]
-    if (names and (names != {"results"} or columns != _COLUMNS)) or any(marks):
+    app_id, version = (
+        conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("application_id", "user_version")
+    )
+    marked = app_id not in (0, APPLICATION_ID) or version != 0
+    if (names and (names != {"results"} or columns != _COLUMNS)) or marked:
         raise ForeignFileError(
             f"{path} is another program's SQLite database (tables: "
             f"{', '.join(sorted(names)) or 'none'}); it is left untouched"
         )
 
 
+def _unmarked_damage(path: Path, exc: BaseException) -> ForeignFileError:
+    return ForeignFileError(
+        f"{path} is damaged ({exc}) and its header does not mark it as this cache's "
+        f"database (application id {APPLICATION_ID:#x}); it is left untouched"
+    )
+
+
+def _check_unmarked(path: Path, timeout: float) -> None:
+    """A `ForeignFileError` unless the database at ``path``, which lacks the owner marker,
+    is absent, empty, or (`_check_not_foreign`) holds only this cache's table (a cache
+    written before the marker, stamped once it is opened); one with a ``-wal`` journal
+    beside it is not (reading that journal recovers it). Read as an immutable file
+    (no lock, no journal, no ``-wal`` or ``-shm`` opened), so another program's
+    database is never written, checkpointed or recovered, nor its shared memory
+    changed; one that cannot be read (damaged) is not provably this cache's, and is
+    left untouched."""
+    try:
+        if not path.exists() or path.stat().st_size == 0:
+            return
+        wal = Path(f"{path}-wal")
+        journaled = wal.exists() and wal.stat().st_size > 0
+    except OSError:
+        return  # unreadable: connecting will say why
+    if journaled:  # what the -wal holds is read only by recovering it: a write
+        raise ForeignFileError(
+            f"{path} has no owner marker and a -wal journal in use or left by another "
+            "program; it is left untouched"
+        )
+    uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro&immutable=1"
+    try:
+        probe = sqlite3.connect(uri, uri=True, timeout=timeout)
+    except sqlite3.Error:
+        return  # not openable at all: connecting will say why
+    try:
+        _check_not_foreign(probe, path)
+    except sqlite3.DatabaseError as exc:
+        if not is_corruption(exc):
+            raise
+        raise _unmarked_damage(path, exc) from exc
+    finally:
+        probe.close()
+
+
 class SQLiteCache:
     """A persistent cache in one SQLite file; entries older than ``ttl_s`` seconds are
     misses (and are purged on write).
 
-    A damaged cache (a SQLite file that reads as "malformed") is moved aside under a
-    unique name (``*.corrupt-<time>-<id>``), logged, and replaced by a fresh one. A
-    file that is not SQLite, or another program's database, is someone else's: it is
-    left untouched and the cache is skipped, with a warning. A
+    The database is stamped with `APPLICATION_ID` in its header, its owner marker. A
+    damaged cache (a SQLite file that reads as "malformed") that carries the marker is
+    moved aside under a unique name (``*.corrupt-<time>-<id>``), logged, and replaced by
+    a fresh one. A file that is not SQLite, another program's database, or a damaged
+    database without the marker is someone else's: it is left untouched (its ``-wal``
+    and ``-shm`` too) and the cache is skipped, with a warning. A
     cache that is busy (another process holds the write lock), read-only, whose folder
     cannot be created (a file in the way, a read-only file system, no permission) or
     otherwise unavailable is left alone, with one warning per outage: a read is a miss
@@ -451,21 +519,25 @@ class SQLiteCache:
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _check_sqlite_file(self.path)
+        if not _stamped_as_ours(self.path):
+            _check_unmarked(self.path, self.busy_timeout_s)
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=self.busy_timeout_s)
         try:
             _check_not_foreign(conn, self.path)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-            except sqlite3.OperationalError:
-                pass  # busy or read-only: the default journal works too
-            try:
+            try:  # before WAL, so the marker reaches the file's own header at once
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS results "
                     "(key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
                 )
+                if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+                    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             except sqlite3.OperationalError:
                 if not self._has_table(conn):  # a read-only cache that has it is fine
                     raise
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError:
+                pass  # busy or read-only: the default journal works too
             conn.execute("SELECT count(*) FROM results").fetchone()
         except BaseException:
             conn.close()
@@ -509,11 +581,12 @@ class SQLiteCache:
             probe.close()
 
     def _quarantine(self, exc: Exception) -> None:
-        """Move a damaged cache aside (see `_move_aside`); a file system that refuses
-        leaves it where it is, logged as unavailable."""
+        """Move a damaged cache aside (see `_move_aside`); a file system that refuses,
+        or a database that is not provably this cache's, leaves it where it is, logged
+        as unavailable."""
         try:
             self._move_aside(exc)
-        except OSError as err:
+        except (OSError, ForeignFileError) as err:
             self._unavailable(err)
 
     def _move_aside(self, exc: Exception) -> None:
@@ -523,11 +596,11 @@ class SQLiteCache:
             except sqlite3.Error:
                 pass
             self._conn = None
-        try:
-            _check_sqlite_file(self.path)
-        except ForeignFileError:
-            return  # not a SQLite file (any more): someone else's, never moved
-        if not self.path.exists() or not self._still_corrupt():
+        if not self.path.exists():
+            return
+        if not _stamped_as_ours(self.path):  # no owner marker: someone else's, never moved
+            raise _unmarked_damage(self.path, exc)
+        if not self._still_corrupt():
             return
         stamp = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -97,10 +97,6 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
     """
 
     model_name: str = Field(default="scripted")
-    cache_key_ignores: ClassVar[frozenset[str]] = frozenset(
-        {"delay", "forbid_sync", "report_usage", "is_local", "record"}
-    )
-    """Settings of the harness, not of the replies: out of a transform's cache key."""
     delay: float = Field(default=0.0, ge=0)
     forbid_sync: bool = Field(default=False)
     report_usage: bool = Field(default=True)

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,6 +295,7 @@ def test_a_read_only_cache_serves_hits_and_skips_writes(tmp_path: Path) -> None:
 WORKER = """
 import importlib.util, sys, time
 from pathlib import Path
+from typing import Any
 # cache.py alone (stdlib only), so the processes start fast and race for real
 spec = importlib.util.spec_from_file_location("hp_cache", sys.argv[4])
 mod = importlib.util.module_from_spec(spec)
@@ -389,3 +391,246 @@ def test_another_programs_database_is_never_changed(tmp_path: Path, kind: str) -
     cache.close()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["transforms.sqlite"]
+
+
+_POISONS = {
+    "queries-a-string": ("queries", "POISON"),
+    "queries-not-strings": ("queries", [1, 2, None]),
+    "passage-not-a-string": ("hypothetical", [{"text": "a passage."}]),
+    "passages-a-string": ("hypothetical", "a passage."),
+    "usage-not-counts": ("usage", {"calls": "one"}),
+    "query-missing": ("query", None),
+    "queries-missing": ("queries", None),
+}
+
+
+def _caches(tmp_path: Path) -> dict[str, Any]:
+    from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
+
+    from llama_index_hyde_plus.kv_cache import KVStoreCache
+
+    return {
+        "memory": MemoryCache(),
+        "sqlite": SQLiteCache(tmp_path / "c.sqlite"),
+        "kv": KVStoreCache(SimpleKVStore()),
+    }
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "kv"])
+@pytest.mark.parametrize("poison", sorted(_POISONS))
+@pytest.mark.parametrize("method", ["hyde", "multi-query"])
+@pytest.mark.parametrize("is_async", [False, True])
+def test_an_entry_of_another_shape_is_a_miss_and_the_next_generation_replaces_it(
+    tmp_path: Path, backend: str, poison: str, method: str, is_async: bool
+) -> None:
+    """A stored record whose fields are missing or of another type (a string of
+    queries, a list holding non-strings, a passage that is a dict) is never served:
+    the LLM is called, and what it writes replaces the entry, served from then on."""
+    cache = _caches(tmp_path)[backend]
+    kind = HyDE if method == "hyde" else MultiQuery
+    reply = "A passage." if method == "hyde" else "first query\nsecond query"
+    llm = ScriptedLLM(respond=lambda p: reply)
+    transform = kind(llm, cache=cache)
+    good = kind(ScriptedLLM([reply])).transform(Q).to_dict()
+    field, value = _POISONS[poison]
+    record = {k: v for k, v in good.items() if k != field}
+    if value is not None:
+        record[field] = value
+    cache.set(transform.cache_key_for(Q), record)
+
+    def run() -> Any:
+        return asyncio.run(transform.atransform(Q)) if is_async else transform.transform(Q)
+
+    first = run()
+    assert not first.cached and not first.fallback and len(llm.prompts) == 1
+    assert all(isinstance(q, str) for q in (*first.queries, *first.hypothetical))
+    second = run()
+    assert second.cached and len(llm.prompts) == 1
+    assert (second.queries, second.hypothetical) == (first.queries, first.hypothetical)
+
+
+def _damaged_wal_database(path: Path, stamp: int | None) -> dict[str, bytes]:
+    """A SQLite database in WAL mode with its ``-wal`` and ``-shm`` beside it (as a
+    program that is running, or was killed, leaves them), whose schema page is damaged
+    after the file header (kept: it names the owner). ``stamp``: its application id.
+    Returns every file's bytes."""
+    source = path.with_name("source.db")
+    conn = sqlite3.connect(source)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    if stamp is not None:
+        conn.execute(f"PRAGMA application_id = {stamp}")
+    conn.execute("CREATE TABLE contacts (name TEXT)")
+    conn.execute("INSERT INTO contacts VALUES ('Ada')")
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(FULL)")
+    conn.execute("INSERT INTO contacts VALUES ('Grace')")  # this one only in the -wal
+    conn.commit()
+    for suffix in ("", "-wal", "-shm"):  # copied while open: the -wal and -shm exist
+        Path(f"{path}{suffix}").write_bytes(Path(f"{source}{suffix}").read_bytes())
+    conn.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{source}{suffix}").unlink(missing_ok=True)
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[100:page] = b"\xa5" * (page - 100)  # the schema's b-tree, not the header
+    path.write_bytes(bytes(data))
+    return {p.name: p.read_bytes() for p in path.parent.iterdir()}
+
+
+@pytest.mark.parametrize("stamp", [None, 7], ids=["unmarked", "another-application-id"])
+def test_another_programs_damaged_database_and_its_wal_are_left_untouched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, stamp: int | None
+) -> None:
+    """A damaged database the cache cannot show to be its own (no owner marker in its
+    header) is never renamed, replaced or written, nor are its ``-wal`` and ``-shm``:
+    the cache is off, with one warning."""
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    path = tmp_path / "app.db"
+    before = _damaged_wal_database(path, stamp)
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") is None and len(cache) == 0
+    cache.close()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "left untouched" in warnings[0], warnings
+
+
+def test_serve_with_another_programs_damaged_database_as_cache_leaves_it_untouched(
+    tmp_path: Path,
+) -> None:
+    import rcp
+
+    from .conftest import Served
+
+    path = tmp_path / "app.db"
+    before = _damaged_wal_database(path, None)
+    served = Served("--llm", "scripted", "--cache", str(path))
+    try:
+        reply = rcp.connect_http(served.url).transform(Q, "hyde")
+        assert reply["hypothetical"]  # the search is answered without the cache
+    finally:
+        log = served.stop()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert "left untouched" in log
+
+
+def test_a_damaged_database_marked_as_the_caches_own_is_moved_aside(tmp_path: Path) -> None:
+    """The owner marker in the header is what makes a damaged database the cache's to
+    move aside, whatever its tables: it is moved, and a fresh cache started."""
+    from llama_index_hyde_plus.cache import APPLICATION_ID
+
+    path = tmp_path / "c.sqlite"
+    _damaged_wal_database(path, APPLICATION_ID)
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") == {"x": 1}
+    cache.close()
+    aside = [p for p in tmp_path.glob("c.sqlite.corrupt-*") if not p.name.endswith(("wal", "shm"))]
+    assert len(aside) == 1
+
+
+def test_a_new_cache_carries_the_owner_marker_in_its_header(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.cache import APPLICATION_ID
+
+    path = tmp_path / "c.sqlite"
+    SQLiteCache(path).set("k", {"x": 1})
+    assert int.from_bytes(path.read_bytes()[68:72], "big") == APPLICATION_ID
+
+
+def test_a_cache_written_before_the_marker_is_kept_and_marked(tmp_path: Path) -> None:
+    """A healthy database holding only this cache's table and no marker (an older
+    version's cache) is still the cache's: its entries are served, and it is marked."""
+    from llama_index_hyde_plus.cache import APPLICATION_ID
+
+    path = tmp_path / "c.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE results (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
+    )
+    old.execute("INSERT INTO results VALUES ('k', '{\"x\": 1}', ?)", (time.time(),))
+    old.commit()
+    old.close()
+    cache = SQLiteCache(path)
+    assert cache.get("k") == {"x": 1}
+    cache.close()
+    assert int.from_bytes(path.read_bytes()[68:72], "big") == APPLICATION_ID
+
+
+class _CountingLLM(ScriptedLLM):
+    """An LLM that keeps mutable state of its own, as providers' wrappers do: a call
+    counter and usage statistics, changed by every call."""
+
+    calls_made: int = 0
+    usage_stats: dict[str, int] = {}
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        self._count(prompt)
+        return super().complete(prompt, formatted=formatted, **kwargs)
+
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        self._count(prompt)
+        return await super().acomplete(prompt, formatted=formatted, **kwargs)
+
+    def _count(self, prompt: str) -> None:
+        self.calls_made += 1
+        words = self.usage_stats.get("prompt_words", 0) + len(prompt.split())
+        self.usage_stats = {**self.usage_stats, "prompt_words": words}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("kind", [HyDE, MultiQuery])
+async def test_an_llm_with_a_call_counter_gets_a_hit_on_a_repeated_question(
+    use_async: bool, kind: type
+) -> None:
+    """The key reads the documented settings, not the LLM object's whole state: a
+    counter or usage statistics the LLM updates on every call never make a miss."""
+    llm = _CountingLLM(respond=lambda p: "first query\nsecond query")
+    transform = kind(llm, cache=MemoryCache())
+    run = transform.atransform if use_async else None
+    first = await run(Q) if run else transform.transform(Q)
+    again = await run(Q) if run else transform.transform(Q)
+    assert not first.cached and again.cached and llm.calls_made == 1
+    assert llm.usage_stats["prompt_words"] > 0
+
+
+def test_the_key_holds_the_documented_settings_and_nothing_else_of_the_llm() -> None:
+    """Each of a few documented settings changes the key; a field outside the list
+    (the harness's own, a counter) does not; other models and classes never share."""
+    from llama_index_hyde_plus.transforms.keys import LLM_SETTINGS
+
+    base = HyDE(ScriptedLLM()).cache_key_for(Q)
+    for name, value in [("system_prompt", "Be brief."), ("stop_token", "\n")]:
+        assert name in LLM_SETTINGS
+        llm = ScriptedLLM()
+        object.__setattr__(llm, name, value)
+        assert HyDE(llm).cache_key_for(Q) != base, name
+    assert HyDE(ScriptedLLM(delay=0.01, record=False)).cache_key_for(Q) == base
+    assert HyDE(_CountingLLM(calls_made=9)).cache_key_for(Q) != base  # another class
+    assert HyDE(_CountingLLM(calls_made=9)).cache_key_for(Q) == HyDE(_CountingLLM()).cache_key_for(
+        Q
+    )
+
+
+def test_another_programs_database_with_its_tables_in_a_wal_journal_is_left_untouched(
+    tmp_path: Path,
+) -> None:
+    """A healthy database whose tables are still only in its ``-wal`` (its program is
+    running, or was killed) looks empty in its main file: it is not recovered,
+    checkpointed or written, and the ``-wal`` and ``-shm`` stay as they are."""
+    source, path = tmp_path / "src" / "app.db", tmp_path / "app.db"
+    source.parent.mkdir()
+    conn = sqlite3.connect(source)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE contacts (name TEXT)")
+    conn.commit()
+    for suffix in ("", "-wal", "-shm"):  # copied while open: the -wal holds the table
+        Path(f"{path}{suffix}").write_bytes(Path(f"{source}{suffix}").read_bytes())
+    conn.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("app.db*")}
+    cache = SQLiteCache(path)
+    cache.set("k", {"x": 1})
+    assert cache.get("k") is None
+    cache.close()
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("app.db*")} == before

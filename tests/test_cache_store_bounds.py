@@ -132,18 +132,14 @@ def test_a_write_follows_a_read_that_answered() -> None:
     assert llm.sync_calls == 1
 
 
-_log = logging.getLogger("an_app")
-_lock = threading.Lock()
-
-
-def _logging_reply(prompt: str) -> str:
-    with _lock:  # a setting over objects the key cannot read: no stable key
-        _log.debug("prompt of %d chars", len(prompt))
-    return "Renewals slipped last quarter."
+def _only_text(messages: Any) -> str:
+    return str(messages.upper())  # a formatter for text: raises on a list of messages
 
 
 def test_a_cache_the_key_cannot_serve_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
-    llm = ScriptedLLM(respond=_logging_reply)
+    """A formatter that raises on the messages it is keyed by leaves no key: the cache
+    is off for that transform, said once, and every search still answered."""
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped.", messages_to_prompt=_only_text)
     hyde = HyDE(llm, cache=MemoryCache())
     with caplog.at_level(logging.WARNING):
         results = [hyde.transform("Why did revenue drop?") for _ in range(5)]

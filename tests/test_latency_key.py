@@ -1,7 +1,6 @@
-"""The cache key read per configuration: a function setting's key part is
-read once and served while its state is unchanged, so each guard here changes that
-state in place, on the same transform, between two keys; a fresh transform's key is
-the reference (it reads everything anew)."""
+"""The cache key follows what a formatter renders: each guard here changes what the
+formatter computes with in place, on the same transform, between two keys; a fresh
+transform's key is the reference."""
 
 from __future__ import annotations
 
@@ -96,11 +95,11 @@ def test_new_code_changes_the_key() -> None:
     _keys_follow(fmt, swap)
 
 
-def test_a_field_of_the_llm_set_again_changes_the_key() -> None:
+def test_a_setting_of_the_llm_set_again_changes_the_key() -> None:
     llm = ScriptedLLM(respond=lambda p: "A")
     hyde = HyDE(llm)
     before = hyde.cache_key_for(Q)
-    llm.respond = lambda p: "B"
+    llm.system_prompt = "Answer in French."
     assert hyde.cache_key_for(Q) != before
 
 

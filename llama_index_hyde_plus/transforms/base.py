@@ -333,18 +333,21 @@ class TransformResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformResult:
-        """Inverse of `to_dict` (used by the caches)."""
+        """Inverse of `to_dict` (used by the caches): a record of any other shape (a
+        field missing or of another type, `check_record`) is a `ValueError` naming the
+        field, never coerced into a result."""
+        check_record(data)
         generation = data.get("generation_usage")
         return cls(
-            query=str(data["query"]),
-            method=str(data["method"]),
-            queries=tuple(data.get("queries", ())),
-            hypothetical=tuple(data.get("hypothetical", ())),
-            include_query=bool(data.get("include_query", True)),
-            usage=Usage.from_dict(data.get("usage", {})),
-            fallback=bool(data.get("fallback", False)),
-            error=data.get("error"),
-            latency_s=float(data.get("latency_s", 0.0)),
+            query=data["query"],
+            method=data["method"],
+            queries=tuple(data["queries"]),
+            hypothetical=tuple(data["hypothetical"]),
+            include_query=data["include_query"],
+            usage=Usage.from_dict(data["usage"]),
+            fallback=data["fallback"],
+            error=data["error"],
+            latency_s=float(data["latency_s"]),
             children=tuple(cls.from_dict(c) for c in data.get("children", ())),
             cached=bool(data.get("cached", False)),
             generation_usage=Usage.from_dict(generation) if generation else None,
@@ -353,6 +356,68 @@ class TransformResult:
             skipped=data.get("skipped"),
             defaults=data.get("defaults"),
         )
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _optional_str(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _usage_record(value: object) -> bool:
+    """A `Usage.to_dict` record: whole token and call counts, a cost, source names."""
+    if not isinstance(value, dict):
+        return False
+    counts = ("input_tokens", "output_tokens", "total_tokens", "calls", "tokens_saved")
+    return (
+        all(type(value.get(k, 0)) is int for k in counts)
+        and _number(value.get("cost", 0.0))
+        and all(isinstance(value.get(k, "none"), str) for k in ("usage_source", "cost_source"))
+    )
+
+
+_RECORD_FIELDS: dict[str, tuple[bool, Any]] = {
+    "query": (True, lambda v: isinstance(v, str)),
+    "method": (True, lambda v: isinstance(v, str)),
+    "queries": (True, _strings),
+    "hypothetical": (True, _strings),
+    "include_query": (True, lambda v: isinstance(v, bool)),
+    "usage": (True, _usage_record),
+    "fallback": (True, lambda v: isinstance(v, bool)),
+    "error": (True, _optional_str),
+    "latency_s": (True, _number),
+    "children": (False, lambda v: isinstance(v, list)),
+    "cached": (False, lambda v: isinstance(v, bool)),
+    "generation_usage": (False, lambda v: v is None or _usage_record(v)),
+    "original_weight": (False, _number),
+    "skipped": (False, _optional_str),
+    "defaults": (False, _optional_str),
+}
+"""Each field of a `TransformResult.to_dict` record: whether it is always written, and
+what its value must be (``queries`` a list of strings, ``usage`` a usage record...)."""
+
+
+def check_record(data: object) -> None:
+    """A `ValueError` naming the first field of ``data`` that is missing or of another
+    shape or type than `TransformResult.to_dict` writes (`_RECORD_FIELDS`); the
+    ``children`` are checked as they are decoded.
+
+    Args:
+        data: what a cache returned for a key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a result record is a dict, not {type(data).__name__}")
+    for name, (required, valid) in _RECORD_FIELDS.items():
+        if name not in data:
+            if required:
+                raise ValueError(f"the result record has no {name!r}")
+        elif not valid(data[name]):
+            raise ValueError(f"the result record's {name!r} is malformed: {data[name]!r:.80}")
 
 
 _GENERIC_KEYS = frozenset(

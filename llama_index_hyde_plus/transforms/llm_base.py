@@ -28,7 +28,7 @@ from llama_index.core.settings import Settings
 from .. import _llm
 from .._bounded import wait_woken, wake
 from .._workers import Job, WorkersBusyError
-from ..cache import answers_in_process, cache_key, holds_objects
+from ..cache import answers_in_process, holds_objects
 from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
 from ..singleflight import SingleFlight, WaitExpired
 from ..timeouts import timeout_for
@@ -36,14 +36,7 @@ from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
 from .keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
 from .keys import Unkeyable as Unkeyable  # re-exported: what a key that cannot be built raises
-from .keys import (
-    generation_options,
-    llm_settings,
-    option_value,
-    same_snapshot,
-    sent_to,
-    settings_snapshot,
-)
+from .keys import generation_options, option_value, transform_key
 from .options import LLMOptions, breaker_from, check_options
 from .parsing import clean_reply
 
@@ -163,7 +156,6 @@ class LLMTransform(QueryTransformer):
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
         self._slow_key = False  # the last key took over KEY_ON_LOOP_S: see _akey
         self._told_unkeyable = False  # the cache-off warning is given once
-        self._settings_read: tuple[LLM, tuple[Any, ...], str] | None = None  # _llm_settings
 
     def __repr__(self) -> str:
         """``HyDE(llm='gpt-4o-mini', profile='auto: capable')``: the model and which
@@ -290,12 +282,10 @@ class LLMTransform(QueryTransformer):
         }
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
-        """The cache key of ``query``: what the model is sent (`keys.sent_to`: the
-        prompt as rendered for ``query``, function mappings and all, and what the
-        LLM's own formatters make of it), method, LLM class, model, the LLM's other
-        generation settings (`keys.llm_settings`), the transform's generation options
-        (`_params`), query and, for a grounded transform, the passages shown to the
-        model. Plain data only: the same in every process (see `keys`).
+        """The cache key of ``query`` (`keys.transform_key`: what the model is sent, the
+        LLM's class, model and generation settings, the method and its generation
+        options (`_params`), the query and, for a grounded transform, the passages
+        shown to the model). Plain data only: the same in every process.
 
         Args:
             query: The question.
@@ -307,44 +297,26 @@ class LLMTransform(QueryTransformer):
         call sends, so a mapping that renders differently each time never stores one
         rendering's generation under another's key."""
         llm, prompt = prepared
-        parts: dict[str, Any] = {
-            "method": self.method,
-            "llm": type(llm).__name__,
-            "model": _llm.model_name(llm),
-            "llm_settings": self._llm_settings(llm),
-            "sent": sent_to(llm, prompt),
-            "params": self._params(),
-            "query": query,
-        }
-        if context:
-            parts["context"] = list(context)
-        return cache_key(parts)
-
-    def _llm_settings(self, llm: LLM) -> str:
-        """`keys.llm_settings` of ``llm`` as the digest of its JSON, read again only
-        when its `keys.settings_snapshot` changes (or it has none: a setting that can
-        change in place is read for every key)."""
-        snapshot = settings_snapshot(llm)
-        known = self._settings_read
-        if (
-            snapshot is not None
-            and known is not None
-            and known[0] is llm
-            and same_snapshot(known[1], snapshot)
-        ):
-            return known[2]
-        digest = cache_key({"llm_settings": llm_settings(llm)})
-        self._settings_read = (llm, snapshot, digest) if snapshot is not None else None
-        return digest
+        return transform_key(self.method, llm, prompt, self._params(), query, context)
 
     def _lookup(self, key: str, query: str, start: float) -> TransformResult | None:
+        """The cached result under ``key`` as this call's hit, or None: a miss, an entry
+        that does not serve ``query`` (`_serves`), one of another shape than a result
+        record (`TransformResult.from_dict` refuses it: the generation made instead
+        overwrites it), or a cache that failed."""
         assert self.cache is not None
         try:
             data = self.cache.get(key)
             if data is None:
                 return None
             # an in-process cache holds the (immutable) result itself: no decoding
-            stored = data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
+            try:
+                stored = (
+                    data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
+                )
+            except ValueError as exc:
+                logger.warning("transform cache entry unusable (%s); calling the LLM", exc)
+                return None
             if not _serves(stored, query, self.method):
                 return None  # another question's, empty, or partial (an older version's)
             return self._restyle(
