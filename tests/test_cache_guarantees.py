@@ -131,8 +131,8 @@ def test_a_partly_failed_generation_is_not_written_to_sqlite(tmp_path: Path) -> 
 
 
 async def test_a_partly_failed_generation_is_never_a_hit_for_waiters() -> None:
-    """A waiter shares the leader's partial result as its own failure (round 7 D6: it
-    no longer asks the provider again), never as a cached hit; the next request, once
+    """A waiter shares the leader's partial result as its own failure (it does not ask
+    the provider again), never as a cached hit; the next request, once
     the leader is done, asks the provider afresh."""
     replies: list[Any] = ["First one.", RuntimeError("down"), "Fresh one.", "Fresh two."]
     llm = ScriptedLLM(replies, delay=0.05, forbid_sync=True)
@@ -209,7 +209,7 @@ def test_openais_generation_settings_are_in_the_key_and_its_key_is_not() -> None
     assert key(temperature=1.5) != base and key(max_tokens=50) != base
     assert key(additional_kwargs={"top_p": 0.1}) != base
     assert key(api_key="sk-b") == base == key(timeout=3.0, max_retries=0)
-    # another endpoint may serve other weights under the same name (hostile round 3)
+    # another endpoint may serve other weights under the same name
     assert key(api_base="http://localhost:1/v1") != base
 
 

@@ -1,10 +1,7 @@
-"""Issue #29, hostile round 7, D3-D5: the cache key holds what is sent to the model.
-
-D3: a formatter reading a 20,000-entry table rebuilt the key from the table on every
-query (50 cached queries stalled the event loop 6 s); D4: a formatter reading a file
-was keyed by its code only (stale hits once the file changed); D5: a function reading
-one environment variable keyed the whole environment (no shared hits across replicas
-whose PWD differs)."""
+"""The cache key holds what is sent to the model: a formatter reading a 20,000-entry
+table is keyed by what it renders without reading the table into every key (no stall
+of the event loop per query); a formatter reading a file is keyed by what it renders,
+so a changed file is a miss, never a stale hit."""
 
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ from llama_index_hyde_plus.testing import ScriptedLLM
 
 Q = "Why did revenue drop?"
 TABLE = {f"style-{i}": f"Answer in style {i}." for i in range(20_000)}
-"""The 20,000-entry global of round 7's D3."""
+"""A 20,000-entry global a formatter reads."""
 STYLE_FILE = Path(os.environ.get("HYDE_PLUS_TEST_STYLE_FILE", "style.txt"))
 
 
@@ -67,7 +64,7 @@ def _file_mapping(**kwargs: Any) -> str:
     return STYLE_FILE.read_text() + ": " + str(kwargs["query"])
 
 
-# -- D3: no per-query stall for a formatter over a big table ---------------------------
+# -- no per-query stall for a formatter over a big table ---------------------------
 async def _stall(run: Callable[[str], Any], queries: list[str]) -> tuple[float, float]:
     """(longest gap between two runs of a 1 ms ticker, total seconds) while ``run``
     serves ``queries`` one after another."""
@@ -103,7 +100,7 @@ async def test_cached_queries_through_a_formatter_over_a_big_table_never_stall_t
     for query in queries:  # fill the cache
         assert not (await hyde.atransform(query)).cached
     longest, total = await _stall(hyde.atransform, queries)
-    # round 7: 6 s in all for these 50 hits (the table read into every key)
+    # the table read into every key would cost seconds for these 50 hits
     assert total < 0.5, f"50 hits took {total:.2f}s"
     assert longest < 0.25, f"the loop stalled {longest:.3f}s"
 
@@ -116,7 +113,7 @@ async def test_a_setting_over_a_big_table_is_keyed_off_the_event_loop() -> None:
     for query in queries:
         await hyde.atransform(query)
     longest, _ = await _stall(hyde.atransform, queries)
-    assert longest < 0.15, f"the loop stalled {longest:.3f}s"  # round 7: 0.33-0.36 s
+    assert longest < 0.15, f"the loop stalled {longest:.3f}s"
 
 
 def test_a_big_table_the_formatter_reads_still_changes_what_is_sent() -> None:
@@ -130,7 +127,7 @@ def test_a_big_table_the_formatter_reads_still_changes_what_is_sent() -> None:
     assert HyDE(llm).cache_key_for(Q) == before
 
 
-# -- D4: a formatter reading a file is keyed by what it renders ----------------------
+# -- a formatter reading a file is keyed by what it renders ----------------------
 @pytest.fixture
 def style_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "style.txt"
@@ -162,7 +159,7 @@ async def test_a_formatter_reading_a_file_misses_once_the_file_changes(
     assert not first.cached and again.cached  # same file: a hit
     style_file.write_text("Answer in French")
     french = await run()
-    assert not french.cached  # round 7: served the English generation
+    assert not french.cached  # not the English generation
     assert "French" in french.hypothetical[0] and "English" in first.hypothetical[0]
     assert (await run()).cached
     style_file.write_text("Answer in English")

@@ -232,7 +232,7 @@ def test_a_formatter_over_state_with_no_plain_form_is_keyed_by_what_it_renders()
     wrong = 0
     gc.freeze()  # each collection below frees this loop's objects without the suite's heap
     try:
-        for i in range(40):  # objects freed and their addresses reused, as in round 3
+        for i in range(40):  # objects freed and their addresses reused
             lang = ["EN", "FR"][i % 2]
             llm = ScriptedLLM([f"answered in {lang}"], **{field: Opaque(lang).fmt})
             result = HyDE(llm, cache=cache).transform(Q)
@@ -302,8 +302,8 @@ def test_every_model_of_one_server_shares_its_worker_threads() -> None:
 
 
 def test_what_a_callable_computes_with_is_read_in_full() -> None:
-    """Round 4: parts inside containers, tuple or secret-named keys, private and extra
-    pydantic attributes were dropped from the key, so EN and FR shared one entry."""
+    """Parts inside containers, tuple or secret-named keys, private and extra pydantic
+    attributes are in the key, so EN and FR never share one entry."""
     from pydantic import BaseModel, PrivateAttr
 
     class Private(BaseModel):
@@ -351,7 +351,7 @@ async def test_hung_reranker_calls_hold_neither_the_fan_out_nor_the_loops_thread
 
 
 def test_keyword_only_defaults_and_class_data_are_in_the_key() -> None:
-    """Round 5: EN and FR shared entries through these two."""
+    """EN and FR never share entries through these two."""
 
     def kwd(lang: str) -> Any:
         def f(p: str, *, _f: _Formatter = _Formatter(lang)) -> str:  # noqa: B008 - the case under test
@@ -378,8 +378,8 @@ TEMPLATES = {"style": "EN"}
 
 
 def test_the_module_data_a_formatter_reads_is_in_the_key() -> None:
-    """Round 5: a lambda reading a module-level table kept its key when the table
-    changed, and served the old format's generations."""
+    """A lambda reading a module-level table gets a new key when the table changes,
+    never the old format's generations."""
     fmt = lambda p: f"{TEMPLATES['style']}:{p}"  # noqa: E731
     before = HyDE(ScriptedLLM(completion_to_prompt=fmt)).cache_key_for(Q)
     TEMPLATES["style"] = "FR"

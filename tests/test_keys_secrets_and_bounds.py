@@ -33,7 +33,7 @@ def _key(respond: Callable[[str], str], **fields: Any) -> str:
     return transform.cache_key_for(Q)
 
 
-# -- D1: a prompt formatter is keyed by what it renders ---------------------------------
+# -- a prompt formatter is keyed by what it renders ---------------------------------
 def test_bound_builtin_prompt_functions_of_the_llm_are_keyed_by_what_they_render() -> None:
     def key(**fields: Any) -> str:
         return _key(lambda p: "x", **fields)
@@ -43,7 +43,7 @@ def test_bound_builtin_prompt_functions_of_the_llm_are_keyed_by_what_they_render
     assert key(completion_to_prompt="EN {}".format) == key(completion_to_prompt="EN {}".format)
 
 
-# -- D3: a prompt's function mappings are in the key ------------------------------------
+# -- a prompt's function mappings are in the key ------------------------------------
 def _mapped(language: str) -> PromptTemplate:
     def render(**kwargs: Any) -> str:
         return f"in {language}: {kwargs['query']}"
@@ -77,7 +77,7 @@ def test_a_plain_prompt_keeps_its_key_and_equal_mappings_share_one() -> None:
     assert one.cache_key_for(Q) == two.cache_key_for(Q) != plain.cache_key_for(Q)
 
 
-# -- D4: secret names are exactly secrets ----------------------------------------------
+# -- secret names are exactly secrets ----------------------------------------------
 class _TokenLLM(ScriptedLLM):
     stop_token: str = Field(default="\n")
     eos_token: str = Field(default="</s>")
@@ -123,7 +123,7 @@ def test_secrets_are_never_in_the_key(field: str, first: Any, second: Any) -> No
     assert _token_key(**{field: first}) == _token_key(**{field: second})
 
 
-# -- D5: a blocking cache store never hangs a search -----------------------------------
+# -- a blocking cache store never hangs a search -----------------------------------
 _RELEASE = threading.Event()
 
 
@@ -198,7 +198,7 @@ def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
 def test_a_hung_cache_never_turns_off_another_cache_of_its_class(
     blocking_cache: KVStoreCache,
 ) -> None:
-    # round 7, D1: the threads of one store that hangs are its own
+    # the threads of one store that hangs are its own
     hung = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
     _within(60, lambda: [hung.transform(f"{Q} {i}") for i in range(40)])  # its threads all hung
     healthy = HyDE(
@@ -223,7 +223,7 @@ async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_asyn
     assert result.cached and len(llm.prompts) == 1
 
 
-# -- D7: one cap on worker threads across all pools ------------------------------------
+# -- one cap on worker threads across all pools ------------------------------------
 @pytest.fixture
 def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """At most 4 worker threads in the process (the cap is `MAX_THREADS`), and an
@@ -250,7 +250,7 @@ def test_hung_calls_over_many_pools_hold_at_most_the_global_thread_cap(
     assert all(job.started for job in jobs[:4])
     assert not any(job.started for job in jobs[4:])  # past the cap: waiting in line
     assert pools[2].busy() == 0  # a call waiting for a slot holds no place of its pool
-    for job in jobs:  # round 8, D4: only once every running call overran, refuse at once
+    for job in jobs:  # only once every running call overran, refuse at once
         job.abandon()
     with pytest.raises(_workers.WorkersBusyError):
         pools[3].submit(lambda: 1)
@@ -274,7 +274,7 @@ def test_a_thread_slot_is_free_again_once_its_worker_exits(
 def test_idle_workers_of_healthy_pools_never_lock_another_pool_out(
     few_thread_slots: threading.Event,
 ) -> None:
-    # round 7, D2: four pools that each ran a call keep idle workers; a fifth still runs
+    # four pools that each ran a call keep idle workers; a fifth still runs
     pools = [_workers.DaemonWorkers(max_busy=2) for _ in range(4)]
     done = [pool.submit(lambda: 1) for pool in pools]
     assert all(job.done.wait(10) for job in done)
@@ -340,7 +340,7 @@ async def test_past_the_thread_cap_a_hung_provider_falls_back_at_once_uncounted(
     assert breaker is None or breaker.state == "closed"
 
 
-# -- D8: KV store entries expire in Redis, and a hit is a copy --------------------------
+# -- KV store entries expire in Redis, and a hit is a copy --------------------------
 class ResponseError(Exception):
     """What redis-py raises for a command the server does not know (by its name)."""
 
@@ -408,7 +408,7 @@ def test_mutating_a_value_after_storing_it_never_changes_the_entry() -> None:
     assert cache.get("k") == {"hypothetical": ["a passage"]}
 
 
-# -- D6: a wrapped core transform sees the caller's bundle, and its vector is searched ---
+# -- a wrapped core transform sees the caller's bundle, and its vector is searched ---
 class _CoreBase(BaseQueryTransform):
     def _get_prompts(self) -> dict[str, Any]:
         return {}
@@ -496,7 +496,7 @@ async def test_a_core_transform_is_given_the_callers_own_bundle(use_async: bool)
 async def test_an_in_memory_kv_store_is_read_in_the_callers_thread(
     use_async: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """#32: LlamaIndex's own SimpleKVStore only computes: its reads and writes are made
+    """LlamaIndex's own SimpleKVStore only computes: its reads and writes are made
     where the transform runs (the event loop's thread on the async path), with no
     hand-off; a subclass of it still goes to the cache's worker threads."""
     seen: list[int] = []
