@@ -32,7 +32,7 @@ from llama_index_hyde_plus.testing import echo_llm
 
 from .conftest import DOCS, Served
 
-METHODS = ["hyde", "multi-query", "step-back", "decompose", "rewrite"]
+METHODS = ["hyde", "multi-query", "step-back", "decompose", "rewrite", "condense"]
 
 
 @pytest.fixture
