@@ -245,3 +245,36 @@ def test_the_prompt_is_swapped_with_update_prompts() -> None:
     assert llm.prompts[0].startswith("Chat:\nUser: How much is the pro plan?")
     with pytest.raises(ValueError, match="placeholder"):
         condense.update_prompts({"condense_prompt": "{query} {turns}"})
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_context_chat_engine_condenses_with_its_own_memory(use_async: bool) -> None:
+    from llama_index.core.chat_engine import ContextChatEngine
+
+    memory = ChatMemoryBuffer.from_defaults(token_limit=3000)
+    rewriter = ScriptedLLM(respond=knows_pricing)
+    base = StaticRetriever(DOCS, results={STANDALONE: ["ent"]}, default=["misc"])
+    engine = ContextChatEngine.from_defaults(
+        retriever=TransformRetriever(base, Condense(rewriter, memory=memory)),
+        memory=memory,
+        llm=ScriptedLLM(respond=lambda p: "The pro plan costs 20 dollars a month."),
+    )
+    chat = engine.achat if use_async else engine.chat
+    for message in ("How much is the pro plan?", FOLLOW_UP):
+        reply = chat(message)
+        if use_async:
+            await reply  # type: ignore[misc]
+    assert calls(rewriter) == 1  # the first message had no history
+    assert "User: How much is the pro plan?" in rewriter.prompts[0]
+    assert STANDALONE in base.queries
+
+
+def test_the_rewriting_model_s_tokens_reach_a_token_counting_handler() -> None:
+    from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+    counter = TokenCountingHandler()
+    llm = ScriptedLLM(respond=knows_pricing)
+    condense = Condense(llm, callback_manager=CallbackManager([counter]))
+    result = condense.transform(FOLLOW_UP, chat_history=HISTORY)
+    assert counter.total_llm_token_count > 0
+    assert len(counter.llm_token_counts) == result.usage.calls == 1
