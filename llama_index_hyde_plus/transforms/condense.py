@@ -171,7 +171,7 @@ class Condense(QueryListTransform):
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "history"})
     SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 1.0, "capable": 1.0}
     """The message's own list weighs as much as the condensed question's when nothing
-    is said (see BENCHMARKS.md, "Conversations")."""
+    is said: a neutral weight, not yet chosen on conversational data."""
     parse_excludes_query: ClassVar[bool] = False
     SEARCH_OPTIONS: ClassVar[frozenset[str]] = QueryListTransform.SEARCH_OPTIONS | {"memory"}
     """``memory`` is no generation option of its own: the history it gives is in the
