@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .retriever import SearchResult, TransformRetriever
     from .stores.faiss import load_index
     from .transforms import (
+        Condense,
         Decompose,
         HyDE,
         MultiQuery,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
         Rocchio,
         StepBack,
         TransformResult,
+        chat_history,
     )
     from .usage import ModelPrice, Usage
 
@@ -44,6 +46,8 @@ _HOMES = {
     "transform_of": ".provenance",
     "SearchResult": ".retriever",
     "TransformRetriever": ".retriever",
+    "Condense": ".transforms",
+    "chat_history": ".transforms",
     "Decompose": ".transforms",
     "HyDE": ".transforms",
     "MultiQuery": ".transforms",
@@ -71,6 +75,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Condense",
     "Decompose",
     "FusionMode",
     "HyDE",
@@ -90,6 +95,7 @@ __all__ = [
     "Usage",
     "__version__",
     "aquery_for_evaluation",
+    "chat_history",
     "fuse",
     "load_index",
     "query_for_evaluation",

@@ -48,6 +48,7 @@ import numpy as np
 import rcp
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.llms import LLM
 
 from ._checks import is_int, is_number
@@ -56,6 +57,7 @@ from .cache import MemoryCache, TransformCache
 from .retriever import TransformRetriever
 from .stores.nodes import embedding_model_name
 from .transforms.base import MAX_N, QueryTransformer, TransformResult
+from .transforms.condense import chat_history, read_messages
 from .transforms.factory import build
 from .transforms.registry import METHODS, transform_class
 from .usage import Usage
@@ -232,8 +234,15 @@ class TransformService:
                 self._transforms[key] = found
         return found
 
-    def transform(self, query: str, method: str, n: int | None) -> TransformResult:
-        return self.transformer(method, n).transform_safe(query)
+    def transform(
+        self, query: str, method: str, n: int | None, history: list[ChatMessage] | None = None
+    ) -> TransformResult:
+        """The ``method`` rewrite of ``query``; ``history``: the conversation so far,
+        read by `Condense` (the other methods do not use one)."""
+        if history is None:
+            return self.transformer(method, n).transform_safe(query)
+        with chat_history(history):
+            return self.transformer(method, n).transform_safe(query)
 
     def search(
         self, query: str, method: str | None, n: int | None, k: int, mode: str | None = None
@@ -311,7 +320,12 @@ def build_server(
     server.set_info(name, version)
     server.advertise(
         rcp.Capability.Transform,
-        {"methods": list(METHODS), "maxN": MAX_N, "maxQueryChars": MAX_QUERY_CHARS},
+        {
+            "methods": list(METHODS),
+            "maxN": MAX_N,
+            "maxQueryChars": MAX_QUERY_CHARS,
+            "x-hyde-plus": {"chatHistory": CHAT_HISTORY, "maxMessages": MAX_HISTORY_MESSAGES},
+        },
     )
     server.on(rcp.Method.TRANSFORM)(lambda params: _transform(service, params))
     if service.retriever is not None:
@@ -386,8 +400,9 @@ def _transform(service: TransformService, params: dict[str, Any]) -> dict[str, A
         raise _unsupported(
             f"transform method '{method}' is not advertised", "method", list(METHODS)
         )
+    history = _history(params)
     start = time.perf_counter()
-    result = service.transform(query, method, _given_count(params))
+    result = service.transform(query, method, _given_count(params), history)
     out: dict[str, Any] = {
         "queries": list(result.queries),
         "usage": _usage(result.usage, time.perf_counter() - start, result.cached),
@@ -397,6 +412,38 @@ def _transform(service: TransformService, params: dict[str, Any]) -> dict[str, A
     if result.fallback:
         out["fallback"] = True
     return _with_status(out, transform_status(result))
+
+
+CHAT_HISTORY = "x-hyde-plus/chatHistory"
+"""The ``_meta`` key of ``query/transform`` that carries the conversation so far, a
+list of ``{"role": "user" | "assistant", "content": str}`` (the protocol's request has
+no field for it, and ``_meta`` is where a server that does not know a key ignores it)."""
+
+MAX_HISTORY_MESSAGES = 100
+"""The most messages a request's `CHAT_HISTORY` may hold."""
+
+MAX_HISTORY_CHARS = 20_000
+"""The longest message a request's `CHAT_HISTORY` may hold."""
+
+
+def _history(params: dict[str, Any]) -> list[ChatMessage] | None:
+    """The conversation of ``params._meta`` (`CHAT_HISTORY`), or None; a bad one is
+    -32602 naming the field."""
+    meta = params.get("_meta")
+    if not isinstance(meta, dict) or CHAT_HISTORY not in meta:
+        return None
+    field = f"_meta.{CHAT_HISTORY}"
+    given = meta[CHAT_HISTORY]
+    if isinstance(given, list) and len(given) > MAX_HISTORY_MESSAGES:
+        raise _invalid(f"'{field}' MUST hold at most {MAX_HISTORY_MESSAGES} messages", field)
+    try:
+        messages = read_messages(given, field)
+    except (TypeError, ValueError) as exc:
+        raise _invalid(str(exc), field) from None
+    for i, message in enumerate(messages):
+        if len(message.content or "") > MAX_HISTORY_CHARS:
+            raise _invalid(f"'{field}[{i}].content' is over {MAX_HISTORY_CHARS} characters", field)
+    return messages
 
 
 def _rewrite_spec(params: dict[str, Any], n: int | None) -> tuple[str | None, int | None]:

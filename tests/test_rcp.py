@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import rcp
@@ -32,7 +33,7 @@ from llama_index_hyde_plus.testing import ScriptedLLM, echo_llm
 
 from .conftest import DOCS, Served
 
-METHODS = ["hyde", "multi-query", "step-back", "decompose", "rewrite"]
+METHODS = ["hyde", "multi-query", "step-back", "decompose", "rewrite", "condense"]
 
 
 @pytest.fixture
@@ -849,3 +850,60 @@ def test_hyde_over_rcp_writes_n_passages_and_one_by_default(passages_client: rcp
         "retrieve", {"query": "q3", "rewrite": {"method": "hyde", "n": 2}, "k": 3}
     )
     assert found["usage"]["llmCalls"] == 2
+
+
+@pytest.fixture
+def condense_client() -> Iterator[tuple[rcp.Client, ScriptedLLM]]:
+    def knows_pricing(prompt: str) -> str:
+        return "What does the enterprise plan cost?" if "pro plan" in prompt else "plan"
+
+    llm = ScriptedLLM(respond=knows_pricing)
+    server = RcpHttpServer(build_server(TransformService(llm), http=True)).start()
+    try:
+        yield rcp.connect_http(server.url), llm
+    finally:
+        server.stop()
+
+
+HISTORY_KEY = "x-hyde-plus/chatHistory"
+PRICING_CHAT = [
+    {"role": "user", "content": "How much is the pro plan?"},
+    {"role": "assistant", "content": "20 dollars a month."},
+]
+
+
+def test_condense_reads_the_conversation_from_meta_and_advertises_the_key(
+    condense_client: tuple[rcp.Client, ScriptedLLM],
+) -> None:
+    client, llm = condense_client
+    assert client.capabilities["transform"]["x-hyde-plus"]["chatHistory"] == HISTORY_KEY
+    params = {"query": "and for enterprise?", "method": "condense"}
+    alone = client.call("query/transform", params)
+    assert alone["queries"] == ["and for enterprise?"] and llm.prompts == []  # no call
+    meta = {"_meta": {HISTORY_KEY: PRICING_CHAT, "x-other/ignored": 1}}
+    condensed = client.call("query/transform", {**params, **meta})
+    assert condensed["queries"] == ["What does the enterprise plan cost?"]
+    assert "User: How much is the pro plan?" in llm.prompts[0]
+    # another method ignores the conversation; an unknown _meta key breaks nothing
+    assert client.call("query/transform", {"query": "q", "method": "rewrite", **meta})
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        "How much?",
+        [{"role": "system", "content": "x"}],
+        [{"role": "user", "content": 3}],
+        [{"role": "user", "content": "x"}] * 101,
+        [{"role": "user", "content": "x" * 20_001}],
+    ],
+)
+def test_a_bad_conversation_is_invalid_params_naming_the_field(
+    condense_client: tuple[rcp.Client, ScriptedLLM], history: Any
+) -> None:
+    client, llm = condense_client
+    params = {"query": "q", "method": "condense", "_meta": {HISTORY_KEY: history}}
+    with pytest.raises(rcp.RcpError) as info:
+        client.call("query/transform", params)
+    assert int(info.value.code) == -32602 and HISTORY_KEY in str(info.value.data)
+    assert llm.prompts == []

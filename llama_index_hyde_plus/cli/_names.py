@@ -19,10 +19,18 @@ TRANSFORMS: tuple[str, ...] = (
     "decompose",
     "rewrite",
     "rocchio",
+    "condense",
 )
 """`transforms.registry.TRANSFORMS`: every transform name, the baseline first."""
 
-METHODS: tuple[str, ...] = ("hyde", "multi-query", "step-back", "decompose", "rewrite")
+METHODS: tuple[str, ...] = (
+    "hyde",
+    "multi-query",
+    "step-back",
+    "decompose",
+    "rewrite",
+    "condense",
+)
 """`transforms.registry.METHODS`: the transforms that call an LLM."""
 
 SPELLINGS: dict[str, str] = {"multiquery": "multi-query", "stepback": "step-back"}

@@ -1,6 +1,7 @@
 """The transforms. Import them from the package root."""
 
 from .base import ChainTransform, QueryTransformer, SearchSpec, TransformResult
+from .condense import Condense, chat_history
 from .decompose import Decompose
 from .feedback import Rocchio
 from .hyde import HyDE
@@ -10,6 +11,7 @@ from .step_back import StepBack
 
 __all__ = [
     "ChainTransform",
+    "Condense",
     "Decompose",
     "HyDE",
     "MultiQuery",
@@ -19,4 +21,5 @@ __all__ = [
     "SearchSpec",
     "StepBack",
     "TransformResult",
+    "chat_history",
 ]

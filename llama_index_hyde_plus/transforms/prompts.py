@@ -1,4 +1,4 @@
-"""Default prompts. Each is a ``str.format`` template whose only field is ``{query}``.
+"""Default prompts. Each is a ``str.format`` template with a ``{query}`` field.
 
 Swap one on an instance with ``update_prompts({"<key>": PromptTemplate(...)})``; the
 keys are listed by ``get_prompts()``.
@@ -81,3 +81,16 @@ GROUNDING_PREFIX = (
 """Put before the HyDE prompt by ``HyDE(grounded=k)``: the question's own top hits, so a
 small model writes from the collection instead of from memory (Jagerman et al., 2023:
 under 1B parameters, only retrieval-grounded prompts helped)."""
+
+CONDENSE_PROMPT = (
+    "Given the conversation below and a follow-up message, rewrite the follow-up "
+    "message as one standalone search query that can be understood without the "
+    "conversation: replace words such as it, they, this or that with what they refer "
+    "to, and keep its meaning. If it already stands alone, repeat it. Reply with the "
+    "standalone query only.\n\n"
+    "Conversation:\n{history}\n\n"
+    "Follow-up message: {query}\n"
+    "Standalone query:"
+)
+"""`Condense`'s default prompt (key ``condense_prompt``); ``{history}`` is the bounded
+conversation, one ``User:`` / ``Assistant:`` line per message."""

@@ -8,6 +8,7 @@ from llama_index.core.llms import LLM
 
 from .._suggest import did_you_mean
 from .base import QueryTransformer, TransformResult
+from .condense import Condense
 from .decompose import Decompose
 from .feedback import Rocchio
 from .hyde import HyDE
@@ -38,6 +39,7 @@ BUILTINS: tuple[type[QueryTransformer], ...] = (
     Decompose,
     Rewrite,
     Rocchio,
+    Condense,
 )
 """Every transform `make_transform` builds, by its ``method`` name. A new transform is
 a module with its class plus one line here (CONTRIBUTING.md)."""
