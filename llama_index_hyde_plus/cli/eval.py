@@ -133,13 +133,14 @@ def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
 
 
 def _check_inputs(
-    dataset: Path | None, config_files: list[Path] | None, timeout: float | None
+    dataset: Path | None, config_files: list[Path] | None, timeout: float | None, llm: str
 ) -> None:
-    """The eval extra, the input paths and ``--timeout``, checked with no library
-    imported; then the extra's modules imported."""
+    """The eval extra, the input paths, ``--llm`` and ``--timeout``, checked with no
+    library imported; then the extra's modules imported."""
     check_timeout(timeout)
     find_eval_extra("hyde-plus eval")
     with early.refused():
+        early.llm_choice(llm, oracle=True)
         early.dataset_folder(dataset)
         for path in config_files or []:
             early.config_file(path)
@@ -181,7 +182,7 @@ def eval_cmd(
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
     setup_logging(verbose)
-    _check_inputs(dataset, config_files, timeout)
+    _check_inputs(dataset, config_files, timeout, llm)
     from ..evaluation import run_eval
 
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)

@@ -25,13 +25,16 @@ from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
 from .eval import check_timeout, show_timeout_hint, with_timeout
 
 
-def _check_flags(name: str, tolerance: float, dataset: Path | None, timeout: float | None) -> None:
+def _check_flags(
+    name: str, tolerance: float, dataset: Path | None, timeout: float | None, llm: str
+) -> None:
     """The checks that need no library (before `require_eval_extra` imports)."""
     check_choice("--transform", name, TRANSFORMS[1:])
     check_timeout(timeout)
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
     with early.refused():
+        early.llm_choice(llm, oracle=True)
         early.dataset_folder(dataset)
 
 
@@ -118,7 +121,7 @@ def tune(
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
     name, split = transform.strip().lower(), split if docs is None else "generated"
-    _check_flags(name, tolerance, dataset, timeout)
+    _check_flags(name, tolerance, dataset, timeout, llm)
     require_eval_extra("hyde-plus tune")
     _check(name, split, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
