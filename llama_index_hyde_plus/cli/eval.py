@@ -119,16 +119,19 @@ def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
 
 
 def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
-    """What to do when generations ran out of time: fewer in flight, so that each
-    gets the model (or the provider's rate) sooner; None when none did."""
-    timed_out = sum(getattr(r, "timeouts", 0) for r in reports)
-    if not timed_out:
+    """What to do when generations ran out of time: each transform's fallbacks in the
+    words of its report (`TransformReport.fell_back`, the count the table and
+    ``results.json`` show), then fewer in flight, so that each gets the model (or the
+    provider's rate) sooner; None when none ran out of time."""
+    timed = [r for r in reports if r.timeouts]
+    if not timed:
         return None
     fewer = max(1, concurrency // 2)
+    said = "; ".join(f"{r.label} {r.fell_back}" for r in timed)
     return (
-        f"{timed_out} generation(s) ran out of time and searched with the question alone: "
-        f"fewer in flight (--concurrency {fewer}, now {concurrency}) gives each one the "
-        "model sooner; a longer --timeout waits longer for it"
+        f"{said} (searched with the question alone). Fewer in flight (--concurrency "
+        f"{fewer}, now {concurrency}) gives each generation the model sooner; a longer "
+        "--timeout waits longer for it"
     )
 
 

@@ -136,7 +136,7 @@ def tune(
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
     path = _write(result, out) if result.winner.gains() or write_anyway else None
-    show_timeout_hint([result.baseline, *result.reports], concurrency)
+    show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
     _show(result, path, report, questions_dir if docs is not None else None)
 
 

@@ -83,7 +83,8 @@ async def _run_one(
                 fallback=t.fallback,
                 skipped=bool(t.skipped),
                 usage=t.generation_usage or t.usage,
-                timed_out=(t.error or "").startswith(("LLMTimeoutError", "QueuedTooLongError")),
+                timed_out=t.fallback
+                and (t.error or "").startswith(("LLMTimeoutError", "QueuedTooLongError")),
                 queries=list(t.search_queries),
                 hypothetical=list(t.hypothetical),
             )
