@@ -10,12 +10,15 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from .._suggest import did_you_mean
+
+if TYPE_CHECKING:
+    from ..evaluation.index_cache import Advance
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -158,6 +161,7 @@ def progress_bar() -> Progress:
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
     return Progress(
@@ -166,20 +170,26 @@ def progress_bar() -> Progress:
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         console=_made_console(True),
         transient=False,
     )
 
 
-def task(progress: Progress, description: str, total: int, unit: str) -> Callable[[int], None]:
-    """Add a bar to ``progress`` and return ``advance(n)``, which also shows the rate."""
+def task(progress: Progress, description: str, total: int, unit: str) -> Advance:
+    """Add a bar to ``progress`` and return ``advance(n, fell_back=0)``, which also shows
+    the rate and, once any did, how many of the items fell back so far."""
     task_id = progress.add_task(description, total=total, rate="")
     start = time.perf_counter()
+    done = fallbacks = 0
 
-    def advance(n: int) -> None:
-        done = progress.tasks[task_id].completed + n
+    def advance(n: int, fell_back: int = 0) -> None:
+        nonlocal done, fallbacks
+        done, fallbacks = done + n, fallbacks + fell_back
         rate = done / max(time.perf_counter() - start, 1e-9)
-        progress.update(task_id, advance=n, rate=f"{rate:.1f} {unit}")
+        said = f", [yellow]{fallbacks} fell back[/]" if fallbacks else ""
+        progress.update(task_id, advance=n, rate=f"{rate:.1f} {unit}{said}")
 
     return advance
 

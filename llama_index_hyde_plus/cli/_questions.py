@@ -219,6 +219,19 @@ class DataChoice:
         if self.docs is not None:
             self.docs.check(max_length, outputs)
 
+    def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int | None, str]:
+        """``(generations, option)``: at most how many LLM calls a run makes (for
+        ``--docs``, writing questions, up to 1.5 a question; then one per question per
+        transform that calls the LLM, ``queries`` of a loaded ``--dataset``; None when
+        that is not known yet) and the one option that shortens it."""
+        if self.docs is not None:
+            n = self.docs.questions
+            writing = 0 if self.docs.qrels is not None else n * 3 // 2
+            return writing + llm_transforms * n, f"--questions {max(1, n // 4)}"
+        if queries is None:
+            return None, "--limit"
+        return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
+
     @property
     def needs_llm(self) -> bool:
         """Whether an LLM must write questions (``--docs`` without ``--qrels``)."""

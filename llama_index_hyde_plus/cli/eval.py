@@ -111,6 +111,17 @@ def timed(specs: list[Any], timeout: float | None) -> list[Any]:
     return [replace(s, options=with_timeout(s.options, s.name, timeout)) for s in specs]
 
 
+def show_plan(models: Any, source: Any, llm_transforms: int, queries: int | None = None) -> None:
+    """Print `ModelChoice.speed_line` before the generating starts: for ``--docs``
+    before the questions are written (``queries`` None), for ``--dataset`` once it is
+    loaded (``queries``: its size)."""
+    if (source.docs is None) == (queries is None):
+        return
+    line = models.speed_line(*source.planned_work(llm_transforms, queries))
+    if line is not None:
+        ui.err.print(f"[yellow]{line}[/]" if "shortens it" in line else line, soft_wrap=True)
+
+
 def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
     """Print `timeout_hint` when there is one."""
     hint = timeout_hint(reports, concurrency)
@@ -239,8 +250,10 @@ def _prepare(
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()
         embed_model, model = models.load(needs)
+        show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
+        show_plan(models, source, llm_specs, len(ds.queries))
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
     ui.err.print(

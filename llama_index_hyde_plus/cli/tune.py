@@ -15,14 +15,14 @@ from ._console import check_choice, fail, progress_bar, reported, setup_logging
 from ._evaluation import (
     ModelChoice,
     SearchChoice,
-    bars,
     command_line,
     find_eval_extra,
+    one_bar,
     require_eval_extra,
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
-from .eval import check_timeout, show_timeout_hint, with_timeout
+from .eval import check_timeout, show_plan, show_timeout_hint, with_timeout
 
 
 def _check_flags(
@@ -134,7 +134,7 @@ def tune(
     )
     configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
-    result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
+    result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model))
     path = _write(result, out) if result.winner.gains() or write_anyway else None
     show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
     _show(result, path, report, questions_dir if docs is not None else None)
@@ -159,10 +159,9 @@ def _timed_grid(configs: Any, name: str, timeout: float | None) -> Any:
     return [with_timeout(dict(c), name, timeout) for c in grid]
 
 
-def _sweep(
-    ds: Any, name: str, options: dict[str, Any], runner: dict[str, Any], verbose: bool
-) -> Any:
-    """`run_tune` with progress bars: one per configuration, and the queries'."""
+def _sweep(ds: Any, name: str, options: dict[str, Any], runner: dict[str, Any]) -> Any:
+    """`run_tune` with progress bars: the configurations done, and the current one's
+    queries (rate, ETA, fallbacks so far)."""
     from ..evaluation.tune import run_tune
 
     with progress_bar() as progress, reported():
@@ -170,7 +169,7 @@ def _sweep(
         return run_tune(
             ds,
             name,
-            progress=bars(progress, "q/s", show=verbose),
+            progress=one_bar(progress, "q/s"),
             on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
             **options,
             **runner,
@@ -199,7 +198,9 @@ def _load(
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
+        show_plan(models, source, int(needs_llm(name)))
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
+        show_plan(models, source, int(needs_llm(name)), len(ds.queries))
     what = split if note is None else "generated questions"
     ui.err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
     return configs, ds, embed_model, model if needs_llm(name) else None
