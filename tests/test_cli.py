@@ -749,3 +749,30 @@ def test_demo_refuses_a_users_out_folder_before_loading_models_or_showing_progre
     assert result.exit_code != 0 and "neither empty nor a hyde-plus index" in result.output
     assert "Embedding" not in result.output and "Loading" not in result.output
     assert [p.name for p in mine.iterdir()] == ["thesis.txt"]
+
+
+def test_query_shows_a_gate_s_skip_and_every_generated_query_of_each_stage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from types import SimpleNamespace
+
+    from llama_index_hyde_plus.cli._console import print_transform
+    from llama_index_hyde_plus.transforms.base import TransformResult
+
+    step = TransformResult(
+        query="Why did revenue drop?",
+        method="step-back",
+        queries=("What drives [bold]revenue?",),
+        skipped="similarity 0.41 to the question is below the gate 0.7",
+    )
+    fan = TransformResult(
+        query="Why did revenue drop?",
+        method="multi-query",
+        queries=("revenue decline causes", "Q3 renewals slipped"),
+        children=(step,),
+    )
+    print_transform(SimpleNamespace(transform=fan))  # type: ignore[arg-type]
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "multi-query: generated queries • revenue decline causes • Q3 renewals slipped" in shown
+    assert "step-back: the gate kept the question's own search: similarity 0.41" in shown
+    assert "step-back: step-back question • What drives [bold]revenue?" in shown

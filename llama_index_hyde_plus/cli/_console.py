@@ -222,18 +222,38 @@ def results_table(title: str, result: SearchResult, highlight: str | None = None
     return table
 
 
+GENERATED = {
+    "multi-query": "generated queries",
+    "step-back": "step-back question",
+    "decompose": "sub-questions",
+    "rewrite": "rewritten query",
+}
+"""What each method's generated queries are called when `print_transform` lists them."""
+
+
 def print_transform(result: SearchResult) -> None:
-    """What the transform wrote: passages as panels, queries as bullets."""
+    """What the transform did: why it fell back, or why a gate kept the question's own
+    search, and everything it wrote (passages as panels, every generated query, step-back
+    question or sub-question as bullets), for each stage of a composed transform."""
+    _print_result(_made_console(False), result.transform)
+
+
+def _print_result(out: Console, t: Any) -> None:
+    from rich.markup import escape
     from rich.panel import Panel
 
-    out, t = _made_console(False), result.transform
     if t.fallback:
-        out.print(f"[yellow]Transform fell back to the original query:[/] {t.error}")
+        out.print(f"[yellow]{t.method} fell back to the original query:[/] {escape(t.error or '')}")
+    if t.skipped:
+        out.print(f"[yellow]{t.method}: the gate kept the question's own search:[/] {t.skipped}")
     for i, passage in enumerate(t.hypothetical, 1):
-        out.print(Panel(passage, title=f"hypothetical passage {i}", title_align="left"))
-    if not t.hypothetical and t.search_queries != (t.query,):
-        for q in t.search_queries:
-            out.print(f"  • {q}")
+        out.print(Panel(escape(passage), title=f"hypothetical passage {i}", title_align="left"))
+    if t.queries and not t.hypothetical:
+        out.print(f"[bold]{t.method}: {GENERATED.get(t.method, 'generated queries')}[/]")
+        for q in t.queries:
+            out.print(f"  • {escape(q)}")
+    for child in t.children:
+        _print_result(out, child)
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

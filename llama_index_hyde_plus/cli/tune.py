@@ -209,7 +209,13 @@ def _load(
 def _show(result: Any, path: Path | None, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
-    from ..evaluation.report import is_tune_report, tune_markdown, tune_recommendation, tune_table
+    from ..evaluation.report import (
+        is_tune_report,
+        tune_choice,
+        tune_markdown,
+        tune_recommendation,
+        tune_table,
+    )
     from ..evaluation.tune import check_writable, write_output
 
     if question_set is not None:
@@ -219,7 +225,7 @@ def _show(result: Any, path: Path | None, report: Path | None, question_set: Pat
     if result.extra.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
     ui.console.print(tune_table(result))
-    ui.console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
+    ui.console.print(tune_choice(result), markup=False)
     if report is not None:
         with reported():
             report = check_writable(report, "--report", "a tune report", is_tune_report)

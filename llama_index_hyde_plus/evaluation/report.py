@@ -448,6 +448,21 @@ TUNE_HEADERS = ["configuration", "nDCG@10", "Δ pts [95% CI]", "W/T/L", "p", "ch
 the chosen / best / baseline mark."""
 
 
+def tune_choice(result: TuneResult) -> str:
+    """Which configuration was chosen, and why when it is not the best-scoring row: the
+    simplest within ``--tolerance`` of the best is chosen."""
+    w, best = result.winner, result.best
+    said = f"Chosen: `{w.label}` ({w.verdict})"
+    if w is best:
+        return f"{said}, the best-scoring configuration."
+    gap = (best.scores["nDCG@10"] - w.scores["nDCG@10"]) * 100
+    return (
+        f"{said}, not the best-scoring `{best.label}` ({best.scores['nDCG@10']:.4f}, "
+        f"{gap:.1f} points higher): the simplest configuration within "
+        f"{result.tolerance * 100:.1f} points (--tolerance) of the best is chosen."
+    )
+
+
 def tune_table(result: TuneResult, top: int | None = 15) -> Table:
     """The terminal table of a `tune` sweep (`tune_rows`), the chosen configuration
     in bold green.
@@ -501,12 +516,9 @@ def tune_markdown(
     lines.append("| " + " | ".join(h or "note" for h in TUNE_HEADERS) + " |")
     lines.append("| --- | " + " | ".join("---:" for _ in TUNE_HEADERS[1:-1]) + " | --- |")
     lines += ["| " + " | ".join(row) + " |" for row in tune_rows(result, top)]
-    w = result.winner
     lines += [
         "",
-        f"Chosen: `{w.label}` ({w.verdict}); best: `{result.best.label}` "
-        f"({result.best.scores['nDCG@10']:.4f}). The simplest configuration within "
-        f"{result.tolerance * 100:.1f} points of the best is chosen.",
+        tune_choice(result),
         "",
         f"**{tune_recommendation(result, config)}**",
     ]
