@@ -219,7 +219,7 @@ def _keep_plain(top: TransformReport, what: str, role: str = "best") -> str:
     if not top.measured:
         return (
             f"Recommendation: keep plain search (`none`): the {role}, `{top.label}`, is not "
-            f"measured: it {top.fell_back} (its score is mostly plain search's)."
+            f"measured: it {top.fell_back} (its score is partly plain search's)."
         )
     return (
         f"Recommendation: keep plain search (`none`): no {what} gains significantly here; "
