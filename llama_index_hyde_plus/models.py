@@ -1,5 +1,6 @@
 """The one resolver of model names (CLI, pipeline, evaluation, server): ``auto``,
-``local``, ``openai[:MODEL]`` and, for LLMs, ``scripted[:DELAY_MS]``.
+``local``, ``openai[:MODEL]`` and, for LLMs, ``PATH.gguf``, ``http://HOST:PORT/v1``
+(an OpenAI-compatible server) and ``scripted[:DELAY_MS]`` (see `_model_spec`).
 
 ``auto`` means OpenAI when ``OPENAI_API_KEY`` is set, else the local models.
 """
@@ -15,6 +16,8 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
 from ._keys import require_openai_key
+from ._model_spec import LLM_KEY_ENV, LLM_MODEL_ENV, read_llm_spec
+from ._redact import redact_uri
 
 DEFAULT_OPENAI_LLM = "gpt-4o-mini"
 """The model ``openai`` (without ``:MODEL``) means for an LLM."""
@@ -44,18 +47,17 @@ OPENAI_EMBED_RETRIES = 2
 
 
 def _split(spec: str) -> tuple[str, str | None]:
-    kind, _, model = spec.strip().partition(":")
-    kind = kind.lower()
-    if kind == "auto":
-        kind = "openai" if os.environ.get("OPENAI_API_KEY") else "local"
-    if kind not in ("local", "openai"):
+    """An embedding model's ``spec``: ``auto``, ``local`` or ``openai[:MODEL]``."""
+    if _is_llm_only(spec):
         raise ValueError(f"unknown model choice {spec!r}: use auto, local or openai[:MODEL]")
-    if kind == "local" and model:
-        raise ValueError(
-            f"{spec!r}: 'local' takes no model name (set HYDE_PLUS_LLM_GGUF or "
-            "HYDE_PLUS_EMBED_DIR to use your own local model files)"
-        )
-    return kind, model or None
+    choice = read_llm_spec(spec)
+    return choice.kind, choice.value
+
+
+def _is_llm_only(spec: str) -> bool:
+    """A GGUF path or a server address: an LLM, never an embedding model."""
+    text = spec.strip().lower()
+    return text.endswith(".gguf") or text.startswith(("http://", "https://"))
 
 
 def llm_threads() -> int | None:
@@ -89,8 +91,8 @@ def resolve_llm(
         return _scripted(spec)
     if parallel is not None and parallel < 1:
         raise ValueError(f"parallel must be >= 1, not {parallel}")
-    kind, model = _split(spec)
-    if kind == "openai":
+    choice = read_llm_spec(spec)
+    if choice.kind == "openai":
         from llama_index.llms.openai import OpenAI
 
         require_openai_key("--llm")
@@ -98,19 +100,80 @@ def resolve_llm(
         # no retries inside the client: our one retry driver (`_llm`, the transforms'
         # `RetryPolicy`) retries transient errors; the client's own retries stacked on
         # LlamaIndex's (12 requests for one call) hid an HTTP 500 behind the timeout
-        return OpenAI(model=model or DEFAULT_OPENAI_LLM, max_retries=0, **kwargs)
+        return OpenAI(model=choice.value or DEFAULT_OPENAI_LLM, max_retries=0, **kwargs)
+    if choice.kind == "server":
+        assert choice.value is not None
+        return _server_llm(choice.value, temperature=temperature, max_tokens=max_tokens, seed=seed)
     require_extra("local", ("xllamacpp",), "the local LLM")
     from .local import local_llm
 
     n_parallel = None if parallel is None else max(1, min(parallel, 8))
     return local_llm(
+        path=choice.value if choice.kind == "gguf" else None,
         **_given(
             temperature=temperature,
             max_tokens=max_tokens,
             seed=seed,
             n_parallel=n_parallel,
             threads=llm_threads(),
-        )
+        ),
+    )
+
+
+SERVER_MAX_TOKENS = 256
+"""Tokens a server's reply may take when nobody said (as `LocalLLM`'s default): a
+server left to its own cap (llama.cpp's: the whole context) can write for minutes."""
+SERVER_LIST_TIMEOUT_S = 10.0
+"""Seconds to wait for an OpenAI-compatible server's list of models."""
+
+
+def server_models(base_url: str, api_key: str | None = None) -> list[str]:
+    """The model ids an OpenAI-compatible server at ``base_url`` lists
+    (``GET {base_url}/models``); a `ValueError` naming ``--llm`` when it cannot be read."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = httpx.get(f"{base_url}/models", headers=headers, timeout=SERVER_LIST_TIMEOUT_S)
+        reply.raise_for_status()
+        entries = reply.json().get("data") or []
+        return [str(e["id"]) for e in entries if isinstance(e, dict) and e.get("id")]
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise ValueError(
+            f"--llm {redact_uri(base_url)}: could not list the server's models "
+            f"({type(exc).__name__}: {exc}); is it running? Name the model in {LLM_MODEL_ENV}"
+        ) from None
+
+
+def _server_llm(
+    base_url: str, *, temperature: float | None, max_tokens: int | None, seed: int | None
+) -> LLM:
+    """An OpenAI-compatible server's model through LlamaIndex's ``OpenAILike``: the
+    model in `LLM_MODEL_ENV`, else the server's first; the key in `LLM_KEY_ENV`, else
+    a placeholder (the client requires one; a local server reads none). The OpenAI key
+    is never sent: the server may be anyone's."""
+    require_extra("cli", ("llama_index.llms.openai_like",), "an OpenAI-compatible server")
+    from llama_index.llms.openai_like import OpenAILike
+
+    key = os.environ.get(LLM_KEY_ENV, "").strip() or None
+    model = os.environ.get(LLM_MODEL_ENV, "").strip()
+    if not model:
+        listed = server_models(base_url, key)
+        if not listed:
+            raise ValueError(
+                f"--llm {redact_uri(base_url)}: the server lists no model; name one in "
+                f"{LLM_MODEL_ENV}"
+            )
+        model = listed[0]
+    return OpenAILike(
+        model=model,
+        api_base=base_url,
+        api_key=key or "no-key",
+        is_chat_model=True,
+        max_retries=0,  # as for OpenAI: our retry driver retries
+        additional_kwargs=_given(seed=seed),
+        max_tokens=max_tokens or SERVER_MAX_TOKENS,
+        **_given(temperature=temperature),
     )
 
 

@@ -534,6 +534,55 @@ def test_eval_docs_writes_questions_scores_and_reuses_them(tmp_path: Path) -> No
     assert (tmp_path / "questions" / "queries.jsonl").read_text().splitlines() == queries
 
 
+@pytest.mark.local
+def test_a_generated_set_survives_a_later_eval_with_labels_into_the_default_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index_hyde_plus.cli.demo import demo_corpus_path
+
+    monkeypatch.chdir(tmp_path)  # the default --questions-dir, hyde-plus-questions, is here
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "corpus.jsonl").write_text(demo_corpus_path().read_text())
+    common = ["--transforms", "none", "--embed", "local", "--cache-dir", str(tmp_path / "c")]
+    generated = runner.invoke(
+        app,
+        [
+            *("eval", "--docs", str(docs), "--questions", "4", "--llm", "local"),
+            *("--out", str(tmp_path / "out1"), *common),
+        ],
+    )
+    assert generated.exit_code == 0, generated.output
+    default = tmp_path / "hyde-plus-questions"
+    kept = {p.name: p.read_bytes() for p in default.rglob("*") if p.is_file()}
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("Which quarter did renewals slip?\tq3-review\t1\n")
+    labelled = runner.invoke(
+        app,
+        [
+            *("eval", "--docs", str(docs), "--qrels", str(labels)),
+            *("--out", str(tmp_path / "out2"), *common),
+        ],
+    )
+    assert labelled.exit_code == 2, labelled.output
+    refused = " ".join(labelled.output.split())
+    assert "--questions-dir hyde-plus-questions holds another question set" in refused
+    assert {p.name: p.read_bytes() for p in default.rglob("*") if p.is_file()} == kept
+    assert not (tmp_path / "out2").exists()
+    tuned = runner.invoke(
+        app,
+        [
+            *("tune", "--docs", str(docs), "--questions", "4", "--llm", "local", "-t", "rocchio"),
+            *("--grid", "k=3", "--out", str(tmp_path / "t.json"), "--embed", "local"),
+            *("--cache-dir", str(tmp_path / "c")),
+        ],
+    )
+    assert tuned.exit_code == 0, tuned.output
+    said = " ".join(tuned.output.split())
+    assert "Reusing the question set in hyde-plus-questions" in said
+    assert "eval and tune on these documents with these options score this same set" in said
+
+
 def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
     docs = _docs(tmp_path)
     labels = tmp_path / "labels.tsv"
@@ -700,3 +749,30 @@ def test_demo_refuses_a_users_out_folder_before_loading_models_or_showing_progre
     assert result.exit_code != 0 and "neither empty nor a hyde-plus index" in result.output
     assert "Embedding" not in result.output and "Loading" not in result.output
     assert [p.name for p in mine.iterdir()] == ["thesis.txt"]
+
+
+def test_query_shows_a_gate_s_skip_and_every_generated_query_of_each_stage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from types import SimpleNamespace
+
+    from llama_index_hyde_plus.cli._console import print_transform
+    from llama_index_hyde_plus.transforms.base import TransformResult
+
+    step = TransformResult(
+        query="Why did revenue drop?",
+        method="step-back",
+        queries=("What drives [bold]revenue?",),
+        skipped="similarity 0.41 to the question is below the gate 0.7",
+    )
+    fan = TransformResult(
+        query="Why did revenue drop?",
+        method="multi-query",
+        queries=("revenue decline causes", "Q3 renewals slipped"),
+        children=(step,),
+    )
+    print_transform(SimpleNamespace(transform=fan))  # type: ignore[arg-type]
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "multi-query: generated queries • revenue decline causes • Q3 renewals slipped" in shown
+    assert "step-back: the gate kept the question's own search: similarity 0.41" in shown
+    assert "step-back: step-back question • What drives [bold]revenue?" in shown

@@ -116,6 +116,11 @@ ERRORS: list[tuple[list[str], str]] = [
     (["eval", "--dataset", "MISSING"], "dataset folder not found"),
     (["eval", "--dataset", "HERE", "--config", "MISSING"], "config file not found"),
     (["eval", "--dataset", "HERE", "--top-k", "ten"], "Invalid value for '--top-k'"),
+    (["eval", "--dataset", "HERE", "--llm", "MISSING.gguf"], "GGUF file not found"),
+    (["tune", "--dataset", "HERE", "--llm", "http://:80/v1"], "not a server address"),
+    (["query", "q", "--index", "HERE", "--llm", "claude"], "unknown model choice 'claude'"),
+    (["transform", "q", "--llm", "local:x"], "give your own model as --llm PATH.gguf"),
+    (["serve", "--stdio", "--llm", "MISSING.gguf"], "GGUF file not found"),
 ]
 
 
@@ -124,6 +129,7 @@ def test_an_argument_error_is_answered_before_llama_index_loads(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
     places = {"MISSING": str(tmp_path / "missing"), "HERE": str(tmp_path), "OUT": "out"}
+    places["MISSING.gguf"] = str(tmp_path / "missing.gguf")
     code, _, err, loaded = _run([places.get(a, a) for a in args], tmp_path)
     assert code == 2 and message in err, err
     assert not loaded & HEAVY, loaded & HEAVY

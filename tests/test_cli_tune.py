@@ -46,7 +46,7 @@ def test_tune_rocchio_sweeps_writes_a_config_and_eval_and_query_accept_it(
     assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
     output = result.output  # type: ignore[attr-defined]
     assert "warning" in output and "test split" in output  # tuning on test is flagged
-    assert "chosen:" in output and "baseline" in output
+    assert "Chosen:" in output and "baseline" in output
     config = json.loads(out.read_text())
     assert config["transform"] == "rocchio" and set(config["options"]) == {"k", "beta"}
     assert config["tuned_on"]["queries"] == 3 and config["tuned_on"]["split"] == "test"

@@ -361,6 +361,35 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     assert not missing, f"add `::: llama_index_hyde_plus.NAME` to docs/api/: {missing}"
 
 
+API_SECTIONS = {
+    "Transforms": ("transforms",),
+    "Retrieval": ("retriever", "fusion", "provenance"),
+    "Caches": ("cache",),
+    "Usage and cost": ("usage",),
+    "Two-stage RAG": ("pipeline",),
+    "Indexes": ("stores",),
+    "Version": ("_version",),
+}
+"""Each heading of the top-level API reference and the modules its names come from."""
+
+
+def test_the_api_reference_headings_match_what_is_under_them() -> None:
+    import llama_index_hyde_plus as package
+
+    heading, wrong = None, []
+    for line in (DOCS / "api" / "index.md").read_text().splitlines():
+        if line.startswith("## "):
+            heading = line[3:].strip()
+            assert heading in API_SECTIONS, f"a heading this test does not know: {heading}"
+        elif line.startswith("::: llama_index_hyde_plus."):
+            name = line.rsplit(".", 1)[1].strip()
+            module = "_version" if name == "__version__" else getattr(package, name).__module__
+            where = module.removeprefix("llama_index_hyde_plus.").split(".")[0]
+            if heading is None or where not in API_SECTIONS[heading]:
+                wrong.append(f"{name} ({module}) under {heading!r}")
+    assert not wrong, wrong
+
+
 def test_every_public_name_has_its_own_docstring() -> None:
     import llama_index_hyde_plus as package
 

@@ -33,9 +33,13 @@ def test_the_timeout_goes_to_the_transforms_that_call_the_llm() -> None:
 
 
 def test_timeouts_suggest_fewer_in_flight() -> None:
-    reports = [SimpleNamespace(timeouts=0), SimpleNamespace(timeouts=23)]
+    said = "fell back on 23 of 40: timeouts"
+    reports = [
+        SimpleNamespace(timeouts=0),
+        SimpleNamespace(label="hyde", timeouts=23, fell_back=said),
+    ]
     hint = timeout_hint(reports, 8)
-    assert hint is not None and "23 generation(s)" in hint and "--concurrency 4" in hint
+    assert hint is not None and f"hyde {said}" in hint and "--concurrency 4" in hint
     assert timeout_hint([SimpleNamespace(timeouts=0)], 8) is None
 
 

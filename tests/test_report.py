@@ -195,7 +195,7 @@ def test_an_eval_ends_with_one_recommendation_a_user_can_act_on(tmp_path: Path) 
 
     hyde.p_value_vs_none, hyde.fallbacks = 0.004, 31  # the score is partly plain search's
     said = recommendation(res)
-    assert "keep plain search" in said and "31 of 300 queries fell back" in said
+    assert "keep plain search" in said and "not measured: it fell back on 31 of 300" in said
     assert said in markdown(res)
 
 
@@ -231,3 +231,40 @@ def test_the_terminal_table_and_results_md_show_a_latency_the_same_way(
     [row] = [line for line in markdown(res).splitlines() if line.startswith("| hyde |")]
     assert terminal.rstrip().endswith(shown)
     assert f"| {shown} |" in row
+
+
+def test_a_transform_that_mostly_fell_back_is_not_measured_with_one_count_everywhere(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.cli.eval import timeout_hint
+    from llama_index_hyde_plus.evaluation.report import recommendation, verdicts
+
+    res = result(tmp_path)
+    hyde = res.reports[1]
+    hyde.queries, hyde.fallbacks, hyde.timeouts = 15, 11, 11
+    hyde.delta_vs_none, hyde.p_value_vs_none = 0.001, 0.8
+    said = "fell back on 11 of 15: timeouts"
+    assert hyde.verdict == f"not measured: {said}"
+    lines = verdicts(res)
+    assert lines == [f"hyde: not measured: {said}"]  # the count once, never "no clear..."
+    record = hyde.to_dict()
+    assert record["verdict"] == hyde.verdict and record["fallbacks"] == 11
+    assert record["measured"] is False and record["fallback_timeouts"] == 11
+    assert said in recommendation(res) and said in markdown(res)
+    assert "no clear difference" not in markdown(res)
+    console = Console(width=80, record=True)
+    console.print(rich_table(res))
+    assert " 0/11 " in console.export_text()  # skip/fb
+    hint = timeout_hint(res.reports, 4)
+    assert hint is not None and f"hyde {said}" in hint
+
+
+def test_fallbacks_say_how_many_timed_out_and_how_many_failed(tmp_path: Path) -> None:
+    hyde = result(tmp_path).reports[1]
+    hyde.queries, hyde.fallbacks, hyde.timeouts = 50, 5, 3
+    assert hyde.fell_back == "fell back on 5 of 50: 3 timeouts, 2 failures"
+    assert hyde.measured  # a tenth: still its own score
+    hyde.timeouts = 0
+    assert hyde.fell_back == "fell back on 5 of 50: failures"
+    hyde.fallbacks = 6
+    assert not hyde.measured and hyde.verdict.startswith("not measured")

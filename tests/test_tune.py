@@ -410,3 +410,16 @@ def test_a_config_with_extreme_rocchio_weights_is_refused_naming_the_file(
     path = _config(tmp_path, "rocchio", {"alpha": extreme, "beta": extreme})
     with pytest.raises(ValueError, match=r"c\.json: .*alpha must"):
         load_config(path)
+
+
+def test_the_choice_says_why_it_is_not_the_best_scoring_row() -> None:
+    from llama_index_hyde_plus.evaluation.report import tune_choice, tune_markdown
+
+    result = tune_result({"query_weight": 0.7})
+    said = tune_choice(result)
+    assert said.startswith("Chosen: `hyde:query_weight=0.7`")
+    assert "not the best-scoring `hyde:grounded=3` (0.4510, 0.1 points higher)" in said
+    assert "the simplest configuration within 0.2 points (--tolerance) of the best" in said
+    assert said in tune_markdown(result)
+    result.winner = result.best
+    assert tune_choice(result).endswith(", the best-scoring configuration.")

@@ -10,12 +10,15 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from .._suggest import did_you_mean
+
+if TYPE_CHECKING:
+    from ..evaluation.index_cache import Advance
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -158,6 +161,7 @@ def progress_bar() -> Progress:
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
     return Progress(
@@ -166,20 +170,26 @@ def progress_bar() -> Progress:
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         console=_made_console(True),
         transient=False,
     )
 
 
-def task(progress: Progress, description: str, total: int, unit: str) -> Callable[[int], None]:
-    """Add a bar to ``progress`` and return ``advance(n)``, which also shows the rate."""
+def task(progress: Progress, description: str, total: int, unit: str) -> Advance:
+    """Add a bar to ``progress`` and return ``advance(n, fell_back=0)``, which also shows
+    the rate and, once any did, how many of the items fell back so far."""
     task_id = progress.add_task(description, total=total, rate="")
     start = time.perf_counter()
+    done = fallbacks = 0
 
-    def advance(n: int) -> None:
-        done = progress.tasks[task_id].completed + n
+    def advance(n: int, fell_back: int = 0) -> None:
+        nonlocal done, fallbacks
+        done, fallbacks = done + n, fallbacks + fell_back
         rate = done / max(time.perf_counter() - start, 1e-9)
-        progress.update(task_id, advance=n, rate=f"{rate:.1f} {unit}")
+        said = f", [yellow]{fallbacks} fell back[/]" if fallbacks else ""
+        progress.update(task_id, advance=n, rate=f"{rate:.1f} {unit}{said}")
 
     return advance
 
@@ -212,18 +222,38 @@ def results_table(title: str, result: SearchResult, highlight: str | None = None
     return table
 
 
+GENERATED = {
+    "multi-query": "generated queries",
+    "step-back": "step-back question",
+    "decompose": "sub-questions",
+    "rewrite": "rewritten query",
+}
+"""What each method's generated queries are called when `print_transform` lists them."""
+
+
 def print_transform(result: SearchResult) -> None:
-    """What the transform wrote: passages as panels, queries as bullets."""
+    """What the transform did: why it fell back, or why a gate kept the question's own
+    search, and everything it wrote (passages as panels, every generated query, step-back
+    question or sub-question as bullets), for each stage of a composed transform."""
+    _print_result(_made_console(False), result.transform)
+
+
+def _print_result(out: Console, t: Any) -> None:
+    from rich.markup import escape
     from rich.panel import Panel
 
-    out, t = _made_console(False), result.transform
     if t.fallback:
-        out.print(f"[yellow]Transform fell back to the original query:[/] {t.error}")
+        out.print(f"[yellow]{t.method} fell back to the original query:[/] {escape(t.error or '')}")
+    if t.skipped:
+        out.print(f"[yellow]{t.method}: the gate kept the question's own search:[/] {t.skipped}")
     for i, passage in enumerate(t.hypothetical, 1):
-        out.print(Panel(passage, title=f"hypothetical passage {i}", title_align="left"))
-    if not t.hypothetical and t.search_queries != (t.query,):
-        for q in t.search_queries:
-            out.print(f"  • {q}")
+        out.print(Panel(escape(passage), title=f"hypothetical passage {i}", title_align="left"))
+    if t.queries and not t.hypothetical:
+        out.print(f"[bold]{t.method}: {GENERATED.get(t.method, 'generated queries')}[/]")
+        for q in t.queries:
+            out.print(f"  • {escape(q)}")
+    for child in t.children:
+        _print_result(out, child)
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

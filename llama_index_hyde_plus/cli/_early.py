@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._checks import check_folder
+from .._model_spec import read_llm_spec
 from ._console import fail
 
 
@@ -66,3 +67,13 @@ def extra(extra: str, modules: tuple[str, ...], what: str) -> None:
                 f"{what} needs the '{extra}' extra ({module} is not installed): "
                 f'pip install "llama-index-hyde-plus[{extra}]"'
             )
+
+
+def llm_choice(spec: str, *, oracle: bool = False) -> None:
+    """As `models.resolve_llm`: ``--llm`` names a model (`_model_spec.read_llm_spec`: a
+    GGUF file that exists, a server address with a host...), or ``scripted[:DELAY_MS]``,
+    or with ``oracle`` (eval, tune) the stand-in ``oracle:P[:N]``."""
+    head = spec.strip().lower().partition(":")[0]
+    if head == "scripted" or (oracle and head == "oracle"):
+        return
+    read_llm_spec(spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +14,10 @@ from ._console import fail, task
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+
+
+LONG_RUN_S = 300.0
+"""A run that may generate for longer than this says so up front."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class ModelChoice:
     max_tokens: int
     seed: int
     concurrency: int
+    planned: list[Any] = field(default_factory=list, compare=False)
+    """The local model's `local.speed.SpeedPlan`, once measured (`make_llm`)."""
 
     def standin(self) -> Any:
         """The strong-generator stand-in ``--llm oracle:P`` names, else None; a
@@ -42,15 +48,56 @@ class ModelChoice:
         return f"{concrete_embedding_spec(self.embed)}@{self.max_length}"
 
     def make_llm(self) -> Any:
-        """A fresh LLM (a seeded local model samples the same for every transform)."""
-        from ..models import resolve_llm
+        """A fresh LLM (a seeded local model samples the same for every transform). A
+        model on llama.cpp runs with the threads the speed measured at the first call
+        chose (`local.speed.plan_threads`), unless ``HYDE_PLUS_LLM_THREADS`` says, and
+        its calls are budgeted by that speed."""
+        from ..models import llm_threads, resolve_llm
 
-        return resolve_llm(
-            self.llm,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            seed=self.seed,
-            parallel=self.concurrency,
+        def made(threads: int | None = None) -> Any:
+            llm: Any = resolve_llm(
+                self.llm,
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+                seed=self.seed,
+                parallel=self.concurrency,
+            )
+            if threads is not None:
+                llm.threads = threads
+            return llm
+
+        llm = made()
+        if type(llm).__name__ != "LocalLLM" or llm_threads() is not None:
+            return llm
+        if not self.planned:
+            from ..local.speed import plan_threads
+
+            try:
+                self.planned.append(plan_threads(made))
+            except Exception as exc:  # the calls themselves fall back if the model fails
+                ui.err.print(f"[yellow]warning:[/] could not measure the local model: {exc}")
+                self.planned.append(None)
+        plan = self.planned[0]
+        if plan is None:
+            return llm
+        llm.threads, llm.tokens_per_s = plan.threads, plan.budget_rate
+        return llm
+
+    def speed_line(self, generations: int | None, shorten: str) -> str | None:
+        """What the measured speed means for this run: the speed, and when the run may
+        take over `LONG_RUN_S`, how long and the one option that shortens it."""
+        plan = self.planned[0] if self.planned else None
+        if plan is None:
+            return None
+        said = f"Local model: {plan.describe()}, measured now."
+        if generations is None:
+            return said
+        seconds = generations * self.max_tokens / plan.tokens_per_s
+        if seconds <= LONG_RUN_S:
+            return said
+        return (
+            f"{said} This run may take up to about {seconds / 60:.0f} min ({generations} "
+            f"generations of up to {self.max_tokens} tokens); {shorten} shortens it."
         )
 
     def load(self, needs_llm: bool) -> tuple[Any, Any]:
@@ -195,11 +242,28 @@ def require_eval_extra(command: str) -> None:
         raise fail(str(exc)) from exc
 
 
-def bars(progress: Progress, unit: str, show: bool = True) -> Callable[[str, int], Any]:
-    """A progress factory for the runner: one bar per transform (or none)."""
+def bars(progress: Progress, unit: str) -> Callable[[str, int], Any]:
+    """A progress factory for the runner: one bar per transform, with its rate, ETA and
+    running count of fallbacks."""
 
     def factory(description: str, total: int) -> Any:
-        return task(progress, description, total, unit) if show else (lambda n: None)
+        return task(progress, description, total, unit)
+
+    return factory
+
+
+def one_bar(progress: Progress, unit: str) -> Callable[[str, int], Any]:
+    """`bars` for a sweep: one bar at a time, each configuration's replacing the last
+    one's, so dozens of configurations take one line."""
+    shown: list[Any] = []
+
+    def factory(description: str, total: int) -> Any:
+        for task_id in shown:
+            progress.remove_task(task_id)
+        before = {t.id for t in progress.tasks}
+        advance = task(progress, description, total, unit)
+        shown[:] = [t.id for t in progress.tasks if t.id not in before]
+        return advance
 
     return factory
 

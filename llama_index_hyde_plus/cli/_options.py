@@ -1,5 +1,5 @@
 """Command-line options that several commands share, declared once (help included).
-Light: imports typer and `_names` only."""
+Light: imports typer, `_names` and `_model_spec` only."""
 
 from __future__ import annotations
 
@@ -8,16 +8,21 @@ from typing import Annotated
 
 import typer
 
+from .._model_spec import LLM_CHOICES, LLM_KEY_ENV, LLM_MODEL_ENV
 from ._names import STORE_KINDS, TIMEOUT_POLICY
 
 MODEL_HELP = "auto, local or openai[:MODEL]."
+LLM_HELP = (
+    f"{LLM_CHOICES} (an OpenAI-compatible server: the model in ${LLM_MODEL_ENV}, else its "
+    f"first; a key in ${LLM_KEY_ENV} if it needs one)."
+)
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens (INFO).")]
-Llm = Annotated[str, typer.Option(help=MODEL_HELP)]
+Llm = Annotated[str, typer.Option(help=LLM_HELP)]
 EvalLlm = Annotated[
     str,
     typer.Option(
-        help=MODEL_HELP[:-1] + ", or oracle:P[:N], a stand-in for a strong model that answers "
+        help=LLM_HELP[:-1] + ", or oracle:P[:N], a stand-in for a strong model that answers "
         "with a judged-relevant document with probability P (removed from the index and the "
         "judgements; needs questions with 2+ relevant documents), N draws averaged (3)."
     ),

@@ -3,7 +3,9 @@
 The folder is read and chunked as ``hyde-plus index`` does; then either the user's
 labels (``--qrels``) or questions the LLM writes from sampled chunks become a BEIR
 folder (``--questions-dir``) that the ordinary ``--dataset`` path scores. A set made
-from the same chunks, seed, size and model is reused instead of written again.
+from the same chunks, seed, size and model is reused instead of written again (by
+``eval`` and ``tune`` alike); a folder holding a set made from anything else is
+refused, never written over (`evaluation.questions.refuse_other_set`).
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         generate_questions,
         read_labels,
         read_manifest,
+        refuse_other_set,
         too_few,
         write_beir_folder,
         write_question_set,
@@ -151,15 +154,20 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         "chunk_overlap": choice.chunk_overlap,
     }
     if choice.qrels is not None:
+        labelled = {**made_from, "labels": str(choice.qrels.resolve())}
+        refuse_other_set(choice.folder, labelled)
         queries, judgments = read_labels(choice.qrels, nodes)
-        manifest = {**made_from, "labels": str(choice.qrels.resolve()), "kept": len(queries)}
         ui.err.print(f"{len(queries)} labelled questions from {choice.qrels}")
+        manifest = {**labelled, "kept": len(queries)}
         return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
     wanted = {**made_from, "questions": choice.questions, "llm": describe_llm(llm)}
+    refuse_other_set(choice.folder, {**wanted, "seed": choice.seed})
     found = read_manifest(choice.folder)
-    same = found is not None and all(found.get(k) == v for k, v in wanted.items())
-    if same and found is not None and found.get("seed") == choice.seed:
-        ui.err.print(f"Reusing the question set in {choice.folder} ({found.get('kept')} questions)")
+    if found is not None:  # the same documents, chunking, model and options
+        ui.err.print(
+            f"Reusing the question set in {choice.folder} ({found.get('kept')} questions): "
+            "eval and tune on these documents with these options score this same set"
+        )
         if found.get("tuned"):
             ui.err.print(
                 "[yellow]warning:[/] `hyde-plus tune` chose its settings on this very set; "
@@ -210,6 +218,19 @@ class DataChoice:
             raise ValueError("give exactly one of --dataset (BEIR) and --docs (your documents)")
         if self.docs is not None:
             self.docs.check(max_length, outputs)
+
+    def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int | None, str]:
+        """``(generations, option)``: at most how many LLM calls a run makes (for
+        ``--docs``, writing questions, up to 1.5 a question; then one per question per
+        transform that calls the LLM, ``queries`` of a loaded ``--dataset``; None when
+        that is not known yet) and the one option that shortens it."""
+        if self.docs is not None:
+            n = self.docs.questions
+            writing = 0 if self.docs.qrels is not None else n * 3 // 2
+            return writing + llm_transforms * n, f"--questions {max(1, n // 4)}"
+        if queries is None:
+            return None, "--limit"
+        return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
 
     @property
     def needs_llm(self) -> bool:

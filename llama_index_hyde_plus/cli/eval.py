@@ -111,6 +111,17 @@ def timed(specs: list[Any], timeout: float | None) -> list[Any]:
     return [replace(s, options=with_timeout(s.options, s.name, timeout)) for s in specs]
 
 
+def show_plan(models: Any, source: Any, llm_transforms: int, queries: int | None = None) -> None:
+    """Print `ModelChoice.speed_line` before the generating starts: for ``--docs``
+    before the questions are written (``queries`` None), for ``--dataset`` once it is
+    loaded (``queries``: its size)."""
+    if (source.docs is None) == (queries is None):
+        return
+    line = models.speed_line(*source.planned_work(llm_transforms, queries))
+    if line is not None:
+        ui.err.print(f"[yellow]{line}[/]" if "shortens it" in line else line, soft_wrap=True)
+
+
 def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
     """Print `timeout_hint` when there is one."""
     hint = timeout_hint(reports, concurrency)
@@ -119,27 +130,31 @@ def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
 
 
 def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
-    """What to do when generations ran out of time: fewer in flight, so that each
-    gets the model (or the provider's rate) sooner; None when none did."""
-    timed_out = sum(getattr(r, "timeouts", 0) for r in reports)
-    if not timed_out:
+    """What to do when generations ran out of time: each transform's fallbacks in the
+    words of its report (`TransformReport.fell_back`, the count the table and
+    ``results.json`` show), then fewer in flight, so that each gets the model (or the
+    provider's rate) sooner; None when none ran out of time."""
+    timed = [r for r in reports if r.timeouts]
+    if not timed:
         return None
     fewer = max(1, concurrency // 2)
+    said = "; ".join(f"{r.label} {r.fell_back}" for r in timed)
     return (
-        f"{timed_out} generation(s) ran out of time and searched with the question alone: "
-        f"fewer in flight (--concurrency {fewer}, now {concurrency}) gives each one the "
-        "model sooner; a longer --timeout waits longer for it"
+        f"{said} (searched with the question alone). Fewer in flight (--concurrency "
+        f"{fewer}, now {concurrency}) gives each generation the model sooner; a longer "
+        "--timeout waits longer for it"
     )
 
 
 def _check_inputs(
-    dataset: Path | None, config_files: list[Path] | None, timeout: float | None
+    dataset: Path | None, config_files: list[Path] | None, timeout: float | None, llm: str
 ) -> None:
-    """The eval extra, the input paths and ``--timeout``, checked with no library
-    imported; then the extra's modules imported."""
+    """The eval extra, the input paths, ``--llm`` and ``--timeout``, checked with no
+    library imported; then the extra's modules imported."""
     check_timeout(timeout)
     find_eval_extra("hyde-plus eval")
     with early.refused():
+        early.llm_choice(llm, oracle=True)
         early.dataset_folder(dataset)
         for path in config_files or []:
             early.config_file(path)
@@ -181,7 +196,7 @@ def eval_cmd(
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
     setup_logging(verbose)
-    _check_inputs(dataset, config_files, timeout)
+    _check_inputs(dataset, config_files, timeout, llm)
     from ..evaluation import run_eval
 
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
@@ -235,8 +250,10 @@ def _prepare(
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()
         embed_model, model = models.load(needs)
+        show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
+        show_plan(models, source, llm_specs, len(ds.queries))
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
     ui.err.print(

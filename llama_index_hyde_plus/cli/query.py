@@ -287,6 +287,7 @@ def query(
         except ValueError:
             check_choice("--transform", transform, TRANSFORMS)
     with early.refused():
+        early.llm_choice(llm)
         early.store_address(index_path, uri)
         early.config_file(config_file)
     from ..stores import open_store
@@ -341,6 +342,8 @@ def transform_cmd(
     """Print what a transform makes of a question, as JSON."""
     setup_logging(verbose)
     check_choice("--method", method, METHODS)
+    with early.refused():
+        early.llm_choice(llm)
     from ..models import describe_llm, resolve_llm
     from ..transforms.factory import build
 

@@ -13,7 +13,7 @@ from . import _console as ui
 from . import _early as early
 from ._console import fail, reported, setup_logging, warm_up
 from ._names import TIMEOUT_POLICY
-from ._options import Collection, IndexPath, MilvusToken, Uri, Verbose
+from ._options import LLM_HELP, Collection, IndexPath, MilvusToken, Uri, Verbose
 
 #: The ``server`` extra: what `rcp` and `rcp_http` are written with.
 SERVER_EXTRA: tuple[str, tuple[str, ...]] = ("server", ("rcp", "starlette", "uvicorn"))
@@ -272,7 +272,7 @@ def serve(
         ),
     ] = None,
     llm: Annotated[
-        str, typer.Option(help="auto, local, openai[:MODEL], or scripted[:DELAY_MS] (load tests).")
+        str, typer.Option(help=LLM_HELP[:-1] + ", or scripted[:DELAY_MS] (load tests).")
     ] = "auto",
     timeout: Annotated[
         float | None,
@@ -304,6 +304,7 @@ def serve(
     policy = check_sessionless(sessionless, http)
     with early.refused():
         early.extra(*SERVER_EXTRA, "hyde-plus serve")
+        early.llm_choice(llm)
         if index_path is not None or uri is not None:
             early.store_address(index_path, uri)
         for path in config_files or []:

@@ -15,23 +15,26 @@ from ._console import check_choice, fail, progress_bar, reported, setup_logging
 from ._evaluation import (
     ModelChoice,
     SearchChoice,
-    bars,
     command_line,
     find_eval_extra,
+    one_bar,
     require_eval_extra,
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
-from .eval import check_timeout, show_timeout_hint, with_timeout
+from .eval import check_timeout, show_plan, show_timeout_hint, with_timeout
 
 
-def _check_flags(name: str, tolerance: float, dataset: Path | None, timeout: float | None) -> None:
+def _check_flags(
+    name: str, tolerance: float, dataset: Path | None, timeout: float | None, llm: str
+) -> None:
     """The checks that need no library (before `require_eval_extra` imports)."""
     check_choice("--transform", name, TRANSFORMS[1:])
     check_timeout(timeout)
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
     with early.refused():
+        early.llm_choice(llm, oracle=True)
         early.dataset_folder(dataset)
 
 
@@ -118,7 +121,7 @@ def tune(
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
     name, split = transform.strip().lower(), split if docs is None else "generated"
-    _check_flags(name, tolerance, dataset, timeout)
+    _check_flags(name, tolerance, dataset, timeout, llm)
     require_eval_extra("hyde-plus tune")
     _check(name, split, out, report)
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
@@ -131,9 +134,9 @@ def tune(
     )
     configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
-    result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model), verbose)
+    result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model))
     path = _write(result, out) if result.winner.gains() or write_anyway else None
-    show_timeout_hint([result.baseline, *result.reports], concurrency)
+    show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
     _show(result, path, report, questions_dir if docs is not None else None)
 
 
@@ -156,10 +159,9 @@ def _timed_grid(configs: Any, name: str, timeout: float | None) -> Any:
     return [with_timeout(dict(c), name, timeout) for c in grid]
 
 
-def _sweep(
-    ds: Any, name: str, options: dict[str, Any], runner: dict[str, Any], verbose: bool
-) -> Any:
-    """`run_tune` with progress bars: one per configuration, and the queries'."""
+def _sweep(ds: Any, name: str, options: dict[str, Any], runner: dict[str, Any]) -> Any:
+    """`run_tune` with progress bars: the configurations done, and the current one's
+    queries (rate, ETA, fallbacks so far)."""
     from ..evaluation.tune import run_tune
 
     with progress_bar() as progress, reported():
@@ -167,7 +169,7 @@ def _sweep(
         return run_tune(
             ds,
             name,
-            progress=bars(progress, "q/s", show=verbose),
+            progress=one_bar(progress, "q/s"),
             on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
             **options,
             **runner,
@@ -196,7 +198,9 @@ def _load(
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
+        show_plan(models, source, int(needs_llm(name)))
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
+        show_plan(models, source, int(needs_llm(name)), len(ds.queries))
     what = split if note is None else "generated questions"
     ui.err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
     return configs, ds, embed_model, model if needs_llm(name) else None
@@ -205,7 +209,13 @@ def _load(
 def _show(result: Any, path: Path | None, report: Path | None, question_set: Path | None) -> None:
     """The sweep, the choice and where it was written; a question set it was tuned on
     is marked so (``eval`` on it then warns)."""
-    from ..evaluation.report import is_tune_report, tune_markdown, tune_recommendation, tune_table
+    from ..evaluation.report import (
+        is_tune_report,
+        tune_choice,
+        tune_markdown,
+        tune_recommendation,
+        tune_table,
+    )
     from ..evaluation.tune import check_writable, write_output
 
     if question_set is not None:
@@ -215,7 +225,7 @@ def _show(result: Any, path: Path | None, report: Path | None, question_set: Pat
     if result.extra.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
     ui.console.print(tune_table(result))
-    ui.console.print(f"chosen: [bold]{result.winner.label}[/] ({result.winner.verdict})")
+    ui.console.print(tune_choice(result), markup=False)
     if report is not None:
         with reported():
             report = check_writable(report, "--report", "a tune report", is_tune_report)

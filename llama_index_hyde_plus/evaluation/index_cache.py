@@ -8,6 +8,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -16,8 +17,16 @@ from ..stores import FaissStore, Store, store_for
 from ..stores.choice import store_classes
 from .beir import BeirDataset
 
-ProgressFactory = Callable[[str, int], Callable[[int], None]]
-"""``start(description, total)`` returns ``advance(n)``; the CLI draws progress bars."""
+
+class Advance(Protocol):
+    """``advance(n, fell_back=0)``: ``n`` more items done, ``fell_back`` of them fell
+    back to plain search (a progress bar shows the running count)."""
+
+    def __call__(self, n: int, fell_back: int = 0) -> None: ...
+
+
+ProgressFactory = Callable[[str, int], Advance]
+"""``start(description, total)`` returns an `Advance`; the CLI draws progress bars."""
 
 logger = logging.getLogger(__name__)
 

@@ -164,10 +164,14 @@ def rich_table(result: EvalResult) -> Table:
 
 def verdicts(result: EvalResult) -> list[str]:
     """One line per transform: its comparison with `none` in words, and how many of
-    its queries a gate skipped or fell back."""
+    its queries a gate skipped or fell back; "not measured" and why alone when too many
+    fell back (`TransformReport.measured`)."""
     lines = []
     for report in result.reports:
         if report.delta_vs_none is None:
+            continue
+        if not report.measured:  # its interval is mostly plain search's: not shown
+            lines.append(f"{report.label}: {report.verdict}")
             continue
         extra = []
         low, high = report.interval_vs_none or (math.nan, math.nan)
@@ -176,7 +180,7 @@ def verdicts(result: EvalResult) -> list[str]:
         if report.skipped:
             extra.append(f"{report.skipped} skipped by the gate")
         if report.fallbacks:
-            extra.append(f"{report.fallbacks} fell back")
+            extra.append(report.fell_back)
         if report.identical_to_none:
             extra.append("identical to none on every query: it changes nothing here")
         tail = f" ({'; '.join(extra)})" if extra else ""
@@ -212,14 +216,14 @@ def _use(report: TransformReport, how: str = "") -> str:
 
 
 def _keep_plain(top: TransformReport, what: str, role: str = "best") -> str:
-    why = (
-        f"{top.fallbacks} of {top.queries} queries fell back (timeouts or failures)"
-        if top.fallbacks > 0.1 * max(top.queries, 1)
-        else f"no {what} gains significantly here"
-    )
+    if not top.measured:
+        return (
+            f"Recommendation: keep plain search (`none`): the {role}, `{top.label}`, is not "
+            f"measured: it {top.fell_back} (its score is partly plain search's)."
+        )
     return (
-        f"Recommendation: keep plain search (`none`): {why}; the {role}, `{top.label}`, "
-        f"is {_interval(top)} points (p = {_p(top).rstrip(' *')})."
+        f"Recommendation: keep plain search (`none`): no {what} gains significantly here; "
+        f"the {role}, `{top.label}`, is {_interval(top)} points (p = {_p(top).rstrip(' *')})."
     )
 
 
@@ -294,7 +298,12 @@ def timing_line(result: EvalResult) -> str:
     return f"Time: {listed}total {result.wall_seconds:,.0f} s."
 
 
-CHART_COLOURS = {"helps": "#2e8b57", "hurts": "#c0392b", "no clear difference": "#9e9e9e"}
+CHART_COLOURS = {
+    "helps": "#2e8b57",
+    "hurts": "#c0392b",
+    "no clear difference": "#9e9e9e",
+    "not measured": "#e0e0e0",
+}
 """Colours of the Δ bars by verdict, and of the absolute scores."""
 
 
@@ -308,7 +317,7 @@ def delta_label(report: TransformReport) -> str:
     if report.skipped:
         counts.append(f"{report.skipped} skipped")
     if report.fallbacks:
-        counts.append(f"{report.fallbacks} fell back")
+        counts.append(f"{report.fallbacks} fell back")  # the verdict line says why
     return f"{delta:+.1f}{interval}\n{report.verdict.split(':')[0]}\n{', '.join(counts)}"
 
 
@@ -439,6 +448,21 @@ TUNE_HEADERS = ["configuration", "nDCG@10", "Δ pts [95% CI]", "W/T/L", "p", "ch
 the chosen / best / baseline mark."""
 
 
+def tune_choice(result: TuneResult) -> str:
+    """Which configuration was chosen, and why when it is not the best-scoring row: the
+    simplest within ``--tolerance`` of the best is chosen."""
+    w, best = result.winner, result.best
+    said = f"Chosen: `{w.label}` ({w.verdict})"
+    if w is best:
+        return f"{said}, the best-scoring configuration."
+    gap = (best.scores["nDCG@10"] - w.scores["nDCG@10"]) * 100
+    return (
+        f"{said}, not the best-scoring `{best.label}` ({best.scores['nDCG@10']:.4f}, "
+        f"{gap:.1f} points higher): the simplest configuration within "
+        f"{result.tolerance * 100:.1f} points (--tolerance) of the best is chosen."
+    )
+
+
 def tune_table(result: TuneResult, top: int | None = 15) -> Table:
     """The terminal table of a `tune` sweep (`tune_rows`), the chosen configuration
     in bold green.
@@ -492,12 +516,9 @@ def tune_markdown(
     lines.append("| " + " | ".join(h or "note" for h in TUNE_HEADERS) + " |")
     lines.append("| --- | " + " | ".join("---:" for _ in TUNE_HEADERS[1:-1]) + " | --- |")
     lines += ["| " + " | ".join(row) + " |" for row in tune_rows(result, top)]
-    w = result.winner
     lines += [
         "",
-        f"Chosen: `{w.label}` ({w.verdict}); best: `{result.best.label}` "
-        f"({result.best.scores['nDCG@10']:.4f}). The simplest configuration within "
-        f"{result.tolerance * 100:.1f} points of the best is chosen.",
+        tune_choice(result),
         "",
         f"**{tune_recommendation(result, config)}**",
     ]

@@ -36,7 +36,8 @@ class TransformReport:
     skipped: int = 0
     """Queries whose expansion a gate skipped."""
     timeouts: int = 0
-    """Queries whose generation ran out of time (the LLM's, or waiting for a worker)."""
+    """Of the ``fallbacks``, those whose generation ran out of time (the LLM's, or
+    waiting for a worker); the others failed."""
     interval_vs_none: tuple[float, float] | None = None
     """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -48,8 +49,34 @@ class TransformReport:
     """How many queries' rankings differ from `none`'s (of those both ranked)."""
 
     @property
+    def measured(self) -> bool:
+        """Whether the score is this transform's own: at most a tenth of its queries
+        (`MAX_FALLBACK_SHARE`) fell back to plain search. Otherwise the score is mostly
+        plain search's, and no comparison with `none` is drawn from it."""
+        return self.fallbacks <= MAX_FALLBACK_SHARE * max(self.queries, 1)
+
+    @property
+    def fell_back(self) -> str:
+        """``"fell back on 11 of 15: timeouts"``: the fallback count and why (timeouts,
+        failures, or both counted), the one wording every output uses; empty when none
+        fell back."""
+        if not self.fallbacks:
+            return ""
+        failures = self.fallbacks - self.timeouts
+        if not failures:
+            why = "timeouts"
+        elif not self.timeouts:
+            why = "failures"
+        else:
+            why = f"{self.timeouts} timeouts, {failures} failures"
+        return f"fell back on {self.fallbacks} of {self.queries}: {why}"
+
+    @property
     def verdict(self) -> str:
-        """The comparison with `none` in words: helps / hurts / no clear difference."""
+        """The comparison with `none` in words: helps / hurts / no clear difference, or
+        "not measured" when too many of its queries fell back (`measured`)."""
+        if self.delta_vs_none is not None and not self.measured:
+            return f"not measured: {self.fell_back}"
         return verdict(self.delta_vs_none, self.p_value_vs_none)
 
     def gains(self, alpha: float = 0.05) -> bool:
@@ -60,7 +87,7 @@ class TransformReport:
             (self.delta_vs_none or 0.0) > 0
             and self.p_value_vs_none is not None
             and self.p_value_vs_none < alpha
-            and self.fallbacks <= 0.1 * max(self.queries, 1)
+            and self.measured
         )
 
     def compare_with(self, baseline: TransformReport) -> None:
@@ -93,6 +120,8 @@ class TransformReport:
             "usage_source": self.usage.usage_source,
             "cost_source": self.usage.cost_source,
             "fallbacks": self.fallbacks,
+            "fallback_timeouts": self.timeouts,
+            "measured": self.measured,
             "cached_transforms": self.cached,
             "queries": self.queries,
             "p_value_vs_none": None
@@ -115,6 +144,11 @@ class TransformReport:
             "options": self.options,
             "examples": self.examples,
         }
+
+
+MAX_FALLBACK_SHARE = 0.1
+"""The share of a transform's queries that may fall back to plain search before its
+score stops being its own (`TransformReport.measured`)."""
 
 
 def verdict(delta: float | None, p_value: float | None, alpha: float = 0.05) -> str:

@@ -21,7 +21,7 @@ from ..transforms.registry import uses_llm
 from ..usage import Usage, sum_usage
 from ..vectors import Embedder
 from .beir import BeirDataset
-from .index_cache import ProgressFactory, cached_index, check_holds, eval_store
+from .index_cache import Advance, ProgressFactory, cached_index, check_holds, eval_store
 from .metrics import MEASURES, evaluate, percentile
 from .results import TransformReport
 from .specs import TransformSpec
@@ -62,7 +62,7 @@ async def _run_one(
     retriever: TransformRetriever,
     ds: BeirDataset,
     concurrency: int,
-    advance: Callable[[int], None] | None,
+    advance: Advance | None,
 ) -> tuple[dict[str, dict[str, float]], list[_QueryRecord]]:
     gate = asyncio.Semaphore(concurrency)
     run: dict[str, dict[str, float]] = {}
@@ -83,13 +83,14 @@ async def _run_one(
                 fallback=t.fallback,
                 skipped=bool(t.skipped),
                 usage=t.generation_usage or t.usage,
-                timed_out=(t.error or "").startswith(("LLMTimeoutError", "QueuedTooLongError")),
+                timed_out=t.fallback
+                and (t.error or "").startswith(("LLMTimeoutError", "QueuedTooLongError")),
                 queries=list(t.search_queries),
                 hypothetical=list(t.hypothetical),
             )
         )
         if advance:
-            advance(1)
+            advance(1, fell_back=int(t.fallback))
 
     await asyncio.gather(*(one(qid, text) for qid, text in ds.queries.items()))
     return run, records

