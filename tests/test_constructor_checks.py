@@ -102,6 +102,10 @@ CASES = [
     ("StepBack", "callback_manager", "handlers"),
     ("Decompose", "prices", {"m": (0.1, 0.2)}),
     ("Rewrite", "prompt", object()),
+    ("Condense", "memory", [{"role": "user", "content": "hi"}]),
+    ("Condense", "history_messages", 0),
+    ("Condense", "history_characters", True),
+    ("Condense", "standalone_words", 2.5),
     # a price: a NaN one made every cost NaN
     ("ModelPrice", "input_per_mtok", math.nan),
     ("ModelPrice", "input_per_mtok", True),
@@ -159,6 +163,7 @@ _SWEPT = [
     "StepBack",
     "Decompose",
     "Rewrite",
+    "Condense",
     "Rocchio",
     "MemoryCache",
 ]
