@@ -13,6 +13,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from .cache import MemoryCache, SQLiteCache
+    from .chunking import splitter_for
     from .fusion import FusionMode, fuse
     from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
     from .provenance import transform_of
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _HOMES = {
     "MemoryCache": ".cache",
+    "splitter_for": ".chunking",
     "SQLiteCache": ".cache",
     "FusionMode": ".fusion",
     "fuse": ".fusion",
@@ -99,5 +101,6 @@ __all__ = [
     "fuse",
     "load_index",
     "query_for_evaluation",
+    "splitter_for",
     "transform_of",
 ]

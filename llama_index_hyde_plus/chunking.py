@@ -82,19 +82,43 @@ def tokenizer_for(embed_model: BaseEmbedding) -> tuple[str, Tokenizer | None]:
     return f"{name} (tokenizer.json)", encode
 
 
-def split_documents(
-    documents: Sequence[Document], chunking: Chunking, tokenizer: Tokenizer | None = None
-) -> list[TextNode]:
-    """The chunks of ``documents``, in order (see the module's docstring)."""
-    from llama_index.core.node_parser import MarkdownNodeParser, SentenceSplitter
+def splitter_for(
+    embed_model: BaseEmbedding,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_overlap: int = DEFAULT_CHUNK_OVERLAP,
+) -> Any:
+    """A LlamaIndex `SentenceSplitter` whose chunks fit ``embed_model``: it counts
+    ``chunk_size`` in the model's own tokens (`tokenizer_for`: the local model's
+    ``tokenizer.json``, else tiktoken's ``cl100k_base``, OpenAI's), where a plain
+    `SentenceSplitter` counts tiktoken's and lets chunks past a 256-token model's
+    window. ``Settings.node_parser = splitter_for(embed_model)``, or
+    ``transformations=[splitter_for(embed_model)]``; `hyde-plus index` splits the same
+    way (plus Markdown sections)."""
+    chunking = Chunking(chunk_size, chunk_overlap)
+    chunking.check(chunk_size)  # a size of at least 1, an overlap below it
+    return _sentence_splitter(chunking, tokenizer_for(embed_model)[1])
+
+
+def _sentence_splitter(chunking: Chunking, tokenizer: Tokenizer | None) -> Any:
+    """LlamaIndex's `SentenceSplitter` to ``chunking``, counting with ``tokenizer``."""
+    from llama_index.core.node_parser import SentenceSplitter
     from llama_index.core.node_parser.text.utils import split_by_regex
 
-    splitter = SentenceSplitter(
+    return SentenceSplitter(
         chunk_size=chunking.size,
         chunk_overlap=chunking.overlap,
         tokenizer=tokenizer,
         chunking_tokenizer_fn=split_by_regex(_SENTENCES),
     )
+
+
+def split_documents(
+    documents: Sequence[Document], chunking: Chunking, tokenizer: Tokenizer | None = None
+) -> list[TextNode]:
+    """The chunks of ``documents``, in order (see the module's docstring)."""
+    from llama_index.core.node_parser import MarkdownNodeParser
+
+    splitter = _sentence_splitter(chunking, tokenizer)
     markdown = MarkdownNodeParser()
     nodes: list[TextNode] = []
     for doc in documents:

@@ -154,10 +154,10 @@ class Embedder:
         found = self._cached_texts(texts)
         missing = [t for t, vec in found.items() if vec is None]
         if missing:
-            batch = self._call(deadline, self.model.get_text_embedding_batch, missing)
+            batch = self._call(deadline, self.model.get_text_embedding_batch, self._fit(missing))
             self._keep(found, missing, batch)
             for text in self._still_missing(found):  # the model returned too few
-                vec = self._call(deadline, self.model.get_text_embedding, text)
+                vec = self._call(deadline, self.model.get_text_embedding, self._fit([text])[0])
                 found[text] = self._keep_one(text, vec)
         return [found[t] for t in texts]  # type: ignore[misc]
 
@@ -192,19 +192,29 @@ class Embedder:
         missing = [t for t, vec in found.items() if vec is None]
         if missing:
             native = any(overrides(self.model, name, BaseEmbedding) for name in _TEXT_ASYNC)
+            sent = self._fit(missing)
             if native:
-                batch = self.model.aget_text_embedding_batch(missing)
+                batch = self.model.aget_text_embedding_batch(sent)
                 vecs = await await_within(batch, deadline, _WHAT)
             else:
-                vecs = await self._acall(deadline, self.model.get_text_embedding_batch, missing)
+                vecs = await self._acall(deadline, self.model.get_text_embedding_batch, sent)
             self._keep(found, missing, vecs)
             for text in self._still_missing(found):  # the model returned too few
+                one = self._fit([text])[0]
                 if native:
-                    vec = await await_within(self.model.aget_text_embedding(text), deadline, _WHAT)
+                    vec = await await_within(self.model.aget_text_embedding(one), deadline, _WHAT)
                 else:
-                    vec = await self._acall(deadline, self.model.get_text_embedding, text)
+                    vec = await self._acall(deadline, self.model.get_text_embedding, one)
                 found[text] = self._keep_one(text, vec)
         return [found[t] for t in texts]  # type: ignore[misc]
+
+    def _fit(self, texts: list[str]) -> list[str]:
+        """``texts`` cut to the model's window where the model says how
+        (``fit_to_window``, as `local.LocalEmbedding` does): a generated passage longer
+        than the window is embedded as the model would cut it, without the warning
+        meant for documents that were split too coarsely."""
+        fit = getattr(self.model, "fit_to_window", None)
+        return [fit(t) for t in texts] if callable(fit) else texts
 
     def _call(self, deadline: Deadline | None, method: Callable[[T], R], arg: T) -> R:
         """``method(arg)`` of the model, bounded by ``deadline`` on its worker threads."""

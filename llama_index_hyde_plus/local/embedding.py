@@ -175,13 +175,25 @@ class LocalEmbedding(BaseEmbedding):
                 out[i] = vector.tolist()
         return out
 
+    def fit_to_window(self, text: str) -> str:
+        """``text`` cut where the model cuts it (after its last token within the
+        limit), so it embeds to the same vector with nothing dropped unseen: what
+        `TransformRetriever` does with a generated passage, which nobody chunked."""
+        tokenizer, limit = _window(self._get_model())
+        if tokenizer is None or not limit or len(text) <= limit - 2:
+            return text
+        encoding = tokenizer.encode(text)
+        if not encoding.overflowing:
+            return text
+        end = max((stop for _, stop in encoding.offsets), default=len(text))
+        return text[:end]
+
     def _warn_if_cut(self, model: Any, texts: list[str]) -> None:
         """Warn once when texts are longer than the model's token limit: their ends are
         silently dropped (LlamaIndex's default 1,024-token chunks meet a 256-token
         model). Only texts longer in characters than the limit can be, so short ones
         cost nothing; the tokenizer says which overflow."""
-        tokenizer = getattr(getattr(model, "model", None), "tokenizer", None)
-        limit = (getattr(tokenizer, "truncation", None) or {}).get("max_length")
+        tokenizer, limit = _window(model)
         if tokenizer is None or not limit:
             return
         long = [t for t in texts if len(t) > limit - 2]
@@ -193,9 +205,10 @@ class LocalEmbedding(BaseEmbedding):
         self._warned_cut = True
         logger.warning(
             "%s cut %d of %d texts at its %d-token limit: the rest of each is not "
-            "embedded, so not searchable. Split documents to fit, e.g. "
-            "Settings.node_parser = SentenceSplitter(chunk_size=200, chunk_overlap=20) "
-            "(as hyde-plus index does); warned once",
+            "embedded, so not searchable. Split documents with this model's own "
+            "token count: Settings.node_parser = "
+            "llama_index_hyde_plus.splitter_for(embed_model) (as hyde-plus index "
+            "does); warned once",
             self.model_name,
             cut,
             len(texts),
@@ -219,3 +232,10 @@ class LocalEmbedding(BaseEmbedding):
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
         return await asyncio.to_thread(self._embed, texts)
+
+
+def _window(model: Any) -> tuple[Any, int | None]:
+    """The fastembed model's tokenizer and its token limit (None, None if unknown)."""
+    tokenizer = getattr(getattr(model, "model", None), "tokenizer", None)
+    limit = (getattr(tokenizer, "truncation", None) or {}).get("max_length")
+    return tokenizer, limit
