@@ -151,7 +151,11 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
                 return self._queue.popleft()  # type: ignore[no-any-return]
         if self.respond is not None:
             return self.respond
-        raise RuntimeError("ScriptedLLM has no reply left")
+        shown = prompt if len(prompt) <= 300 else prompt[:300] + "..."
+        raise RuntimeError(
+            f"ScriptedLLM has no reply left for this prompt (queue more with replies= or "
+            f"add_replies, or answer any prompt with respond=): {shown!r}"
+        )
 
     def _response(self, prompt: str, reply: Reply) -> CompletionResponse:
         if isinstance(reply, BaseException):
