@@ -8,7 +8,7 @@ chunks by default), split exactly as the build split it: its chunks are
 them. Re-adding an id replaces every chunk of the document; deleting an id removes them
 all. ``meta`` is kept with each chunk, out of the embedded text (as a build does).
 
-Rows are found by keys derived from the document id (`stores.milvus_rows`), never by
+Rows are found by keys derived from the document id (`stores.row_keys`), never by
 pasting an id into a filter, so an id may hold any character Milvus can store: what is
 refused (-32602, naming the field, before anything is written) is an empty or
 whitespace-only id, one over `MAX_ID_CHARS` characters, one with a lone surrogate
@@ -29,9 +29,9 @@ read-only: LlamaIndex's FAISS store cannot delete a vector, so a write would mea
 rewriting the whole folder per call.
 
 Order of a write, so that a crash at any point loses nothing that was there before:
-everything is embedded first (no write yet); then the new chunks are upserted (each
-replaces the row of its id, or is added); then the document's chunks that the new
-version no longer has are deleted. Dying after the upsert leaves the new version plus,
+everything is checked and embedded first (no write yet); then the new chunks are
+upserted (each replaces the row of its key, or is added); then the document's chunks
+that the new version no longer has are deleted. Dying after the upsert leaves the new version plus,
 at worst, stale chunks of the old one; repeating the same ``index/add`` (it is
 idempotent) removes them. Milvus keeps a write it acknowledged (a cluster in its log,
 Milvus Lite in its files: a process killed right after the answer loses none), so no
