@@ -29,6 +29,7 @@ from ._bounded import Deadline, arun_within, await_within, run_within
 from ._llm import WORKERS
 from ._workers import DaemonWorkers
 from .cache import BoundedLRU, LRUHolder
+from .stores.row_keys import key_filter, row_key
 
 logger = logging.getLogger(__name__)
 
@@ -407,11 +408,19 @@ class DocVectors:
         return out
 
     def _milvus(self, store: Any, nodes: Sequence[NodeWithScore]) -> dict[str, Vec]:
-        ids = [n.node.node_id for n in nodes]
-        rows = store.client.get(
-            collection_name=store.collection_name, ids=ids, output_fields=[store.embedding_field]
+        """The stored vectors of ``nodes``' rows, found by their derived keys
+        (`milvus_rows`; a collection built without them has none: re-embedded)."""
+        keys = {row_key(n.node): n.node.node_id for n in nodes}
+        rows = store.client.query(
+            collection_name=store.collection_name,
+            filter=key_filter("id", list(keys)),
+            output_fields=["id", store.embedding_field],
         )
-        out = {str(row["id"]): [float(x) for x in row[store.embedding_field]] for row in rows}
+        out = {
+            keys[str(row["id"])]: [float(x) for x in row[store.embedding_field]]
+            for row in rows
+            if str(row["id"]) in keys
+        }
         if out:
             self.source = "milvus"
         return out

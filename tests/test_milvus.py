@@ -614,8 +614,10 @@ def test_a_rebuild_drops_its_previous_build_whatever_was_written_into_it_reading
     once to copy unchanged vectors, and the row changed since is not taken)."""
     from pymilvus import MilvusClient
 
+    from llama_index_hyde_plus.stores.row_keys import key_of
+
     uri, client, first = _built_once(tmp_path)
-    row = client.query(first, filter='id == "pto"', output_fields=["*"])[0]
+    row = client.query(first, filter=f'id == "{key_of("pto", "pto")}"', output_fields=["*"])[0]
     row = {k: v for k, v in row.items() if k != "sparse_embedding"}  # BM25 fills it
     client.upsert(first, [{**row, "text": "Employees receive thirty days of leave."}])
     reads: list[str] = []
@@ -631,7 +633,7 @@ def test_a_rebuild_drops_its_previous_build_whatever_was_written_into_it_reading
     assert reads == []
     assert first not in client.list_collections() and len(client.list_collections()) == 1
     [second] = client.list_collections()
-    row = client.query(second, filter='id == "pto"', output_fields=["*"])[0]
+    row = client.query(second, filter=f'id == "{key_of("pto", "pto")}"', output_fields=["*"])[0]
     row = {k: v for k, v in row.items() if k != "sparse_embedding"}
     client.upsert(second, [{**row, "text": "Employees receive thirty days of leave."}])
     reads.clear()
@@ -640,7 +642,7 @@ def test_a_rebuild_drops_its_previous_build_whatever_was_written_into_it_reading
     assert set(reads) == {"query_iterator"}
     assert second not in client.list_collections() and len(client.list_collections()) == 1
     [third] = client.list_collections()
-    [pto] = client.query(third, filter='id == "pto"', output_fields=["text"])
+    [pto] = client.query(third, filter=f'id == "{key_of("pto", "pto")}"', output_fields=["text"])
     assert pto["text"] == DOCS["pto"]  # embedded again from the document, not copied
 
 
@@ -721,15 +723,15 @@ def test_the_cli_refuses_a_users_alias_before_showing_any_progress(tmp_path: Pat
 _KILLED_MID_INSERT = """
 import os, sys
 from llama_index.core import Document
-from llama_index.vector_stores.milvus import MilvusVectorStore
 from llama_index_hyde_plus.stores.milvus import build_milvus_index
+from llama_index_hyde_plus.stores.milvus_rows import KeyedMilvusVectorStore
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
-add = MilvusVectorStore.add
+add = KeyedMilvusVectorStore.add
 def killed(self, nodes, **kwargs):  # the first rows written, then kill -9
     add(self, nodes[:1], **kwargs)
     os._exit(9)
-MilvusVectorStore.add = killed
+KeyedMilvusVectorStore.add = killed
 docs = [Document(text=f"document number {i}", id_=str(i)) for i in range(3)]
 build_milvus_index(docs, DeterministicEmbedding(dim=256), sys.argv[1])
 """

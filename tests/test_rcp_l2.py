@@ -90,11 +90,16 @@ def writable(tmp_path: Path) -> Iterator[tuple[rcp.Client, Any]]:
 
 
 def rows(writer: MilvusWriter) -> dict[str, str]:
-    """Every row of the written collection: id -> text."""
-    found = writer.store.client.query(
-        writer.collection, filter="", output_fields=["id", "text"], limit=10_000
+    """Every row of the written collection: its node id (what a reader sees) -> text."""
+    return node_rows(writer.store.client, writer.collection)
+
+
+def node_rows(client: Any, collection: str) -> dict[str, str]:
+    """Every row of ``collection``: its node id -> text."""
+    found = client.query(
+        collection, filter="", output_fields=["_node_content", "text"], limit=10_000
     )
-    return {str(r["id"]): str(r["text"]) for r in found}
+    return {str(json.loads(r["_node_content"])["id_"]): str(r["text"]) for r in found}
 
 
 def row_count(writer: MilvusWriter) -> int:
@@ -322,6 +327,11 @@ def test_a_rebuild_after_writes_still_replaces_the_build(
         ({"documents": "a"}, rcp.Errc.INVALID_PARAMS),
         ({}, rcp.Errc.INVALID_PARAMS),
         ({"documents": [{"id": "a", "text": "t"}] * 257}, rcp.Errc.PAYLOAD_TOO_LARGE),
+        ({"documents": [{"id": "a", "text": "x" * 100_000}]}, -32602),
+        ({"documents": [{"id": "a", "text": "t", "meta": {"$meta": 1}}]}, -32602),
+        ({"documents": [{"id": "a", "text": "t", "meta": {"n": -(2**63) - 1}}]}, -32602),
+        ({"documents": [{"id": "a", "text": "t", "meta": {"n": [2**64]}}]}, -32602),
+        ({"documents": [{"id": "a\ud800", "text": "t"}]}, -32602),
         ({"documents": [], "chunk": True}, rcp.Errc.OPTION_UNSUPPORTED),
         ({"documents": [], "contextual": True}, rcp.Errc.OPTION_UNSUPPORTED),
         ({"documents": [], "upsert": True}, rcp.Errc.OPTION_UNSUPPORTED),
@@ -358,6 +368,128 @@ def test_a_chunked_index_chunks_added_documents_and_upserts_all_their_chunks(
         assert not [i for i in rows(writer) if i.startswith("long")]
     finally:
         server.stop()
+
+
+#: Ids a hostile client writes: a filter injection, a Windows path, a control
+#: character, an apostrophe, double quotes and a character outside the BMP.
+HOSTILE_IDS = [
+    "x'] or id not in ['",
+    'x"] or id not in ["',
+    "C:\\new\\notes.txt",
+    "ctl\x01id",
+    "notes/O'Brien.txt",
+    'say "hi" \U0001f600',
+]
+
+
+def test_ids_of_any_characters_are_added_and_deleted_touching_nothing_else(
+    writable: tuple[rcp.Client, MilvusWriter],
+) -> None:
+    client, writer = writable
+    built = rows(writer)
+    assert client.index_delete({"ids": HOSTILE_IDS}) == {"deleted": 0}
+    assert rows(writer) == built  # deleting what is not there deletes nothing
+    docs = [
+        {"id": i, "text": f"Walruses number {n} bask on the ice."}
+        for n, i in enumerate(HOSTILE_IDS)
+    ]
+    assert client.index_add({"documents": docs})["ids"] == HOSTILE_IDS
+    assert rows(writer) == {**built, **{d["id"]: d["text"] for d in docs}}
+    hits = client.search("walruses bask on the ice", 20, {"mode": "dense"})["hits"]
+    assert set(HOSTILE_IDS) <= {h["id"] for h in hits}
+    for n, doc_id in enumerate(HOSTILE_IDS):
+        assert client.index_delete({"ids": [doc_id]}) == {"deleted": 1}, doc_id
+        left = {d["id"]: d["text"] for d in docs[n + 1 :]}
+        assert rows(writer) == {**built, **left}, doc_id
+    hits = client.search("walruses bask on the ice", 20, {"mode": "dense"})["hits"]
+    assert not set(HOSTILE_IDS) & {h["id"] for h in hits}
+
+
+def test_a_chunked_write_never_replaces_another_documents_rows(tmp_path: Path) -> None:
+    """A chunk of ``guide`` is ``guide#1``: a build may hold a document of that id
+    (from ``.jsonl``), which the write must neither replace nor shadow; and a quote in
+    an id whose shorter version drops stale chunks touches no other row."""
+    uri = str(tmp_path / "g.db")
+    built_docs = {**DOCS, "guide#1": "The first guide page.", "guide#2": "The second page."}
+    index = build(uri, built_docs, Chunking(20, 2))
+    writer = MilvusStore(uri, collection="docs").writer(index, EMBED)
+    server = serve(milvus_service(index, writer))
+    try:
+        client = rcp.connect_http(server.url)
+        before = rows(writer)
+        long_text = " ".join(f"Sentence {n} speaks of the tide and the harbour." for n in range(12))
+        code, data = code_of(
+            lambda: client.index_add({"documents": [{"id": "guide", "text": long_text}]})
+        )
+        assert (code, data["field"]) == (rcp.Errc.INVALID_PARAMS, "documents[0].id")
+        assert rows(writer) == before
+        quoted = "x'] or id not in ['"
+        client.index_add({"documents": [{"id": quoted, "text": long_text}]})
+        client.index_add({"documents": [{"id": quoted, "text": "Now short."}]})
+        assert rows(writer) == {**before, quoted: "Now short."}
+        assert client.index_delete({"ids": ["guide#1"]}) == {"deleted": 1}
+        del before["guide#1"]
+        assert rows(writer) == {**before, quoted: "Now short."}
+    finally:
+        server.stop()
+
+
+def test_a_reader_never_sees_two_versions_of_a_replaced_document(tmp_path: Path) -> None:
+    import threading
+
+    uri = str(tmp_path / "v.db")
+    versions = [  # of different lengths: a replacement upserts some chunks, deletes others
+        " ".join(f"Sentence {n} of the {word} version tells of the harbour." for n in range(size))
+        for word, size in (("alpha", 16), ("omega", 6))
+    ]
+    index = build(uri, {**DOCS, "doc": versions[0]}, Chunking(20, 2))
+    writer = MilvusStore(uri, collection="docs").writer(index, EMBED)
+    retriever = MilvusHybridRetriever(index, 100, "sparse")
+    done = threading.Event()
+    mixed: list[set[str]] = []
+    reads = 0
+
+    def read() -> None:
+        nonlocal reads
+        while not done.is_set():
+            hits = retriever.retrieve("harbour version sentence")
+            seen = {w for h in hits for w in ("alpha", "omega") if w in h.node.get_content()}
+            reads += 1
+            if len(seen) > 1:
+                mixed.append(seen)
+
+    from llama_index_hyde_plus.index_writes import NewDocument
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for n in range(30):
+            writer.add([NewDocument("doc", versions[(n + 1) % 2])])
+    finally:
+        done.set()
+        for t in readers:
+            t.join(30)
+    assert reads > 30 and not mixed
+
+
+def test_an_index_without_row_keys_is_refused_writes_and_keeps_serving(tmp_path: Path) -> None:
+    """A collection built before derived row keys can only be written by pasting ids:
+    ``--writable`` is refused with the rebuild to run; it still serves reads."""
+    from llama_index.core import StorageContext
+    from llama_index.vector_stores.milvus import MilvusVectorStore
+
+    uri = str(tmp_path / "old.db")
+    store = MilvusVectorStore(uri=uri, collection_name="docs", dim=64, overwrite=True)
+    storage = StorageContext.from_defaults(vector_store=store)
+    old = VectorStoreIndex(
+        [Document(text=t, id_=i) for i, t in DOCS.items()],
+        storage_context=storage,
+        embed_model=EMBED,
+    )
+    with pytest.raises(ValueError, match=r"older hyde-plus.*Rebuild it with `hyde-plus index"):
+        MilvusWriter(old, EMBED, None)
+    assert len(old.as_retriever(similarity_top_k=3).retrieve("renewals slipped")) == 3
 
 
 # ── nothing lost when a write dies half-way ──────────────────────────────────
@@ -434,10 +566,8 @@ sys.stdin.readline()
         proc.wait(30)
     store = MilvusStore(uri, collection="docs")
     index = store.load(EMBED)
-    found = index.vector_store.client.query(
-        index.vector_store.collection_name, filter="", output_fields=["id", "text"], limit=100
-    )
-    assert {r["id"]: r["text"] for r in found} == {"a": "Alpha replaced.", "c": "Gamma text."}
+    found = node_rows(index.vector_store.client, index.vector_store.collection_name)
+    assert found == {"a": "Alpha replaced.", "c": "Gamma text."}
 
 
 # ── gating: opt-in, and a token over HTTP ────────────────────────────────────

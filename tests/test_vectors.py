@@ -3,6 +3,7 @@ stored vectors of retrieved nodes)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, TextNode
 
+from llama_index_hyde_plus.stores.row_keys import key_filter, key_of
 from llama_index_hyde_plus.testing import DeterministicEmbedding, StaticRetriever
 from llama_index_hyde_plus.vectors import DocVectors, Embedder, embed_model_of
 
@@ -200,22 +202,24 @@ def test_doc_vectors_prefer_the_nodes_own_embedding() -> None:
 
 
 class MilvusVectorStore:
-    """Stands in for llama_index's MilvusVectorStore (DocVectors matches by name)."""
+    """Stands in for llama_index's MilvusVectorStore (DocVectors matches by name); its
+    rows are keyed as hyde-plus keys them (`milvus_rows.key_of`)."""
 
     collection_name = "docs"
     embedding_field = "embedding"
 
     def __init__(self, rows: dict[str, list[float]], fail: bool = False) -> None:
-        self.rows = rows
+        self.rows = {key_of(i, i): v for i, v in rows.items()}
         self.fail = fail
         self.calls: list[dict[str, Any]] = []
         self.client = self
 
-    def get(self, **kwargs: Any) -> list[dict[str, Any]]:
+    def query(self, **kwargs: Any) -> list[dict[str, Any]]:
         self.calls.append(kwargs)
         if self.fail:
             raise ConnectionError("milvus down")
-        return [{"id": i, "embedding": self.rows[i]} for i in kwargs["ids"] if i in self.rows]
+        keys = re.findall(r'"([0-9a-f-]+)"', kwargs["filter"])
+        return [{"id": k, "embedding": self.rows[k]} for k in keys if k in self.rows]
 
 
 def _with_store(store: MilvusVectorStore) -> StaticRetriever:
@@ -230,7 +234,8 @@ def test_doc_vectors_are_read_from_milvus() -> None:
     docs = DocVectors(retriever, None)
     assert docs.get(retriever.retrieve("x")) == [[1.0, 0.0], [0.0, 1.0]]
     assert docs.source == "milvus"
-    assert store.calls[0]["ids"] == ["pto", "hiring"]
+    keys = [key_of("pto", "pto"), key_of("hiring", "hiring")]
+    assert store.calls[0]["filter"] == key_filter("id", keys)
     assert store.calls[0]["collection_name"] == "docs"
 
 

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -117,20 +117,22 @@ def milvus_store(
     ranker: Ranker = "rrf",
     weights: tuple[float, float] = (1.0, 1.0),
 ) -> Any:
-    """A ``MilvusVectorStore`` with a dense field, a BM25 sparse field and hybrid fusion.
+    """A ``MilvusVectorStore`` with a dense field, a BM25 sparse field and hybrid fusion,
+    writing rows under derived keys (`milvus_rows.KeyedMilvusVectorStore`).
 
     ``ranker="rrf"`` fuses with reciprocal rank fusion (k=60); ``"weighted"`` with
     ``weights`` (sparse, dense) on normalised scores.
     """
-    from llama_index.vector_stores.milvus import MilvusVectorStore
     from llama_index.vector_stores.milvus.utils import BM25BuiltInFunction
+
+    from .milvus_rows import KeyedMilvusVectorStore
 
     if ranker not in ("rrf", "weighted"):
         raise ValueError("ranker must be 'rrf' or 'weighted'")
     if is_local_uri(uri):
         Path(uri).expanduser().parent.mkdir(parents=True, exist_ok=True)
     params: dict[str, Any] = {"k": 60} if ranker == "rrf" else {"weights": list(weights)}
-    return MilvusVectorStore(
+    return KeyedMilvusVectorStore(
         uri=str(Path(uri).expanduser()) if is_local_uri(uri) else uri,
         token=token,
         collection_name=collection,
@@ -466,10 +468,17 @@ class MilvusHybridRetriever(BaseRetriever):
         return query_bundle
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        """The hits, searched while no write of this process is between its upsert and
+        its delete (`milvus_rows.RowsLock`): a document is seen whole, old or new. The
+        query is embedded before, outside the lock."""
+        lock = getattr(self._vector_store, "rows_lock", None)
         with readable(*self.where):
-            if self.mode == "sparse":
-                return self._bm25(query_bundle.query_str)
-            return self._inner.retrieve(self._checked(query_bundle))
+            if self.mode != "sparse":
+                query_bundle = self._checked(query_bundle)
+            with lock.shared() if lock is not None else nullcontext():
+                if self.mode == "sparse":
+                    return self._bm25(query_bundle.query_str)
+                return self._inner.retrieve(query_bundle)
 
     def _bm25(self, query: str) -> list[NodeWithScore]:
         """BM25 alone: Milvus's full-text search of the sparse field its BM25 function
