@@ -21,7 +21,7 @@ def test_scripted_llm_replies_in_order_and_records() -> None:
         llm.complete("b")
     assert llm.complete("c").text == "C"
     assert llm.prompts == ["a", "b", "c"] and llm.sync_calls == 3
-    with pytest.raises(RuntimeError, match="no reply left for this prompt.*'d'"):
+    with pytest.raises(RuntimeError, match=r"no reply left for this prompt.*'d'"):
         llm.complete("d")
     with pytest.raises(RuntimeError, match=r"respond=\): 'x{300}\.\.\.'$"):
         llm.complete("x" * 5000)  # says what it was asked, shortened
