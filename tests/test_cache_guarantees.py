@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -30,6 +31,7 @@ from llama_index_hyde_plus import (
     SQLiteCache,
     StepBack,
 )
+from llama_index_hyde_plus.stores.row_keys import key_of
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import TransformResult
 from llama_index_hyde_plus.transforms.registry import BUILTINS
@@ -447,23 +449,26 @@ def test_a_vector_the_model_got_wrong_is_returned_but_not_cached() -> None:
 
 
 class MilvusVectorStore:
-    """Stands in for llama_index's MilvusVectorStore (DocVectors matches by name)."""
+    """Stands in for a collection ``hyde-plus index`` built on Milvus (DocVectors
+    matches the class by name): rows of nodes ``d-<n>`` under their derived keys, each
+    vector drawn from a generator seeded with ``n``."""
 
     collection_name = "docs"
     embedding_field = "embedding"
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, rows: int = 2000) -> None:
         self.client = self
         self.dim = dim
         self.calls = 0
+        self.seeds = {key_of(f"d-{j}", f"d-{j}"): j for j in range(rows)}
 
-    def get(self, **kwargs: Any) -> list[dict[str, Any]]:
+    def vector(self, seed: int) -> Any:
+        return np.random.default_rng(seed).standard_normal(self.dim).astype(np.float32)
+
+    def query(self, **kwargs: Any) -> list[dict[str, Any]]:
         self.calls += 1
-        rows = []
-        for i in kwargs["ids"]:
-            rng = np.random.default_rng(int(i.split("-")[1]))
-            rows.append({"id": i, "embedding": rng.standard_normal(self.dim).astype(np.float32)})
-        return rows
+        keys = re.findall(r'"([^"]*)"', kwargs["filter"])
+        return [{"id": k, "embedding": self.vector(self.seeds[k])} for k in keys if k in self.seeds]
 
 
 def _nodes(start: int, count: int) -> list[NodeWithScore]:
@@ -494,10 +499,7 @@ def test_doc_vectors_keep_float32_vectors_within_their_byte_budget() -> None:
     # 2,000 x 1536 float32 = 11.7 MiB; as lists of Python floats it was about 95 MiB
     assert kept < 14 * MiB
     calls = store.calls
-    assert (
-        docs.get(_nodes(0, 10))[3]
-        == MilvusVectorStore(1536).get(ids=["d-3"])[0]["embedding"].tolist()
-    )
+    assert docs.get(_nodes(0, 10))[3] == store.vector(3).tolist()
     assert store.calls == calls  # a hit: the store was not asked again
 
 

@@ -256,8 +256,8 @@ def test_model_timeout_is_checked_by_name() -> None:
 
 
 class MilvusVectorStore:
-    """Stands in for llama_index's MilvusVectorStore (matched by name), its ``get``
-    hung until the test sets ``release``."""
+    """Stands in for a Milvus collection (matched by name), its ``query`` hung until
+    the test sets ``release``."""
 
     collection_name = "docs"
     embedding_field = "embedding"
@@ -266,7 +266,7 @@ class MilvusVectorStore:
         self.release = threading.Event()
         self.client = self
 
-    def get(self, **kwargs: Any) -> list[dict[str, Any]]:
+    def query(self, **kwargs: Any) -> list[dict[str, Any]]:
         self.release.wait()
         return []
 
