@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llama_index_hyde_plus import HyDE, MemoryCache, SQLiteCache, TransformRetriever
-from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 
 TEXTS = {f"d{i}": f"document number {i}" for i in range(20)}

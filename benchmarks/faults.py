@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
-from llama_index_hyde_plus.reliability import NO_RETRY, CircuitBreaker, RetryPolicy
+from llama_index_hyde_plus.calls.reliability import NO_RETRY, CircuitBreaker, RetryPolicy
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM, StaticRetriever
 
 DOCS = {f"d{i}": f"document {i}" for i in range(10)}

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llama_index_hyde_plus import HyDE
-from llama_index_hyde_plus._llm import CallOptions
+from llama_index_hyde_plus.calls.llm import CallOptions
 from llama_index_hyde_plus.local import LocalLLM, local_llm
 
 TOPICS = ["rivers", "mountains", "bread", "bridges", "clocks", "birds", "libraries", "trains"]

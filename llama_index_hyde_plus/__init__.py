@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from .cache import MemoryCache, SQLiteCache
+    from .caching.cache import MemoryCache, SQLiteCache
     from .chunking import splitter_for
-    from .fusion import FusionMode, fuse
     from .pipeline import HyDERAG, HyDERAGResult, aquery_for_evaluation, query_for_evaluation
     from .provenance import transform_of
-    from .retriever import SearchResult, TransformRetriever
+    from .search.fusion import FusionMode, fuse
+    from .search.retriever import SearchResult, TransformRetriever
     from .stores.faiss import load_index
     from .transforms import (
         Condense,
@@ -35,19 +35,19 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _HOMES = {
-    "MemoryCache": ".cache",
+    "MemoryCache": ".caching.cache",
     "splitter_for": ".chunking",
-    "SQLiteCache": ".cache",
-    "FusionMode": ".fusion",
-    "fuse": ".fusion",
+    "SQLiteCache": ".caching.cache",
+    "FusionMode": ".search.fusion",
+    "fuse": ".search.fusion",
     "load_index": ".stores.faiss",
     "HyDERAG": ".pipeline",
     "HyDERAGResult": ".pipeline",
     "aquery_for_evaluation": ".pipeline",
     "query_for_evaluation": ".pipeline",
     "transform_of": ".provenance",
-    "SearchResult": ".retriever",
-    "TransformRetriever": ".retriever",
+    "SearchResult": ".search.retriever",
+    "TransformRetriever": ".search.retriever",
     "Condense": ".transforms",
     "chat_history": ".transforms",
     "Decompose": ".transforms",

@@ -196,7 +196,7 @@ def _scripted(spec: str) -> LLM:
 
 def describe_llm(model: Any) -> str:
     """The model id an LLM reports, else its class name: for banners and reports."""
-    from ._llm import model_name
+    from .calls.llm import model_name
 
     return model_name(model) or type(model).__name__
 

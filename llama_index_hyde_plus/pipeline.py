@@ -23,9 +23,9 @@ from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.schema import NodeWithScore
 from llama_index.core.settings import Settings
 
-from . import _llm
 from ._checks import check_number, is_int, is_number
-from .retriever import MAX_TOP_K, SearchResult, TransformRetriever
+from .calls import llm as _llm
+from .search.retriever import MAX_TOP_K, SearchResult, TransformRetriever
 from .transforms.hyde import HyDE
 from .transforms.options import check_prices
 from .usage import ModelPrice, Usage

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from llama_index_hyde_plus._llm import CallOptions, LLMTimeoutError, complete
+from llama_index_hyde_plus.calls.llm import CallOptions, LLMTimeoutError, complete
 from llama_index_hyde_plus.local import local_llm
 
 

@@ -23,7 +23,7 @@ from llama_index_hyde_plus.testing import DeterministicEmbedding
 if TYPE_CHECKING:  # not imported for every test module: some check what loads lazily
     from llama_index.core.base.base_retriever import BaseRetriever
 
-    from llama_index_hyde_plus.retriever import SearchResult, TransformRetriever
+    from llama_index_hyde_plus.search.retriever import SearchResult, TransformRetriever
 
 DOCS = {
     "renewals": "Enterprise renewals slipped last quarter as three large accounts delayed signing.",

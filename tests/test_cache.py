@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from llama_index_hyde_plus import HyDE, MemoryCache, MultiQuery, SQLiteCache
-from llama_index_hyde_plus.cache import cache_key
+from llama_index_hyde_plus.caching.cache import cache_key
 from llama_index_hyde_plus.testing import ScriptedLLM
 
 Q = "Why did revenue drop?"
@@ -54,7 +54,7 @@ def test_sqlite_cache_persists_across_instances(tmp_path: Path) -> None:
 
 def test_sqlite_cache_ttl_expires_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("llama_index_hyde_plus.cache.time.time", lambda: clock[0])
+    monkeypatch.setattr("llama_index_hyde_plus.caching.cache.time.time", lambda: clock[0])
     cache = SQLiteCache(tmp_path / "c.sqlite", ttl_s=10)
     cache.set("k", {"x": 1})
     clock[0] += 5
@@ -313,7 +313,7 @@ print("ok", flush=True)
 
 @pytest.mark.slow  # 40 interpreters
 def test_processes_creating_one_cache_at_once_never_move_it_aside(tmp_path: Path) -> None:
-    import llama_index_hyde_plus.cache as module
+    import llama_index_hyde_plus.caching.cache as module
 
     for round_ in range(5):  # the creation race is timing-dependent: run it a few times
         folder = tmp_path / str(round_)
@@ -407,7 +407,7 @@ _POISONS = {
 def _caches(tmp_path: Path) -> dict[str, Any]:
     from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
 
-    from llama_index_hyde_plus.kv_cache import KVStoreCache
+    from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
 
     return {
         "memory": MemoryCache(),
@@ -519,7 +519,7 @@ def test_serve_with_another_programs_damaged_database_as_cache_leaves_it_untouch
 def test_a_damaged_database_marked_as_the_caches_own_is_moved_aside(tmp_path: Path) -> None:
     """The owner marker in the header is what makes a damaged database the cache's to
     move aside, whatever its tables: it is moved, and a fresh cache started."""
-    from llama_index_hyde_plus.cache import APPLICATION_ID
+    from llama_index_hyde_plus.caching.cache import APPLICATION_ID
 
     path = tmp_path / "c.sqlite"
     _damaged_wal_database(path, APPLICATION_ID)
@@ -532,7 +532,7 @@ def test_a_damaged_database_marked_as_the_caches_own_is_moved_aside(tmp_path: Pa
 
 
 def test_a_new_cache_carries_the_owner_marker_in_its_header(tmp_path: Path) -> None:
-    from llama_index_hyde_plus.cache import APPLICATION_ID
+    from llama_index_hyde_plus.caching.cache import APPLICATION_ID
 
     path = tmp_path / "c.sqlite"
     SQLiteCache(path).set("k", {"x": 1})
@@ -542,7 +542,7 @@ def test_a_new_cache_carries_the_owner_marker_in_its_header(tmp_path: Path) -> N
 def test_a_cache_written_before_the_marker_is_kept_and_marked(tmp_path: Path) -> None:
     """A healthy database holding only this cache's table and no marker (an older
     version's cache) is still the cache's: its entries are served, and it is marked."""
-    from llama_index_hyde_plus.cache import APPLICATION_ID
+    from llama_index_hyde_plus.caching.cache import APPLICATION_ID
 
     path = tmp_path / "c.sqlite"
     old = sqlite3.connect(path)
@@ -598,7 +598,7 @@ async def test_an_llm_with_a_call_counter_gets_a_hit_on_a_repeated_question(
 def test_the_key_holds_the_documented_settings_and_nothing_else_of_the_llm() -> None:
     """Each of a few documented settings changes the key; a field outside the list
     (the harness's own, a counter) does not; other models and classes never share."""
-    from llama_index_hyde_plus.transforms.keys import LLM_SETTINGS
+    from llama_index_hyde_plus.caching.keys import LLM_SETTINGS
 
     base = HyDE(ScriptedLLM()).cache_key_for(Q)
     for name, value in [("system_prompt", "Be brief."), ("stop_token", "\n")]:

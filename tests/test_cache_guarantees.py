@@ -31,11 +31,11 @@ from llama_index_hyde_plus import (
     SQLiteCache,
     StepBack,
 )
+from llama_index_hyde_plus.search.vectors import DocVectors, Embedder
 from llama_index_hyde_plus.stores.row_keys import key_of
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import TransformResult
 from llama_index_hyde_plus.transforms.registry import BUILTINS
-from llama_index_hyde_plus.vectors import DocVectors, Embedder
 
 Q = "Why did revenue drop?"
 MiB = 1 << 20
@@ -85,7 +85,7 @@ def test_a_cache_whose_folder_cannot_be_created_is_skipped_with_one_warning(
     tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture, restore_modes: Any
 ) -> None:
     path = _blocked_path(tmp_path, how)
-    with caplog.at_level(logging.DEBUG, logger="llama_index_hyde_plus.cache"):
+    with caplog.at_level(logging.DEBUG, logger="llama_index_hyde_plus.caching.cache"):
         cache = SQLiteCache(path)
         assert cache.get("k") is None
         cache.set("k", {"x": 1})

@@ -13,7 +13,7 @@ import pytest
 from llama_index.core.storage.kvstore import SimpleKVStore
 
 from llama_index_hyde_plus import HyDE, MemoryCache
-from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
 from llama_index_hyde_plus.testing import ScriptedLLM
 from llama_index_hyde_plus.transforms import llm_base
 

@@ -19,15 +19,15 @@ from llama_index.core.llms.custom import CustomLLM
 from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, TransformRetriever, _llm
-from llama_index_hyde_plus._llm import CallOptions, LLMTimeoutError, acomplete, complete
-from llama_index_hyde_plus._workers import DaemonWorkers, LLMPools
-from llama_index_hyde_plus.reliability import (
+from llama_index_hyde_plus.calls.llm import CallOptions, LLMTimeoutError, acomplete, complete
+from llama_index_hyde_plus.calls.reliability import (
     NO_RETRY,
     CircuitBreaker,
     CircuitOpenError,
     RetryPolicy,
     is_transient,
 )
+from llama_index_hyde_plus.calls.workers import DaemonWorkers, LLMPools
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM, StaticRetriever
 
 from .conftest import DOCS
@@ -272,7 +272,7 @@ def test_a_provider_is_named_by_a_property_an_extra_field_or_a_proxy_as_before()
     an attribute set on the instance, an extra field, a proxy's ``__getattr__``."""
     from pydantic import ConfigDict
 
-    from llama_index_hyde_plus._workers import provider_key
+    from llama_index_hyde_plus.calls.workers import provider_key
 
     class ByProperty(ScriptedLLM):
         @property

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus import HyDE, TransformRetriever
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.retriever import RERANK_CANDIDATES, candidate_depth
+from llama_index_hyde_plus.search.retriever import RERANK_CANDIDATES, candidate_depth
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 
 WORDS = ["tide", "moon", "ocean", "salt", "wave", "storm", "coast", "reef", "shell", "sand"]

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from llama_index_hyde_plus._checks import check_int, check_number, is_int, is_number
-from llama_index_hyde_plus.cache import MemoryCache
-from llama_index_hyde_plus.retriever import TransformRetriever
+from llama_index_hyde_plus.caching.cache import MemoryCache
+from llama_index_hyde_plus.search.retriever import TransformRetriever
 from llama_index_hyde_plus.testing import StaticRetriever
 from llama_index_hyde_plus.transforms import Rewrite
 

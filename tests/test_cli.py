@@ -53,7 +53,7 @@ def test_every_command_has_help(args: list[str]) -> None:
 
 @pytest.mark.parametrize("command", ["query", "transform", "serve"])
 def test_help_states_the_one_timeout_policy(command: str) -> None:
-    from llama_index_hyde_plus.timeouts import POLICY
+    from llama_index_hyde_plus.calls.timeouts import POLICY
 
     result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "300"})
     flat = " ".join(result.output.replace("│", " ").split())

@@ -136,7 +136,7 @@ def _count_generations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _count_cache_use(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the transform cache's hits and writes (``SQLiteCache``, eval's and tune's)."""
-    from llama_index_hyde_plus.cache import SQLiteCache
+    from llama_index_hyde_plus.caching.cache import SQLiteCache
 
     counts = {"hits": 0, "writes": 0}
     get, put = SQLiteCache.get, SQLiteCache.set

@@ -27,8 +27,8 @@ from llama_index_hyde_plus import (
     SQLiteCache,
     TransformRetriever,
 )
-from llama_index_hyde_plus.kv_cache import KVStoreCache
-from llama_index_hyde_plus.reliability import CircuitBreaker, RetryPolicy
+from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls.reliability import CircuitBreaker, RetryPolicy
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 
 LLM = ScriptedLLM(respond=lambda prompt: "Renewals slipped last quarter.")

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from llama_index_hyde_plus.rcp_http import RcpHttpServer
+    from llama_index_hyde_plus.server.http import RcpHttpServer
 
 
 DOCS = Path(__file__).parent.parent / "docs"
@@ -66,8 +66,8 @@ HANDBOOK = {
 
 def _serve(index: str) -> RcpHttpServer:
     """``hyde-plus serve --index INDEX --http 0 --llm scripted``, in a background thread."""
-    from llama_index_hyde_plus.rcp import MAX_K, TransformService, build_server
-    from llama_index_hyde_plus.rcp_http import RcpHttpServer
+    from llama_index_hyde_plus.server.http import RcpHttpServer
+    from llama_index_hyde_plus.server.rcp import MAX_K, TransformService, build_server
     from llama_index_hyde_plus.stores import open_store
     from llama_index_hyde_plus.testing import echo_llm
 
@@ -363,8 +363,8 @@ def test_every_public_name_is_in_the_api_reference() -> None:
 
 API_SECTIONS = {
     "Transforms": ("transforms",),
-    "Retrieval": ("retriever", "fusion", "provenance"),
-    "Caches": ("cache",),
+    "Retrieval": ("search", "provenance"),
+    "Caches": ("caching",),
     "Usage and cost": ("usage",),
     "Two-stage RAG": ("pipeline",),
     "Indexes": ("stores",),

@@ -1,4 +1,4 @@
-"""The arithmetic behind the quality guards (`llama_index_hyde_plus.expansion`)."""
+"""The arithmetic behind the quality guards (`llama_index_hyde_plus.search.expansion`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from llama_index_hyde_plus.expansion import (
+from llama_index_hyde_plus.search.expansion import (
     MAX_KEYWORD_REPEAT,
     blend_order,
     blend_scores,

@@ -297,7 +297,7 @@ EMPTY_REPLIES = [
 async def test_a_hyde_reply_with_no_content_is_a_fallback_and_not_cached(
     reply: str, use_async: bool
 ) -> None:
-    from llama_index_hyde_plus.cache import MemoryCache
+    from llama_index_hyde_plus.caching.cache import MemoryCache
 
     cache = MemoryCache()
     hyde = HyDE(ScriptedLLM([reply, "Renewals slipped."]), cache=cache)
@@ -401,7 +401,7 @@ def _scored(pairs: list[tuple[str, float]]) -> list[NodeWithScore]:
 def test_one_non_finite_score_does_not_spoil_the_fusion(bad: float, mode: str) -> None:
     import math
 
-    from llama_index_hyde_plus.fusion import fuse
+    from llama_index_hyde_plus.search.fusion import fuse
 
     first = _scored([("a", 3.0), ("x", bad), ("b", 2.0), ("c", 1.0)])
     second = _scored([("b", 0.9), ("a", 0.5)])
@@ -416,7 +416,7 @@ def test_one_non_finite_score_does_not_spoil_the_fusion(bad: float, mode: str) -
 def test_one_non_finite_score_does_not_spoil_the_blend(bad: float) -> None:
     import math
 
-    from llama_index_hyde_plus.expansion import blend_scores
+    from llama_index_hyde_plus.search.expansion import blend_scores
 
     scores = blend_scores([3.0, bad, 1.0], [0.2, 0.9, 0.1], 0.3)
     assert all(math.isfinite(s) for s in scores) and scores[0] > scores[2], scores
@@ -576,7 +576,7 @@ def _frame(id_: int, method: str, params: dict[str, object]) -> bytes:
 
 
 def _rcp_server(error: BaseException, http: bool = False):  # type: ignore[no-untyped-def]
-    from llama_index_hyde_plus.rcp import TransformService, build_server
+    from llama_index_hyde_plus.server.rcp import TransformService, build_server
     from llama_index_hyde_plus.testing import echo_llm
 
     store = _Raising(DOCS, default=["pto"])
@@ -594,7 +594,7 @@ def test_the_stdio_server_answers_a_non_exception_error_and_keeps_serving() -> N
     import io
     import json
 
-    from llama_index_hyde_plus.rcp import serve_stdio
+    from llama_index_hyde_plus.server.rcp import serve_stdio
 
     frames = [_init(), _frame(2, "retrieve", {"query": "boom", "k": 1})]
     frames.append(_frame(3, "retrieve", {"query": "paid time off", "k": 1}))
@@ -614,7 +614,7 @@ def test_the_stdio_server_answers_a_non_exception_error_and_keeps_serving() -> N
 def test_the_stdio_server_lets_interrupts_and_exits_through(fatal: BaseException) -> None:
     import io
 
-    from llama_index_hyde_plus.rcp import serve_stdio
+    from llama_index_hyde_plus.server.rcp import serve_stdio
 
     frames = _init() + b"\n" + _frame(2, "retrieve", {"query": "boom", "k": 1}) + b"\n"
     with pytest.raises(type(fatal)):
@@ -638,7 +638,7 @@ def _http_post(url: str, body: bytes) -> tuple[int, bytes]:
 def test_the_http_server_answers_a_non_exception_error_in_json_rpc() -> None:
     import json
 
-    from llama_index_hyde_plus.rcp_http import RcpHttpServer
+    from llama_index_hyde_plus.server.http import RcpHttpServer
 
     server = RcpHttpServer(_rcp_server(_GeventTimeout("t"), http=True)).start()
     try:
@@ -656,7 +656,7 @@ def test_the_http_server_answers_a_non_exception_error_in_json_rpc() -> None:
 def test_the_http_server_answers_a_body_that_is_not_utf8_with_a_parse_error() -> None:
     import json
 
-    from llama_index_hyde_plus.rcp_http import RcpHttpServer
+    from llama_index_hyde_plus.server.http import RcpHttpServer
 
     server = RcpHttpServer(_rcp_server(_GeventTimeout("t"), http=True)).start()
     try:
@@ -673,7 +673,7 @@ def test_the_stdio_server_answers_a_line_that_is_not_utf8_with_a_parse_error() -
     import io
     import json
 
-    from llama_index_hyde_plus.rcp import serve_stdio
+    from llama_index_hyde_plus.server.rcp import serve_stdio
 
     bad = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"nonce": "\xff"}}'
     out = io.BytesIO()

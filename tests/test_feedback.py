@@ -10,7 +10,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import TransformRetriever
-from llama_index_hyde_plus.expansion import rocchio_vector
+from llama_index_hyde_plus.search.expansion import rocchio_vector
 from llama_index_hyde_plus.testing import DeterministicEmbedding, StaticRetriever
 from llama_index_hyde_plus.transforms.base import Guards
 from llama_index_hyde_plus.transforms.feedback import Rocchio

@@ -10,8 +10,8 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
-from llama_index_hyde_plus.cache import MemoryCache
-from llama_index_hyde_plus.plan import gate_verdict
+from llama_index_hyde_plus.caching.cache import MemoryCache
+from llama_index_hyde_plus.search.plan import gate_verdict
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import Guards, TransformResult
 from llama_index_hyde_plus.transforms.hyde import Shipped

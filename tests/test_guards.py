@@ -20,9 +20,9 @@ from llama_index_hyde_plus import (
     StepBack,
     TransformRetriever,
 )
-from llama_index_hyde_plus.cache import MemoryCache
-from llama_index_hyde_plus.expansion import keyword_query, weighted_vector
-from llama_index_hyde_plus.retriever import SearchResult
+from llama_index_hyde_plus.caching.cache import MemoryCache
+from llama_index_hyde_plus.search.expansion import keyword_query, weighted_vector
+from llama_index_hyde_plus.search.retriever import SearchResult
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import Guards, TransformResult
 from llama_index_hyde_plus.transforms.hyde import Shipped, _resolve_weight

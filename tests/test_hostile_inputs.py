@@ -16,7 +16,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llama_index_hyde_plus import HyDE, MemoryCache, MultiQuery, TransformRetriever
-from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 
 from .conftest import DOCS
@@ -291,7 +291,7 @@ async def test_a_hung_reranker_keeps_the_fused_order_after_its_timeout(use_async
 
 
 def test_every_model_of_one_server_shares_its_worker_threads() -> None:
-    from llama_index_hyde_plus._workers import LLMPools
+    from llama_index_hyde_plus.calls.workers import LLMPools
 
     pools = LLMPools()
     llms = [ScriptedLLM(model_name=f"ft:base:tenant-{i}") for i in range(3)]

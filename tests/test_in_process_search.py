@@ -18,7 +18,7 @@ from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQu
 from llama_index.vector_stores.faiss import FaissVectorStore
 
 from llama_index_hyde_plus import HyDE, TransformRetriever
-from llama_index_hyde_plus.retriever import searches_in_process
+from llama_index_hyde_plus.search.retriever import searches_in_process
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 
 from .conftest import DOCS, Q, ids, sync_within

@@ -21,7 +21,7 @@ from llama_index.core.storage.kvstore import SimpleKVStore
 from pydantic import Field
 
 from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever, _workers
-from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms import llm_base
 

@@ -17,7 +17,7 @@ import pytest
 from llama_index.core.storage.kvstore import SimpleKVStore
 
 from llama_index_hyde_plus import HyDE
-from llama_index_hyde_plus.kv_cache import KVStoreCache
+from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
 from llama_index_hyde_plus.testing import ScriptedLLM
 
 from .redis_server import redis_server
@@ -56,7 +56,7 @@ def test_a_redis_hit_serves_another_process(redis_uri: str) -> None:
     code = (
         "import json, sys\n"
         "from llama_index_hyde_plus import HyDE\n"
-        "from llama_index_hyde_plus.kv_cache import KVStoreCache\n"
+        "from llama_index_hyde_plus.caching.kv_cache import KVStoreCache\n"
         "from llama_index_hyde_plus.testing import ScriptedLLM\n"
         "llm = ScriptedLLM([])\n"
         f"cache = KVStoreCache.from_uri({redis_uri!r}, collection={collection!r})\n"
@@ -88,7 +88,7 @@ async def test_the_async_path_reads_redis_off_the_event_loop(redis_uri: str) -> 
 
 def test_entries_expire_after_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("llama_index_hyde_plus.kv_cache.time.time", lambda: clock[0])
+    monkeypatch.setattr("llama_index_hyde_plus.caching.kv_cache.time.time", lambda: clock[0])
     store = SimpleKVStore()
     cache = KVStoreCache(store, ttl_s=10)
     cache.set("k", {"x": 1})
@@ -133,10 +133,10 @@ def _unused_port() -> int:
 def test_a_redis_that_is_down_never_fails_a_search(caplog: pytest.LogCaptureFixture) -> None:
     cache = KVStoreCache.from_uri(f"redis://127.0.0.1:{_unused_port()}/0", timeout_s=0.5)
     llm = ScriptedLLM([PASSAGE, PASSAGE, PASSAGE])
-    with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.kv_cache"):
+    with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.caching.kv_cache"):
         results = [_hyde(cache, llm).transform(Q) for _ in range(3)]
     assert all(r.hypothetical == (PASSAGE,) and not r.fallback for r in results)
-    warnings = [r for r in caplog.records if r.name == "llama_index_hyde_plus.kv_cache"]
+    warnings = [r for r in caplog.records if r.name == "llama_index_hyde_plus.caching.kv_cache"]
     assert len(warnings) == 1 and "continuing without it" in warnings[0].getMessage()
 
 

@@ -10,7 +10,7 @@ from llama_index.core.llms.callbacks import llm_completion_callback
 from pydantic import Field
 
 from llama_index_hyde_plus import _llm
-from llama_index_hyde_plus._workers import DaemonWorkers, Signal
+from llama_index_hyde_plus.calls.workers import DaemonWorkers, Signal
 from llama_index_hyde_plus.testing import ScriptedLLM
 
 

@@ -14,14 +14,14 @@ from llama_index.llms.openai import OpenAI
 from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
-from llama_index_hyde_plus._llm import (
+from llama_index_hyde_plus.calls.llm import (
     CallOptions,
     LLMTimeoutError,
     acomplete,
     complete,
     has_native_async,
 )
-from llama_index_hyde_plus.reliability import RetryPolicy
+from llama_index_hyde_plus.calls.reliability import RetryPolicy
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM
 from llama_index_hyde_plus.usage import provider_token_counts, usage_for_call
 

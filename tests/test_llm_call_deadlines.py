@@ -18,7 +18,7 @@ from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.llms.callbacks import llm_completion_callback
 
 from llama_index_hyde_plus import HyDE, _llm, _workers
-from llama_index_hyde_plus.reliability import NO_RETRY
+from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM
 
 Q = "Why did revenue drop?"

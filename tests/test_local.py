@@ -167,7 +167,7 @@ def _long_prompt_llm() -> LocalLLM:
 async def test_a_timed_out_local_call_stops_generating(use_async: bool) -> None:
     """With one slot, a follow-up call only starts once the timed-out one has stopped:
     it would wait for ~1500 tokens if llama.cpp kept generating."""
-    from llama_index_hyde_plus._llm import CallOptions, LLMTimeoutError, acomplete, complete
+    from llama_index_hyde_plus.calls.llm import CallOptions, LLMTimeoutError, acomplete, complete
 
     llm = _long_prompt_llm()
     prompt = "Write a very long, detailed essay about the history of rivers and canals."
@@ -223,7 +223,7 @@ async def test_local_llm_streams_asynchronously(real_llm: LocalLLM) -> None:
 async def test_a_stopped_or_cancelled_stream_stops_generating(use_async: bool) -> None:
     """Leaving a stream early frees the only slot at once, and a stream whose call timed
     out (`CANCEL_EVENT` set) raises `LocalLLMCancelledError`."""
-    from llama_index_hyde_plus._llm import CANCEL_EVENT
+    from llama_index_hyde_plus.calls.llm import CANCEL_EVENT
     from llama_index_hyde_plus.local import LocalLLMCancelledError
 
     llm = _long_prompt_llm()

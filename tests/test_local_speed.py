@@ -88,7 +88,7 @@ def test_the_bundled_model_s_speed_is_measured_and_used_for_its_calls(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("HYDE_PLUS_LLM_THREADS", raising=False)
-    from llama_index_hyde_plus.timeouts import timeout_for
+    from llama_index_hyde_plus.calls.timeouts import timeout_for
 
     models = _models(max_tokens=40)
     llm = models.make_llm()

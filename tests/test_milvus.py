@@ -440,8 +440,8 @@ def test_a_fan_out_over_the_hybrid_retriever_keeps_its_top_k(tmp_path: Path) -> 
 def test_stored_vectors_are_read_from_the_hybrid_retriever_not_re_embedded(
     milvus_index: tuple[str, VectorStoreIndex],
 ) -> None:
+    from llama_index_hyde_plus.search.vectors import DocVectors
     from llama_index_hyde_plus.stores.milvus import hybrid_retriever
-    from llama_index_hyde_plus.vectors import DocVectors
 
     _, index = milvus_index
     retriever = hybrid_retriever(index, 3)

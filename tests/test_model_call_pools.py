@@ -26,9 +26,9 @@ from llama_index_hyde_plus import (
     _llm,
     _workers,
 )
-from llama_index_hyde_plus._bounded import Deadline, arun_within, run_all_within, run_within
-from llama_index_hyde_plus._workers import LLMPools
-from llama_index_hyde_plus.reliability import NO_RETRY
+from llama_index_hyde_plus.calls.bounded import Deadline, arun_within, run_all_within, run_within
+from llama_index_hyde_plus.calls.reliability import NO_RETRY
+from llama_index_hyde_plus.calls.workers import LLMPools
 from llama_index_hyde_plus.testing import ScriptedLLM
 from llama_index_hyde_plus.transforms.base import QueryTransformer
 from llama_index_hyde_plus.transforms.core import CoreTransform

@@ -18,8 +18,8 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from llama_index_hyde_plus import HyDE, TransformRetriever
-from llama_index_hyde_plus.fusion import fuse
-from llama_index_hyde_plus.reliability import MAX_ERROR_CHARS, describe
+from llama_index_hyde_plus.calls.reliability import MAX_ERROR_CHARS, describe
+from llama_index_hyde_plus.search.fusion import fuse
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
 
 Q = "Why did revenue drop?"

@@ -5,16 +5,16 @@ from types import SimpleNamespace
 import pytest
 
 from llama_index_hyde_plus import HyDE, MultiQuery, StepBack
-from llama_index_hyde_plus.evaluation.runner import TransformSpec, build_transform
-from llama_index_hyde_plus.rcp import TransformService
-from llama_index_hyde_plus.reliability import CircuitBreaker
-from llama_index_hyde_plus.testing import ScriptedLLM
-from llama_index_hyde_plus.timeouts import (
+from llama_index_hyde_plus.calls.reliability import CircuitBreaker
+from llama_index_hyde_plus.calls.timeouts import (
     LOCAL_START_S,
     LOCAL_TOKENS_PER_S,
     REMOTE_TIMEOUT_S,
     timeout_for,
 )
+from llama_index_hyde_plus.evaluation.runner import TransformSpec, build_transform
+from llama_index_hyde_plus.server.rcp import TransformService
+from llama_index_hyde_plus.testing import ScriptedLLM
 from llama_index_hyde_plus.transforms.factory import build
 from llama_index_hyde_plus.transforms.options import LLM_OPTION_NAMES
 

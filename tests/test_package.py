@@ -122,7 +122,7 @@ def _plan_calls(function: ast.AST) -> set[str]:
 
 
 def test_sync_and_async_search_execute_the_same_plan() -> None:
-    tree = ast.parse((PACKAGE / "retriever.py").read_text())
+    tree = ast.parse((PACKAGE / "search" / "retriever.py").read_text())
     cls = next(
         n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TransformRetriever"
     )
@@ -145,7 +145,7 @@ def test_sync_and_async_search_execute_the_same_plan() -> None:
 
 
 def test_the_retriever_names_no_transform() -> None:
-    text = (PACKAGE / "retriever.py").read_text() + (PACKAGE / "plan.py").read_text()
+    text = (PACKAGE / "search" / "retriever.py").read_text() + (PACKAGE / "search" / "plan.py").read_text()
     for name in ("HyDE", "Rocchio", "MultiQuery", "StepBack", "Decompose", "Rewrite"):
         assert f"import {name}" not in text and f" {name}(" not in text, name
 
@@ -153,7 +153,9 @@ def test_the_retriever_names_no_transform() -> None:
 #: What the ``cli``, ``server`` and ``eval`` extras bring, none of which the library needs.
 APP_DEPENDENCIES = ("typer", "rich", "starlette", "uvicorn", "rcp", "ir_measures", "matplotlib")
 #: The application layers: the command, the server, the evaluation.
-APP_MODULES = ("cli", "rcp", "rcp_http", "evaluation", "_entry")
+APP_MODULES = ("cli", "server", "evaluation", "_entry")
+#: The layers above the library, none of which ``import llama_index_hyde_plus`` loads.
+APP_LAYERS = ("cli", "server", "evaluation", "local")
 
 _BASE_INSTALL = f"""
 import importlib, pkgutil, sys
@@ -161,6 +163,11 @@ BLOCKED = {APP_DEPENDENCIES!r}
 for blocked in BLOCKED:  # as if not installed: an import of it fails, find_spec says None
     sys.modules[blocked] = None
 import llama_index_hyde_plus as pkg
+apps = sorted(
+    m for m in sys.modules
+    if m.startswith("llama_index_hyde_plus.") and m.split(".")[1] in {APP_LAYERS!r}
+)
+assert not apps, ("import llama_index_hyde_plus imported", apps)
 for name in pkg.__all__:
     getattr(pkg, name)
 for info in pkgutil.walk_packages(pkg.__path__, "llama_index_hyde_plus."):

@@ -174,7 +174,7 @@ def test_model_names_use_the_real_openai_client(
 def test_answer_call_has_a_timeout_and_retries_transient_errors(
     faiss_index: VectorStoreIndex,
 ) -> None:
-    from llama_index_hyde_plus.reliability import LLMTimeoutError, RetryPolicy
+    from llama_index_hyde_plus.calls.reliability import LLMTimeoutError, RetryPolicy
     from llama_index_hyde_plus.testing import HANG
 
     class RateLimited(Exception):

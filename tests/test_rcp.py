@@ -21,13 +21,13 @@ from llama_index.core import Document, VectorStoreIndex
 from typer.testing import CliRunner
 
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.rcp import (
+from llama_index_hyde_plus.server.http import RcpHttpServer
+from llama_index_hyde_plus.server.rcp import (
     MAX_BATCH,
     MAX_N,
     TransformService,
     build_server,
 )
-from llama_index_hyde_plus.rcp_http import RcpHttpServer
 from llama_index_hyde_plus.stores.faiss import build_faiss_index
 from llama_index_hyde_plus.testing import ScriptedLLM, echo_llm
 
@@ -524,7 +524,7 @@ def test_requests_are_served_concurrently() -> None:
 
 
 def test_requests_over_the_in_flight_limit_get_503_busy() -> None:
-    from llama_index_hyde_plus.rcp_http import Limits
+    from llama_index_hyde_plus.server.http import Limits
 
     service = TransformService(echo_llm(delay=1.0))
     server = RcpHttpServer(build_server(service, http=True), limits=Limits(max_inflight=2)).start()

@@ -25,8 +25,8 @@ from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.schema import TextNode
 from llama_index.vector_stores.faiss import FaissVectorStore
 
-from llama_index_hyde_plus.rcp import MAX_BATCH, TransformService, build_server
-from llama_index_hyde_plus.rcp_http import Limits, RcpHttpServer, RepeatedWarning
+from llama_index_hyde_plus.server.http import Limits, RcpHttpServer, RepeatedWarning
+from llama_index_hyde_plus.server.rcp import MAX_BATCH, TransformService, build_server
 from llama_index_hyde_plus.testing import DeterministicEmbedding, echo_llm
 
 from .conftest import DOCS, Served
@@ -290,10 +290,10 @@ def test_refused_connections_are_summarised_not_logged_one_by_one(
     for sock in held:
         sock.sendall(b"POST /rcp HTTP/1.1\r\n")
     try:
-        with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.rcp_http"):
+        with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.server.http"):
             for _ in range(30):
                 assert responses(exchange(server, post(PING), wait=10))[0][0] == 503
-        warnings = [r for r in caplog.records if r.name == "llama_index_hyde_plus.rcp_http"]
+        warnings = [r for r in caplog.records if r.name == "llama_index_hyde_plus.server.http"]
         assert len(warnings) == 1 and "refused 1 connection" in warnings[0].getMessage()
     finally:
         for sock in held:
@@ -306,7 +306,7 @@ def test_a_repeated_warning_says_how_many_times_since_the_last(
 ) -> None:
     now = [0.0]
     warning = RepeatedWarning("refused %d", every=60.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.rcp_http"):
+    with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.server.http"):
         for step in range(200):
             now[0] = step * 0.5  # 200 refusals over 100 s
             warning.note()

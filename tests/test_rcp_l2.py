@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus.chunking import Chunking
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.index_writes import MilvusWriter
-from llama_index_hyde_plus.rcp import TransformService, build_server
-from llama_index_hyde_plus.rcp_http import RcpHttpServer
+from llama_index_hyde_plus.server.http import RcpHttpServer
+from llama_index_hyde_plus.server.index_writes import MilvusWriter
+from llama_index_hyde_plus.server.rcp import TransformService, build_server
 from llama_index_hyde_plus.testing import DeterministicEmbedding, echo_llm
 
 from .conftest import DOCS
@@ -458,7 +458,7 @@ def test_a_reader_never_sees_two_versions_of_a_replaced_document(tmp_path: Path)
             if len(seen) > 1:
                 mixed.append(seen)
 
-    from llama_index_hyde_plus.index_writes import NewDocument
+    from llama_index_hyde_plus.server.index_writes import NewDocument
 
     readers = [threading.Thread(target=read) for _ in range(2)]
     for t in readers:
@@ -524,7 +524,7 @@ def test_a_write_that_dies_after_the_upsert_loses_nothing_and_a_retry_heals(
     def dies(self: MilvusWriter, *args: Any) -> None:
         raise KeyboardInterrupt  # the process stopped between the two steps
 
-    from llama_index_hyde_plus.index_writes import NewDocument
+    from llama_index_hyde_plus.server.index_writes import NewDocument
 
     monkeypatch.setattr(MilvusWriter, "_drop_stale", dies)
     with pytest.raises(KeyboardInterrupt):
@@ -545,7 +545,7 @@ def test_a_killed_server_keeps_every_acknowledged_write(tmp_path: Path) -> None:
 import sys
 from llama_index.core import Document
 from llama_index_hyde_plus.stores.milvus import MilvusStore, build_milvus_index
-from llama_index_hyde_plus.index_writes import NewDocument
+from llama_index_hyde_plus.server.index_writes import NewDocument
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 e = DeterministicEmbedding(dim=64)
 docs = [Document(text="Alpha text.", id_="a"), Document(text="Beta text.", id_="b")]

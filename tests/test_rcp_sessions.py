@@ -20,14 +20,14 @@ from llama_index.core import VectorStoreIndex
 from typer.testing import CliRunner
 
 from llama_index_hyde_plus.cli import app
-from llama_index_hyde_plus.rcp import (
+from llama_index_hyde_plus.server.http import RcpHttpServer
+from llama_index_hyde_plus.server.rcp import (
     SESSION_HEADER,
     SessionTokens,
     TransformService,
     build_server,
     session_key,
 )
-from llama_index_hyde_plus.rcp_http import RcpHttpServer
 from llama_index_hyde_plus.testing import echo_llm
 
 INIT_PARAMS = {"protocolVersion": 1, "client": {"name": "t", "version": "1"}}

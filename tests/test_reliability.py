@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
-from llama_index_hyde_plus._llm import LLMTimeoutError
-from llama_index_hyde_plus.reliability import (
+from llama_index_hyde_plus.calls.llm import LLMTimeoutError
+from llama_index_hyde_plus.calls.reliability import (
     NO_RETRY,
     CircuitBreaker,
     RetryPolicy,

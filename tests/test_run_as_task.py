@@ -8,7 +8,12 @@ import time
 
 import pytest
 
-from llama_index_hyde_plus._bounded import Deadline, ModelTimeoutError, await_within, run_as_task
+from llama_index_hyde_plus.calls.bounded import (
+    Deadline,
+    ModelTimeoutError,
+    await_within,
+    run_as_task,
+)
 
 
 async def _answer(value: int, delay: float = 0.0) -> int:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
-from llama_index_hyde_plus.reliability import NO_RETRY
-from llama_index_hyde_plus.singleflight import SingleFlight, WaitExpired
+from llama_index_hyde_plus.calls.reliability import NO_RETRY
+from llama_index_hyde_plus.calls.singleflight import SingleFlight, WaitExpired
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM, StaticRetriever
 
 from .conftest import DOCS

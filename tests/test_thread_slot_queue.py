@@ -37,7 +37,7 @@ def test_a_long_line_for_slots_behind_a_full_pool_never_deepens_the_stack(
 
 # -- single-flight: a slow cache write and a cancelled leader -----
 def test_waiters_have_the_leaders_value_before_its_cache_write_ends() -> None:
-    from llama_index_hyde_plus.singleflight import SingleFlight
+    from llama_index_hyde_plus.calls.singleflight import SingleFlight
 
     flights: SingleFlight[str] = SingleFlight()
     writing, calls, got = threading.Event(), [], []
@@ -72,7 +72,7 @@ def test_waiters_have_the_leaders_value_before_its_cache_write_ends() -> None:
 async def test_an_async_waiter_has_the_value_before_the_write_ends() -> None:
     import asyncio
 
-    from llama_index_hyde_plus.singleflight import SingleFlight
+    from llama_index_hyde_plus.calls.singleflight import SingleFlight
 
     flights: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
@@ -97,7 +97,7 @@ async def test_an_async_waiter_has_the_value_before_the_write_ends() -> None:
 async def test_when_the_leader_is_cancelled_one_waiter_leads_and_the_rest_wait() -> None:
     import asyncio
 
-    from llama_index_hyde_plus.singleflight import SingleFlight
+    from llama_index_hyde_plus.calls.singleflight import SingleFlight
 
     flights: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
@@ -118,7 +118,7 @@ async def test_when_the_leader_is_cancelled_one_waiter_leads_and_the_rest_wait()
 
 
 def test_when_the_sync_leader_is_interrupted_one_waiter_leads() -> None:
-    from llama_index_hyde_plus.singleflight import SingleFlight
+    from llama_index_hyde_plus.calls.singleflight import SingleFlight
 
     flights: SingleFlight[str] = SingleFlight()
     calls: list[int] = []
@@ -291,7 +291,7 @@ def test_calls_past_their_own_time_still_make_a_provider_look_hung() -> None:
 def test_fuse_refuses_bad_arguments_naming_them(kwargs: dict[str, Any], name: str) -> None:
     from llama_index.core.schema import NodeWithScore, TextNode
 
-    from llama_index_hyde_plus.fusion import fuse
+    from llama_index_hyde_plus.search.fusion import fuse
 
     lists = [[NodeWithScore(node=TextNode(id_="a", text="a"), score=1.0)]] * 2
     with pytest.raises((TypeError, ValueError), match=name):

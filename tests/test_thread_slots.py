@@ -15,8 +15,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.storage.kvstore import SimpleKVStore
 
 from llama_index_hyde_plus import HyDE, MultiQuery, StepBack, TransformRetriever, _workers
-from llama_index_hyde_plus.kv_cache import KVStoreCache
-from llama_index_hyde_plus.reliability import NO_RETRY
+from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.testing import ScriptedLLM
 
 from .conftest import Q
@@ -239,7 +239,7 @@ def test_a_locked_sqlite_cache_costs_one_busy_wait_not_one_per_caller(
     import sqlite3
     import time
 
-    from llama_index_hyde_plus.cache import SQLiteCache
+    from llama_index_hyde_plus.caching.cache import SQLiteCache
 
     path = tmp_path / "cache.sqlite"
     cache = SQLiteCache(path, busy_timeout_s=0.3)

@@ -15,9 +15,9 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, TextNode
 
+from llama_index_hyde_plus.search.vectors import DocVectors, Embedder, embed_model_of
 from llama_index_hyde_plus.stores.row_keys import key_filter, key_of
 from llama_index_hyde_plus.testing import DeterministicEmbedding, StaticRetriever
-from llama_index_hyde_plus.vectors import DocVectors, Embedder, embed_model_of
 
 from .conftest import DOCS, LoopTicks
 

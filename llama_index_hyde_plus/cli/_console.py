@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from rich.table import Table
 
-    from ..retriever import SearchResult
+    from ..search.retriever import SearchResult
     from ..usage import Usage
 
     console: Console

@@ -14,7 +14,7 @@ from ._options import Verbose
 from .index import build_store
 
 if TYPE_CHECKING:
-    from ..retriever import SearchResult
+    from ..search.retriever import SearchResult
     from ..stores import FaissStore
 
 DEMO_QUESTION = "Why did revenue drop?"
@@ -87,9 +87,9 @@ def _searches(
     shipped for a capable one, all on the same passages."""
     import asyncio
 
-    from ..cache import MemoryCache
+    from ..caching.cache import MemoryCache
     from ..local import local_llm
-    from ..retriever import TransformRetriever
+    from ..search.retriever import TransformRetriever
     from ..transforms.hyde import HyDE
     from ..transforms.registry import make_transform
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from llama_index.core.schema import NodeWithScore
     from rich.table import Table
 
-    from ..retriever import SearchResult
+    from ..search.retriever import SearchResult
 
 IncludeQuery = Annotated[
     bool | None,
@@ -113,7 +113,7 @@ def _search(
     (`retriever.candidate_depth`: a reranking config reorders as many candidates here
     as in ``eval`` and ``from_index``), search, and keep ``top_k``."""
     from ..models import describe_llm, resolve_llm
-    from ..retriever import TransformRetriever, candidate_depth
+    from ..search.retriever import TransformRetriever, candidate_depth
     from ..transforms.config import load_config
     from ..transforms.factory import build, resolve_name
     from ..transforms.registry import transform_class

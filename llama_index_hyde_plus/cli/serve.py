@@ -21,7 +21,7 @@ SERVER_EXTRA: tuple[str, tuple[str, ...]] = ("server", ("rcp", "starlette", "uvi
 if TYPE_CHECKING:
     import socket
 
-    from ..rcp import Sessionless
+    from ..server.rcp import Sessionless
     from ..stores import Store
 
 
@@ -67,7 +67,7 @@ def _check_flags(
         )
     secret = token if token is not None else os.environ.get("HYDE_PLUS_TOKEN")
     if secret:
-        from ..rcp_http import check_token
+        from ..server.http import check_token
 
         try:
             check_token(secret)
@@ -126,7 +126,7 @@ def _bind(host: str, port: int, token: str | None) -> socket.socket:
     """The listening socket, bound before anything loads (a busy port fails fast)."""
     from rich.panel import Panel
 
-    from ..rcp_http import ServeError, bind_socket
+    from ..server.http import ServeError, bind_socket
 
     if not is_loopback(host) and token is None:
         ui.err.print(
@@ -169,10 +169,10 @@ def _cache(spec: str) -> Any:
     if spec == "memory":
         return None
     if spec.startswith(_CACHE_SCHEMES):
-        from ..kv_cache import KVStoreCache
+        from ..caching.kv_cache import KVStoreCache
 
         return KVStoreCache.from_uri(spec)
-    from ..cache import SQLiteCache
+    from ..caching.cache import SQLiteCache
 
     return SQLiteCache(spec)
 
@@ -192,7 +192,7 @@ def _service(
     ``writable``; without one, transforms only, plus ``rerank`` when ``embed`` names
     an embedding model."""
     from ..models import resolve_embedding, resolve_llm
-    from ..rcp import MAX_K, TransformService
+    from ..server.rcp import MAX_K, TransformService
 
     with reported():
         options = _tuned_options(config_files)
@@ -320,8 +320,8 @@ def serve(
 
 def _describe_cache(cache: Any) -> str:
     """``memory``, ``sqlite PATH`` or ``redis HOST:PORT/DB`` for the banner (no secret)."""
-    from ..cache import SQLiteCache
-    from ..kv_cache import KVStoreCache
+    from ..caching.cache import SQLiteCache
+    from ..caching.kv_cache import KVStoreCache
 
     if isinstance(cache, SQLiteCache):
         return f"sqlite {cache.path}"
@@ -339,10 +339,10 @@ def _run(
     max_inflight: int,
     sessionless: Sessionless = "stateless",
 ) -> None:
+    from ..calls.timeouts import describe_timeout
     from ..models import describe_llm
-    from ..rcp import build_server, serve_stdio, session_key
-    from ..rcp_http import Limits, RcpHttpServer
-    from ..timeouts import describe_timeout
+    from ..server.http import Limits, RcpHttpServer
+    from ..server.rcp import build_server, serve_stdio, session_key
 
     name = describe_llm(service.llm)
     what = (

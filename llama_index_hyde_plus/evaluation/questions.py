@@ -30,7 +30,6 @@ from typing import Any
 from llama_index.core.llms import LLM
 from llama_index.core.schema import TextNode
 
-from .. import _llm
 from .._files import read_regular_bytes
 from .._owned import (
     check_folder,
@@ -40,6 +39,7 @@ from .._owned import (
     say_replacing,
     write_all_atomic,
 )
+from ..calls import llm as _llm
 
 QUESTION_PROMPT = (
     "Read the passage and write one question that a user of this document collection "

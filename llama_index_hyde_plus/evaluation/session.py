@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
-from ..cache import SQLiteCache, TransformCache
-from ..retriever import TransformRetriever
+from ..caching.cache import SQLiteCache, TransformCache
+from ..search.retriever import TransformRetriever
+from ..search.vectors import Embedder
 from ..stores import Store
 from ..transforms.factory import build
 from ..transforms.registry import uses_llm
 from ..usage import Usage, sum_usage
-from ..vectors import Embedder
 from .beir import BeirDataset
 from .index_cache import Advance, ProgressFactory, cached_index, check_holds, eval_store
 from .metrics import MEASURES, evaluate, percentile

@@ -234,7 +234,7 @@ def stored_vectors(
 ) -> dict[str, list[float]]:
     """The vectors the index already holds for ``doc_ids`` (FAISS or Milvus), so a
     reduced copy is built without embedding anything again."""
-    from ..vectors import DocVectors
+    from ..search.vectors import DocVectors
 
     reader = DocVectors(retriever, None, max_entries=1)
     out: dict[str, list[float]] = {}

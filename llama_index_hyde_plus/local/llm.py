@@ -41,8 +41,8 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from pydantic import Field, PrivateAttr
 
-from .._llm import CANCEL_EVENT, ENOUGH, STOPPED_EARLY
-from .._streaming import Done, Producer, astream_in_thread, stream_in_thread
+from ..calls.llm import CANCEL_EVENT, ENOUGH, STOPPED_EARLY
+from ..calls.streaming import Done, Producer, astream_in_thread, stream_in_thread
 from .gguf import control_tokens, escape_controls
 
 _MAX_SEEDS = 100_000

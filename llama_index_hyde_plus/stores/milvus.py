@@ -25,9 +25,9 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
-from .._bounded import arun_within
-from .._llm import WORKERS
 from .._redact import redact_uri
+from ..calls.bounded import arun_within
+from ..calls.llm import WORKERS
 from ..chunking import Chunking
 from .base import BuildSettings, Store
 from .ingestion import Previous, build_steps, ingest, recorded
@@ -609,6 +609,6 @@ class MilvusStore(Store):
     def writer(self, index: VectorStoreIndex, embed_model: BaseEmbedding) -> Any:
         """A `MilvusWriter` of the collection ``index`` was loaded from: documents
         embedded with ``embed_model`` and chunked as the build recorded."""
-        from ..index_writes import MilvusWriter, chunking_from_meta
+        from ..server.index_writes import MilvusWriter, chunking_from_meta
 
         return MilvusWriter(index, embed_model, chunking_from_meta(self.meta()))

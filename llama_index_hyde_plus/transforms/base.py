@@ -15,13 +15,13 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import QueryBundle
 
-from .. import _llm
-from .._bounded import arun_within
 from .._checks import check_int, check_number, is_number
+from ..calls import llm as _llm
+from ..calls.bounded import arun_within
+from ..calls.reliability import describe, failure
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
-from ..expansion import check_weight
-from ..fusion import RRF_K, FusionMode
-from ..reliability import describe, failure
+from ..search.expansion import check_weight
+from ..search.fusion import RRF_K, FusionMode
 from ..usage import Usage, sum_usage
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.memory.types import BaseMemory
 
 from .._checks import check_int
-from ..reliability import describe
+from ..calls.reliability import describe
 from ._listing import QueryListTransform
 from .base import TransformResult, validate_query
 from .llm_base import _render_template

@@ -29,13 +29,13 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import QueryBundle
 
-from .. import _llm
-from .._bounded import wait_woken, wake
 from .._checks import is_number
-from .._llm import is_local, model_name
-from .._workers import Job
-from ..reliability import LLMTimeoutError
-from ..timeouts import timeout_for
+from ..calls import llm as _llm
+from ..calls.bounded import wait_woken, wake
+from ..calls.llm import is_local, model_name
+from ..calls.reliability import LLMTimeoutError
+from ..calls.timeouts import timeout_for
+from ..calls.workers import Job
 from ..usage import Usage, sum_usage, usage_for_call
 from .base import QueryTransformer, SearchSpec, TransformResult
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..fusion import FusionMode
+from ..search.fusion import FusionMode
 from ._listing import QueryListTransform
 from .prompts import DECOMPOSE_PROMPT
 

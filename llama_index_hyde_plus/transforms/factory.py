@@ -15,7 +15,7 @@ from typing import Any
 
 from llama_index.core.llms import LLM
 
-from ..cache import TransformCache
+from ..caching.cache import TransformCache
 from .base import QueryTransformer
 from .config import TransformConfig
 from .registry import make_transform, transform_class

@@ -13,8 +13,8 @@ from llama_index.core.llms import LLM
 
 from .._attrs import optional_attr
 from .._checks import check_int, is_int
-from .._llm import CallOptions
-from ..expansion import check_weight, keyword_query
+from ..calls.llm import CallOptions
+from ..search.expansion import check_weight, keyword_query
 from ..usage import Usage
 from .base import Guards, SearchSpec, Strategy, TransformResult, check_strategy, revised
 from .llm_base import LLMTransform, UnusableReplyError, reply_past

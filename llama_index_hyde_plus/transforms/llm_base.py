@@ -25,18 +25,20 @@ from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
-from .. import _llm
-from .._bounded import wait_woken, wake
-from .._workers import Job, WorkersBusyError
-from ..cache import answers_in_process, holds_objects
-from ..reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
-from ..singleflight import SingleFlight, WaitExpired
-from ..timeouts import timeout_for
+from ..caching.cache import answers_in_process, holds_objects
+from ..caching.keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
+from ..caching.keys import (
+    Unkeyable as Unkeyable,  # re-exported: what a key that cannot be built raises
+)
+from ..caching.keys import generation_options, option_value, transform_key
+from ..calls import llm as _llm
+from ..calls.bounded import wait_woken, wake
+from ..calls.reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
+from ..calls.singleflight import SingleFlight, WaitExpired
+from ..calls.timeouts import timeout_for
+from ..calls.workers import Job, WorkersBusyError
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
-from .keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
-from .keys import Unkeyable as Unkeyable  # re-exported: what a key that cannot be built raises
-from .keys import generation_options, option_value, transform_key
 from .options import LLMOptions, breaker_from, check_options
 from .parsing import clean_reply
 

@@ -14,8 +14,8 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.prompts import BasePromptTemplate
 
 from .._checks import check_number
-from ..cache import TransformCache
-from ..reliability import MAX_SECONDS, CircuitBreaker, RetryPolicy
+from ..caching.cache import TransformCache
+from ..calls.reliability import MAX_SECONDS, CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
 
 Profile = Literal["auto", "small", "capable"]

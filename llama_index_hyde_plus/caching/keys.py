@@ -29,8 +29,8 @@ from llama_index.core.llms import ChatMessage
 from llama_index.core.llms.llm import default_completion_to_prompt
 from pydantic import BaseModel
 
-from .. import _llm
-from ..cache import cache_key
+from ..calls import llm as _llm
+from .cache import cache_key
 
 __all__ = ["LLM_SETTINGS", "NOT_GENERATION_OPTIONS", "Unkeyable", "option_value", "transform_key"]
 

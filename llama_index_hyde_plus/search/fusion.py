@@ -14,7 +14,7 @@ from enum import Enum
 
 from llama_index.core.schema import BaseNode, NodeWithScore
 
-from ._checks import check_int, check_number, is_number
+from .._checks import check_int, check_number, is_number
 
 
 class FusionMode(str, Enum):

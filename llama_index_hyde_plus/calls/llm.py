@@ -26,9 +26,9 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 
-from ._attrs import optional_attr, overrides
-from ._bounded import run_as_task as _run_as_task
-from ._workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
+from .._attrs import optional_attr, overrides
+from ..usage import ModelPrice, Usage, usage_for_call
+from .bounded import run_as_task as _run_as_task
 from .reliability import (
     NO_RETRY,
     CircuitBreaker,
@@ -42,7 +42,7 @@ from .reliability import (
     is_transient,
     propagates,
 )
-from .usage import ModelPrice, Usage, usage_for_call
+from .workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
 
 __all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete", "complete_all"]
 
@@ -226,7 +226,7 @@ def _stopped_usage(usage: Usage, prompt: str, raw: Mapping[str, Any]) -> Usage:
     """The usage of a generation stopped early: no provider counts came (they end the
     reply), so the tokens written are its pieces, the prompt's estimated, and
     ``tokens_saved`` what the cap still allowed."""
-    from .usage import estimate_tokens
+    from ..usage import estimate_tokens
 
     pieces, cap = raw.get("pieces"), raw.get("cap")
     if type(pieces) is not int:

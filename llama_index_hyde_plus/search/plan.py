@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .transforms.base import Guards, SearchSpec, TransformResult
+from ..transforms.base import Guards, SearchSpec, TransformResult
 
 __all__ = [
     "Fanout",

@@ -23,8 +23,8 @@ from typing import Any
 from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
 from llama_index.core.storage.kvstore.types import BaseKVStore
 
+from ..calls.reliability import describe, failure
 from .cache import StoreOutage
-from .reliability import describe, failure
 
 logger = logging.getLogger(__name__)
 

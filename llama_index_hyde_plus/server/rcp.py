@@ -51,16 +51,16 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.llms import LLM
 
-from ._checks import is_int, is_number
-from ._version import __version__
-from .cache import MemoryCache, TransformCache
-from .retriever import TransformRetriever
-from .stores.nodes import embedding_model_name
-from .transforms.base import MAX_N, QueryTransformer, TransformResult
-from .transforms.condense import chat_history, read_messages
-from .transforms.factory import build
-from .transforms.registry import METHODS, transform_class
-from .usage import Usage
+from .._checks import is_int, is_number
+from .._version import __version__
+from ..caching.cache import MemoryCache, TransformCache
+from ..search.retriever import TransformRetriever
+from ..stores.nodes import embedding_model_name
+from ..transforms.base import MAX_N, QueryTransformer, TransformResult
+from ..transforms.condense import chat_history, read_messages
+from ..transforms.factory import build
+from ..transforms.registry import METHODS, transform_class
+from ..usage import Usage
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._checks import is_number
-from ._llm import is_local
+from .._checks import is_number
+from .llm import is_local
 
 LOCAL_START_S = 10.0
 """Seconds a local call may spend before its first token (reading the prompt,

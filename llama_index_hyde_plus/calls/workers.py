@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from ._attrs import optional_attr
+from .._attrs import optional_attr
 from .reliability import LLMNotCalledError
 
 MAX_POOLS = 64

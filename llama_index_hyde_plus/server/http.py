@@ -52,7 +52,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ._checks import is_int
+from .._checks import is_int
 from .rcp import MAX_BODY_BYTES, PROPAGATE, SESSION_HEADER, RcpServer, dumps, not_utf8
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from ._checks import check_int, check_number
+from .._checks import check_int, check_number
 
 logger = logging.getLogger(__name__)
 

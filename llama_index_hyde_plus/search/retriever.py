@@ -25,16 +25,14 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 
-from . import expansion, plan
-from ._attrs import overrides
-from ._bounded import Deadline, arun_within, await_within, run_all_within, run_within
-from ._checks import check_int, is_int, is_number
-from ._llm import WORKERS
-from ._workers import DaemonWorkers
-from .fusion import FusionMode, fuse, scored, unique_nodes
-from .provenance import summary, tag_nodes
-from .reliability import describe, failure
-from .transforms.base import (
+from .._attrs import overrides
+from .._checks import check_int, is_int, is_number
+from ..calls.bounded import Deadline, arun_within, await_within, run_all_within, run_within
+from ..calls.llm import WORKERS
+from ..calls.reliability import describe, failure
+from ..calls.workers import DaemonWorkers
+from ..provenance import summary, tag_nodes
+from ..transforms.base import (
     Guards,
     QueryTransformer,
     SearchSpec,
@@ -42,8 +40,10 @@ from .transforms.base import (
     revised,
     validate_query,
 )
-from .transforms.core import CoreTransform, as_transformer, caller_bundle
-from .usage import Usage
+from ..transforms.core import CoreTransform, as_transformer, caller_bundle
+from ..usage import Usage
+from . import expansion, plan
+from .fusion import FusionMode, fuse, scored, unique_nodes
 from .vectors import DocVectors, Embedder, embed_model_of
 
 logger = logging.getLogger(__name__)

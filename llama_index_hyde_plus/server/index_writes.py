@@ -51,9 +51,9 @@ from llama_index.core import Document
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 
-from .chunking import Chunking, tokenizer_for
-from .stores.nodes import embed_nodes, nodes_from_documents
-from .stores.row_keys import KEY_FIELD, doc_key, key_filter, row_key
+from ..chunking import Chunking, tokenizer_for
+from ..stores.nodes import embed_nodes, nodes_from_documents
+from ..stores.row_keys import KEY_FIELD, doc_key, key_filter, row_key
 
 #: Most documents one ``index/add`` may carry (more: RCP -32013, split the call).
 MAX_DOCUMENTS = 256
@@ -277,7 +277,7 @@ class MilvusWriter:
         embed_model: BaseEmbedding,
         chunking: Chunking | None,
     ) -> None:
-        from .stores.milvus_rows import has_row_keys
+        from ..stores.milvus_rows import has_row_keys
 
         self.store = index.vector_store
         if not has_row_keys(self.store.client, self.collection):

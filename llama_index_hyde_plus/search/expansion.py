@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import is_number
+from .._checks import is_number
 
 Vector = Sequence[float]
 Array = npt.NDArray[np.float64]

@@ -24,12 +24,12 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
 
-from ._attrs import overrides
-from ._bounded import Deadline, arun_within, await_within, run_within
-from ._llm import WORKERS
-from ._workers import DaemonWorkers
-from .cache import BoundedLRU, LRUHolder
-from .stores.row_keys import key_filter, row_key
+from .._attrs import overrides
+from ..caching.cache import BoundedLRU, LRUHolder
+from ..calls.bounded import Deadline, arun_within, await_within, run_within
+from ..calls.llm import WORKERS
+from ..calls.workers import DaemonWorkers
+from ..stores.row_keys import key_filter, row_key
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +375,7 @@ class DocVectors:
     def _store(self) -> tuple[str | None, Any]:
         """The kind of vector store behind the retriever (faiss, milvus or None) and
         the store."""
-        from .stores.choice import vector_store_kind
+        from ..stores.choice import vector_store_kind
 
         store = getattr(self.retriever, "_vector_store", None)
         return vector_store_kind(store), store

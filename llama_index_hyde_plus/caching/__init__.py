@@ -1,0 +1,1 @@
+"""Transform caches (memory, SQLite, LlamaIndex KVStores) and the cache key."""

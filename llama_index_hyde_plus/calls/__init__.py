@@ -1,0 +1,2 @@
+"""The one door for blocking and async calls: deadlines, pools, joining identical
+calls, retries, the breaker, timeouts."""

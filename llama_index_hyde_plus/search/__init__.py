@@ -1,0 +1,1 @@
+"""The search: `TransformRetriever`, its plan, fusion, expansion and document vectors."""

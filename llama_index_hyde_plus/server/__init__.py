@@ -1,0 +1,1 @@
+"""The Retrieval Context Protocol server (stdio and HTTP) and its index writes."""
