@@ -18,7 +18,8 @@ from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from pydantic import PrivateAttr
 
-from llama_index_hyde_plus import HyDE, TransformRetriever, _llm
+from llama_index_hyde_plus import HyDE, TransformRetriever
+from llama_index_hyde_plus.calls import llm as _llm
 from llama_index_hyde_plus.calls.llm import CallOptions, LLMTimeoutError, acomplete, complete
 from llama_index_hyde_plus.calls.reliability import (
     NO_RETRY,
@@ -300,7 +301,7 @@ def test_a_provider_is_named_by_a_property_an_extra_field_or_a_proxy_as_before()
 def test_llm_objects_of_one_provider_share_a_pool_and_idle_workers_exit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from llama_index_hyde_plus import _workers
+    from llama_index_hyde_plus.calls import workers as _workers
 
     pools = LLMPools()
     pool = pools.for_llm(ScriptedLLM(model_name="a"))

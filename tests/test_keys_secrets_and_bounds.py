@@ -20,8 +20,9 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.storage.kvstore import SimpleKVStore
 from pydantic import Field
 
-from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever, _workers
+from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
 from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls import workers as _workers
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms import llm_base
 

@@ -17,7 +17,9 @@ from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.llms.callbacks import llm_completion_callback
 
-from llama_index_hyde_plus import HyDE, _llm, _workers
+from llama_index_hyde_plus import HyDE
+from llama_index_hyde_plus.calls import llm as _llm
+from llama_index_hyde_plus.calls import workers as _workers
 from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.testing import HANG, ScriptedLLM
 

@@ -18,14 +18,9 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.llms import CustomLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from llama_index_hyde_plus import (
-    HyDE,
-    MemoryCache,
-    MultiQuery,
-    TransformRetriever,
-    _llm,
-    _workers,
-)
+from llama_index_hyde_plus import HyDE, MemoryCache, MultiQuery, TransformRetriever
+from llama_index_hyde_plus.calls import llm as _llm
+from llama_index_hyde_plus.calls import workers as _workers
 from llama_index_hyde_plus.calls.bounded import Deadline, arun_within, run_all_within, run_within
 from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.calls.workers import LLMPools

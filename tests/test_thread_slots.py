@@ -14,8 +14,9 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.storage.kvstore import SimpleKVStore
 
-from llama_index_hyde_plus import HyDE, MultiQuery, StepBack, TransformRetriever, _workers
+from llama_index_hyde_plus import HyDE, MultiQuery, StepBack, TransformRetriever
 from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls import workers as _workers
 from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.testing import ScriptedLLM
 
@@ -212,7 +213,7 @@ def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
     the store is asked again by all."""
     import time
 
-    from llama_index_hyde_plus import cache
+    from llama_index_hyde_plus.caching import cache
 
     monkeypatch.setattr(cache, "STORE_RETRY_S", 0.3)
     store = _DownThenUp()
