@@ -1,0 +1,117 @@
+"""How many queries an evaluation keeps in flight: chosen from the local model's
+measured speed, fewer when calls slow down or time out, more again when they keep up.
+
+A query waits here, before its transform starts, so its LLM call's deadline starts
+when the call is made, never while it waits for the others. On a CPU shared with other
+busy processes, generations decoded together share one slowing throughput: each one
+in flight makes every other slower, and past a point every call runs out of time.
+One at a time, each call gets the whole speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+from .._llm import is_local
+
+CALL_TARGET_S = 20.0
+"""Seconds a call should take when the queries in flight share the model's measured
+speed: `Pacer.for_transform` keeps as many in flight as fit."""
+SLOW_SHARE = 0.5
+"""A query that took more than this share of its transform's timeout was slow: one
+fewer is kept in flight."""
+
+
+def planned_width(llm: Any, limit: int) -> int:
+    """Queries to keep in flight for ``llm``: ``limit`` for a remote model or one that
+    reports no speed; for a local model with a measured ``tokens_per_s``, as many as
+    can share that speed and each still write a whole reply (``max_tokens``) within
+    `CALL_TARGET_S`, at least 1 and at most ``limit``."""
+    if not is_local(llm):
+        return limit
+    rate = getattr(llm, "tokens_per_s", None)
+    tokens = getattr(llm, "max_tokens", None)
+    if not (isinstance(rate, (int, float)) and isinstance(tokens, int)) or rate <= 0:
+        return limit
+    fits = math.floor(CALL_TARGET_S * float(rate) / max(tokens, 1))
+    return max(1, min(limit, fits))
+
+
+class Pacer:
+    """An async gate whose width (queries in flight) moves with how the calls fare:
+    halved when a query times out, one fewer when one is slow (over `SLOW_SHARE` of
+    ``timeout``), one more after twice the width of queries in a row that kept up (that
+    would not have been slow sharing the speed with one more). A
+    query that started before the last narrowing does not narrow it again (the calls
+    of one crowded moment count once). ``changes`` says what happened, in words."""
+
+    def __init__(self, *, limit: int, width: int | None = None, timeout: float | None = None):
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, not {limit}")
+        self.limit = limit
+        self.width = max(1, min(limit, width if width is not None else limit))
+        self.timeout = timeout
+        self.changes: list[str] = []
+        self._in_flight = 0
+        self._kept_up = 0
+        self._narrowed_at = -math.inf
+        self._cond = asyncio.Condition()
+
+    @classmethod
+    def for_transform(cls, transformer: Any, limit: int) -> Pacer:
+        """A pacer for ``transformer``'s queries: its width from its LLM's measured
+        speed (`planned_width`), slowness measured against its timeout."""
+        try:
+            llm = getattr(transformer, "llm", None)
+            timeout = getattr(transformer, "timeout", None)
+        except Exception:  # an LLM that cannot be resolved: its calls fall back anyway
+            llm, timeout = None, None
+        width = planned_width(llm, limit) if llm is not None else limit
+        return cls(limit=limit, width=width, timeout=timeout if _positive(timeout) else None)
+
+    async def __aenter__(self) -> float:
+        """Wait for room; the time the query starts (for `record`)."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._in_flight < self.width)
+            self._in_flight += 1
+        return time.monotonic()
+
+    async def __aexit__(self, *exc: object) -> None:
+        async with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def record(self, started: float, seconds: float, timed_out: bool) -> None:
+        """How a query that started at ``started`` fared: ``seconds`` and whether its
+        LLM call ran out of time."""
+        slow = self.timeout is not None and seconds > SLOW_SHARE * self.timeout
+        if timed_out or slow:
+            self._kept_up = 0
+            if started < self._narrowed_at or self.width == 1:
+                return
+            before = self.width
+            self.width = max(1, before // 2 if timed_out else before - 1)
+            self._narrowed_at = time.monotonic()
+            why = "a call timed out" if timed_out else f"a query took {seconds:.1f} s"
+            self.changes.append(f"{before} -> {self.width} in flight: {why}")
+            return
+        if self.timeout is not None and seconds * (self.width + 1) / self.width > (
+            SLOW_SHARE * self.timeout
+        ):
+            return  # one more in flight would make it slow (calls share the speed)
+        self._kept_up += 1
+        if self._kept_up >= 2 * self.width and self.width < self.limit:
+            self._kept_up = 0
+            self.width += 1
+            self.changes.append(f"{self.width - 1} -> {self.width} in flight: calls kept up")
+
+    def note(self) -> str:
+        """``"2 in flight"`` when fewer than ``limit``, else ``""``: for a progress bar."""
+        return f"{self.width} in flight" if self.width < self.limit else ""
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
