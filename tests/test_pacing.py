@@ -14,7 +14,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, TransformRetriever
-from llama_index_hyde_plus.evaluation.pacing import Pacer, planned_width
+from llama_index_hyde_plus.evaluation.pacing import Pacer, planned_width, slots
 from llama_index_hyde_plus.evaluation.session import _run_one
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 
@@ -36,6 +36,29 @@ def _local(rate: float | None, max_tokens: int = 160) -> Any:
 )
 def test_the_queries_in_flight_follow_the_measured_speed(llm: Any, width: int) -> None:
     assert planned_width(llm, 4) == width
+
+
+@pytest.mark.parametrize(
+    ("n_parallel", "local", "most"),
+    [(8, True, 8), (4, True, 4), (2, True, 2), (None, True, 16), (True, True, 16), (2, False, 16)],
+)
+def test_a_local_model_never_gets_more_queries_than_its_slots(
+    n_parallel: Any, local: bool, most: int
+) -> None:
+    llm = SimpleNamespace(is_local=local, n_parallel=n_parallel, tokens_per_s=None)
+    assert slots(llm, 16) == most
+    pacer = Pacer.for_transform(SimpleNamespace(llm=llm, timeout=30.0), 16)
+    assert (pacer.limit, pacer.width, pacer.timeout) == (most, most, 30.0)
+
+
+def test_a_transform_whose_model_cannot_be_read_gets_the_width_asked() -> None:
+    class Broken:
+        @property
+        def llm(self) -> Any:
+            raise RuntimeError("no Settings.llm")
+
+    pacer = Pacer.for_transform(Broken(), 3)
+    assert (pacer.limit, pacer.width, pacer.timeout) == (3, 3, None)
 
 
 def test_a_timeout_halves_the_width_once_per_crowded_moment() -> None:

@@ -25,11 +25,21 @@ SLOW_SHARE = 0.5
 fewer is kept in flight."""
 
 
+def slots(llm: Any, limit: int) -> int:
+    """The most queries ever in flight for ``llm``: ``limit``, and for a local model no
+    more than the calls it decodes at once (``n_parallel``), so that no call of a
+    question let in waits for a free slot with its deadline running."""
+    parallel = getattr(llm, "n_parallel", None) if is_local(llm) else None
+    if isinstance(parallel, int) and not isinstance(parallel, bool) and parallel >= 1:
+        return min(limit, parallel)
+    return limit
+
+
 def planned_width(llm: Any, limit: int) -> int:
-    """Queries to keep in flight for ``llm``: ``limit`` for a remote model or one that
-    reports no speed; for a local model with a measured ``tokens_per_s``, as many as
-    can share that speed and each still write a whole reply (``max_tokens``) within
-    `CALL_TARGET_S`, at least 1 and at most ``limit``."""
+    """Queries to keep in flight for ``llm`` at first (``limit``: the most, `slots`):
+    ``limit`` for a remote model or one that reports no speed; for a local model with a
+    measured ``tokens_per_s``, as many as can share that speed and each still write a
+    whole reply (``max_tokens``) within `CALL_TARGET_S`, at least 1."""
     if not is_local(llm):
         return limit
     rate = getattr(llm, "tokens_per_s", None)
@@ -69,6 +79,8 @@ class Pacer:
             timeout = getattr(transformer, "timeout", None)
         except Exception:  # an LLM that cannot be resolved: its calls fall back anyway
             llm, timeout = None, None
+        if llm is not None:
+            limit = slots(llm, limit)
         width = planned_width(llm, limit) if llm is not None else limit
         return cls(limit=limit, width=width, timeout=timeout if _positive(timeout) else None)
 
