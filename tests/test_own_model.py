@@ -38,6 +38,9 @@ class _Models(BaseHTTPRequestHandler):
         type(self).seen.append(dict(self.headers))
         asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).completions.append(asked)
+        if self.headers.get("Authorization") == "Bearer sk-refused-55":
+            self._reply(401, json.dumps({"error": {"message": "Incorrect API key provided"}}))
+            return
         message = {"role": "assistant", "content": "Revenue fell as renewals slipped."}
         body = json.dumps(
             {
@@ -147,6 +150,18 @@ def test_without_a_name_the_cli_asks_the_server_for_its_first_model(
     result = runner.invoke(app, ["transform", "q", "--method", "hyde", "--llm", models_server])
     assert result.exit_code == 0, result.output
     assert [c["model"] for c in _Models.completions] == ["first-7b"]
+
+
+def test_a_refused_key_falls_back_and_is_never_shown(
+    models_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HYDE_PLUS_LLM_MODEL", raising=False)
+    args = ["transform", "q", "--method", "hyde", "--llm", models_server]
+    result = runner.invoke(app, [*args, "--llm-key", "sk-refused-55"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["fallback"] is True and "401" in shown["error"]
+    assert "sk-refused-55" not in result.output
 
 
 def test_the_llm_key_is_hidden_in_a_recorded_command_line() -> None:
@@ -354,6 +369,8 @@ def test_eval_tune_and_query_run_on_your_own_model(
     monkeypatch.delenv("HYDE_PLUS_LLM_MODEL", raising=False)
     llm = _own_models(request, which)
     common = ["--llm", llm, "--embed", "local", "--cache-dir", str(tmp_path / "cache")]
+    if which == "server":  # a local server reads no key; it is sent and never shown
+        common += ["--llm-key", "sk-never-shown-77"]
     common += ["--max-tokens", "48", "--concurrency", "2", "--timeout", "120"]
     evaluated = runner.invoke(
         app,
@@ -363,6 +380,8 @@ def test_eval_tune_and_query_run_on_your_own_model(
         ],
     )
     assert evaluated.exit_code == 0, evaluated.output
+    assert "sk-never-shown-77" not in evaluated.output
+    assert "sk-never-shown-77" not in (tmp_path / "out" / "results.md").read_text()
     data = _no_fallbacks(tmp_path / "out" / "results.json")
     expected = "my-model" if which == "gguf" else "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert expected in data["config"]["llm"]
@@ -386,6 +405,7 @@ def test_eval_tune_and_query_run_on_your_own_model(
         [
             *("query", "what is measured?", "--index", str(index), "-t", "multi-query"),
             *("--json", "--llm", llm, "--timeout", "120"),
+            *(["--llm-model", "SmolLM2-135M-Instruct.Q4_1.gguf"] if which == "server" else []),
         ],
     )
     assert queried.exit_code == 0, queried.output
