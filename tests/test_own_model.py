@@ -164,6 +164,17 @@ def test_a_refused_key_falls_back_and_is_never_shown(
     assert "sk-refused-55" not in result.output
 
 
+def test_serve_names_its_server_without_the_password_in_its_address(
+    models_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HYDE_PLUS_LLM_MODEL", raising=False)
+    address = models_server.replace("http://", "http://user:pw-secret-31@")
+    result = runner.invoke(app, ["serve", "--stdio", "--llm", address], input="")
+    assert result.exit_code == 0, result.output
+    assert "first-7b (http://***@127.0.0.1" in result.output
+    assert "pw-secret-31" not in result.output
+
+
 def test_the_llm_key_is_hidden_in_a_recorded_command_line() -> None:
     from llama_index_hyde_plus._redact import redact_argv
 

@@ -353,6 +353,7 @@ def _run(
     max_inflight: int,
     sessionless: Sessionless = "stateless",
 ) -> None:
+    from .._redact import redact_uri
     from ..models import describe_llm
     from ..rcp import build_server, serve_stdio, session_key
     from ..rcp_http import Limits, RcpHttpServer
@@ -362,7 +363,7 @@ def _run(
     what = (
         f"index: {store.describe() if store else 'none'}"
         f"{' (writable)' if service.writer is not None else ''}, "
-        f"llm: {name if name == llm else f'{name} ({llm})'}, "
+        f"llm: {name if name == llm else f'{name} ({redact_uri(llm)})'}, "
         f"timeout: {describe_timeout(service.llm, service.timeout)}, "
         f"cache: {_describe_cache(service.cache)}"
     )
