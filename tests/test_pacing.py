@@ -14,7 +14,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, TransformRetriever
-from llama_index_hyde_plus.evaluation.pacing import Pacer, planned_width, slots
+from llama_index_hyde_plus.evaluation.pacing import Pacer, Ticket, planned_width, slots
 from llama_index_hyde_plus.evaluation.session import _run_one
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 
@@ -64,29 +64,50 @@ def test_a_transform_whose_model_cannot_be_read_gets_the_width_asked() -> None:
 def test_a_timeout_halves_the_width_once_per_crowded_moment() -> None:
     pacer = Pacer(limit=8, timeout=10.0)
     crowded = [0.0, 0.1, 0.2]  # three queries that started together
-    pacer.record(crowded[0], 10.0, timed_out=True)
-    pacer.record(crowded[1], 10.0, timed_out=True)
-    pacer.record(crowded[2], 10.0, timed_out=True)
+    for started in crowded:
+        pacer.record(Ticket(started, 8), 10.0, timed_out=True)
     assert pacer.width == 4 and len(pacer.changes) == 1
     assert pacer.changes[0] == "8 -> 4 in flight: a call timed out"
 
 
 def test_a_slow_query_takes_one_off_and_calls_that_keep_up_add_one_back() -> None:
     pacer = Pacer(limit=3, timeout=10.0)
-    pacer.record(float("inf"), 6.0, timed_out=False)  # over half its timeout
+    pacer.record(Ticket(float("inf"), 2), 6.0, timed_out=False)  # over half its timeout
     assert pacer.width == 2 and pacer.note() == "2 in flight"
     for _ in range(3):
-        pacer.record(float("inf"), 1.0, timed_out=False)
+        pacer.record(Ticket(float("inf"), 2), 1.0, timed_out=False)
     assert pacer.width == 2  # four in a row needed at width 2
-    pacer.record(float("inf"), 1.0, timed_out=False)
+    pacer.record(Ticket(float("inf"), 2), 1.0, timed_out=False)
     assert pacer.width == 3 and pacer.note() == ""
     assert pacer.changes[-1] == "2 -> 3 in flight: calls kept up"
 
 
 def test_the_width_never_drops_below_one() -> None:
     pacer = Pacer(limit=2, width=1, timeout=1.0)
-    pacer.record(float("inf"), 5.0, timed_out=True)
+    pacer.record(Ticket(float("inf"), 2), 5.0, timed_out=True)
     assert pacer.width == 1 and pacer.changes == []
+
+
+def test_narrowing_re_measures_and_budgets_the_calls_by_a_speed_that_fell() -> None:
+    llm = SimpleNamespace(is_local=True, tokens_per_s=10.0)
+    pacer = Pacer(limit=4, width=4, timeout=20.0, llm=llm, timeout_of=lambda: 99.0)
+    for _ in range(3):  # 4 in flight, 16 tokens in 4 s each: 16 tokens/s together
+        pacer.record(Ticket(0.0, 4), 4.0, timed_out=False, tokens=16)
+    pacer.record(Ticket(0.0, 4), 20.0, timed_out=True)
+    assert llm.tokens_per_s == 10.0  # 16 x 0.5 is over half the budgeted 10: kept
+    assert pacer.changes == ["4 -> 2 in flight: a call timed out"]
+    for _ in range(8):  # then alone, 4 tokens in 8 s: 0.5 tokens/s
+        pacer.record(Ticket(float("inf"), 1), 8.0, timed_out=False, tokens=4)
+    pacer.record(Ticket(float("inf"), 1), 20.0, timed_out=True)
+    assert llm.tokens_per_s == 0.25 and pacer.timeout == 99.0
+    assert pacer.changes[-2] == "re-measured: 0.5 tokens/s; calls now get 99 s"
+
+
+def test_a_remote_model_is_never_re_budgeted() -> None:
+    llm = SimpleNamespace(is_local=False, tokens_per_s=10.0)
+    pacer = Pacer(limit=2, timeout=10.0, llm=llm)
+    pacer.record(Ticket(0.0, 2), 9.0, timed_out=False, tokens=1)
+    assert llm.tokens_per_s == 10.0 and pacer.width == 1
 
 
 @pytest.mark.parametrize("limit", [0, -3])

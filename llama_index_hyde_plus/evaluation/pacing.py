@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
-from typing import Any
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeGuard
 
 from .._llm import is_local
 
@@ -23,6 +26,15 @@ speed: `Pacer.for_transform` keeps as many in flight as fit."""
 SLOW_SHARE = 0.5
 """A query that took more than this share of its transform's timeout was slow: one
 fewer is kept in flight."""
+SPEEDS_KEPT = 8
+"""How many recent queries' speeds a re-measure reads."""
+
+
+class Ticket(NamedTuple):
+    """A query let in: when, and how many could be in flight with it."""
+
+    started: float
+    width: int
 
 
 def slots(llm: Any, limit: int) -> int:
@@ -56,57 +68,85 @@ class Pacer:
     ``timeout``), one more after twice the width of queries in a row that kept up (that
     would not have been slow sharing the speed with one more). A
     query that started before the last narrowing does not narrow it again (the calls
-    of one crowded moment count once). ``changes`` says what happened, in words."""
+    of one crowded moment count once). ``changes`` says what happened, in words.
 
-    def __init__(self, *, limit: int, width: int | None = None, timeout: float | None = None):
+    With a local ``llm`` whose calls are budgeted by its ``tokens_per_s``, narrowing
+    also re-measures: the speed the last queries wrote at (their tokens over their
+    time, times the queries in flight with them), and when it fell well below the
+    budgeted one, the model's calls are budgeted by it from then on (a longer timeout:
+    ``timeout_of`` reads it again)."""
+
+    def __init__(
+        self,
+        *,
+        limit: int,
+        width: int | None = None,
+        timeout: float | None = None,
+        llm: Any = None,
+        timeout_of: Callable[[], float | None] | None = None,
+    ):
         if limit < 1:
             raise ValueError(f"limit must be >= 1, not {limit}")
         self.limit = limit
         self.width = max(1, min(limit, width if width is not None else limit))
         self.timeout = timeout
+        self.llm = llm
+        self.timeout_of = timeout_of
         self.changes: list[str] = []
         self._in_flight = 0
         self._kept_up = 0
         self._narrowed_at = -math.inf
+        self._speeds: deque[float] = deque(maxlen=SPEEDS_KEPT)
         self._cond = asyncio.Condition()
 
     @classmethod
     def for_transform(cls, transformer: Any, limit: int) -> Pacer:
         """A pacer for ``transformer``'s queries: its width from its LLM's measured
         speed (`planned_width`), slowness measured against its timeout."""
+
+        def timeout_of() -> float | None:
+            timeout = getattr(transformer, "timeout", None)
+            return float(timeout) if _positive(timeout) else None
+
         try:
             llm = getattr(transformer, "llm", None)
-            timeout = getattr(transformer, "timeout", None)
+            timeout = timeout_of()
         except Exception:  # an LLM that cannot be resolved: its calls fall back anyway
-            llm, timeout = None, None
-        if llm is not None:
-            limit = slots(llm, limit)
-        width = planned_width(llm, limit) if llm is not None else limit
-        return cls(limit=limit, width=width, timeout=timeout if _positive(timeout) else None)
+            return cls(limit=limit)
+        if llm is None:
+            return cls(limit=limit, timeout=timeout)
+        limit = slots(llm, limit)
+        width = planned_width(llm, limit)
+        return cls(limit=limit, width=width, timeout=timeout, llm=llm, timeout_of=timeout_of)
 
-    async def __aenter__(self) -> float:
-        """Wait for room; the time the query starts (for `record`)."""
+    async def __aenter__(self) -> Ticket:
+        """Wait for room; the query's `Ticket` (for `record`)."""
         async with self._cond:
             await self._cond.wait_for(lambda: self._in_flight < self.width)
             self._in_flight += 1
-        return time.monotonic()
+            return Ticket(time.monotonic(), self.width)
 
     async def __aexit__(self, *exc: object) -> None:
         async with self._cond:
             self._in_flight -= 1
             self._cond.notify_all()
 
-    def record(self, started: float, seconds: float, timed_out: bool) -> None:
-        """How a query that started at ``started`` fared: ``seconds`` and whether its
-        LLM call ran out of time."""
+    def record(self, ticket: Ticket, seconds: float, timed_out: bool, tokens: int = 0) -> None:
+        """How the query let in with ``ticket`` fared: ``seconds``, whether its LLM call
+        ran out of time, and the ``tokens`` its calls wrote."""
+        if not timed_out and tokens > 0 and seconds > 0:
+            self._speeds.append(tokens * ticket.width / seconds)
         slow = self.timeout is not None and seconds > SLOW_SHARE * self.timeout
         if timed_out or slow:
             self._kept_up = 0
-            if started < self._narrowed_at or self.width == 1:
+            if ticket.started < self._narrowed_at:
+                return
+            self._narrowed_at = time.monotonic()
+            self._remeasure()
+            if self.width == 1:
                 return
             before = self.width
             self.width = max(1, before // 2 if timed_out else before - 1)
-            self._narrowed_at = time.monotonic()
             why = "a call timed out" if timed_out else f"a query took {seconds:.1f} s"
             self.changes.append(f"{before} -> {self.width} in flight: {why}")
             return
@@ -120,10 +160,28 @@ class Pacer:
             self.width += 1
             self.changes.append(f"{self.width - 1} -> {self.width} in flight: calls kept up")
 
+    def _remeasure(self) -> None:
+        """Budget the model's calls by the speed its last queries wrote at, when that
+        fell below half the budgeted speed (`local.speed.SPEED_MARGIN` of it)."""
+        budgeted = getattr(self.llm, "tokens_per_s", None)
+        if not (self._speeds and _positive(budgeted) and is_local(self.llm)):
+            return
+        from ..local.speed import SPEED_MARGIN
+
+        measured = statistics.median(self._speeds)
+        rate = max(measured * SPEED_MARGIN, 0.1)
+        if rate >= 0.5 * budgeted:
+            return
+        self.llm.tokens_per_s = rate
+        if self.timeout_of is not None:
+            self.timeout = self.timeout_of()
+        longer = f"; calls now get {self.timeout:.0f} s" if self.timeout else ""
+        self.changes.append(f"re-measured: {measured:.1f} tokens/s{longer}")
+
     def note(self) -> str:
         """``"2 in flight"`` when fewer than ``limit``, else ``""``: for a progress bar."""
         return f"{self.width} in flight" if self.width < self.limit else ""
 
 
-def _positive(value: Any) -> bool:
+def _positive(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -73,7 +73,7 @@ async def _run_one(
     records: list[_QueryRecord] = []
 
     async def one(qid: str, text: str) -> None:
-        async with pacer as started:  # the query's deadlines start once it is let in
+        async with pacer as ticket:  # the query's deadlines start once it is let in
             start = time.perf_counter()
             result = await retriever.asearch(text)
             latency = time.perf_counter() - start
@@ -82,7 +82,8 @@ async def _run_one(
                 ("LLMTimeoutError", "QueuedTooLongError")
             )
             if not (t.cached or t.skipped):
-                pacer.record(started, latency, timed_out)
+                written = (t.generation_usage or t.usage).output_tokens
+                pacer.record(ticket, latency, timed_out, written)
         run[qid] = {n.node.node_id: float(n.score or 0.0) for n in result.nodes}
         records.append(
             _QueryRecord(
