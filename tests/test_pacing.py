@@ -99,8 +99,10 @@ def test_narrowing_re_measures_and_budgets_the_calls_by_a_speed_that_fell() -> N
     for _ in range(8):  # then alone, 4 tokens in 8 s: 0.5 tokens/s
         pacer.record(Ticket(float("inf"), 1), 8.0, timed_out=False, tokens=4)
     pacer.record(Ticket(float("inf"), 1), 20.0, timed_out=True)
-    assert llm.tokens_per_s == 0.25 and pacer.timeout == 99.0
+    assert llm.tokens_per_s == 2.5 and pacer.timeout == 99.0  # a quarter at a time
     assert pacer.changes[-2] == "re-measured: 0.5 tokens/s; calls now get 99 s"
+    pacer.record(Ticket(float("inf"), 1), 20.0, timed_out=True)
+    assert llm.tokens_per_s == 0.625
 
 
 def test_a_remote_model_is_never_re_budgeted() -> None:

@@ -161,15 +161,18 @@ class Pacer:
             self.changes.append(f"{self.width - 1} -> {self.width} in flight: calls kept up")
 
     def _remeasure(self) -> None:
-        """Budget the model's calls by the speed its last queries wrote at, when that
-        fell below half the budgeted speed (`local.speed.SPEED_MARGIN` of it)."""
+        """Budget the model's calls by the speed its last queries wrote at
+        (`local.speed.SPEED_MARGIN` of it), when that fell below half the budgeted
+        speed; never below a quarter of it at once."""
         budgeted = getattr(self.llm, "tokens_per_s", None)
         if not (self._speeds and _positive(budgeted) and is_local(self.llm)):
             return
         from ..local.speed import SPEED_MARGIN
 
         measured = statistics.median(self._speeds)
-        rate = max(measured * SPEED_MARGIN, 0.1)
+        # at most a quarter of the budgeted speed at a time: a timeout never leaps to
+        # hours on a few slow replies
+        rate = max(measured * SPEED_MARGIN, budgeted / 4)
         if rate >= 0.5 * budgeted:
             return
         self.llm.tokens_per_s = rate
