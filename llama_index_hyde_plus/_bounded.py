@@ -195,7 +195,9 @@ async def arun_within(
         raise deadline.overrun(what)
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
-    job = pool.submit(call, lambda: loop.call_soon_threadsafe(wake, woken), _budget(deadline), what)
+    job = pool.submit(
+        call, lambda: loop.call_soon_threadsafe(wake, woken), _budget(deadline), what
+    )
     try:
         await wait_woken(woken, None if deadline is None else deadline.left())
     except BaseException as exc:  # the deadline, or our own cancellation
