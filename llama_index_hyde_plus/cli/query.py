@@ -281,8 +281,7 @@ def query(
     ] = None,
     verbose: Verbose = False,
 ) -> None:
-    """Search an index (FAISS --index or Milvus --uri) with a transformed query and show
-    what was generated."""
+    """Search a FAISS --index or Milvus --uri with a transformed query; show what was made."""
     setup_logging(verbose)
     if top_k < 1:
         raise fail(f"--top-k must be at least 1, not {top_k}")
@@ -291,9 +290,8 @@ def query(
             transform = transform_name(transform)  # "HyDE", "multiquery" forgiven
         except ValueError:
             check_choice("--transform", transform, TRANSFORMS)
-    model = LlmFlags(llm, llm_model, llm_key)
     with early.refused():
-        early.llm_choice(llm, flags=model)
+        early.llm_choice(llm, flags=(llm_flags := LlmFlags(llm, llm_model, llm_key)))
         early.store_address(index_path, uri)
         early.config_file(config_file)
     from ..stores import open_store
@@ -305,7 +303,9 @@ def query(
         )
         depth = top_k * GROUP_POOL if group_by_file else top_k
         opener = partial(_open_store, store, embed)
-        transform, result = _search(question, transform, options, config_file, model, opener, depth)
+        transform, result = _search(
+            question, transform, options, config_file, llm_flags, opener, depth
+        )
     _show(question, transform, result, top_k, group_by_file=group_by_file, as_json=as_json)
 
 
@@ -350,16 +350,16 @@ def transform_cmd(
     """Print what a transform makes of a question, as JSON."""
     setup_logging(verbose)
     check_choice("--method", method, METHODS)
-    flags_given = LlmFlags(llm, llm_model, llm_key)
+    llm_flags = LlmFlags(llm, llm_model, llm_key)
     with early.refused():
-        early.llm_choice(llm, flags=flags_given)
+        early.llm_choice(llm, flags=llm_flags)
     from ..models import describe_llm
     from ..transforms.factory import build
 
     with reported():
         given = flags(n, num_passages, temperature, timeout, include_query, prompt)
         options = transform_options(method, **given)
-        model = flags_given.resolve()
+        model = llm_flags.resolve()
         transformer = build(method, model, options)
         with working(f"{method}: {describe_llm(model)} is writing"):
             result = transformer.transform_safe(question)

@@ -318,7 +318,7 @@ def serve(
     policy = check_sessionless(sessionless, http)
     with early.refused():
         early.extra(*SERVER_EXTRA, "hyde-plus serve")
-        early.llm_choice(llm, flags=(model := LlmFlags(llm, llm_model, llm_key)))
+        early.llm_choice(llm, flags=(llm_flags := LlmFlags(llm, llm_model, llm_key)))
         if index_path is not None or uri is not None:
             early.store_address(index_path, uri)
         for path in config_files or []:
@@ -326,7 +326,7 @@ def serve(
     sock = _bind(host, http, token) if http is not None else None
     store = _store(index_path, uri, collection, milvus_token)
     service = _service(
-        store, model, timeout, config_files, cache=cache, embed=embed, writable=writable
+        store, llm_flags, timeout, config_files, cache=cache, embed=embed, writable=writable
     )
     warm_up(service.llm)
     _run(service, store, llm, sock, token, max_inflight, policy)
