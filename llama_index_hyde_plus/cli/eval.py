@@ -23,6 +23,7 @@ from ._evaluation import (
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
+from ._options import LlmFlags
 
 
 def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
@@ -147,14 +148,14 @@ def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
 
 
 def _check_inputs(
-    dataset: Path | None, config_files: list[Path] | None, timeout: float | None, llm: str
+    dataset: Path | None, config_files: list[Path] | None, timeout: float | None, llm: LlmFlags
 ) -> None:
-    """The eval extra, the input paths, ``--llm`` and ``--timeout``, checked with no
-    library imported; then the extra's modules imported."""
+    """The eval extra, the input paths, ``--llm`` (and its server's model and key) and
+    ``--timeout``, checked with no library imported; then the extra's modules imported."""
     check_timeout(timeout)
     find_eval_extra("hyde-plus eval")
     with early.refused():
-        early.llm_choice(llm, oracle=True)
+        early.llm_choice(llm.spec, oracle=True, flags=llm)
         early.dataset_folder(dataset)
         for path in config_files or []:
             early.config_file(path)
@@ -175,6 +176,8 @@ def eval_cmd(
     limit: opt.Limit = None,
     out: ResultsOut = Path("eval-results"),
     llm: opt.EvalLlm = "auto",
+    llm_model: opt.LlmModel = None,
+    llm_key: opt.LlmKey = None,
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -196,10 +199,9 @@ def eval_cmd(
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
     verdict against `none`, latency, tokens, cost."""
     setup_logging(verbose)
-    _check_inputs(dataset, config_files, timeout, llm)
-    from ..evaluation import run_eval
-
-    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    _check_inputs(dataset, config_files, timeout, LlmFlags(llm, llm_model, llm_key))
+    choices = (temperature, max_tokens, seed, concurrency, llm_model, llm_key)
+    models = ModelChoice(llm, embed, max_length, *choices)
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
@@ -208,19 +210,33 @@ def eval_cmd(
         source, where, models, transforms, config_files, split, limit, out, phases
     )
     config = _config(models, model, where.kind, top_k, split, note, hyde_prompt)
-    with progress_bar() as progress, reported():
-        result = run_eval(
-            ds,
-            timed(specs, timeout),
-            llm=models.make_llm if model is not None else None,
-            max_length=max_length,
-            use_cache=cache,
-            progress=bars(progress, "/s"),
-            config={k: v for k, v in config.items() if v is not None},
-            **where.runner_kwargs(models, embed_model),
-        )
+    runner = {"use_cache": cache, **where.runner_kwargs(models, embed_model)}
+    result = _run(ds, timed(specs, timeout), models, model is not None, config, runner)
     result.include_earlier(phases, time.perf_counter() - started)
     _show(result, out, note, concurrency)
+
+
+def _run(
+    ds: Any,
+    specs: list[Any],
+    models: ModelChoice,
+    uses_llm: bool,
+    config: dict[str, Any],
+    runner: dict[str, Any],
+) -> Any:
+    """`evaluation.run_eval` with progress bars (rate, ETA, fallbacks so far)."""
+    from ..evaluation import run_eval
+
+    with progress_bar() as progress, reported():
+        return run_eval(
+            ds,
+            specs,
+            llm=models.make_llm if uses_llm else None,
+            max_length=models.max_length,
+            progress=bars(progress, "/s"),
+            config={k: v for k, v in config.items() if v is not None},
+            **runner,
+        )
 
 
 def _prepare(

@@ -4,6 +4,7 @@ transform a run scores; `score` runs one transform over every question."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,11 +24,14 @@ from ..usage import Usage, sum_usage
 from .beir import BeirDataset
 from .index_cache import Advance, ProgressFactory, cached_index, check_holds, eval_store
 from .metrics import MEASURES, evaluate, percentile
+from .pacing import Pacer
 from .results import TransformReport
 from .specs import TransformSpec
 
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
+
+logger = logging.getLogger(__name__)
 
 
 def needs_llm(name: str) -> bool:
@@ -64,17 +68,23 @@ async def _run_one(
     concurrency: int,
     advance: Advance | None,
 ) -> tuple[dict[str, dict[str, float]], list[_QueryRecord]]:
-    gate = asyncio.Semaphore(concurrency)
+    pacer = Pacer.for_transform(retriever.transformer, concurrency)
     run: dict[str, dict[str, float]] = {}
     records: list[_QueryRecord] = []
 
     async def one(qid: str, text: str) -> None:
-        async with gate:
+        async with pacer as ticket:  # the query's deadlines start once it is let in
             start = time.perf_counter()
             result = await retriever.asearch(text)
             latency = time.perf_counter() - start
+            t = result.transform
+            timed_out = t.fallback and (t.error or "").startswith(
+                ("LLMTimeoutError", "QueuedTooLongError")
+            )
+            if not (t.cached or t.skipped):
+                written = (t.generation_usage or t.usage).output_tokens
+                pacer.record(ticket, latency, timed_out, written)
         run[qid] = {n.node.node_id: float(n.score or 0.0) for n in result.nodes}
-        t = result.transform
         records.append(
             _QueryRecord(
                 qid=qid,
@@ -83,16 +93,18 @@ async def _run_one(
                 fallback=t.fallback,
                 skipped=bool(t.skipped),
                 usage=t.generation_usage or t.usage,
-                timed_out=t.fallback
-                and (t.error or "").startswith(("LLMTimeoutError", "QueuedTooLongError")),
+                timed_out=timed_out,
                 queries=list(t.search_queries),
                 hypothetical=list(t.hypothetical),
             )
         )
         if advance:
-            advance(1, fell_back=int(t.fallback))
+            note = pacer.note()
+            advance(1, fell_back=int(t.fallback), **({"note": note} if note else {}))
 
     await asyncio.gather(*(one(qid, text) for qid, text in ds.queries.items()))
+    for change in pacer.changes:
+        logger.info("queries in flight: %s", change)
     return run, records
 
 
