@@ -71,12 +71,16 @@ def _config(
 
 
 Transforms = Annotated[
-    str,
+    str | None,
     typer.Option(
         help="Comma-separated: none, hyde, hyde-n4, hyde+q, multi-query, step-back, "
-        "decompose, rewrite, rocchio, or NAME:key=value."
+        "decompose, rewrite, rocchio, condense, or NAME:key=value. Default: none,hyde; "
+        "on a conversational set, condense (beside the message as written and the "
+        "human rewrite)."
     ),
 ]
+DEFAULT_TRANSFORMS = "none,hyde"
+CONVERSATION_TRANSFORMS = "condense"
 Split = Annotated[str, typer.Option(help="qrels split.")]
 ResultsOut = Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")]
 Keep = Annotated[int, typer.Option(help="Results kept per query.")]
@@ -170,7 +174,7 @@ def eval_cmd(
     chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
     chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
     index: q.ReuseIndex = None,
-    transforms: Transforms = "none,hyde",
+    transforms: Transforms = None,
     split: Split = "test",
     limit: opt.Limit = None,
     out: ResultsOut = Path("eval-results"),
@@ -194,11 +198,10 @@ def eval_cmd(
 ) -> None:
     """Score transforms on a BEIR dataset, or on your own documents (--docs, with
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
-    verdict against `none`, latency, tokens, cost."""
+    verdict against `none`, latency, tokens, cost. A conversational set (turns/):
+    follow-ups as written, their human rewrite, and condense given the chat."""
     setup_logging(verbose)
     _check_inputs(dataset, config_files, timeout, llm)
-    from ..evaluation import run_eval
-
     models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
@@ -208,8 +211,9 @@ def eval_cmd(
         source, where, models, transforms, config_files, split, limit, out, phases
     )
     config = _config(models, model, where.kind, top_k, split, note, hyde_prompt)
+    run = _runner(source)
     with progress_bar() as progress, reported():
-        result = run_eval(
+        result = run(
             ds,
             timed(specs, timeout),
             llm=models.make_llm if model is not None else None,
@@ -223,11 +227,19 @@ def eval_cmd(
     _show(result, out, note, concurrency)
 
 
+def _runner(source: q.DataChoice) -> Any:
+    """`run_conversations` for a conversational set, else `run_eval`."""
+    from ..evaluation import run_eval
+    from ..evaluation.conversational_run import run_conversations
+
+    return run_conversations if source.conversational else run_eval
+
+
 def _prepare(
     source: q.DataChoice,
     where: SearchChoice,
     models: ModelChoice,
-    transforms: str,
+    transforms: str | None,
     config_files: list[Path] | None,
     split: str,
     limit: int | None,
@@ -242,9 +254,12 @@ def _prepare(
 
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
+        if transforms is None:
+            transforms = CONVERSATION_TRANSFORMS if source.conversational else DEFAULT_TRANSFORMS
         specs = _specs(transforms, config_files)
         standin_for(models, source)
-        source.check(models.max_length, (("--out", out), ("--cache-dir", where.cache_dir)))
+        outputs = (("--out", out), ("--cache-dir", where.cache_dir))
+        source.check(models.max_length, outputs, conversations=True)
         check_results_folder(out)
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
@@ -279,4 +294,11 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
         f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
     )
     show_timeout_hint(result.reports, concurrency)
+    if result.config.get("set") == "conversational":  # a person's rewrite is no option
+        from dataclasses import replace
+
+        from ..evaluation.conversational_run import HUMAN_REWRITE
+
+        ui.err.print(f"{HUMAN_REWRITE}: a person's standalone rewrite, the ceiling to aim at")
+        result = replace(result, reports=[r for r in result.reports if r.label != HUMAN_REWRITE])
     ui.console.print(f"[bold]{recommendation(result)}[/]")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -16,6 +17,7 @@ from llama_index.core.llms import LLM
 from ..cache import SQLiteCache, TransformCache
 from ..retriever import TransformRetriever
 from ..stores import Store
+from ..transforms.condense import chat_history
 from ..transforms.factory import build
 from ..transforms.registry import uses_llm
 from ..usage import Usage, sum_usage
@@ -60,18 +62,23 @@ class _QueryRecord:
 
 async def _run_one(
     retriever: TransformRetriever,
-    ds: BeirDataset,
+    queries: Mapping[str, str],
     concurrency: int,
     advance: Advance | None,
+    chats: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], list[_QueryRecord]]:
     gate = asyncio.Semaphore(concurrency)
     run: dict[str, dict[str, float]] = {}
     records: list[_QueryRecord] = []
 
     async def one(qid: str, text: str) -> None:
+        chat: AbstractContextManager[None] = (
+            chat_history(chats[qid]) if chats is not None else nullcontext()
+        )
         async with gate:
             start = time.perf_counter()
-            result = await retriever.asearch(text)
+            with chat:  # this task's own conversation (a context variable)
+                result = await retriever.asearch(text)
             latency = time.perf_counter() - start
         run[qid] = {n.node.node_id: float(n.score or 0.0) for n in result.nodes}
         t = result.transform
@@ -92,7 +99,7 @@ async def _run_one(
         if advance:
             advance(1, fell_back=int(t.fallback))
 
-    await asyncio.gather(*(one(qid, text) for qid, text in ds.queries.items()))
+    await asyncio.gather(*(one(qid, text) for qid, text in queries.items()))
     return run, records
 
 
@@ -187,14 +194,23 @@ class EvalSession:
         return self._retriever
 
     def score(
-        self, label: str, transformer: Any, *, options: dict[str, Any] | None = None
+        self,
+        label: str,
+        transformer: Any,
+        *,
+        options: dict[str, Any] | None = None,
+        queries: Mapping[str, str] | None = None,
+        chats: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
     ) -> TransformReport:
-        """Run ``transformer`` over every query and score it (no comparison yet)."""
+        """Run ``transformer`` over every query and score it (no comparison yet).
+        ``queries`` replaces the texts searched (same ids, same judgements); ``chats``
+        gives each query the conversation before it (`chat_history`), for `Condense`."""
         retriever = TransformRetriever(
             self.base_retriever(), transformer, top_k=self.top_k, embed_model=self.embedder
         )
-        advance = self.progress(label, len(self.ds.queries)) if self.progress else None
-        run, records = asyncio.run(_run_one(retriever, self.ds, self.concurrency, advance))
+        texts = self.ds.queries if queries is None else queries
+        advance = self.progress(label, len(texts)) if self.progress else None
+        run, records = asyncio.run(_run_one(retriever, texts, self.concurrency, advance, chats))
         retriever.close()
         scores = evaluate(self.ds.qrels, run, MEASURES)
         fresh = [r.latency_s for r in records if not r.cached]

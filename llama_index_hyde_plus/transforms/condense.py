@@ -173,9 +173,15 @@ class Condense(QueryListTransform):
     """The message's own list weighs as much as the condensed question's when nothing
     is said: a neutral weight, not yet chosen on conversational data."""
     parse_excludes_query: ClassVar[bool] = False
-    SEARCH_OPTIONS: ClassVar[frozenset[str]] = QueryListTransform.SEARCH_OPTIONS | {"memory"}
-    """``memory`` is no generation option of its own: the history it gives is in the
-    cache key as the prompt it renders (and as ``context``)."""
+    SEARCH_OPTIONS: ClassVar[frozenset[str]] = QueryListTransform.SEARCH_OPTIONS | {
+        "memory",
+        "history_messages",
+        "history_characters",
+        "standalone_words",
+    }
+    """Not generation options of their own: the history that ``memory`` gives and the
+    ``history_*`` bounds keep is in the cache key as the prompt it renders (and as
+    ``context``); ``standalone_words`` decides whether to call, not what is written."""
 
     def __init__(
         self,
