@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +242,13 @@ def _qrecc_turns(conversation: str, records: Sequence[Mapping[str, Any]]) -> lis
     return out
 
 
+def split_of(conversation: str, seed: int = 0) -> str:
+    """``train`` or ``test`` for ``conversation``: a seeded hash of its id alone, so a
+    conversation keeps its split when more conversations are added."""
+    digest = hashlib.sha256(f"hyde-plus-split|{seed}|{conversation}".encode()).digest()
+    return "train" if digest[0] % 2 == 0 else "test"
+
+
 def from_qrecc(
     records: Iterable[Mapping[str, Any]], out: str | Path, *, seed: int = 0
 ) -> dict[str, int]:
@@ -250,22 +256,19 @@ def from_qrecc(
     records (its JSON: ``Conversation_no``, ``Turn_no``, ``Question``, ``Rewrite``,
     ``Answer``): each answered turn is judged against its own answer passage, the
     corpus holds every answer of the records (the other turns' answers are the
-    distractors), and whole conversations go to ``train`` or ``test``, half each, by
-    a seeded draw. Returns the turns written per split."""
+    distractors), and whole conversations go to ``train`` or ``test`` (`split_of`).
+    Returns the turns written per split."""
     root = Path(out).expanduser()
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} is not empty: give a new folder")
     conversations = _conversations(records)
-    order = sorted(conversations)
-    random.Random(f"hyde-plus-qrecc|{seed}").shuffle(order)
-    train = set(order[: len(order) // 2])
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
     corpus: dict[str, str] = {}
-    for conversation in order:
+    for conversation in sorted(conversations):
         for r in conversations[conversation]:
             if str(r["Answer"]).strip():
                 corpus.setdefault(_doc_id(str(r["Answer"]).strip()), str(r["Answer"]).strip())
-        split = "train" if conversation in train else "test"
+        split = split_of(conversation, seed)
         splits[split].extend(_qrecc_turns(conversation, conversations[conversation]))
     (root / TURNS_FOLDER).mkdir(parents=True, exist_ok=True)
     _write_jsonl(root / "corpus.jsonl", [{"_id": d, "text": t} for d, t in corpus.items()])
