@@ -94,13 +94,14 @@ def local_llm() -> Any:
     return resolve_llm("local", temperature=0.7, max_tokens=160, seed=0, parallel=1)
 
 
-def condense_spec(weight: float | None, standalone: int | None = 8) -> TransformSpec:
-    options: dict[str, Any] = {"standalone_words": standalone}
-    if weight is not None:
-        options["original_weight"] = weight
+def condense_spec(weight: float | None = None, standalone: int | None = 0) -> TransformSpec:
+    """Condense with ``original_weight`` and ``standalone_words`` (None: condense every
+    follow-up); with neither given, as shipped."""
+    if weight is None and standalone == 0:
+        return TransformSpec("condense", "condense", {})
     words = "always" if standalone is None else f"{standalone}w"
-    label = "condense" if weight is None else f"condense w={weight:g} {words}"
-    return TransformSpec(label, "condense", options)
+    options = {"original_weight": weight, "standalone_words": standalone}
+    return TransformSpec(f"condense w={weight:g} {words}", "condense", options)
 
 
 def run(
@@ -138,7 +139,7 @@ def table(reports: Sequence[TransformReport]) -> str:
 
 def table_cmd(args: argparse.Namespace) -> None:
     cset = load_conversations(args.data, args.split)
-    spec = condense_spec(None)
+    spec = condense_spec()
     reports = run(cset, [spec], args).reports
     for p in (1.0, 0.5):
         standin = StandIn(p, tuple(range(args.seeds)))

@@ -322,3 +322,39 @@ async def test_condense_then_hyde_keeps_the_drift_guard_weight(use_async: bool) 
     weights = {spec.query or spec.text: spec.weight for spec in result.searches()}
     assert result.original_weight == 3.0
     assert weights[FOLLOW_UP] == 3.0 and weights[STANDALONE] == 1.0
+
+
+async def test_an_agent_run_searches_through_condense_and_counts_the_rewriter_s_tokens() -> None:
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+    from llama_index_hyde_plus.testing import agent_llm
+
+    counter = TokenCountingHandler()
+    callbacks = CallbackManager([counter])
+    memory = Memory.from_defaults(session_id="agent-test", token_limit=4000)
+    rewriter = ScriptedLLM(respond=lambda p: knows_pricing(p) if "Conversation" in p else "A plan.")
+    base = StaticRetriever(DOCS, results={STANDALONE: ["ent"]}, default=["misc"])
+    chain = Condense(rewriter, memory=memory, callback_manager=callbacks).then(
+        HyDE(rewriter, callback_manager=callbacks)
+    )
+    retriever = TransformRetriever(base, chain)
+    searched: list[str] = []
+
+    async def search_docs(question: str) -> str:
+        """Search the pricing documents."""
+        searched.append(question)
+        found = await retriever.asearch(question)
+        return " ".join(n.node.node_id for n in found.nodes)
+
+    agent = FunctionAgent(tools=[search_docs], llm=agent_llm())
+    for message in ("How much is the pro plan?", FOLLOW_UP):
+        await agent.run(message, memory=memory)
+    assert searched == ["How much is the pro plan?", FOLLOW_UP]
+    condensing = [p for p in rewriter.prompts if "Conversation" in p]
+    assert len(condensing) == 1  # the first message had no history: no call
+    assert "User: How much is the pro plan?" in condensing[0]
+    assert any(STANDALONE in p for p in rewriter.prompts)  # HyDE on the standalone question
+    # every call of the rewriting model, and only those, in the run's token counter
+    assert len(counter.llm_token_counts) == calls(rewriter) == 4
+    assert counter.total_llm_token_count > 0

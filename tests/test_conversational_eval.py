@@ -125,6 +125,8 @@ BAD = [
     ({"history": "User: hi"}, "history must be a list of chat messages"),
     ({"history": [{"role": "system", "content": "x"}]}, "history[0].role"),
     ({"history": [{"role": "user", "content": 3}]}, "history[0].content"),
+    ({"message": "cost \ud800?"}, "'message' must be valid Unicode text"),
+    ({"history": [{"role": "user", "content": "\udfff"}]}, "history[0].content must be valid"),
     ({"relevant": []}, "'relevant' must be a non-empty list"),
     ({"relevant": "pa"}, "'relevant' must be a non-empty list"),
     ({"relevant": ["nowhere"]}, "'relevant' names 'nowhere', not in corpus"),

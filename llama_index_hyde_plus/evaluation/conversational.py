@@ -110,7 +110,17 @@ def _string(row: Mapping[str, Any], key: str, where: str) -> str:
         value = str(value)
     if not isinstance(value, str) or not value.strip():
         raise ConversationalFormatError(f"{where}: '{key}' must be a non-empty string")
+    _unicode(value, f"{where}: '{key}'")
     return value
+
+
+def _unicode(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConversationalFormatError(
+            f"{what} must be valid Unicode text: it holds a lone surrogate"
+        ) from None
 
 
 def _history(row: Mapping[str, Any], where: str) -> tuple[dict[str, str], ...]:
@@ -118,7 +128,10 @@ def _history(row: Mapping[str, Any], where: str) -> tuple[dict[str, str], ...]:
         messages = read_messages(row["history"], "history")
     except (TypeError, ValueError) as exc:
         raise ConversationalFormatError(f"{where}: {exc}") from None
-    return tuple({"role": str(m.role.value), "content": m.content or ""} for m in messages)
+    out = tuple({"role": str(m.role.value), "content": m.content or ""} for m in messages)
+    for i, message in enumerate(out):
+        _unicode(message["content"], f"{where}: history[{i}].content")
+    return out
 
 
 def _relevant(row: Mapping[str, Any], where: str, corpus: Mapping[str, object]) -> tuple[str, ...]:
