@@ -94,7 +94,10 @@ Dataset = Annotated[
 ]
 OptDataset = Annotated[
     Path | None,
-    typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)."),
+    typer.Option(
+        help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv); for eval also "
+        "a conversational set (corpus.jsonl, turns/SPLIT.jsonl)."
+    ),
 ]
 Limit = Annotated[int | None, typer.Option(help="Only the first N judged queries.")]
 HydePrompt = Annotated[

@@ -72,12 +72,16 @@ def _config(
 
 
 Transforms = Annotated[
-    str,
+    str | None,
     typer.Option(
         help="Comma-separated: none, hyde, hyde-n4, hyde+q, multi-query, step-back, "
-        "decompose, rewrite, rocchio, or NAME:key=value."
+        "decompose, rewrite, rocchio, condense, or NAME:key=value. Default: none,hyde; "
+        "on a conversational set, condense (beside the message as written and the "
+        "human rewrite)."
     ),
 ]
+DEFAULT_TRANSFORMS = "none,hyde"
+CONVERSATION_TRANSFORMS = "condense"
 Split = Annotated[str, typer.Option(help="qrels split.")]
 ResultsOut = Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")]
 Keep = Annotated[int, typer.Option(help="Results kept per query.")]
@@ -171,7 +175,7 @@ def eval_cmd(
     chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
     chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
     index: q.ReuseIndex = None,
-    transforms: Transforms = "none,hyde",
+    transforms: Transforms = None,
     split: Split = "test",
     limit: opt.Limit = None,
     out: ResultsOut = Path("eval-results"),
@@ -197,7 +201,8 @@ def eval_cmd(
 ) -> None:
     """Score transforms on a BEIR dataset, or on your own documents (--docs, with
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
-    verdict against `none`, latency, tokens, cost."""
+    verdict against `none`, latency, tokens, cost. A conversational set (turns/):
+    follow-ups as written, their human rewrite, and condense given the chat."""
     setup_logging(verbose)
     _check_inputs(dataset, config_files, timeout, LlmFlags(llm, llm_model, llm_key))
     choices = (temperature, max_tokens, seed, concurrency, llm_model, llm_key)
@@ -211,12 +216,14 @@ def eval_cmd(
     )
     config = _config(models, model, where.kind, top_k, split, note, hyde_prompt)
     runner = {"use_cache": cache, **where.runner_kwargs(models, embed_model)}
-    result = _run(ds, timed(specs, timeout), models, model is not None, config, runner)
+    run = _runner(source)
+    result = _run(run, ds, timed(specs, timeout), models, model is not None, config, runner)
     result.include_earlier(phases, time.perf_counter() - started)
     _show(result, out, note, concurrency)
 
 
 def _run(
+    run: Any,
     ds: Any,
     specs: list[Any],
     models: ModelChoice,
@@ -224,11 +231,10 @@ def _run(
     config: dict[str, Any],
     runner: dict[str, Any],
 ) -> Any:
-    """`evaluation.run_eval` with progress bars (rate, ETA, fallbacks so far)."""
-    from ..evaluation import run_eval
-
+    """``run`` (`run_eval` or `run_conversations`) with progress bars (rate, ETA,
+    fallbacks so far)."""
     with progress_bar() as progress, reported():
-        return run_eval(
+        return run(
             ds,
             specs,
             llm=models.make_llm if uses_llm else None,
@@ -239,11 +245,19 @@ def _run(
         )
 
 
+def _runner(source: q.DataChoice) -> Any:
+    """`run_conversations` for a conversational set, else `run_eval`."""
+    from ..evaluation import run_eval
+    from ..evaluation.conversational_run import run_conversations
+
+    return run_conversations if source.conversational else run_eval
+
+
 def _prepare(
     source: q.DataChoice,
     where: SearchChoice,
     models: ModelChoice,
-    transforms: str,
+    transforms: str | None,
     config_files: list[Path] | None,
     split: str,
     limit: int | None,
@@ -258,9 +272,12 @@ def _prepare(
 
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
+        if transforms is None:
+            transforms = CONVERSATION_TRANSFORMS if source.conversational else DEFAULT_TRANSFORMS
         specs = _specs(transforms, config_files)
         standin_for(models, source)
-        source.check(models.max_length, (("--out", out), ("--cache-dir", where.cache_dir)))
+        outputs = (("--out", out), ("--cache-dir", where.cache_dir))
+        source.check(models.max_length, outputs, conversations=True)
         check_results_folder(out)
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
@@ -295,4 +312,11 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
         f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
     )
     show_timeout_hint(result.reports, concurrency)
+    if result.config.get("set") == "conversational":  # a person's rewrite is no option
+        from dataclasses import replace
+
+        from ..evaluation.conversational_run import HUMAN_REWRITE
+
+        ui.err.print(f"{HUMAN_REWRITE}: a person's standalone rewrite, the ceiling to aim at")
+        result = replace(result, reports=[r for r in result.reports if r.label != HUMAN_REWRITE])
     ui.console.print(f"[bold]{recommendation(result)}[/]")

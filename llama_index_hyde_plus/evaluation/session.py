@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -18,6 +19,7 @@ from ..caching.cache import SQLiteCache, TransformCache
 from ..search.retriever import TransformRetriever
 from ..search.vectors import Embedder
 from ..stores import Store
+from ..transforms.condense import chat_history
 from ..transforms.factory import build
 from ..transforms.registry import uses_llm
 from ..usage import Usage, sum_usage
@@ -64,18 +66,23 @@ class _QueryRecord:
 
 async def _run_one(
     retriever: TransformRetriever,
-    ds: BeirDataset,
+    queries: Mapping[str, str],
     concurrency: int,
     advance: Advance | None,
+    chats: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], list[_QueryRecord]]:
     pacer = Pacer.for_transform(retriever.transformer, concurrency)
     run: dict[str, dict[str, float]] = {}
     records: list[_QueryRecord] = []
 
     async def one(qid: str, text: str) -> None:
+        chat: AbstractContextManager[None] = (
+            chat_history(chats[qid]) if chats is not None else nullcontext()
+        )
         async with pacer as ticket:  # the query's deadlines start once it is let in
             start = time.perf_counter()
-            result = await retriever.asearch(text)
+            with chat:  # this task's own conversation (a context variable)
+                result = await retriever.asearch(text)
             latency = time.perf_counter() - start
             t = result.transform
             timed_out = t.fallback and (t.error or "").startswith(
@@ -102,7 +109,7 @@ async def _run_one(
             note = pacer.note()
             advance(1, fell_back=int(t.fallback), **({"note": note} if note else {}))
 
-    await asyncio.gather(*(one(qid, text) for qid, text in ds.queries.items()))
+    await asyncio.gather(*(one(qid, text) for qid, text in queries.items()))
     for change in pacer.changes:
         logger.info("queries in flight: %s", change)
     return run, records
@@ -199,14 +206,23 @@ class EvalSession:
         return self._retriever
 
     def score(
-        self, label: str, transformer: Any, *, options: dict[str, Any] | None = None
+        self,
+        label: str,
+        transformer: Any,
+        *,
+        options: dict[str, Any] | None = None,
+        queries: Mapping[str, str] | None = None,
+        chats: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
     ) -> TransformReport:
-        """Run ``transformer`` over every query and score it (no comparison yet)."""
+        """Run ``transformer`` over every query and score it (no comparison yet).
+        ``queries`` replaces the texts searched (same ids, same judgements); ``chats``
+        gives each query the conversation before it (`chat_history`), for `Condense`."""
         retriever = TransformRetriever(
             self.base_retriever(), transformer, top_k=self.top_k, embed_model=self.embedder
         )
-        advance = self.progress(label, len(self.ds.queries)) if self.progress else None
-        run, records = asyncio.run(_run_one(retriever, self.ds, self.concurrency, advance))
+        texts = self.ds.queries if queries is None else queries
+        advance = self.progress(label, len(texts)) if self.progress else None
+        run, records = asyncio.run(_run_one(retriever, texts, self.concurrency, advance, chats))
         retriever.close()
         scores = evaluate(self.ds.qrels, run, MEASURES)
         fresh = [r.latency_s for r in records if not r.cached]

@@ -271,8 +271,12 @@ class TransformResult:
 
     def searches(self) -> list[SearchSpec]:
         """The searches to run, one ranked list each."""
-        if self.children:
-            return [spec for child in self.children for spec in child.searches()]
+        if self.children:  # a chain: the message's own child keeps its weight
+            return [
+                replace(spec, weight=spec.weight * self._child_weight(child))
+                for child in self.children
+                for spec in child.searches()
+            ]
         if self.specs:
             return list(self.specs)
         if self.hypothetical:
@@ -286,6 +290,12 @@ class TransformResult:
             )
             for q in self.search_queries
         ]
+
+    def _child_weight(self, child: TransformResult) -> float:
+        """A chain child's weight: ``original_weight`` for the one run on the question
+        itself (when it is searched), 1 for the others."""
+        own = self.include_query and child.query == self.query
+        return self.original_weight if own else 1.0
 
     def _plain_mean(self) -> SearchSpec:
         """The passages searched as the HyDE paper does: their mean with the question's
@@ -738,6 +748,11 @@ class ChainTransform(QueryTransformer):
     def default_fusion(self) -> FusionMode:  # type: ignore[override]
         return self.first.default_fusion
 
+    @property
+    def rrf_k(self) -> int:  # type: ignore[override]
+        """The first stage's RRF constant: its lists are the ones fused."""
+        return self.first.rrf_k
+
     def search_advice(self, search_type: str) -> str | None:
         return self.first.search_advice(search_type) or self.second.search_advice(search_type)
 
@@ -760,6 +775,7 @@ class ChainTransform(QueryTransformer):
             error=head.error,
             latency_s=time.perf_counter() - start,
             children=tuple(children),
+            original_weight=head.original_weight,
         )
 
     def transform(self, query: str) -> TransformResult:

@@ -14,7 +14,9 @@ from llama_index.core.llms import LLM
 from llama_index.core.memory.types import BaseMemory
 
 from .._checks import check_int
+from ..calls.bounded import Deadline, await_within, run_within
 from ..calls.reliability import describe
+from ..calls.workers import DaemonWorkers
 from ._listing import QueryListTransform
 from .base import TransformResult, validate_query
 from .llm_base import _render_template
@@ -83,6 +85,12 @@ always condensed (`Condense.stands_alone`)."""
 
 _WORD = re.compile(r"[\w']+")
 
+MEMORY = "the chat memory"
+_READERS = DaemonWorkers(max_busy=8, name="hyde-plus-memory", cap=None)
+"""The threads a sync read of a memory runs on, so that a memory that hangs is given
+up at the transform's ``timeout`` (at most 8 such reads hang at once; past that a read
+fails at once and the message is searched as written)."""
+
 _CALL_HISTORY: contextvars.ContextVar[History | None] = contextvars.ContextVar(
     "hyde_plus_chat_history", default=None
 )
@@ -150,8 +158,9 @@ class Condense(QueryListTransform):
     the messages of an enclosing `chat_history` block; ``memory``, any LlamaIndex
     ``BaseMemory`` (``Memory``, ``ChatMemoryBuffer``, ``ChatSummaryMemoryBuffer``)
     shared with a chat engine or an agent, read at each call (``get()``, or ``aget()``
-    on the async path). Only user and assistant messages with text count; a last user
-    message equal to the one being condensed (an agent has stored it already) is
+    on the async path) within the transform's ``timeout`` (a memory that fails or hangs:
+    the message as written). Only user and assistant messages with text count; a last
+    user message equal to the one being condensed (an agent has stored it already) is
     dropped. What reaches the prompt is bounded: the last ``history_messages`` user and
     assistant messages (6: three exchanges), newest first within ``history_characters``
     characters (an older message that does not fit is cut at its end, and nothing older
@@ -169,13 +178,21 @@ class Condense(QueryListTransform):
     method: ClassVar[str] = "condense"
     default_prompt: ClassVar[str] = CONDENSE_PROMPT
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "history"})
-    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 1.0, "capable": 1.0}
-    """The message's own list weighs as much as the condensed question's when nothing
-    is said: a neutral weight, not yet chosen on conversational data."""
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 2.0, "capable": 1.0}
+    """The message's own list against the condensed question's, by generator: chosen on
+    the train split of a QReCC sample (84 follow-ups) among 0.5, 1, 2 and 4, with the
+    bundled model for ``small`` and the stand-in that writes the human rewrite for
+    ``capable`` (`benchmarks/conversational.py choose`)."""
     parse_excludes_query: ClassVar[bool] = False
-    SEARCH_OPTIONS: ClassVar[frozenset[str]] = QueryListTransform.SEARCH_OPTIONS | {"memory"}
-    """``memory`` is no generation option of its own: the history it gives is in the
-    cache key as the prompt it renders (and as ``context``)."""
+    SEARCH_OPTIONS: ClassVar[frozenset[str]] = QueryListTransform.SEARCH_OPTIONS | {
+        "memory",
+        "history_messages",
+        "history_characters",
+        "standalone_words",
+    }
+    """Not generation options of their own: the history that ``memory`` gives and the
+    ``history_*`` bounds keep is in the cache key as the prompt it renders (and as
+    ``context``); ``standalone_words`` decides whether to call, not what is written."""
 
     def __init__(
         self,
@@ -259,7 +276,8 @@ class Condense(QueryListTransform):
         lines = self._given_lines(chat_history)
         if lines is None and self.memory is not None:
             try:
-                lines = _lines(self.memory.get())
+                read = run_within(_READERS, self.memory.get, Deadline.start(self.timeout), MEMORY)
+                lines = _lines(read)
             except Exception as exc:
                 return self._unread(query, exc, start)
         return self._condensed(query, lines, start) or super().transform(
@@ -279,7 +297,8 @@ class Condense(QueryListTransform):
         lines = self._given_lines(chat_history)
         if lines is None and self.memory is not None:
             try:
-                lines = _lines(await self.memory.aget())
+                read = await await_within(self.memory.aget(), Deadline.start(self.timeout), MEMORY)
+                lines = _lines(read)
             except Exception as exc:
                 return self._unread(query, exc, start)
         return self._condensed(query, lines, start) or await super().atransform(
