@@ -30,7 +30,7 @@ from ..caching.keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # r
 from ..caching.keys import (
     Unkeyable as Unkeyable,  # re-exported: what a key that cannot be built raises
 )
-from ..caching.keys import generation_options, option_value, transform_key
+from ..caching.keys import option_value, transform_key
 from ..calls import llm as _llm
 from ..calls.bounded import wait_woken, wake
 from ..calls.reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
@@ -39,7 +39,7 @@ from ..calls.timeouts import timeout_for
 from ..calls.workers import Job, WorkersBusyError
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
-from .options import LLMOptions, breaker_from, check_options
+from .options import LLMOptions, breaker_from, check_options, generation_options
 from .parsing import clean_reply
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class LLMTransform(QueryTransformer):
     SEARCH_OPTIONS: ClassVar[frozenset[str]] = frozenset()
     """The constructor options that never change what the LLM writes, only how its
     output is searched: left out of the cache key (`_params`), so configurations that
-    differ only in them share one generation (all `tune_grid` sweeps). Every other
+    differ only in them share one generation (every ``hyde-plus tune`` sweep). Every other
     option is in the key unless it is one of `NOT_GENERATION_OPTIONS`."""
 
     def __init__(self, llm: LLM | None = None, **options: Unpack[LLMOptions]) -> None:
@@ -275,12 +275,13 @@ class LLMTransform(QueryTransformer):
 
     def _params(self) -> dict[str, Any]:
         """The options that change the output, for the cache key: every constructor
-        option (`option_names`) but `NOT_GENERATION_OPTIONS` and the class's
-        `SEARCH_OPTIONS`, read from the attribute of the same name, as JSON. A new
+        option (`options.generation_options`: all but `NOT_GENERATION_OPTIONS` and the
+        class's `SEARCH_OPTIONS`), read from the attribute of the same name, as JSON. A new
         option is thus in the key unless declared search-only; one with no attribute of
         its name, or a value that is not plain data, is an error (no key, no cache)."""
         return {
-            name: option_value(name, getattr(self, name)) for name in generation_options(type(self))
+            name: option_value(name, getattr(self, name))
+            for name in generation_options(type(self), self.SEARCH_OPTIONS)
         }
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
