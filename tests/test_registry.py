@@ -134,3 +134,11 @@ def test_a_prompt_is_named_for_its_method_unless_a_class_names_it() -> None:
         default_prompt: ClassVar[str] = "Give {n} queries for: {query}"
 
     assert (MyHyDE.prompt_key, Named.prompt_key) == ("hyde_prompt", "subs")
+
+
+@pytest.mark.parametrize("entry", BUILTINS, ids=TRANSFORMS)
+def test_every_configuration_an_entry_sweeps_builds_its_transform(entry: Entry) -> None:
+    from llama_index_hyde_plus.evaluation.tune import check_grid
+
+    assert check_grid(entry.method, entry.grid) == [dict(c) for c in entry.grid]
+    assert all(entry.complexity(c) >= 0 for c in entry.grid)
