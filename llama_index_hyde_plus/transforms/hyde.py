@@ -17,9 +17,9 @@ from ..calls.llm import CallOptions
 from ..search.expansion import check_weight, keyword_query
 from ..usage import Usage
 from .base import Guards, SearchSpec, Strategy, TransformResult, check_strategy, revised
-from .llm_base import LLMTransform, UnusableReplyError, reply_past
+from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
-from .parsing import dedupe, trim_passage
+from .parsing import dedupe, reply_past, trim_passage
 from .prompts import GROUNDING_PREFIX, HYDE_PROMPT
 
 if TYPE_CHECKING:
