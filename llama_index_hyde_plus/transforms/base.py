@@ -566,7 +566,7 @@ class QueryTransformer(BaseQueryTransform):
     """How a `TransformRetriever` may use this transform's output (see `Guards`)."""
 
     uses_llm: ClassVar[bool] = False
-    """Whether the transform calls an LLM (the CLI and the runner load one only then)."""
+    """Whether the transform calls an LLM (see `searches_question`)."""
 
     @property
     def searches_question(self) -> bool:
