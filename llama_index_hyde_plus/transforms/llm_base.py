@@ -215,7 +215,7 @@ class LLMTransform(QueryTransformer):
         its name, or a value that is not plain data, is an error (no key, no cache)."""
         return {
             name: option_value(name, getattr(self, name))
-            for name in generation_options(type(self), self.SEARCH_OPTIONS)
+            for name in generation_options(type(self), type(self).SEARCH_OPTIONS)
         }
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
