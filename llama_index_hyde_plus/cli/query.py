@@ -67,13 +67,12 @@ def transform_options(
     prompt: str | None = None,
 ) -> dict[str, Any]:
     """The options given on the command line (None: not given) that the transform
-    ``name`` takes, by what the class says of itself; a flag it does not take is
+    ``name`` takes, by its registry entry (`Entry.option_names`); a flag it does not take is
     named in a warning, not silently dropped."""
-    from ..transforms.registry import transform_class
+    from ..transforms.registry import entry_for
 
-    cls = transform_class(name)
     given = flags(n, num_passages, temperature, timeout, include_query, prompt)
-    takes = set(cls.option_names())
+    takes = set(entry_for(name).option_names())
     options = {k: v for k, v in given.items() if v is not None and k in takes}
     ignored = sorted(k for k, v in given.items() if v is not None and k not in takes)
     if ignored:

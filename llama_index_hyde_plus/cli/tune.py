@@ -157,9 +157,9 @@ def _timed_grid(configs: Any, name: str, timeout: float | None) -> Any:
     in each: every configuration's calls, not a swept option."""
     if timeout is None:
         return configs
-    from ..transforms.registry import transform_class
+    from ..transforms.registry import entry_for
 
-    grid = configs if configs is not None else transform_class(name).tune_grid()
+    grid = configs if configs is not None else entry_for(name).grid
     return [with_timeout(dict(c), name, timeout) for c in grid]
 
 

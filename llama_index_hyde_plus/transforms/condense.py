@@ -19,10 +19,10 @@ from ..calls.reliability import describe
 from ..calls.workers import DaemonWorkers
 from ._listing import QueryListTransform
 from .base import TransformResult, validate_query
-from .llm_base import _render_template
 from .options import LLMOptions
 from .parsing import MAX_QUERY_CHARACTERS
 from .prompts import CONDENSE_PROMPT
+from .templates import render_template as _render_template
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
