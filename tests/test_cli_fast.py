@@ -137,7 +137,8 @@ def test_an_argument_error_is_answered_before_llama_index_loads(
 
 
 def test_the_light_names_are_the_registry_s_the_stores_and_the_defaults() -> None:
-    from llama_index_hyde_plus import chunking, stores, timeouts
+    from llama_index_hyde_plus import chunking, stores
+    from llama_index_hyde_plus.calls import timeouts
     from llama_index_hyde_plus.transforms import registry
 
     assert names.TRANSFORMS == registry.TRANSFORMS
@@ -148,7 +149,7 @@ def test_the_light_names_are_the_registry_s_the_stores_and_the_defaults() -> Non
     assert names.TIMEOUT_POLICY == timeouts.POLICY
     from typing import get_args
 
-    from llama_index_hyde_plus import rcp
+    from llama_index_hyde_plus.server import rcp
 
     assert get_args(rcp.Sessionless) == names.SESSIONLESS
 

@@ -20,8 +20,9 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.storage.kvstore import SimpleKVStore
 from pydantic import Field
 
-from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever, _workers
+from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
 from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls import workers
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms import llm_base
 
@@ -228,11 +229,11 @@ async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_asyn
 def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """At most 4 worker threads in the process (the cap is `MAX_THREADS`), and an
     event that ends the hung calls."""
-    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(4), raising=False)
+    monkeypatch.setattr(workers, "_thread_slots", threading.BoundedSemaphore(4), raising=False)
     # a line of its own: calls of earlier tests still running (healthy, within their
     # time) would otherwise count among the holders, and a cap is refused at once only
     # when every holder overran
-    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine(), raising=False)
+    monkeypatch.setattr(workers, "_slot_line", workers._SlotLine(), raising=False)
     release = threading.Event()
     yield release
     release.set()
@@ -241,7 +242,7 @@ def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Even
 def test_hung_calls_over_many_pools_hold_at_most_the_global_thread_cap(
     few_thread_slots: threading.Event,
 ) -> None:
-    pools = [_workers.DaemonWorkers(max_busy=2, name=f"test-{i}") for i in range(4)]
+    pools = [workers.DaemonWorkers(max_busy=2, name=f"test-{i}") for i in range(4)]
     jobs = [pool.submit(lambda: few_thread_slots.wait(60)) for pool in pools for _ in range(2)]
     for _ in range(100):  # the first four run (their workers take them)
         if all(job.started for job in jobs[:4]):
@@ -252,22 +253,22 @@ def test_hung_calls_over_many_pools_hold_at_most_the_global_thread_cap(
     assert pools[2].busy() == 0  # a call waiting for a slot holds no place of its pool
     for job in jobs:  # only once every running call overran, refuse at once
         job.abandon()
-    with pytest.raises(_workers.WorkersBusyError):
+    with pytest.raises(workers.WorkersBusyError):
         pools[3].submit(lambda: 1)
 
 
 def test_a_thread_slot_is_free_again_once_its_worker_exits(
     few_thread_slots: threading.Event,
 ) -> None:
-    pools = [_workers.DaemonWorkers(max_busy=1, max_idle=0) for _ in range(4)]
+    pools = [workers.DaemonWorkers(max_busy=1, max_idle=0) for _ in range(4)]
     jobs = [pool.submit(lambda: few_thread_slots.wait(60)) for pool in pools]
     few_thread_slots.set()
     assert all(job.done.wait(10) for job in jobs)
     for _ in range(100):  # the workers exit (max_idle=0) and give their slots back
-        if _workers._thread_slots._value == 4:  # type: ignore[attr-defined]
+        if workers._thread_slots._value == 4:  # type: ignore[attr-defined]
             break
         threading.Event().wait(0.05)
-    job = _workers.DaemonWorkers().submit(lambda: 7)
+    job = workers.DaemonWorkers().submit(lambda: 7)
     assert job.done.wait(10) and job.result() == 7
 
 
@@ -275,31 +276,31 @@ def test_idle_workers_of_healthy_pools_never_lock_another_pool_out(
     few_thread_slots: threading.Event,
 ) -> None:
     # four pools that each ran a call keep idle workers; a fifth still runs
-    pools = [_workers.DaemonWorkers(max_busy=2) for _ in range(4)]
+    pools = [workers.DaemonWorkers(max_busy=2) for _ in range(4)]
     done = [pool.submit(lambda: 1) for pool in pools]
     assert all(job.done.wait(10) for job in done)
     assert all(pool.idle() == 1 for pool in pools)  # 4 idle threads, the cap is 4
-    job = _workers.DaemonWorkers().submit(lambda: 7)
+    job = workers.DaemonWorkers().submit(lambda: 7)
     assert job.done.wait(10) and job.result() == 7
 
 
 def test_a_queued_call_inherits_the_slot_of_the_call_before_it(
     few_thread_slots: threading.Event,
 ) -> None:
-    pool = _workers.DaemonWorkers(max_busy=1)
+    pool = workers.DaemonWorkers(max_busy=1)
     first = pool.submit(lambda: few_thread_slots.wait(60))
     queued = pool.submit(lambda: 8)  # waits in line, holds no slot yet
-    others = [_workers.DaemonWorkers().submit(lambda: few_thread_slots.wait(60)) for _ in range(3)]
-    past_cap = _workers.DaemonWorkers().submit(lambda: 9)  # 4 running: waits for a slot
+    others = [workers.DaemonWorkers().submit(lambda: few_thread_slots.wait(60)) for _ in range(3)]
+    past_cap = workers.DaemonWorkers().submit(lambda: 9)  # 4 running: waits for a slot
     assert not past_cap.done.wait(0.1)
     few_thread_slots.set()
     assert all(j.done.wait(10) for j in (first, queued, past_cap, *others))
     assert queued.result() == 8 and past_cap.result() == 9
     for _ in range(100):  # every slot comes back once the calls end
-        if _workers._thread_slots._value == 4:  # type: ignore[attr-defined]
+        if workers._thread_slots._value == 4:  # type: ignore[attr-defined]
             break
         threading.Event().wait(0.05)
-    assert _workers._thread_slots._value == 4  # type: ignore[attr-defined]
+    assert workers._thread_slots._value == 4  # type: ignore[attr-defined]
 
 
 class _BlockingLLM(CustomLLM):

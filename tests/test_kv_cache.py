@@ -223,8 +223,8 @@ def test_serve_refuses_a_cache_url_it_cannot_use() -> None:
 
 
 def test_a_failed_store_is_left_alone_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llama_index_hyde_plus import cache as cache_module
-    from llama_index_hyde_plus import kv_cache
+    from llama_index_hyde_plus.caching import cache as cache_module
+    from llama_index_hyde_plus.caching import kv_cache
 
     class Hung(SimpleKVStore):
         calls = 0
