@@ -109,8 +109,7 @@ def test_no_function_is_longer_than_sixty_lines() -> None:
 
 
 def _plan_calls(function: ast.AST) -> set[str]:
-    """The ``plan.<name>`` functions ``function`` calls, directly or through a method
-    of the same class it calls as ``self.<name>``."""
+    """The ``plan.<name>`` functions ``function`` calls directly."""
     return {
         node.func.attr
         for node in ast.walk(function)
@@ -121,31 +120,67 @@ def _plan_calls(function: ast.AST) -> set[str]:
     }
 
 
-def test_sync_and_async_search_execute_the_same_plan() -> None:
-    tree = ast.parse((PACKAGE / "search" / "retriever.py").read_text())
-    cls = next(
-        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TransformRetriever"
-    )
-    methods = {
-        n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+def _functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function and method defined in ``path``, by name."""
+    return {
+        n.name: n
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
-    planned = _plan_calls(methods["_planned"])
-    assert "plan" in planned  # the one decision function
-    sync = _plan_calls(methods["search"])
-    asynchronous = _plan_calls(methods["asearch"])
-    assert sync == asynchronous, (sync, asynchronous)
-    assert {"question_first", "context_for", "wants_gate", "gate_verdict"} <= sync
-    for name in ("search", "asearch"):
-        called = {
-            n.func.attr
-            for n in ast.walk(methods[name])
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+
+
+def test_sync_and_async_search_run_the_one_written_search() -> None:
+    search = PACKAGE / "search"
+    methods = _functions(search / "retriever.py")
+    for name in ("search", "asearch"):  # both hand the same generator to a loop
+        called = {ast.unparse(n.func) for n in ast.walk(methods[name]) if isinstance(n, ast.Call)}
+        assert "steps.search" in called, name
+        assert not _plan_calls(methods[name]), name  # deciding is the steps' work
+    written = _functions(search / "steps.py")
+    decided = set().union(*(_plan_calls(f) for f in written.values()))
+    assert {"question_first", "overlaps", "context_for", "wants_gate", "gate_verdict"} <= decided
+    assert "plan" in decided  # the one decision function
+    text = (search / "steps.py").read_text()
+    assert not any(isinstance(f, ast.AsyncFunctionDef) for f in written.values())
+    for io in ("await ", "asyncio", "threading", "concurrent", "run_within", "WORKERS"):
+        assert io not in text, io  # a step yields its I/O; only the loops carry it out
+
+
+#: LlamaIndex's entry points, sync and async by its design: each hands the steps to a loop.
+ENTRY_POINTS = {"_aretrieve", "asearch"}
+
+
+def test_no_search_step_has_a_hand_written_async_twin() -> None:
+    for module in ("retriever.py", "steps.py", "plan.py"):
+        functions = _functions(PACKAGE / "search" / module)
+        twins = {
+            n for n in functions if n.startswith(("a", "_a")) and n.replace("a", "", 1) in functions
         }
-        assert "_planned" in called, name
+        assert not twins - ENTRY_POINTS, (module, twins)
+        for name in twins:
+            assert len(functions[name].body) <= 6, name  # the docstring and a hand-off
+
+
+def test_both_loops_carry_out_every_request_a_step_can_make() -> None:
+    import dataclasses
+
+    from llama_index_hyde_plus.search import loops, steps
+
+    requests = {
+        kind
+        for kind in vars(steps).values()
+        if isinstance(kind, type)
+        and dataclasses.is_dataclass(kind)
+        and kind.__module__ == steps.__name__
+    } - {steps.Question}
+    assert set(loops._BLOCKING) == requests
+    assert set(loops._ASYNC) == requests
 
 
 def test_the_retriever_names_no_transform() -> None:
-    text = (PACKAGE / "search" / "retriever.py").read_text() + (PACKAGE / "search" / "plan.py").read_text()
+    text = (PACKAGE / "search" / "retriever.py").read_text() + (
+        PACKAGE / "search" / "plan.py"
+    ).read_text()
     for name in ("HyDE", "Rocchio", "MultiQuery", "StepBack", "Decompose", "Rewrite"):
         assert f"import {name}" not in text and f" {name}(" not in text, name
 
