@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -28,12 +29,42 @@ from ..calls.bounded import arun_within, await_within, run_all_within, run_withi
 from ..calls.llm import WORKERS
 from ..calls.reliability import failure
 from ..calls.workers import DaemonWorkers
+from ..transforms.base import QueryTransformer
 from ..transforms.core import caller_bundle
-from . import steps
-from .steps import Searcher, Steps, T
+from . import requests as ask
+from .requests import Steps, T
 
 _RERANKER = "the reranker"
 _SEARCH = "the retriever"
+_EMBEDDER = "the embedding model"
+_STORE = "the vector store"
+#: The async text-embedding methods; a model that has either of its own embeds
+#: generated text natively on the async path.
+_TEXT_ASYNC = ("_aget_text_embeddings", "_aget_text_embedding")
+_SYNC_EMBED = {
+    "query": "get_query_embedding",
+    "texts": "get_text_embedding_batch",
+    "text": "get_text_embedding",
+}
+_ASYNC_EMBED = {
+    "query": "aget_query_embedding",
+    "texts": "aget_text_embedding_batch",
+    "text": "aget_text_embedding",
+}
+
+
+class Searcher(Protocol):
+    """What the loops read of a `TransformRetriever`."""
+
+    @property
+    def retriever(self) -> BaseRetriever: ...
+    @property
+    def transformer(self) -> QueryTransformer: ...
+    @property
+    def reranker(self) -> BaseNodePostprocessor | None: ...
+    @property
+    def max_concurrency(self) -> int: ...
+
 
 #: The vector stores whose search runs in this process (no network, no disk wait): a
 #: search of them with a given vector cannot hang on I/O. By exact class (a subclass
@@ -119,7 +150,7 @@ def _rerank_pool(reranker: BaseNodePostprocessor) -> DaemonWorkers:
     return WORKERS.for_llm(reranker)
 
 
-def _rerank_call(reranker: Any, op: steps.Rerank) -> Callable[[], Any]:
+def _rerank_call(reranker: Any, op: ask.Rerank) -> Callable[[], Any]:
     return lambda: reranker.postprocess_nodes(op.nodes, query_bundle=op.bundle)
 
 
@@ -127,16 +158,26 @@ def _retrieved(retriever: BaseRetriever, bundle: QueryBundle) -> list[NodeWithSc
     return list(retriever.retrieve(bundle))
 
 
-def _embedder(r: Searcher) -> Any:
-    assert r.embedder is not None  # the steps ask for vectors only when there is one
-    return r.embedder
+def model_pool(model: Any) -> DaemonWorkers:
+    """An embedding model's own worker threads (one pool per provider: its class,
+    model and endpoint), so a hung embedder holds only those."""
+    return WORKERS.for_llm(model)
+
+
+def _native_embed(model: Any, kind: str) -> bool:
+    """Whether ``model`` has its own async method for embeddings of ``kind``."""
+    from llama_index.core.base.embeddings.base import BaseEmbedding
+
+    if kind == "query":
+        return overrides(model, "_aget_query_embedding", BaseEmbedding)
+    return any(overrides(model, name, BaseEmbedding) for name in _TEXT_ASYNC)
 
 
 class Blocking:
     """The sync loop: blocking calls, the fan-out on worker threads."""
 
-    def __init__(self, r: Searcher) -> None:
-        self.r = r
+    def __init__(self, r: Searcher | None = None) -> None:
+        self._r = r
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -174,19 +215,26 @@ class Blocking:
         if pool is not None:
             pool.shutdown(wait=False)
 
-    def _query_vector(self, op: steps.QueryVector) -> Any:
-        return _embedder(self.r).query(op.text, op.deadline)
+    @property
+    def r(self) -> Searcher:
+        assert self._r is not None  # a loop for models alone is asked of models only
+        return self._r
 
-    def _text_vectors(self, op: steps.TextVectors) -> Any:
-        return _embedder(self.r).texts(op.texts, op.deadline)
+    def _embed(self, op: ask.Embed) -> Any:
+        call = partial(getattr(op.model, _SYNC_EMBED[op.kind]), op.texts)
+        return run_within(model_pool(op.model), call, op.deadline, _EMBEDDER)
 
-    def _stored_vectors(self, op: steps.StoredVectors) -> Any:
-        return self.r.doc_vectors.get(op.nodes, op.deadline)
+    def _read_store(self, op: ask.ReadStore) -> Any:
+        """A remote store (Milvus: it may hang) on its worker threads until the
+        deadline; FAISS, which only computes, in this thread."""
+        if op.kind == "milvus":
+            return run_within(WORKERS.for_cache(op.store), op.read, op.deadline, _STORE)
+        return op.read()
 
-    def _search_question(self, op: steps.SearchQuestion) -> list[NodeWithScore]:
+    def _search_question(self, op: ask.SearchQuestion) -> list[NodeWithScore]:
         return _retrieved(self.r.retriever, op.bundle)
 
-    def _search_generated(self, op: steps.SearchGenerated) -> Any:
+    def _search_generated(self, op: ask.SearchGenerated) -> Any:
         """Bounded by the deadline on `_search_pool` (`ModelTimeoutError` once it
         passes), or in this thread when the search only computes."""
         deadline = op.deadline
@@ -195,29 +243,29 @@ class Blocking:
         call = partial(_retrieved, self.r.retriever, op.bundle)
         return run_within(_search_pool(self.r), call, deadline, _SEARCH)
 
-    def _transform(self, op: steps.Transform) -> Any:
-        with caller_bundle(op.question.given):
-            return self.r.transformer.transform_safe(op.question.text, context=op.context)
+    def _transform(self, op: ask.Transform) -> Any:
+        with caller_bundle(op.given):
+            return self.r.transformer.transform_safe(op.text, context=op.context)
 
-    def _start(self, op: steps.Start) -> Future[Any]:
+    def _start(self, op: ask.Start) -> Future[Any]:
         run = contextvars.copy_context().run
         return self.thread_pool().submit(run, self.run, op.steps)
 
-    def _join(self, op: steps.Join) -> Any:
+    def _join(self, op: ask.Join) -> Any:
         return op.handle.result()
 
-    def _cancel(self, op: steps.Cancel) -> None:
+    def _cancel(self, op: ask.Cancel) -> None:
         op.handle.cancel()  # a search already running goes on in its thread
 
-    def _rerank(self, op: steps.Rerank) -> Any:
+    def _rerank(self, op: ask.Rerank) -> Any:
         reranker = self.r.reranker
         call = _rerank_call(reranker, op)
         return run_within(_rerank_pool(reranker), call, op.deadline, _RERANKER)  # type: ignore[arg-type]
 
-    def _failed(self, op: steps.Failed) -> Exception:
+    def _failed(self, op: ask.Failed) -> Exception:
         return failure(op.exc)
 
-    def _search_all(self, op: steps.SearchAll) -> list[Any]:
+    def _search_all(self, op: ask.SearchAll) -> list[Any]:
         """The searches of ``op`` at once. Those of the generated text run on the
         retriever's own worker threads (`_search_pool`), ``max_concurrency`` at a time,
         until ``op.deadline`` (one that overruns fails, as one that raises does); the
@@ -247,13 +295,13 @@ class Blocking:
                 except BaseException as exc:
                     outcomes[i] = failure(exc)
         if op.pending is not None:
-            op.joined(outcomes, op.pending.result())
+            op.joined(op.pending.result())
         return outcomes
 
-    def _search_one(self, op: steps.SearchAll, i: int) -> Any:
+    def _search_one(self, op: ask.SearchAll, i: int) -> Any:
         if i in op.of_question:
             return self.r.retriever.retrieve(op.bundle(i))
-        return self._search_generated(steps.SearchGenerated(op.bundle(i), op.deadline))
+        return self._search_generated(ask.SearchGenerated(op.bundle(i), op.deadline))
 
 
 def _cancel(task: Any) -> None:
@@ -265,8 +313,13 @@ def _cancel(task: Any) -> None:
 class Async:
     """The async loop: awaits, tasks and ``gather``; blocking calls on worker threads."""
 
-    def __init__(self, r: Searcher) -> None:
-        self.r = r
+    def __init__(self, r: Searcher | None = None) -> None:
+        self._r = r
+
+    @property
+    def r(self) -> Searcher:
+        assert self._r is not None  # a loop for models alone is asked of models only
+        return self._r
 
     async def run(self, todo: Steps[T]) -> T:
         """Carry out ``todo`` to its end; what it returns (or raises)."""
@@ -283,16 +336,24 @@ class Async:
             except BaseException as exc:
                 send, thrown = None, exc
 
-    async def _query_vector(self, op: steps.QueryVector) -> Any:
-        return await _embedder(self.r).aquery(op.text, op.deadline)
+    async def _embed(self, op: ask.Embed) -> Any:
+        """The model's own async method when it has one (under asyncio's timeout),
+        else its blocking one on its own worker threads (never the event loop's
+        default executor)."""
+        if _native_embed(op.model, op.kind):
+            coro = getattr(op.model, _ASYNC_EMBED[op.kind])(op.texts)
+            return await await_within(coro, op.deadline, _EMBEDDER)
+        call = partial(getattr(op.model, _SYNC_EMBED[op.kind]), op.texts)
+        return await arun_within(model_pool(op.model), call, op.deadline, _EMBEDDER)
 
-    async def _text_vectors(self, op: steps.TextVectors) -> Any:
-        return await _embedder(self.r).atexts(op.texts, op.deadline)
+    async def _read_store(self, op: ask.ReadStore) -> Any:
+        """A store read on the store's worker threads (FAISS too: never on the loop)."""
+        if op.kind in ("faiss", "milvus"):
+            pool = WORKERS.for_cache(op.store)
+            return await arun_within(pool, op.read, op.deadline, _STORE)
+        return op.read()
 
-    async def _stored_vectors(self, op: steps.StoredVectors) -> Any:
-        return await self.r.doc_vectors.aget(op.nodes, op.deadline)
-
-    async def _search_question(self, op: steps.SearchQuestion) -> list[NodeWithScore]:
+    async def _search_question(self, op: ask.SearchQuestion) -> list[NodeWithScore]:
         """A native async retriever awaited, a blocking one unbounded on
         `_question_pool` (never the event loop's default executor)."""
         retriever = self.r.retriever
@@ -301,26 +362,26 @@ class Async:
         call = partial(_retrieved, retriever, op.bundle)
         return await arun_within(_question_pool(self.r), call, None, _SEARCH)
 
-    async def _search_generated(self, op: steps.SearchGenerated) -> Any:
+    async def _search_generated(self, op: ask.SearchGenerated) -> Any:
         """A native async retriever cancelled at the deadline (awaited in this task
         when `searches_in_process`), a blocking one on `_search_pool`."""
         retriever, deadline = self.r.retriever, op.deadline
         if overrides(retriever, "_aretrieve", BaseRetriever):
             if deadline is not None and searches_in_process(retriever, op.bundle):
                 deadline = None  # awaited in this task: no task of its own to bound
-            search = self._search_question(steps.SearchQuestion(op.bundle))
+            search = self._search_question(ask.SearchQuestion(op.bundle))
             return await await_within(search, deadline, _SEARCH)
         call = partial(_retrieved, retriever, op.bundle)
         return await arun_within(_search_pool(self.r), call, deadline, _SEARCH)
 
-    async def _transform(self, op: steps.Transform) -> Any:
+    async def _transform(self, op: ask.Transform) -> Any:
         """The transform; with the question's own search ``op.beside`` (a guard that
         needs its hits), a failure of that search is raised at once and the LLM call
         is cancelled (a plain retriever raises at once: the search does not wait on
         the LLM for up to its timeout only to raise the same error)."""
         searching = op.beside
-        with caller_bundle(op.question.given):
-            call = self.r.transformer.atransform_safe(op.question.text, context=op.context)
+        with caller_bundle(op.given):
+            call = self.r.transformer.atransform_safe(op.text, context=op.context)
             if searching is None:
                 return await call
             transforming = asyncio.ensure_future(call)
@@ -335,16 +396,16 @@ class Async:
             if not transforming.done():
                 transforming.cancel()
 
-    async def _start(self, op: steps.Start) -> asyncio.Future[Any]:
+    async def _start(self, op: ask.Start) -> asyncio.Future[Any]:
         return asyncio.ensure_future(self.run(op.steps))
 
-    async def _join(self, op: steps.Join) -> Any:
+    async def _join(self, op: ask.Join) -> Any:
         return await op.handle
 
-    async def _cancel(self, op: steps.Cancel) -> None:
+    async def _cancel(self, op: ask.Cancel) -> None:
         _cancel(op.handle)
 
-    async def _rerank(self, op: steps.Rerank) -> Any:
+    async def _rerank(self, op: ask.Rerank) -> Any:
         reranker = self.r.reranker
         assert reranker is not None
         if overrides(reranker, "_apostprocess_nodes", BaseNodePostprocessor):
@@ -353,14 +414,14 @@ class Async:
         call = _rerank_call(reranker, op)
         return await arun_within(_rerank_pool(reranker), call, op.deadline, _RERANKER)
 
-    async def _failed(self, op: steps.Failed) -> Exception:
+    async def _failed(self, op: ask.Failed) -> Exception:
         try:
             return failure(op.exc, in_task=True)
         except BaseException:
             _cancel(op.cancel)
             raise
 
-    async def _search_all(self, op: steps.SearchAll) -> list[Any]:
+    async def _search_all(self, op: ask.SearchAll) -> list[Any]:
         """The searches of ``op`` as tasks, ``max_concurrency`` at a time (the
         question's search started while the LLM wrote holds one place); a lone one
         awaited in this task."""
@@ -384,47 +445,34 @@ class Async:
             failure(o, in_task=True) if isinstance(o, BaseException) else o for o in found
         ]
         if op.pending is not None:
-            op.joined(outcomes, found.pop())
+            op.joined(found.pop())
         for i, outcome in zip(op.todo, found):
             outcomes[i] = outcome
         return outcomes
 
-    async def _search_one(self, op: steps.SearchAll, i: int, gate: Any = None) -> Any:
+    async def _search_one(self, op: ask.SearchAll, i: int, gate: Any = None) -> Any:
         """Search ``i`` of ``op`` (past ``gate`` when there is one): the question's own
         unbounded, one with the generated text until the deadline."""
         if gate is not None:
             async with gate:
                 return await self._search_one(op, i)
         if i in op.of_question:
-            return await self._search_question(steps.SearchQuestion(op.bundle(i)))
-        return await self._search_generated(steps.SearchGenerated(op.bundle(i), op.deadline))
+            return await self._search_question(ask.SearchQuestion(op.bundle(i)))
+        return await self._search_generated(ask.SearchGenerated(op.bundle(i), op.deadline))
 
 
-_BLOCKING: dict[type, Callable[[Blocking, Any], Any]] = {
-    steps.QueryVector: Blocking._query_vector,
-    steps.TextVectors: Blocking._text_vectors,
-    steps.StoredVectors: Blocking._stored_vectors,
-    steps.SearchQuestion: Blocking._search_question,
-    steps.SearchGenerated: Blocking._search_generated,
-    steps.SearchAll: Blocking._search_all,
-    steps.Transform: Blocking._transform,
-    steps.Start: Blocking._start,
-    steps.Join: Blocking._join,
-    steps.Cancel: Blocking._cancel,
-    steps.Rerank: Blocking._rerank,
-    steps.Failed: Blocking._failed,
-}
-_ASYNC: dict[type, Callable[[Async, Any], Any]] = {
-    steps.QueryVector: Async._query_vector,
-    steps.TextVectors: Async._text_vectors,
-    steps.StoredVectors: Async._stored_vectors,
-    steps.SearchQuestion: Async._search_question,
-    steps.SearchGenerated: Async._search_generated,
-    steps.SearchAll: Async._search_all,
-    steps.Transform: Async._transform,
-    steps.Start: Async._start,
-    steps.Join: Async._join,
-    steps.Cancel: Async._cancel,
-    steps.Rerank: Async._rerank,
-    steps.Failed: Async._failed,
-}
+def _handlers(loop: type) -> dict[type, Callable[[Any, Any], Any]]:
+    """``loop``'s method for each request: `Embed` by ``_embed``, `SearchAll` by
+    ``_search_all``..."""
+    name = re.compile(r"(?<!^)(?=[A-Z])")
+    return {
+        kind: getattr(loop, "_" + name.sub("_", kind.__name__).lower()) for kind in ask.REQUESTS
+    }
+
+
+_BLOCKING = _handlers(Blocking)
+_ASYNC = _handlers(Async)
+BLOCKING = Blocking()
+"""The loop for steps that only call models (`vectors.Embedder.query`, ...)."""
+ASYNC = Async()
+"""`BLOCKING` on the async path."""

@@ -25,9 +25,9 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -46,13 +46,22 @@ from ..transforms.base import (
 from ..usage import Usage
 from . import expansion, plan
 from .fusion import FusionMode, fuse, scored, unique_nodes
+from .requests import (
+    Cancel,
+    Failed,
+    Join,
+    Rerank,
+    SearchAll,
+    SearchGenerated,
+    SearchQuestion,
+    Start,
+    Steps,
+    Transform,
+)
 from .vectors import DocVectors, Embedder
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-Steps = Generator[Any, Any, T]
-"""A search step: yields requests for I/O, is sent their answers, returns ``T``."""
 Vec = list[float]
 Hits = list[NodeWithScore] | None
 """The question's own hits, when it was searched first."""
@@ -154,153 +163,6 @@ class Question:
         )
 
 
-# -- what a step asks the loop to do ---------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class QueryVector:
-    """The embedder's query vector of ``text``, answered by ``deadline``."""
-
-    text: str
-    deadline: Deadline | None
-
-
-@dataclass(frozen=True, slots=True)
-class TextVectors:
-    """The embedder's document vectors of ``texts``, answered by ``deadline``."""
-
-    texts: Sequence[str]
-    deadline: Deadline | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredVectors:
-    """The vectors of the documents of ``nodes`` (from the store, else embedded)."""
-
-    nodes: Sequence[NodeWithScore]
-    deadline: Deadline | None
-
-
-@dataclass(frozen=True, slots=True)
-class SearchQuestion:
-    """The question's own search: not bounded (a plain retriever would wait on it too)."""
-
-    bundle: QueryBundle
-
-
-@dataclass(frozen=True, slots=True)
-class SearchGenerated:
-    """A search with the generated text (or vectors), answered by ``deadline``."""
-
-    bundle: QueryBundle
-    deadline: Deadline | None
-
-
-@dataclass(frozen=True, slots=True)
-class Transform:
-    """The transform of ``question`` shown ``context``; ``beside`` is the question's
-    search started while it writes when a guard needs its hits (a failure of it ends
-    the wait), else None."""
-
-    question: Question
-    context: list[str] | None
-    beside: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """Run ``steps`` beside this one; answered with a handle for `Join` / `Cancel`."""
-
-    steps: Steps[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Join:
-    """What the steps run by `Start` returned (``handle``)."""
-
-    handle: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """Stop the steps run by `Start` if they are still running."""
-
-    handle: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Rerank:
-    """The reranker's answer for ``nodes`` and the question ``bundle`` by ``deadline``."""
-
-    nodes: list[NodeWithScore]
-    bundle: QueryBundle
-    deadline: Deadline | None
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """``exc`` as a failure to handle (`reliability.failure`: answered with the
-    ``Exception``), or thrown back when it must propagate (an interrupt, the running
-    task's cancellation), ``cancel`` (a `Start` handle or None) cancelled first."""
-
-    exc: BaseException
-    cancel: Any = None
-
-
-@dataclass(frozen=True)
-class SearchAll:
-    """The searches of one fan-out at once; answered with what each found or raised,
-    by index in ``specs``."""
-
-    specs: tuple[SearchSpec, ...]
-    bundles: list[QueryBundle | None]
-    """One query per search (None where the question's own hits are reused)."""
-    deadline: Deadline | None
-    """When the searches with the generated text must have answered (the question's
-    own are not bounded)."""
-    pending: Any
-    """The question's own search started while the LLM wrote (a `Start` handle,
-    joined with the others), or None."""
-    todo: list[int]
-    """The searches to run, by index in ``specs``."""
-    of_question: frozenset[int]
-    """Those of ``todo`` that search the question itself."""
-    outcomes: list[Any]
-    """What each search found (or raised); the question's hits in hand where nothing
-    is to run."""
-    in_place: int | None
-    """The one search to run when it is the only one (no question search pending): run
-    in place, with no thread and no task. None otherwise."""
-
-    @classmethod
-    def of(
-        cls,
-        step: plan.Fanout,
-        bundles: list[QueryBundle | None],
-        hits: Hits,
-        question: Question,
-        deadline: Deadline | None,
-        pending: Any,
-    ) -> SearchAll:
-        """The searches ``step`` runs (see the fields)."""
-        todo = step.todo()
-        of_question = frozenset(i for i in todo if plan.is_question(step.specs[i], question.text))
-        in_place = todo[0] if len(todo) == 1 and pending is None else None
-        outcomes: list[Any] = [hits] * len(step.specs)
-        return cls(step.specs, bundles, deadline, pending, todo, of_question, outcomes, in_place)
-
-    def bundle(self, i: int) -> QueryBundle:
-        """The query of search ``i`` (one in ``todo``: never reused hits)."""
-        bundle = self.bundles[i]
-        assert bundle is not None
-        return bundle
-
-    def joined(self, outcomes: list[Any], question: Any) -> None:
-        """Put the question's own hits (or what its search raised), searched while the
-        LLM wrote, in the place of every search that reuses them."""
-        for i, bundle in enumerate(self.bundles):
-            if bundle is None:
-                outcomes[i] = question
-
-
 # -- the steps -------------------------------------------------------------------------
 def search(r: Searcher, question: Question, transformed: TransformResult | None) -> Steps[Found]:
     """The nodes for ``question``, the transform that shaped them and the failed
@@ -322,7 +184,9 @@ def search(r: Searcher, question: Question, transformed: TransformResult | None)
     context = plan.context_for(guards, hits)
     beside = searching if guards.needs_question_hits else None
     try:
-        result = _reused(transformed) or (yield Transform(question, context, beside))
+        result = _reused(transformed) or (
+            yield Transform(question.text, question.given, context, beside)
+        )
     except BaseException:
         if searching is not None:
             yield Cancel(searching)
@@ -390,33 +254,36 @@ def carry_out(
     fails; the caller falls back); the models it calls answer by ``deadline``."""
     if isinstance(step, plan.Rerank):
         assert hits is not None
-        generated = yield TextVectors(step.passages, deadline)
-        head = yield StoredVectors(hits[:RERANK_CANDIDATES], deadline)
+        generated = yield from _embedder(r).embed_texts(step.passages, deadline)
+        head = yield from r.doc_vectors.read(hits[:RERANK_CANDIDATES], deadline)
         return reranked(hits, head, generated, step), []
     if isinstance(step, plan.Feedback):
         assert hits is not None
-        vectors = yield StoredVectors(hits[: step.k], deadline)
-        own = yield from question_vector(question, deadline)
+        vectors = yield from r.doc_vectors.read(hits[: step.k], deadline)
+        own = yield from question_vector(r, question, deadline)
         bundle = feedback_bundle(question.text, own, vectors, step)
         return unique_nodes((yield SearchGenerated(bundle, deadline))), []
     if isinstance(step, plan.Fanout):
         dense = yield from _vectors(r, step, question, deadline)
         bundles = _bundles(r, step, question, dense)
-        searches = SearchAll.of(step, bundles, hits, question, deadline, pending)
+        searches = _searches(step, bundles, hits, question, deadline, pending)
         lists, weights, errors = split(step.specs, (yield searches))
         return _combine(r, lists, weights), errors
     return unique_nodes(hits or []), []
 
 
-def question_vector(question: Question, deadline: Deadline | None = None) -> Steps[Vec]:
+def question_vector(
+    r: Searcher, question: Question, deadline: Deadline | None = None
+) -> Steps[Vec]:
     """The question's vector: the caller's embedding, else the mean of the query
     embeddings of its embedding strings (as LlamaIndex's retrievers aggregate them),
     the embedder answering by ``deadline``."""
     if question.embedding is not None:
         return question.embedding
+    embedder = _embedder(r)
     vectors = []
     for text in question.embedding_strs:
-        vectors.append((yield QueryVector(text, deadline)))
+        vectors.append((yield from embedder.embed_query(text, deadline)))
     return mean(vectors)
 
 
@@ -424,7 +291,7 @@ def question_bundle(r: Searcher, question: Question) -> Steps[QueryBundle]:
     """The question's own search, with our vector of it for a dense retriever (one
     that cannot be searched with is left to the retriever to embed)."""
     if question.embedding is None and _dense(r):
-        return question.bundle(searchable((yield from question_vector(question))))
+        return question.bundle(searchable((yield from question_vector(r, question))))
     return question.bundle()
 
 
@@ -464,8 +331,8 @@ def _gate_similarity(
 ) -> Steps[float]:
     """Cosine of the question's vector and the generated text's mean (the gate);
     `plan.UnusableVector` when a vector cannot be compared."""
-    generated = yield TextVectors(result.hypothetical, deadline)
-    return similarity((yield from question_vector(question, deadline)), generated)
+    generated = yield from _embedder(r).embed_texts(result.hypothetical, deadline)
+    return similarity((yield from question_vector(r, question, deadline)), generated)
 
 
 def _top_similarity(
@@ -475,8 +342,8 @@ def _top_similarity(
     relative gate's reference); None with no relative gate or no hit."""
     if r.transformer.guards.gate_relative is None or not hits:
         return None
-    top = yield StoredVectors(hits[:1], deadline)
-    return similarity((yield from question_vector(question, deadline)), top)
+    top = yield from r.doc_vectors.read(hits[:1], deadline)
+    return similarity((yield from question_vector(r, question, deadline)), top)
 
 
 def _vectors(
@@ -487,12 +354,12 @@ def _vectors(
     vectors: list[Dense | None] = []
     for spec, reused in zip(step.specs, step.reuse):
         wanted = not reused and _wants_vector(r, spec, question.text)
-        vectors.append((yield from _embedded(spec, question, deadline)) if wanted else None)
+        vectors.append((yield from _embedded(r, spec, question, deadline)) if wanted else None)
     return vectors
 
 
 def _embedded(
-    spec: SearchSpec, question: Question, deadline: Deadline | None
+    r: Searcher, spec: SearchSpec, question: Question, deadline: Deadline | None
 ) -> Steps[Dense | None]:
     """The question's query vector and the passages' document vectors for ``spec``
     (a sub-question of a chain is embedded as a query of its own), the embedder
@@ -501,7 +368,7 @@ def _embedded(
     fallback after a hung embedder does not wait on it again)."""
     if plan.is_question(spec, question.text):
         try:
-            return (yield from question_vector(question, deadline)), []
+            return (yield from question_vector(r, question, deadline)), []
         except BaseException as exc:
             error = yield Failed(exc)
         logger.warning(
@@ -511,14 +378,37 @@ def _embedded(
         return None
     asked = spec.query or question.text
     if asked == question.text:
-        own = yield from question_vector(question, deadline)
+        own = yield from question_vector(r, question, deadline)
     else:
-        own = yield QueryVector(asked, deadline)
-    passages = (yield TextVectors(spec.passages, deadline)) if spec.passages else []
+        own = yield from _embedder(r).embed_query(asked, deadline)
+    passages = []
+    if spec.passages:
+        passages = yield from _embedder(r).embed_texts(spec.passages, deadline)
     return own, passages
 
 
 # -- what the steps compute (no I/O) ---------------------------------------------------
+def _embedder(r: Searcher) -> Embedder:
+    assert r.embedder is not None  # the steps embed only when there is an embedder
+    return r.embedder
+
+
+def _searches(
+    step: plan.Fanout,
+    bundles: list[QueryBundle | None],
+    hits: Hits,
+    question: Question,
+    deadline: Deadline | None,
+    pending: Any,
+) -> SearchAll:
+    """The searches ``step`` runs (see `SearchAll`'s fields)."""
+    todo = step.todo()
+    of_question = frozenset(i for i in todo if plan.is_question(step.specs[i], question.text))
+    in_place = todo[0] if len(todo) == 1 and pending is None else None
+    outcomes: list[Any] = [hits] * len(step.specs)
+    return SearchAll(step.specs, bundles, deadline, pending, todo, of_question, outcomes, in_place)
+
+
 def method_of(transformer: QueryTransformer) -> str:
     """The name a result of ``transformer`` carries."""
     return transformer.method or type(transformer).__name__
