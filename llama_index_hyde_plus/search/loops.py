@@ -177,7 +177,8 @@ class Blocking:
     """The sync loop: blocking calls, the fan-out on worker threads."""
 
     def __init__(self, r: Searcher | None = None) -> None:
-        self._r = r
+        # a loop for models alone (r None) is asked of models only
+        self.r: Searcher = r  # type: ignore[assignment]
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -214,11 +215,6 @@ class Blocking:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)
-
-    @property
-    def r(self) -> Searcher:
-        assert self._r is not None  # a loop for models alone is asked of models only
-        return self._r
 
     def _embed(self, op: ask.Embed) -> Any:
         call = partial(getattr(op.model, _SYNC_EMBED[op.kind]), op.texts)
@@ -314,12 +310,8 @@ class Async:
     """The async loop: awaits, tasks and ``gather``; blocking calls on worker threads."""
 
     def __init__(self, r: Searcher | None = None) -> None:
-        self._r = r
-
-    @property
-    def r(self) -> Searcher:
-        assert self._r is not None  # a loop for models alone is asked of models only
-        return self._r
+        # a loop for models alone (r None) is asked of models only
+        self.r: Searcher = r  # type: ignore[assignment]
 
     async def run(self, todo: Steps[T]) -> T:
         """Carry out ``todo`` to its end; what it returns (or raises)."""

@@ -182,7 +182,7 @@ def search(r: Searcher, question: Question, transformed: TransformResult | None)
     if plan.overlaps(guards, r.transformer.searches_question):
         searching = yield Start(question_hits(r, question))
     context = plan.context_for(guards, hits)
-    beside = searching if guards.needs_question_hits else None
+    beside = searching if searching is not None and guards.needs_question_hits else None
     try:
         result = _reused(transformed) or (
             yield Transform(question.text, question.given, context, beside)
@@ -193,19 +193,24 @@ def search(r: Searcher, question: Question, transformed: TransformResult | None)
         raise
     overlapped = (yield Join(searching)) if beside is not None else None
     hits, pending = _after_overlap(hits, searching, overlapped, guards)
-    result, nodes, errors = yield from _expanded(r, question, result, hits, pending)
-    nodes = yield from reranked_or_kept(r, nodes, question)
+    result, nodes, errors = yield from _expanded(r, question, result, guards, hits, pending)
+    if r.reranker is not None:
+        nodes = yield from reranked_or_kept(r, nodes, question)
     return nodes, result, errors
 
 
 def _expanded(
-    r: Searcher, question: Question, result: TransformResult, hits: Hits, pending: Any
+    r: Searcher,
+    question: Question,
+    result: TransformResult,
+    guards: Guards,
+    hits: Hits,
+    pending: Any,
 ) -> Steps[tuple[TransformResult, list[NodeWithScore], list[str]]]:
     """The gate, then the planned step: ``(result, nodes, errors)``. Whatever fails or
     overruns ``model_timeout`` after the LLM (the gate, embedding the generated text,
     searching with it, fusing) falls back to the question's own search (`fell_back`);
     a failure of the question's own search is raised."""
-    guards = r.transformer.guards
     step: plan.Step | None = None
     deadline = Deadline.start(r.model_timeout)  # for the models after the LLM
     try:
@@ -214,7 +219,7 @@ def _expanded(
             similarity = yield from _gate_similarity(r, question, result, deadline)
             top = yield from _top_similarity(r, question, hits, deadline)
             expanded = plan.gate_verdict(result, guards, similarity, top)
-        step = planned(r, expanded, hits)
+        step = planned(r, expanded, guards, hits)
         nodes, errors = yield from carry_out(r, step, question, hits, pending, deadline)
         return expanded, nodes, errors
     except BaseException as exc:
@@ -227,15 +232,14 @@ def _expanded(
                 yield Cancel(pending)
             raise
     result = fell_back(result, error)
-    step = planned(r, result, hits)
+    step = planned(r, result, guards, hits)
     nodes, errors = yield from carry_out(r, step, question, hits, pending, deadline)
     return result, nodes, errors
 
 
-def planned(r: Searcher, result: TransformResult, hits: Hits) -> plan.Step:
+def planned(r: Searcher, result: TransformResult, guards: Guards, hits: Hits) -> plan.Step:
     """`plan.plan` for ``result``, warning once about a guard dropped for want of an
     embedding model."""
-    guards = r.transformer.guards
     decided = plan.plan(result, guards, hits, have_embedder=r.embedder is not None)
     if decided.missing_embedder:
         r._have_embedder(decided.missing_embedder)
@@ -264,7 +268,9 @@ def carry_out(
         bundle = feedback_bundle(question.text, own, vectors, step)
         return unique_nodes((yield SearchGenerated(bundle, deadline))), []
     if isinstance(step, plan.Fanout):
-        dense = yield from _vectors(r, step, question, deadline)
+        dense: list[Dense | None] = [None] * len(step.specs)
+        if _dense(r):
+            dense = yield from _vectors(r, step, question, deadline)
         bundles = _bundles(r, step, question, dense)
         searches = _searches(step, bundles, hits, question, deadline, pending)
         lists, weights, errors = split(step.specs, (yield searches))
