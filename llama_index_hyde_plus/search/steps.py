@@ -3,11 +3,12 @@
 `TransformRetriever.search` and ``asearch`` run the same generator, `search`; they
 differ only in the loop that carries out what it yields (`loops.Blocking`: calls in
 this thread and worker threads; `loops.Async`: awaits and tasks). A step never embeds,
-searches, calls a model nor waits: it yields a request (`QueryVector`, `TextVectors`,
-`StoredVectors`, `SearchQuestion`, `SearchGenerated`, `SearchAll`, `Transform`,
-`Rerank`, `Start` / `Join` / `Cancel` for the question's search while the LLM writes,
-`Failed` to ask whether an exception is a failure or must propagate) and is sent the
-answer, or has what the call raised thrown in at the ``yield``.
+searches, calls a model nor waits: it yields a request (`requests`: `Embed` and
+`ReadStore` from the steps of `vectors`, `SearchQuestion`, `SearchGenerated`,
+`SearchAll`, `Transform`, `Rerank`, `Start` / `Join` / `Cancel` for the question's
+search while the LLM writes, `Failed` to ask whether an exception is a failure or
+must propagate) and is sent the answer, or has what the call raised thrown in at the
+``yield``.
 
 Why a driver and not an async source with a generated sync twin (unasync): the two
 paths do not differ by ``await`` alone. The sync path runs the question's search on a
