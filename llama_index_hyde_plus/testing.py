@@ -30,7 +30,7 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field, PrivateAttr
 
-from .calls.llm import CANCEL_EVENT
+from .calls.door import CANCEL_EVENT
 from .echo import echo_reply
 
 __all__ = [

@@ -20,10 +20,11 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.storage.kvstore import SimpleKVStore
 from pydantic import Field
 
-from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever, _workers
+from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
 from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls import timeouts
+from llama_index_hyde_plus.calls import workers as _workers
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
-from llama_index_hyde_plus.transforms import llm_base
 
 Q = "Why did revenue drop?"
 
@@ -140,7 +141,7 @@ class _BlockingStore(SimpleKVStore):
 
 @pytest.fixture
 def blocking_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStoreCache]:
-    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.2, raising=False)
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 0.2)
     _RELEASE.clear()
     yield KVStoreCache(_BlockingStore())
     _RELEASE.set()
@@ -190,7 +191,7 @@ def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
 ) -> None:
     transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
     _within(60, lambda: [transform.transform(f"{Q} {i}") for i in range(40)])  # 40 overrun
-    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 60.0, raising=False)
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 60.0)
     result = _within(10, lambda: transform.transform(Q + " once more"))  # not 2 x 60 s
     assert result.hypothetical == ("a passage",) and not result.cached
 
@@ -228,11 +229,11 @@ async def test_a_working_kv_cache_still_serves_hits_through_its_threads(use_asyn
 def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """At most 4 worker threads in the process (the cap is `MAX_THREADS`), and an
     event that ends the hung calls."""
-    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(4), raising=False)
+    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(4))
     # a line of its own: calls of earlier tests still running (healthy, within their
     # time) would otherwise count among the holders, and a cap is refused at once only
     # when every holder overran
-    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine(), raising=False)
+    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine())
     release = threading.Event()
     yield release
     release.set()

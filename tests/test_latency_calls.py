@@ -9,7 +9,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.llms.callbacks import llm_completion_callback
 from pydantic import Field
 
-from llama_index_hyde_plus import _llm
+from llama_index_hyde_plus.calls import llm as _llm
 from llama_index_hyde_plus.calls.workers import DaemonWorkers, Signal
 from llama_index_hyde_plus.testing import ScriptedLLM
 

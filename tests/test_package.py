@@ -145,7 +145,9 @@ def test_sync_and_async_search_execute_the_same_plan() -> None:
 
 
 def test_the_retriever_names_no_transform() -> None:
-    text = (PACKAGE / "search" / "retriever.py").read_text() + (PACKAGE / "search" / "plan.py").read_text()
+    text = (PACKAGE / "search" / "retriever.py").read_text() + (
+        PACKAGE / "search" / "plan.py"
+    ).read_text()
     for name in ("HyDE", "Rocchio", "MultiQuery", "StepBack", "Decompose", "Rewrite"):
         assert f"import {name}" not in text and f" {name}(" not in text, name
 

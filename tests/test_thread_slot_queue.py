@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llama_index_hyde_plus import _workers
+from llama_index_hyde_plus.calls import workers as _workers
 
 
 def test_a_long_line_for_slots_behind_a_full_pool_never_deepens_the_stack(

@@ -27,10 +27,10 @@ from llama_index.core.settings import Settings
 
 from .._attrs import overrides
 from .._checks import check_int, is_int, is_number
-from ..calls.bounded import Deadline, arun_within, await_within, run_all_within, run_within
-from ..calls.llm import WORKERS
+from ..calls import door
+from ..calls.door import Deadline, await_within
 from ..calls.reliability import describe, failure
-from ..calls.workers import DaemonWorkers
+from ..calls.timeouts import MODEL_TIMEOUT_S
 from ..provenance import summary, tag_nodes
 from ..transforms.base import (
     Guards,
@@ -482,7 +482,7 @@ class TransformRetriever(BaseRetriever):
         embed_model: BaseEmbedding | Embedder | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
-        model_timeout: float | None = 30.0,
+        model_timeout: float | None = MODEL_TIMEOUT_S,
     ) -> None:
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(
@@ -883,28 +883,11 @@ class TransformRetriever(BaseRetriever):
 
     async def _asearch_bundle(self, bundle: QueryBundle) -> list[NodeWithScore]:
         """A search on the async path: a native async retriever awaited, a blocking
-        one unbounded on `_question_pool` (never the event loop's default executor)."""
+        one unbounded on its own threads (`door`, ``kind="search"``)."""
         if overrides(self.retriever, "_aretrieve", BaseRetriever):
             return list(await self.retriever.aretrieve(bundle))
         call = partial(self.retriever.retrieve, bundle)
-        return list(await arun_within(self._question_pool(), call, None, _SEARCH))
-
-    def _question_pool(self) -> DaemonWorkers:
-        """The worker threads a blocking retriever's unbounded searches run on in async
-        code (the question's own, and any with no ``model_timeout``): the wrapped
-        retriever object's own, apart from `_search_pool`, so hung searches with the
-        generated text never hold the question's, hung searches of one retriever never
-        hold another's (even of its class), and the app's jobs on the loop's default
-        executor never hold either. Its calls take a slot of the process's cap for
-        unbounded searches (`MAX_SEARCH_THREADS`), not of the LLM calls' one: they are
-        never overrun (unbounded, as a plain retriever's), so hung ones must not make
-        other providers' LLM calls wait, and retrievers built per request whose
-        searches hang never grow the process past that cap. Each hung search holds a
-        thread until it returns."""
-        kind = type(self.retriever)
-        name = f"{kind.__module__}.{kind.__qualname__}"
-        key = ("question search", name, f"id={id(self.retriever)}")
-        return WORKERS.for_key(key, cap="search")
+        return list(await door.arun(call, on=self.retriever, kind="search", what=_SEARCH))
 
     def _similarity(
         self, question: Question, result: TransformResult, deadline: Deadline | None
@@ -1066,7 +1049,7 @@ class TransformRetriever(BaseRetriever):
 
     def _run_sync(self, fan: _Fanout) -> Found:
         """The searches of ``fan`` at once. Those of the generated text run on the
-        retriever's own worker threads (`_search_pool`), ``max_concurrency`` at a time,
+        retriever's own worker threads (`door`), ``max_concurrency`` at a time,
         until ``fan.deadline`` (one that overruns fails, as one that raises does); the
         question's own search is not bounded (the user's own: a plain retriever would
         wait on it too) and runs on the fan-out's threads; a lone search runs here."""
@@ -1085,7 +1068,14 @@ class TransformRetriever(BaseRetriever):
             generated = [i for i in fan.todo if i not in fan.own]
             calls = [partial(run, fan.bundle(i)) for i in generated]
             at_once = self.max_concurrency - len(fan.own) - (fan.pending is not None)
-            found = run_all_within(self._search_pool(), calls, fan.deadline, _SEARCH, at_once)
+            found = door.run_all(
+                calls,
+                on=self.retriever,
+                kind="store",
+                deadline=fan.deadline,
+                what=_SEARCH,
+                at_once=at_once,
+            )
             outcomes = _placed(outcomes, generated, found)
             for i, future in futures.items():
                 try:
@@ -1103,33 +1093,27 @@ class TransformRetriever(BaseRetriever):
             return self.retriever.retrieve(fan.bundle(i))
         return self._search_generated(fan.bundle(i), fan.deadline)
 
-    def _search_pool(self) -> DaemonWorkers:
-        """The worker threads the searches with the generated text run on: the wrapped
-        retriever's own (`_llm.WORKERS`, per retriever object, 32 at most), never the
-        question's nor the event loop's; once they all hold overrun searches, a search
-        with the generated text fails at once and the question's hits are used."""
-        return WORKERS.for_cache(self.retriever)
-
     def _search_generated(self, bundle: QueryBundle, deadline: Deadline | None) -> Any:
         """A search with the generated text (or vectors), bounded by ``deadline`` on
-        `_search_pool` (`ModelTimeoutError` once it passes; None: in this thread), or
+        the retriever's threads (`ModelTimeoutError` once it passes; None: in this thread), or
         in this thread when the search only computes (`searches_in_process`)."""
         if deadline is not None and searches_in_process(self.retriever, bundle):
             deadline = None
-        return run_within(
-            self._search_pool(), partial(self._search_bundle, bundle), deadline, _SEARCH
-        )
+        call = partial(self._search_bundle, bundle)
+        return door.run(call, on=self.retriever, kind="store", deadline=deadline, what=_SEARCH)
 
     async def _asearch_generated(self, bundle: QueryBundle, deadline: Deadline | None) -> Any:
         """`_search_generated` on the async path: a native async retriever cancelled at
         ``deadline`` (awaited in this task when `searches_in_process`), a blocking one
-        on `_search_pool` (never the loop's executor)."""
+        on the retriever's threads (never the loop's executor)."""
         if overrides(self.retriever, "_aretrieve", BaseRetriever):
             if deadline is not None and searches_in_process(self.retriever, bundle):
                 deadline = None  # awaited in this task: no task of its own to bound
             return await await_within(self._asearch_bundle(bundle), deadline, _SEARCH)
         call = partial(self._search_bundle, bundle)
-        return await arun_within(self._search_pool(), call, deadline, _SEARCH)
+        return await door.arun(
+            call, on=self.retriever, kind="store", deadline=deadline, what=_SEARCH
+        )
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         """Worker threads for the sync fan-out, created once and reused (idle threads
@@ -1236,19 +1220,12 @@ class TransformRetriever(BaseRetriever):
         deadline = Deadline.start(self.model_timeout)  # its own: whatever came before
         given = _copy(nodes)  # what it scores; one that overran goes on with these alone
         try:
-            out = run_within(
-                self._rerank_pool(), self._rerank_call(given, question), deadline, _RERANKER
-            )
+            call = self._rerank_call(given, question)
+            out = door.run(call, on=self.reranker, deadline=deadline, what=_RERANKER)
             return _rerank_output(out)
         except BaseException as exc:
             self._rerank_failed(failure(exc))
             return nodes
-
-    def _rerank_pool(self) -> DaemonWorkers:
-        """The blocking reranker's worker threads (`_llm.WORKERS`, keyed by its class):
-        one that hangs holds only those, never the fan-out's threads or the event loop's
-        executor, and once they all hold overrun calls it is skipped at once."""
-        return WORKERS.for_llm(self.reranker)
 
     def _rerank_call(
         self, nodes: list[NodeWithScore], question: Question
@@ -1269,7 +1246,8 @@ class TransformRetriever(BaseRetriever):
                 coro = self.reranker.apostprocess_nodes(given, query_bundle=question.bundle())
                 return _rerank_output(await await_within(coro, deadline, _RERANKER))
             call = self._rerank_call(given, question)
-            return _rerank_output(await arun_within(self._rerank_pool(), call, deadline, _RERANKER))
+            out = await door.arun(call, on=self.reranker, deadline=deadline, what=_RERANKER)
+            return _rerank_output(out)
         except BaseException as exc:
             self._rerank_failed(failure(exc, in_task=True))
             return nodes

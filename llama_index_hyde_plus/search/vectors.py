@@ -26,9 +26,8 @@ from llama_index.core.schema import NodeWithScore
 
 from .._attrs import overrides
 from ..caching.cache import BoundedLRU, LRUHolder
-from ..calls.bounded import Deadline, arun_within, await_within, run_within
-from ..calls.llm import WORKERS
-from ..calls.workers import DaemonWorkers
+from ..calls import door
+from ..calls.door import Deadline, await_within
 from ..stores.row_keys import key_filter, row_key
 
 logger = logging.getLogger(__name__)
@@ -131,7 +130,7 @@ class Embedder:
 
         Args:
             text: the question.
-            deadline: when to stop waiting for the model (`_bounded.run_within`: on its
+            deadline: when to stop waiting for the model (`door.run`: on its
                 own worker threads, `ModelTimeoutError` once it passes); None: called
                 in this thread, unbounded.
         """
@@ -219,15 +218,11 @@ class Embedder:
 
     def _call(self, deadline: Deadline | None, method: Callable[[T], R], arg: T) -> R:
         """``method(arg)`` of the model, bounded by ``deadline`` on its worker threads."""
-        return run_within(self.pool(), partial(method, arg), deadline, _WHAT)
+        return door.run(partial(method, arg), on=self.model, deadline=deadline, what=_WHAT)
 
     async def _acall(self, deadline: Deadline | None, method: Callable[[T], R], arg: T) -> R:
-        return await arun_within(self.pool(), partial(method, arg), deadline, _WHAT)
-
-    def pool(self) -> DaemonWorkers:
-        """The model's own worker threads (one pool per provider: its class, model and
-        endpoint), so a hung embedder holds only those."""
-        return WORKERS.for_llm(self.model)
+        call = partial(method, arg)
+        return await door.arun(call, on=self.model, deadline=deadline, what=_WHAT)
 
     def _cached_texts(self, texts: Sequence[str]) -> dict[str, Vec | None]:
         """Each distinct text's cached vector, None where there is none."""
@@ -309,8 +304,8 @@ class DocVectors:
             return [found[n.node.node_id] for n in nodes]
         kind, store = self._store()
         if kind == "milvus":  # remote: it may hang
-            pool = WORKERS.for_cache(store)
-            fetched = run_within(pool, partial(self._from_store, missing), deadline, _STORE)
+            call = partial(self._from_store, missing)
+            fetched = door.run(call, on=store, kind="store", deadline=deadline, what=_STORE)
         else:
             fetched = self._from_store(missing)
         missing = [n for n in missing if n.node.node_id not in fetched]
@@ -331,8 +326,8 @@ class DocVectors:
         kind, store = self._store()
         fetched: dict[str, Vec] = {}
         if kind in ("faiss", "milvus"):
-            pool = WORKERS.for_cache(store)
-            fetched = await arun_within(pool, partial(self._from_store, missing), deadline, _STORE)
+            call = partial(self._from_store, missing)
+            fetched = await door.arun(call, on=store, kind="store", deadline=deadline, what=_STORE)
         missing = [n for n in missing if n.node.node_id not in fetched]
         if missing:
             texts = self._texts_of(missing)
