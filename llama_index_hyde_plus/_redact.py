@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 
 #: Options whose value is a secret, wherever a command line is recorded.
-SECRET_OPTIONS = ("--token", "--milvus-token", "--api-key")
+SECRET_OPTIONS = ("--token", "--milvus-token", "--api-key", "--llm-key")
 REDACTED = "***"
 
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]+@")

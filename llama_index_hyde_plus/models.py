@@ -16,7 +16,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
 from ._keys import require_openai_key
-from ._model_spec import LLM_KEY_ENV, LLM_MODEL_ENV, read_llm_spec
+from ._model_spec import LLM_MODEL_ENV, check_server_options, read_llm_spec
 from ._redact import redact_uri
 
 DEFAULT_OPENAI_LLM = "gpt-4o-mini"
@@ -78,15 +78,20 @@ def resolve_llm(
     max_tokens: int | None = None,
     seed: int | None = None,
     parallel: int | None = None,
+    server_model: str | None = None,
+    server_key: str | None = None,
 ) -> LLM:
-    """The LLM named by ``spec``: ``auto``, ``local``, ``openai[:MODEL]``, or
-    ``scripted[:DELAY_MS]`` (`echo.EchoLLM`, for load tests and demos of the plumbing).
+    """The LLM named by ``spec`` (`_model_spec`), or ``scripted[:DELAY_MS]``
+    (`echo.EchoLLM`, for load tests and demos of the plumbing). ``server_model`` and
+    ``server_key`` (``--llm-model``, ``--llm-key``) name a server's model and key, over
+    the environment (`_model_spec.check_server_options`).
 
     ``temperature`` and ``max_tokens`` are the model's defaults; ``seed`` (sampling)
     and ``parallel`` (requests decoded together, capped at 8) apply to the local LLM,
     whose llama.cpp threads come from ``HYDE_PLUS_LLM_THREADS``. ``None`` keeps each
     model's own default."""
     head = spec.strip().lower()
+    server = check_server_options(spec, server_model, server_key)
     if head == "scripted" or head.startswith("scripted:"):
         return _scripted(spec)
     if parallel is not None and parallel < 1:
@@ -102,8 +107,15 @@ def resolve_llm(
         # LlamaIndex's (12 requests for one call) hid an HTTP 500 behind the timeout
         return OpenAI(model=choice.value or DEFAULT_OPENAI_LLM, max_retries=0, **kwargs)
     if choice.kind == "server":
-        assert choice.value is not None
-        return _server_llm(choice.value, temperature=temperature, max_tokens=max_tokens, seed=seed)
+        assert choice.value is not None and server is not None
+        return _server_llm(
+            choice.value,
+            model=server.model,
+            key=server.key,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+        )
     require_extra("local", ("xllamacpp",), "the local LLM")
     from .local import local_llm
 
@@ -141,28 +153,32 @@ def server_models(base_url: str, api_key: str | None = None) -> list[str]:
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
         raise ValueError(
             f"--llm {redact_uri(base_url)}: could not list the server's models "
-            f"({type(exc).__name__}: {exc}); is it running? Name the model in {LLM_MODEL_ENV}"
+            f"({type(exc).__name__}: {exc}); is it running? Name the model with --llm-model "
+            f"or {LLM_MODEL_ENV}"
         ) from None
 
 
 def _server_llm(
-    base_url: str, *, temperature: float | None, max_tokens: int | None, seed: int | None
+    base_url: str,
+    *,
+    model: str | None,
+    key: str | None,
+    temperature: float | None,
+    max_tokens: int | None,
+    seed: int | None,
 ) -> LLM:
-    """An OpenAI-compatible server's model through LlamaIndex's ``OpenAILike``: the
-    model in `LLM_MODEL_ENV`, else the server's first; the key in `LLM_KEY_ENV`, else
-    a placeholder (the client requires one; a local server reads none). The OpenAI key
-    is never sent: the server may be anyone's."""
+    """An OpenAI-compatible server's ``model`` through LlamaIndex's ``OpenAILike``, else
+    the server's first; ``key``, else a placeholder (the client requires one; a local
+    server reads none). The OpenAI key is never sent: the server may be anyone's."""
     require_extra("cli", ("llama_index.llms.openai_like",), "an OpenAI-compatible server")
     from llama_index.llms.openai_like import OpenAILike
 
-    key = os.environ.get(LLM_KEY_ENV, "").strip() or None
-    model = os.environ.get(LLM_MODEL_ENV, "").strip()
     if not model:
         listed = server_models(base_url, key)
         if not listed:
             raise ValueError(
-                f"--llm {redact_uri(base_url)}: the server lists no model; name one in "
-                f"{LLM_MODEL_ENV}"
+                f"--llm {redact_uri(base_url)}: the server lists no model; name one with "
+                f"--llm-model or {LLM_MODEL_ENV}"
             )
         model = listed[0]
     return OpenAILike(

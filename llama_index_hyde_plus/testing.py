@@ -27,6 +27,7 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field, PrivateAttr
 
@@ -39,6 +40,7 @@ __all__ = [
     "ScriptedLLM",
     "StaticRetriever",
     "SyncCallError",
+    "agent_llm",
     "echo_llm",
 ]
 
@@ -218,6 +220,38 @@ def echo_llm(delay: float = 0.0, **kwargs: Any) -> ScriptedLLM:
     for load tests."""
     kwargs.setdefault("record", False)
     return ScriptedLLM(respond=echo_reply, delay=delay, **kwargs)
+
+
+def agent_llm() -> FunctionCallingLLM:
+    """A function-calling LLM for agent tests (LlamaIndex's `MockFunctionCallingLLM`,
+    scripted): to a user message it calls each tool it is given once, with the message
+    as the tool's first required argument; once the tools have answered, it replies
+    with the last tool result. Given no tools, it repeats the last message."""
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+    from llama_index.core.llms.mock import MockFunctionCallingLLM
+
+    def respond(messages: Sequence[ChatMessage], **kwargs: Any) -> ChatMessage:
+        users = [i for i, m in enumerate(messages) if m.role == MessageRole.USER]
+        turn = messages[users[-1] :] if users else list(messages)
+        answered = [m for m in turn if m.role == MessageRole.TOOL]
+        if answered or not kwargs.get("tools"):
+            last = (answered or turn or [ChatMessage(content="")])[-1]
+            return ChatMessage(role=MessageRole.ASSISTANT, content=last.content or "")
+        question = turn[0].content or ""
+        calls = []
+        for n, tool in enumerate(kwargs["tools"]):
+            schema = tool.metadata.fn_schema
+            required = [k for k, f in schema.model_fields.items() if f.is_required()]
+            calls.append(
+                ToolCallBlock(
+                    tool_call_id=f"call-{len(users)}-{n}",
+                    tool_name=tool.metadata.name or "",
+                    tool_kwargs={required[0]: question} if required else {},
+                )
+            )
+        return ChatMessage(role=MessageRole.ASSISTANT, blocks=list(calls))
+
+    return MockFunctionCallingLLM(response_generator=respond, is_chat_model=True)
 
 
 _WORD = re.compile(r"[a-z0-9]+")

@@ -193,7 +193,7 @@ class LoopTicks:
 SLOW_MODULES = frozenset(
     {
         "test_cli",  # the CLI end to end, with the local embedder
-        "test_cli_fast",  # one subprocess per argument error
+        "test_cli_fast",  # fresh interpreters for --help and argument errors
         "test_cli_tune",
         "test_cli_usability",
         "test_docs_examples",  # every documentation page's code

@@ -35,7 +35,7 @@ from llama_index_hyde_plus.search.vectors import DocVectors, Embedder
 from llama_index_hyde_plus.stores.row_keys import key_of
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import TransformResult
-from llama_index_hyde_plus.transforms.registry import BUILTINS
+from llama_index_hyde_plus.transforms.registry import BUILTINS, Entry
 
 Q = "Why did revenue drop?"
 MiB = 1 << 20
@@ -271,27 +271,33 @@ async def test_a_query_trimmed_for_a_small_limit_is_not_served_to_a_larger_one(
     assert not full.cached and long in full.queries
 
 
-def _generation_options(cls: type) -> set[str]:
+def _generation_options(entry: Entry) -> set[str]:
     from llama_index_hyde_plus.transforms.llm_base import NOT_GENERATION_OPTIONS
 
-    return set(cls.option_names()) - NOT_GENERATION_OPTIONS - cls.SEARCH_OPTIONS
+    search = entry.cls.SEARCH_OPTIONS  # type: ignore[attr-defined]
+    return set(entry.option_names()) - NOT_GENERATION_OPTIONS - search
 
 
-@pytest.mark.parametrize("cls", [c for c in BUILTINS if c.uses_llm])
-def test_every_option_but_the_declared_search_ones_is_in_the_key(cls: type) -> None:
+LLM_ENTRIES = [e for e in BUILTINS if e.uses_llm]
+
+
+@pytest.mark.parametrize("entry", LLM_ENTRIES, ids=[e.method for e in LLM_ENTRIES])
+def test_every_option_but_the_declared_search_ones_is_in_the_key(entry: Entry) -> None:
+    cls: Any = entry.cls
     params = cls(ScriptedLLM())._params()
-    assert _generation_options(cls) <= set(params)
+    assert _generation_options(entry) == set(params) - {"parse_excludes_query"}
     assert not (cls.SEARCH_OPTIONS & set(params))
-    assert set(cls.option_names()) >= cls.SEARCH_OPTIONS
+    assert set(entry.option_names()) >= cls.SEARCH_OPTIONS
     json.dumps(params)  # JSON only: no repr of an object in the key
 
 
-@pytest.mark.parametrize("cls", [c for c in BUILTINS if c.uses_llm])
-def test_the_tune_grid_sweeps_only_search_options(cls: type) -> None:
+@pytest.mark.parametrize("entry", LLM_ENTRIES, ids=[e.method for e in LLM_ENTRIES])
+def test_the_tune_grid_sweeps_only_search_options(entry: Entry) -> None:
     # a sweep reuses one generation per question only if its options are not in the key
-    swept = {name for config in cls.tune_grid() for name in config}
+    cls: Any = entry.cls
+    swept = {name for config in entry.grid for name in config}
     assert swept <= cls.SEARCH_OPTIONS
-    keys = {cls(ScriptedLLM(), **config).cache_key_for(Q) for config in cls.tune_grid()}
+    keys = {cls(ScriptedLLM(), **config).cache_key_for(Q) for config in entry.grid}
     assert len(keys) == 1
 
 

@@ -1,7 +1,8 @@
 """The cache key holds what is sent to the model: a formatter reading a 20,000-entry
 table is keyed by what it renders without reading the table into every key (no stall
 of the event loop per query); a formatter reading a file is keyed by what it renders,
-so a changed file is a miss, never a stale hit."""
+so a changed file is a miss, never a stale hit; a bound built-in formatter and a
+prompt's function mappings are keyed by what they render."""
 
 from __future__ import annotations
 
@@ -245,3 +246,52 @@ def test_a_setting_changed_on_the_same_llm_changes_the_key_of_the_same_transform
     assert len({first, hot, capped, nucleus}) == 4
     llm.temperature, llm.max_tokens, llm.additional_kwargs["top_p"] = 0.0, None, 0.5
     assert hyde.cache_key_for(Q) == first
+
+
+def _key(respond: Callable[[str], str], **fields: Any) -> str:
+    transform = HyDE(llm=ScriptedLLM(respond=respond, **fields), cache=MemoryCache())
+    return transform.cache_key_for(Q)
+
+
+# -- a prompt formatter is keyed by what it renders ---------------------------------
+def test_bound_builtin_prompt_functions_of_the_llm_are_keyed_by_what_they_render() -> None:
+    def key(**fields: Any) -> str:
+        return _key(lambda p: "x", **fields)
+
+    assert key(completion_to_prompt="EN {}".format) != key(completion_to_prompt="FR {}".format)
+    assert key(messages_to_prompt="EN {}".format) != key(messages_to_prompt="FR {}".format)
+    assert key(completion_to_prompt="EN {}".format) == key(completion_to_prompt="EN {}".format)
+
+
+# -- a prompt's function mappings are in the key ------------------------------------
+def _mapped(language: str) -> PromptTemplate:
+    def render(**kwargs: Any) -> str:
+        return f"in {language}: {kwargs['query']}"
+
+    return PromptTemplate("Q: {query}", function_mappings={"query": render})
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_prompts_with_other_function_mappings_never_share_a_generation(
+    use_async: bool,
+) -> None:
+    cache = MemoryCache()
+    results = []
+    for language in ("English", "French"):
+        llm = ScriptedLLM(respond=lambda p: "reply to " + p)
+        transform = HyDE(llm=llm, prompt=_mapped(language), cache=cache)
+        result = await transform.atransform(Q) if use_async else transform.transform(Q)
+        results.append((result, llm))
+    assert not results[1][0].cached and len(results[1][1].prompts) == 1
+    assert "French" in results[1][0].hypothetical[0]
+
+
+def test_a_plain_prompt_keeps_its_key_and_equal_mappings_share_one() -> None:
+    plain = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), cache=MemoryCache())
+    same = HyDE(
+        llm=ScriptedLLM(respond=lambda p: "x"), prompt=plain.prompt.get_template(), cache=None
+    )
+    assert plain.cache_key_for(Q) == same.cache_key_for(Q)
+    one = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), prompt=_mapped("English"))
+    two = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), prompt=_mapped("English"))
+    assert one.cache_key_for(Q) == two.cache_key_for(Q) != plain.cache_key_for(Q)

@@ -1,5 +1,6 @@
-"""A hung cache store costs one bound per search, and a cache turned off by a setting it
-cannot key says so."""
+"""A hung cache store costs one bound per search and never hangs a sync or an async
+search, its threads are its own (another cache of its class still serves hits), and a
+cache turned off by a setting it cannot key says so."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from llama_index.core.storage.kvstore import SimpleKVStore
 
-from llama_index_hyde_plus import HyDE, MemoryCache
+from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
 from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
 from llama_index_hyde_plus.calls import door, timeouts
-from llama_index_hyde_plus.testing import ScriptedLLM
+from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
+
+from .conftest import Q, sync_within
 
 
 class _HungKV(SimpleKVStore):
@@ -165,3 +169,77 @@ async def test_a_cached_transform_never_waits_on_the_loops_default_executor() ->
     finally:
         busy.set()
         app_pool.shutdown(wait=False)
+
+
+# -- a blocking cache store never hangs a search -----------------------------------
+_RELEASE = threading.Event()
+
+
+class _BlockingStore(SimpleKVStore):
+    """A KV store whose every read and write blocks (a stopped Redis with no socket
+    timeout) until the test ends."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        _RELEASE.wait(120)
+
+    def put(self, *args: Any, **kwargs: Any) -> None:
+        _RELEASE.wait(120)
+
+
+@pytest.fixture
+def blocking_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStoreCache]:
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 0.2)
+    _RELEASE.clear()
+    yield KVStoreCache(_BlockingStore())
+    _RELEASE.set()
+
+
+def _blocked_retriever(cache: KVStoreCache) -> TransformRetriever:
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=cache, timeout=5)
+    return TransformRetriever(StaticRetriever({"a": "x"}, default=["a"]), transform)
+
+
+def test_a_blocking_cache_store_never_hangs_a_sync_search(blocking_cache: KVStoreCache) -> None:
+    retriever = _blocked_retriever(blocking_cache)
+    result = sync_within(lambda: retriever.search(Q), 20)[0]
+    assert [n.node.node_id for n in result.nodes] == ["a"]
+    assert result.transform.hypothetical == ("a passage",)  # generated, not cached
+
+
+def test_a_blocking_cache_store_never_hangs_an_async_search_nor_its_loop(
+    blocking_cache: KVStoreCache,
+) -> None:
+    retriever = _blocked_retriever(blocking_cache)
+
+    async def main() -> tuple[Any, int]:
+        results = await asyncio.gather(*(retriever.asearch(f"{Q} {i}") for i in range(8)))
+        # the loop's default executor is free: the app's own to_thread work still runs
+        free = await asyncio.wait_for(asyncio.to_thread(lambda: 1), 5)
+        return results, free
+
+    results, free = sync_within(lambda: asyncio.run(main()), 30)[0]  # asyncio.run exits too
+    assert free == 1
+    assert all(r.transform.hypothetical == ("a passage",) for r in results)
+
+
+def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
+    blocking_cache: KVStoreCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
+    sync_within(lambda: [transform.transform(f"{Q} {i}") for i in range(40)], 60)  # 40 overrun
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 60.0)
+    result = sync_within(lambda: transform.transform(Q + " once more"), 10)[0]  # not 2 x 60 s
+    assert result.hypothetical == ("a passage",) and not result.cached
+
+
+def test_a_hung_cache_never_turns_off_another_cache_of_its_class(
+    blocking_cache: KVStoreCache,
+) -> None:
+    # the threads of one store that hangs are its own
+    hung = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
+    sync_within(lambda: [hung.transform(f"{Q} {i}") for i in range(40)], 60)  # its threads all hung
+    healthy = HyDE(
+        llm=ScriptedLLM(respond=lambda p: "a passage"), cache=KVStoreCache(SimpleKVStore())
+    )
+    healthy.transform(Q)
+    assert sync_within(lambda: healthy.transform(Q), 10)[0].cached

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -22,20 +22,38 @@ from llama_index_hyde_plus.cli import _early as early
 from llama_index_hyde_plus.cli import _names as names
 from llama_index_hyde_plus.cli import app, models_app
 
-#: Runs ``hyde-plus ARGS`` as the console script does, in this fresh process, then
-#: prints the exit code and the top-level packages it imported as JSON on stderr.
+#: Runs each ``hyde-plus ARGS`` of a batch as the console script does, in a process
+#: forked from one fresh interpreter that has imported only the modules named as
+#: preloaded, and writes the exit code, the output and the top-level packages loaded.
 PROBE = textwrap.dedent(
     """
-    import json, sys
-    from llama_index_hyde_plus._entry import main
-    sys.argv = ["hyde-plus", *sys.argv[1:]]
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code
-    loaded = sorted({name.split(".")[0] for name in sys.modules})
-    print("\\nPROBE " + json.dumps({"code": code, "modules": loaded}), file=sys.stderr)
+    import json, os, sys
+    preload, cases, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+    for name in preload:
+        __import__(name)
+    with open(os.path.join(out, "preloaded.json"), "w") as f:
+        json.dump(sorted({name.split(".")[0] for name in sys.modules}), f)
+    for i, (args, cwd) in enumerate(cases):
+        pid = os.fork()
+        if pid:
+            os.waitpid(pid, 0)
+            continue
+        os.chdir(cwd)
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(os.path.join(out, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT), fd)
+        from llama_index_hyde_plus._entry import main
+        sys.argv = ["hyde-plus", *args]
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        sys.stdout.flush()
+        sys.stderr.flush()
+        loaded = sorted({name.split(".")[0] for name in sys.modules})
+        with open(os.path.join(out, f"{i}.json"), "w") as f:
+            json.dump({"code": code, "modules": loaded}, f)
+        os._exit(0)
     """
 )
 
@@ -46,23 +64,44 @@ HEAVY = {"llama_index", "faiss", "numpy"}
 HEAVY_OR_RICH = HEAVY | {"rich", "pydantic"}
 
 
-def _run(args: list[str], cwd: Path) -> tuple[int, str, str, set[str]]:
-    """``(exit code, stdout, stderr, top-level packages imported)`` of ``hyde-plus ARGS``
-    in a fresh process (in ``cwd``: the package comes from the install, not the cwd)."""
+class Ran(NamedTuple):
+    """One ``hyde-plus ARGS`` of a batch."""
+
+    code: int
+    out: str
+    err: str
+    loaded: set[str]
+
+
+def _run_all(
+    cases: list[tuple[list[str], Path]], preload: list[str], out: Path
+) -> tuple[list[Ran], set[str]]:
+    """Each ``(ARGS, cwd)`` of ``cases`` run as ``hyde-plus ARGS`` in ``cwd`` (the
+    package comes from the install, not the cwd), in processes forked from one fresh
+    interpreter that imported ``preload`` first; with the top-level packages that
+    interpreter had loaded before any command ran."""
     env = {k: v for k, v in os.environ.items() if k != "HYDE_PLUS_TOKEN"} | {"COLUMNS": "200"}
+    batch = json.dumps([[args, str(cwd)] for args, cwd in cases])
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
+        [sys.executable, "-c", PROBE, json.dumps(preload), batch, str(out)],
         capture_output=True,
         text=True,
-        cwd=cwd,
+        cwd=out,
         env=env,
-        timeout=120,
+        timeout=300,
         check=False,
     )
-    stderr, _, probe = done.stderr.rpartition("\nPROBE ")
-    assert probe, done.stderr
-    report = json.loads(probe)
-    return report["code"], done.stdout, stderr, set(report["modules"])
+    assert done.returncode == 0, done.stderr
+    preloaded = set(json.loads((out / "preloaded.json").read_text()))
+    ran = []
+    for i in range(len(cases)):
+        report = out / f"{i}.json"
+        err = (out / f"{i}.stderr").read_text()
+        assert report.exists(), err
+        probe = json.loads(report.read_text())
+        stdout = (out / f"{i}.stdout").read_text()
+        ran.append(Ran(probe["code"], stdout, err, set(probe["modules"])))
+    return ran, preloaded
 
 
 def _command_paths() -> list[list[str]]:
@@ -75,15 +114,30 @@ def _command_paths() -> list[list[str]]:
     return paths
 
 
-def test_the_version_imports_nothing_heavy(tmp_path: Path) -> None:
-    code, out, _, loaded = _run(["--version"], tmp_path)
+HELPS = [["--version"], *([*command, "--help"] for command in [[], *_command_paths()])]
+
+
+@pytest.fixture(scope="module")
+def helps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """Every ``--help`` and ``--version``, by its arguments, run in one batch forked
+    from an interpreter that loaded only the entry point and the command line's
+    module (neither loads anything heavy or rich)."""
+    out = tmp_path_factory.mktemp("helps")
+    preload = ["llama_index_hyde_plus._entry", "llama_index_hyde_plus.cli"]
+    ran, preloaded = _run_all([(args, out) for args in HELPS], preload, out)
+    assert not preloaded & HEAVY_OR_RICH, preloaded & HEAVY_OR_RICH
+    return {" ".join(args): one for args, one in zip(HELPS, ran, strict=True)}
+
+
+def test_the_version_imports_nothing_heavy(helps: dict[str, Ran]) -> None:
+    code, out, _, loaded = helps["--version"]
     assert (code, out.strip()) == (0, f"hyde-plus {__version__}")
     assert not loaded & HEAVY_OR_RICH, loaded & HEAVY_OR_RICH
 
 
 @pytest.mark.parametrize("command", [[], *_command_paths()], ids=" ".join)
-def test_every_help_imports_nothing_heavy(tmp_path: Path, command: list[str]) -> None:
-    code, out, err, loaded = _run([*command, "--help"], tmp_path)
+def test_every_help_imports_nothing_heavy(helps: dict[str, Ran], command: list[str]) -> None:
+    code, out, err, loaded = helps[" ".join([*command, "--help"])]
     assert code == 0 and "Usage" in out, err
     assert not loaded & HEAVY_OR_RICH, loaded & HEAVY_OR_RICH
 
@@ -124,20 +178,48 @@ ERRORS: list[tuple[list[str], str]] = [
 ]
 
 
+#: What every argument error loads anyway (typer's value coercion through pydantic and
+#: rich's error panel): preloaded once for the whole batch, as none of it is heavy.
+ERROR_PRELOAD = [
+    "llama_index_hyde_plus._entry",
+    "llama_index_hyde_plus.cli",
+    "typer._adapters",
+    "rich.console",
+    "rich.logging",
+]
+
+
+@pytest.fixture(scope="module")
+def argument_errors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Ran, Path]]:
+    """Every case of `ERRORS`, by its arguments: what it gave and the folder it ran in
+    (its ``HERE``, beside its ``MISSING``), all in one batch."""
+    cases = []
+    for args, _ in ERRORS:
+        here = tmp_path_factory.mktemp("args")
+        places = {"MISSING": str(here / "missing"), "HERE": str(here), "OUT": "out"}
+        places["MISSING.gguf"] = str(here / "missing.gguf")
+        cases.append(([places.get(a, a) for a in args], here))
+    ran, preloaded = _run_all(cases, ERROR_PRELOAD, tmp_path_factory.mktemp("errors"))
+    assert not preloaded & HEAVY, preloaded & HEAVY
+    return {
+        " ".join(args): (one, here)
+        for (args, _), one, (_, here) in zip(ERRORS, ran, cases, strict=True)
+    }
+
+
 @pytest.mark.parametrize(("args", "message"), ERRORS, ids=[" ".join(a) for a, _ in ERRORS])
 def test_an_argument_error_is_answered_before_llama_index_loads(
-    tmp_path: Path, args: list[str], message: str
+    argument_errors: dict[str, tuple[Ran, Path]], args: list[str], message: str
 ) -> None:
-    places = {"MISSING": str(tmp_path / "missing"), "HERE": str(tmp_path), "OUT": "out"}
-    places["MISSING.gguf"] = str(tmp_path / "missing.gguf")
-    code, _, err, loaded = _run([places.get(a, a) for a in args], tmp_path)
+    (code, _, err, loaded), here = argument_errors[" ".join(args)]
     assert code == 2 and message in err, err
     assert not loaded & HEAVY, loaded & HEAVY
-    assert not (tmp_path / "missing").exists() and not (tmp_path / "out").exists()
+    assert not (here / "missing").exists() and not (here / "out").exists()
 
 
 def test_the_light_names_are_the_registry_s_the_stores_and_the_defaults() -> None:
-    from llama_index_hyde_plus import chunking, stores, timeouts
+    from llama_index_hyde_plus import chunking, stores
+    from llama_index_hyde_plus.calls import timeouts
     from llama_index_hyde_plus.transforms import registry
 
     assert names.TRANSFORMS == registry.TRANSFORMS
@@ -148,7 +230,7 @@ def test_the_light_names_are_the_registry_s_the_stores_and_the_defaults() -> Non
     assert names.TIMEOUT_POLICY == timeouts.POLICY
     from typing import get_args
 
-    from llama_index_hyde_plus import rcp
+    from llama_index_hyde_plus.server import rcp
 
     assert get_args(rcp.Sessionless) == names.SESSIONLESS
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -215,6 +216,37 @@ async def test_an_unreadable_memory_falls_back_to_the_message(use_async: bool) -
     assert result.search_queries == (FOLLOW_UP,)
 
 
+class HungMemory(ChatMemoryBuffer):
+    def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:
+        time.sleep(30)  # a store that never answers (the reading thread is a daemon)
+        return []
+
+    async def aget(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:
+        await asyncio.sleep(3600)
+        return []
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_hung_memory_is_given_up_at_the_timeout(use_async: bool) -> None:
+    llm = ScriptedLLM()
+    condense = Condense(llm, memory=HungMemory(token_limit=100), timeout=0.3)
+    start = time.perf_counter()
+    result = await run(condense, use_async)
+    assert time.perf_counter() - start < 5
+    assert result.fallback and "memory unreadable" in (result.error or "") and calls(llm) == 0
+    assert "did not answer within 0.3s" in (result.error or "")
+    assert result.search_queries == (FOLLOW_UP,)
+
+
+async def test_cancelling_while_the_memory_hangs_propagates() -> None:
+    condense = Condense(ScriptedLLM(), memory=HungMemory(token_limit=100), timeout=60)
+    task = asyncio.ensure_future(condense.atransform(FOLLOW_UP))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 def test_bad_options_and_messages_are_refused_naming_the_field() -> None:
     llm = ScriptedLLM()
     with pytest.raises(TypeError, match="memory"):
@@ -278,3 +310,51 @@ def test_the_rewriting_model_s_tokens_reach_a_token_counting_handler() -> None:
     result = condense.transform(FOLLOW_UP, chat_history=HISTORY)
     assert counter.total_llm_token_count > 0
     assert len(counter.llm_token_counts) == result.usage.calls == 1
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_condense_then_hyde_keeps_the_drift_guard_weight(use_async: bool) -> None:
+    llm = ScriptedLLM(respond=lambda p: knows_pricing(p) if "Conversation" in p else "A plan.")
+    chain = Condense(llm, original_weight=3.0, rrf_k=20).then(HyDE(llm))
+    assert chain.rrf_k == 20
+    with chat_history(HISTORY):
+        result = await chain.atransform(FOLLOW_UP) if use_async else chain.transform(FOLLOW_UP)
+    weights = {spec.query or spec.text: spec.weight for spec in result.searches()}
+    assert result.original_weight == 3.0
+    assert weights[FOLLOW_UP] == 3.0 and weights[STANDALONE] == 1.0
+
+
+async def test_an_agent_run_searches_through_condense_and_counts_the_rewriter_s_tokens() -> None:
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+    from llama_index_hyde_plus.testing import agent_llm
+
+    counter = TokenCountingHandler()
+    callbacks = CallbackManager([counter])
+    memory = Memory.from_defaults(session_id="agent-test", token_limit=4000)
+    rewriter = ScriptedLLM(respond=lambda p: knows_pricing(p) if "Conversation" in p else "A plan.")
+    base = StaticRetriever(DOCS, results={STANDALONE: ["ent"]}, default=["misc"])
+    chain = Condense(rewriter, memory=memory, callback_manager=callbacks).then(
+        HyDE(rewriter, callback_manager=callbacks)
+    )
+    retriever = TransformRetriever(base, chain)
+    searched: list[str] = []
+
+    async def search_docs(question: str) -> str:
+        """Search the pricing documents."""
+        searched.append(question)
+        found = await retriever.asearch(question)
+        return " ".join(n.node.node_id for n in found.nodes)
+
+    agent = FunctionAgent(tools=[search_docs], llm=agent_llm())
+    for message in ("How much is the pro plan?", FOLLOW_UP):
+        await agent.run(message, memory=memory)
+    assert searched == ["How much is the pro plan?", FOLLOW_UP]
+    condensing = [p for p in rewriter.prompts if "Conversation" in p]
+    assert len(condensing) == 1  # the first message had no history: no call
+    assert "User: How much is the pro plan?" in condensing[0]
+    assert any(STANDALONE in p for p in rewriter.prompts)  # HyDE on the standalone question
+    # every call of the rewriting model, and only those, in the run's token counter
+    assert len(counter.llm_token_counts) == calls(rewriter) == 4
+    assert counter.total_llm_token_count > 0

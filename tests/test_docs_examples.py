@@ -6,7 +6,8 @@ ones define. What this test adds to the pages' own text, and nothing else:
 - **Doubles for the models**, so the whole file runs in seconds: before a page's first
   block ``Settings.llm = echo_llm()`` and ``Settings.embed_model =
   DeterministicEmbedding()`` (`llama_index_hyde_plus.testing`), then in each block
-  ``OpenAI(model="...")`` and ``local_llm()`` -> ``echo_llm()``,
+  a ``FunctionAgent``'s ``llm=OpenAI(model="...")`` -> ``agent_llm()`` (it calls the
+  agent's tools), other ``OpenAI(model="...")`` and ``local_llm()`` -> ``echo_llm()``,
   ``OpenAIEmbedding(model="...")`` and ``local_embedding()`` ->
   ``DeterministicEmbedding()`` (`SWAP`). ``OPENAI_API_KEY`` is unset, so anything the swap misses fails loudly.
 - **What the pages' shell commands make**, in a temporary working directory shared by
@@ -45,11 +46,12 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if not p.name.startswith("_"))
 
 PRELUDE = (
     "from llama_index.core import Settings\n"
-    "from llama_index_hyde_plus.testing import DeterministicEmbedding, echo_llm\n"
+    "from llama_index_hyde_plus.testing import DeterministicEmbedding, agent_llm, echo_llm\n"
     "Settings.llm = echo_llm()\n"
     "Settings.embed_model = DeterministicEmbedding()\n"
 )
 SWAP = [
+    (re.compile(r'(\bFunctionAgent\([^)]*llm=)OpenAI\(model="[^"]*"\)'), r"\1agent_llm()"),
     (re.compile(r'\bOpenAI\(model="[^"]*"\)'), "echo_llm()"),
     (re.compile(r'\bOpenAIEmbedding\(model="[^"]*"\)'), "DeterministicEmbedding()"),
     (re.compile(r"\blocal_llm\(\)"), "echo_llm()"),
@@ -273,6 +275,8 @@ def test_the_swap_puts_doubles_in_place_of_real_models() -> None:
         "HyDE(echo_llm())\ne = DeterministicEmbedding()\n"
         "l = echo_llm(); m = DeterministicEmbedding()"
     )
+    agent = 'FunctionAgent(tools=[search], llm=OpenAI(model="gpt-4o"))'
+    assert swapped(agent) == "FunctionAgent(tools=[search], llm=agent_llm())"
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])

@@ -1,5 +1,6 @@
 """`TransformRetriever` as a drop-in for core's: core transforms, core's keywords and
-prompt keys, a rewrite made in an earlier step (`transformed=`), a Workflow."""
+prompt keys, a rewrite made in an earlier step (`transformed=`), a Workflow; a core
+transform is given the caller's own bundle and its own embedding is searched."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from llama_index.core.indices.query.query_transform.base import (
     HyDEQueryTransform,
 )
 from llama_index.core.prompts import PromptTemplate
-from llama_index.core.schema import QueryBundle
+from llama_index.core.retrievers import TransformRetriever as CoreTransformRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQuery
 
 from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
@@ -279,3 +281,87 @@ def test_keyword_and_hybrid_retrievers_get_the_generated_text_as_query_str(
     TransformRetriever(base, hyde, search_type=search_type).search(Q)  # type: ignore[arg-type]
     (bundle,) = base.bundles
     assert PASSAGE in bundle.query_str
+
+
+# -- a wrapped core transform sees the caller's bundle, and its vector is searched ---
+class _CoreBase(BaseQueryTransform):
+    def _get_prompts(self) -> dict[str, Any]:
+        return {}
+
+    def _update_prompts(self, prompts: Any) -> None:
+        pass
+
+
+class _EmbeddingTransform(_CoreBase):
+    """A core transform that answers with a vector of its own."""
+
+    def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+        return QueryBundle(query_str=query_bundle.query_str, embedding=[1.0] + [0.0] * 7)
+
+
+class _SpyTransform(_CoreBase):
+    """A core transform that records what it was given and returns it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Any, ...]] = []
+
+    def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+        bundle = query_bundle
+        self.seen.append((bundle.query_str, bundle.custom_embedding_strs, bundle.embedding))
+        return query_bundle
+
+
+class _Recording(StaticRetriever):
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.bundles.append(query_bundle)
+        return super()._retrieve(query_bundle)
+
+
+def _recording() -> _Recording:
+    retriever = _Recording({"a": "x"}, default=["a"])
+    retriever.bundles = []
+    return retriever
+
+
+async def _retrieve(retriever: Any, query: Any, use_async: bool) -> Any:
+    return await retriever.aretrieve(query) if use_async else retriever.retrieve(query)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_core_transforms_own_embedding_is_searched_as_core_searches_it(
+    use_async: bool,
+) -> None:
+    searched: dict[str, set[tuple[float, ...]]] = {}
+    for name, make in (
+        ("core", lambda r: CoreTransformRetriever(r, _EmbeddingTransform())),
+        (
+            "ours",
+            lambda r: TransformRetriever(
+                r,
+                query_transform=_EmbeddingTransform(),
+                embed_model=DeterministicEmbedding(),
+                search_type="dense",
+            ),
+        ),
+    ):
+        inner = _recording()
+        await _retrieve(make(inner), "q", use_async)
+        searched[name] = {tuple(b.embedding or ()) for b in inner.bundles}
+    assert searched["ours"] == searched["core"] == {(1.0,) + (0.0,) * 7}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_core_transform_is_given_the_callers_own_bundle(use_async: bool) -> None:
+    given = QueryBundle("q", custom_embedding_strs=["special text"], embedding=[0.5, 0.5])
+    seen: dict[str, Any] = {}
+    for name, make in (
+        ("core", lambda r, t: CoreTransformRetriever(r, t)),
+        ("ours", lambda r, t: TransformRetriever(r, query_transform=t)),
+    ):
+        spy = _SpyTransform()
+        inner = _recording()
+        await _retrieve(make(inner, spy), given, use_async)
+        seen[name] = (spy.seen, {tuple(b.embedding or ()) for b in inner.bundles})
+    assert seen["ours"] == seen["core"]
+    assert seen["ours"][0] == [("q", ["special text"], [0.5, 0.5])]

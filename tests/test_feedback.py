@@ -14,7 +14,7 @@ from llama_index_hyde_plus.search.expansion import rocchio_vector
 from llama_index_hyde_plus.testing import DeterministicEmbedding, StaticRetriever
 from llama_index_hyde_plus.transforms.base import Guards
 from llama_index_hyde_plus.transforms.feedback import Rocchio
-from llama_index_hyde_plus.transforms.registry import make_transform
+from llama_index_hyde_plus.transforms.registry import entry_for, make_transform
 
 from .conftest import DOCS
 
@@ -92,8 +92,8 @@ def test_registry_builds_rocchio_with_its_options() -> None:
 
 
 def test_every_tune_grid_configuration_builds() -> None:
-    for options in Rocchio.tune_grid():
-        Rocchio(**options)  # type: ignore[arg-type]
+    for options in entry_for("rocchio").grid:
+        Rocchio(**options)
 
 
 # -- through the retriever ------------------------------------------------------------

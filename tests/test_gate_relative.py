@@ -15,6 +15,7 @@ from llama_index_hyde_plus.search.plan import gate_verdict
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import Guards, TransformResult
 from llama_index_hyde_plus.transforms.hyde import Shipped
+from llama_index_hyde_plus.transforms.registry import entry_for
 
 from .conftest import DOCS, P1, Q, ids, search
 
@@ -124,7 +125,8 @@ def test_gate_relative_that_is_not_a_number_is_a_type_error() -> None:
 def test_gate_relative_asks_for_the_questions_hits_while_the_llm_writes() -> None:
     assert Guards(gate_relative=0.1).needs_question_hits
     assert not Guards(gate=0.5).needs_question_hits
-    assert HyDE.complexity({"gate_relative": 0.1}) > HyDE.complexity({})
+    complexity = entry_for("hyde").complexity
+    assert complexity({"gate_relative": 0.1}) > complexity({})
 
 
 def test_a_given_gate_relative_joins_the_shipped_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -630,11 +630,13 @@ def test_needs_question_hits() -> None:
 
 
 def test_every_hyde_tune_grid_configuration_builds() -> None:
-    grid = HyDE.tune_grid()
+    from llama_index_hyde_plus.transforms.registry import entry_for
+
+    grid = entry_for("hyde").grid
     assert grid[0] == {"include_query": False}
     for options in grid:
-        HyDE(ScriptedLLM(), **options)  # type: ignore[arg-type]
-    for options in MultiQuery.tune_grid():
+        HyDE(ScriptedLLM(), **options)
+    for options in entry_for("multi-query").grid:
         MultiQuery(ScriptedLLM(), **options)
 
 

@@ -9,7 +9,7 @@ from llama_index.core.base.llms.types import CompletionResponse
 from llama_index.core.llms.callbacks import llm_completion_callback
 from pydantic import Field
 
-from llama_index_hyde_plus.calls import llm as _llm
+from llama_index_hyde_plus.calls import llm as llm_calls
 from llama_index_hyde_plus.calls.workers import DaemonWorkers, Signal
 from llama_index_hyde_plus.testing import ScriptedLLM
 
@@ -30,14 +30,14 @@ class ClientTimed(ScriptedLLM):
 
 def test_an_llm_whose_client_times_out_in_time_is_called_in_the_callers_thread() -> None:
     llm = ClientTimed(respond=lambda p: "ok", timeout=10.0, max_retries=0)
-    reply = _llm.complete(llm, "p", _llm.CallOptions(timeout=30.0))
+    reply = llm_calls.complete(llm, "p", llm_calls.CallOptions(timeout=30.0))
     assert reply.text == "ok" and llm.threads == [threading.current_thread().name]
 
 
 def test_a_client_that_retries_or_waits_longer_than_the_budget_gets_a_worker() -> None:
     for timeout, retries in ((10.0, 2), (60.0, 0)):
         llm = ClientTimed(respond=lambda p: "ok", timeout=timeout, max_retries=retries)
-        _llm.complete(llm, "p", _llm.CallOptions(timeout=30.0))
+        llm_calls.complete(llm, "p", llm_calls.CallOptions(timeout=30.0))
         assert llm.threads != [threading.current_thread().name]
 
 
@@ -46,8 +46,8 @@ def test_an_llm_without_a_client_timeout_still_times_out_on_a_worker() -> None:
 
     llm = ScriptedLLM([HANG])
     try:
-        _llm.complete(llm, "p", _llm.CallOptions(timeout=0.2))
-    except _llm.LLMTimeoutError:
+        llm_calls.complete(llm, "p", llm_calls.CallOptions(timeout=0.2))
+    except llm_calls.LLMTimeoutError:
         pass
     else:
         raise AssertionError("a hung call returned")

@@ -16,8 +16,7 @@ from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index_hyde_plus import HyDE
 from llama_index_hyde_plus.local.llm import LocalLLM
 from llama_index_hyde_plus.testing import ScriptedLLM
-from llama_index_hyde_plus.transforms.llm_base import reply_past
-from llama_index_hyde_plus.transforms.parsing import trim_passage
+from llama_index_hyde_plus.transforms.parsing import reply_past, trim_passage
 
 Q = "Why did revenue drop?"
 WORD = "renewal "  # 8 characters a token: the passage cap (max_characters / 4) is loose

@@ -199,7 +199,7 @@ def test_a_function_mapping_runs_once_per_prompt_with_escaped_names(use_async: b
 
 
 def test_escaped_names_keep_partial_values_and_variable_mappings() -> None:
-    from llama_index_hyde_plus.transforms.llm_base import _render_template
+    from llama_index_hyde_plus.transforms.templates import render_template
 
     calls: list[int] = []
 
@@ -212,7 +212,7 @@ def test_escaped_names_keep_partial_values_and_variable_mappings() -> None:
         template_var_mappings={"query": "question"},
         function_mappings={"tone": tone},
     ).partial_format(style="handbook")
-    assert _render_template(template, query=Q) == f"handbook: {Q} {{query}} (HANDBOOK) handbook"
+    assert render_template(template, query=Q) == f"handbook: {Q} {{query}} (HANDBOOK) handbook"
     assert len(calls) == 1
 
 

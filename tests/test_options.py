@@ -17,6 +17,7 @@ from llama_index_hyde_plus.server.rcp import TransformService
 from llama_index_hyde_plus.testing import ScriptedLLM
 from llama_index_hyde_plus.transforms.factory import build
 from llama_index_hyde_plus.transforms.options import LLM_OPTION_NAMES
+from llama_index_hyde_plus.transforms.registry import entry_for
 
 
 def test_every_llm_transform_takes_the_shared_options_by_name() -> None:
@@ -67,8 +68,9 @@ def test_every_caller_builds_transforms_with_the_same_timeout() -> None:
 
 
 def test_option_names_list_own_then_shared_options() -> None:
-    names = MultiQuery.option_names()
+    names = entry_for("multi-query").option_names()
     assert names[0] == "n" and "include_query" in names
     assert set(names) >= LLM_OPTION_NAMES
-    assert "n" not in StepBack.option_names()
-    assert "num_passages" in HyDE.option_names() and "n" not in HyDE.option_names()
+    assert "n" not in entry_for("step-back").option_names()
+    hyde = entry_for("hyde").option_names()
+    assert "num_passages" in hyde and "n" not in hyde

@@ -109,8 +109,7 @@ def test_no_function_is_longer_than_sixty_lines() -> None:
 
 
 def _plan_calls(function: ast.AST) -> set[str]:
-    """The ``plan.<name>`` functions ``function`` calls, directly or through a method
-    of the same class it calls as ``self.<name>``."""
+    """The ``plan.<name>`` functions ``function`` calls directly."""
     return {
         node.func.attr
         for node in ast.walk(function)
@@ -121,27 +120,65 @@ def _plan_calls(function: ast.AST) -> set[str]:
     }
 
 
-def test_sync_and_async_search_execute_the_same_plan() -> None:
-    tree = ast.parse((PACKAGE / "search" / "retriever.py").read_text())
-    cls = next(
-        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TransformRetriever"
-    )
-    methods = {
-        n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+def _functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function and method defined in ``path``, by name."""
+    return {
+        n.name: n
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
-    planned = _plan_calls(methods["_planned"])
-    assert "plan" in planned  # the one decision function
-    sync = _plan_calls(methods["search"])
-    asynchronous = _plan_calls(methods["asearch"])
-    assert sync == asynchronous, (sync, asynchronous)
-    assert {"question_first", "context_for", "wants_gate", "gate_verdict"} <= sync
-    for name in ("search", "asearch"):
-        called = {
-            n.func.attr
-            for n in ast.walk(methods[name])
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-        }
-        assert "_planned" in called, name
+
+
+def test_sync_and_async_search_run_the_one_written_search() -> None:
+    search = PACKAGE / "search"
+    methods = _functions(search / "retriever.py")
+    for name in ("search", "asearch"):  # both hand the same generator to a loop
+        called = {ast.unparse(n.func) for n in ast.walk(methods[name]) if isinstance(n, ast.Call)}
+        assert "steps.search" in called, name
+        assert not _plan_calls(methods[name]), name  # deciding is the steps' work
+    written = _functions(search / "steps.py")
+    decided = set().union(*(_plan_calls(f) for f in written.values()))
+    assert {"question_first", "overlaps", "context_for", "wants_gate", "gate_verdict"} <= decided
+    assert "plan" in decided  # the one decision function
+    text = (search / "steps.py").read_text()
+    assert not any(isinstance(f, ast.AsyncFunctionDef) for f in written.values())
+    for io in ("await ", "asyncio", "threading", "concurrent", "run_within", "WORKERS", "door"):
+        assert io not in text, io  # a step yields its I/O; only the loops carry it out
+
+
+def _hands_off_to_a_loop(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``function`` is an entry point: a docstring and a few lines that hand a
+    step to a loop (``<loop>.run(...)``), or call the method that does."""
+    calls = {ast.unparse(n.func) for n in ast.walk(function) if isinstance(n, ast.Call)}
+    hands_off = any(c.endswith(".run") or c.startswith("self.") for c in calls)
+    return len(function.body) <= 6 and hands_off
+
+
+def test_no_search_step_has_a_hand_written_async_twin() -> None:
+    for module in ("retriever.py", "steps.py", "plan.py", "vectors.py", "requests.py"):
+        functions = _functions(PACKAGE / "search" / module)
+        for name, function in functions.items():
+            twin = name.replace("a", "", 1)
+            if name.startswith(("a", "_a")) and twin in functions:
+                assert _hands_off_to_a_loop(function), (module, name)
+                assert _hands_off_to_a_loop(functions[twin]), (module, twin)
+
+
+def test_both_loops_carry_out_every_request_a_step_can_make() -> None:
+    import dataclasses
+
+    from llama_index_hyde_plus.search import loops, requests
+
+    defined = {
+        kind
+        for kind in vars(requests).values()
+        if isinstance(kind, type)
+        and dataclasses.is_dataclass(kind)
+        and kind.__module__ == requests.__name__
+    }
+    assert defined == set(requests.REQUESTS)
+    assert set(loops._BLOCKING) == defined
+    assert set(loops._ASYNC) == defined
 
 
 def test_the_retriever_names_no_transform() -> None:

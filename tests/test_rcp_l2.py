@@ -78,15 +78,28 @@ def milvus_reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rcp.Clie
     server.stop()
 
 
-@pytest.fixture
-def writable(tmp_path: Path) -> Iterator[tuple[rcp.Client, Any]]:
-    """A client of a writable Milvus Lite index of DOCS, and the collection's client."""
-    uri = str(tmp_path / "w.db")
+def serve_writable(folder: Path) -> Iterator[tuple[rcp.Client, Any]]:
+    """A client of a writable Milvus Lite index of DOCS in ``folder``, and the
+    collection's client."""
+    uri = str(folder / "w.db")
     index = build(uri, DOCS)
     writer = MilvusStore(uri, collection="docs").writer(index, EMBED)
     server = serve(milvus_service(index, writer))
     yield rcp.connect_http(server.url), writer
     server.stop()
+
+
+@pytest.fixture
+def writable(tmp_path: Path) -> Iterator[tuple[rcp.Client, Any]]:
+    """A client of a writable Milvus Lite index of DOCS, and the collection's client."""
+    yield from serve_writable(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[rcp.Client, Any]]:
+    """`writable`, shared by the tests of writes that are refused: each checks that
+    its own refusal wrote nothing."""
+    yield from serve_writable(tmp_path_factory.mktemp("refusing"))
 
 
 def rows(writer: MilvusWriter) -> dict[str, str]:
@@ -338,9 +351,9 @@ def test_a_rebuild_after_writes_still_replaces_the_build(
     ],
 )
 def test_malformed_adds_are_refused_and_write_nothing(
-    writable: tuple[rcp.Client, MilvusWriter], params: dict[str, Any], code: int
+    refusing: tuple[rcp.Client, MilvusWriter], params: dict[str, Any], code: int
 ) -> None:
-    client, writer = writable
+    client, writer = refusing
     before = rows(writer)
     assert code_of(lambda: client.index_add(params))[0] == code
     assert rows(writer) == before
@@ -679,8 +692,8 @@ def test_serve_stdio_writable_milvus_upserts_and_deletes(corpus: Path, tmp_path:
 
 def test_serve_refuses_to_serve_a_faiss_index_writable(corpus: Path, tmp_path: Path) -> None:
     folder = tmp_path / "faiss"
-    built = hyde_plus("index", str(corpus), "--out", str(folder))
-    assert built.returncode == 0, built.stderr
+    built = CliRunner().invoke(app, ["index", str(corpus), "--out", str(folder)])  # in-process
+    assert built.exit_code == 0, built.output
     served = hyde_plus(
         "serve", "--stdio", "--index", str(folder), "--writable", "--llm", "scripted"
     )

@@ -423,3 +423,33 @@ def test_the_choice_says_why_it_is_not_the_best_scoring_row() -> None:
     assert said in tune_markdown(result)
     result.winner = result.best
     assert tune_choice(result).endswith(", the best-scoring configuration.")
+
+
+def test_the_tune_table_fits_80_columns_with_long_configurations_and_a_legend() -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.evaluation.report import tune_table
+
+    result = tune_result({"query_weight": 0.7, "gate": 0.4, "strategy": "rerank", "grounded": 3})
+    long = {"query_weight": 0.9, "gate": 0.55, "strategy": "rerank", "include_query": True}
+    result.best = report(label_for("hyde", long), 0.452, long)
+    result.reports.append(result.best)
+    console = Console(width=80, record=True)
+    console.print(tune_table(result))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    legend = "ga: gate, gr: grounded, iq: include_query, qw: query_weight, s: strategy"
+    assert lines[1].strip() == legend
+    text = "\n".join(lines)
+    for part in ("qw=0.9,", "ga=0.55,", "s=rerank,", "iq=True", "qw=0.7,", "gr=3"):
+        assert part in text  # lines end between options, never inside one
+    assert "hyde:" not in text.split("\n", 2)[2]  # the title names the transform
+
+
+def test_short_labels_keep_short_options_whole_and_name_the_defaults() -> None:
+    from llama_index_hyde_plus.evaluation.report import short_labels
+
+    shown, legend = short_labels(["hyde", "hyde:gate=0.4,k=3", "none"], "hyde")
+    assert shown == ["defaults", "gate=0.4, k=3", "none"] and legend == ""
+    shown, legend = short_labels(["rocchio:feedback_depth=10,alpha=1.0"], "rocchio")
+    assert shown == ["fd=10, a=1.0"] and legend == "a: alpha, fd: feedback_depth"

@@ -7,7 +7,7 @@ The key (`transform_key`) is the SHA-256 of the sorted JSON of:
 - ``llm`` and ``model``: the LLM's class (module and qualified name) and model name;
 - ``llm_settings``: those of `LLM_SETTINGS` the LLM has, read by attribute;
 - ``method`` and ``params``: the transform and its generation options (its
-  ``option_names()`` but `NOT_GENERATION_OPTIONS` and its ``SEARCH_OPTIONS``);
+  constructor options but `NOT_GENERATION_OPTIONS` and its ``SEARCH_OPTIONS``);
 - ``query``, and for a grounded transform the passages shown to the model (``context``).
 
 Nothing else is read: not the LLM object's other state (a call counter, usage
@@ -110,14 +110,6 @@ def sent_to(llm: object, prompt: str) -> dict[str, Any]:
         except Exception as exc:
             raise Unkeyable(f"{name} cannot be keyed by its output ({exc!r})") from exc
     return sent
-
-
-@functools.cache
-def generation_options(cls: Any) -> tuple[str, ...]:
-    """The options of transform class ``cls`` in its key: its ``option_names()`` but
-    `NOT_GENERATION_OPTIONS` and its ``SEARCH_OPTIONS``."""
-    skip = NOT_GENERATION_OPTIONS | cls.SEARCH_OPTIONS
-    return tuple(name for name in cls.option_names() if name not in skip)
 
 
 def option_value(name: str, value: Any) -> Any:

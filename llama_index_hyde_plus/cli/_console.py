@@ -178,17 +178,19 @@ def progress_bar() -> Progress:
 
 
 def task(progress: Progress, description: str, total: int, unit: str) -> Advance:
-    """Add a bar to ``progress`` and return ``advance(n, fell_back=0)``, which also shows
-    the rate and, once any did, how many of the items fell back so far."""
+    """Add a bar to ``progress`` and return ``advance(n, fell_back=0, note="")``, which
+    also shows the rate, once any did, how many of the items fell back so far, and the
+    ``note`` (how many queries are in flight, once fewer than asked)."""
     task_id = progress.add_task(description, total=total, rate="")
     start = time.perf_counter()
     done = fallbacks = 0
 
-    def advance(n: int, fell_back: int = 0) -> None:
+    def advance(n: int, fell_back: int = 0, note: str = "") -> None:
         nonlocal done, fallbacks
         done, fallbacks = done + n, fallbacks + fell_back
         rate = done / max(time.perf_counter() - start, 1e-9)
         said = f", [yellow]{fallbacks} fell back[/]" if fallbacks else ""
+        said += f", {note}" if note else ""
         progress.update(task_id, advance=n, rate=f"{rate:.1f} {unit}{said}")
 
     return advance

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._checks import check_folder
-from .._model_spec import read_llm_spec
+from .._model_spec import check_server_options, read_llm_spec
 from ._console import fail
+from ._options import LlmFlags
 
 
 @contextlib.contextmanager
@@ -69,11 +70,13 @@ def extra(extra: str, modules: tuple[str, ...], what: str) -> None:
             )
 
 
-def llm_choice(spec: str, *, oracle: bool = False) -> None:
+def llm_choice(spec: str, *, oracle: bool = False, flags: LlmFlags | None = None) -> None:
     """As `models.resolve_llm`: ``--llm`` names a model (`_model_spec.read_llm_spec`: a
     GGUF file that exists, a server address with a host...), or ``scripted[:DELAY_MS]``,
-    or with ``oracle`` (eval, tune) the stand-in ``oracle:P[:N]``."""
+    or with ``oracle`` (eval, tune) the stand-in ``oracle:P[:N]``; ``--llm-model`` and
+    ``--llm-key`` (``flags``) only with a server (`_model_spec.check_server_options`)."""
     head = spec.strip().lower().partition(":")[0]
-    if head == "scripted" or (oracle and head == "oracle"):
-        return
-    read_llm_spec(spec)
+    if not (head == "scripted" or (oracle and head == "oracle")):
+        read_llm_spec(spec)
+    if flags is not None:
+        check_server_options(spec, flags.model, flags.key)

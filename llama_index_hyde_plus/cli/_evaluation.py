@@ -31,6 +31,10 @@ class ModelChoice:
     max_tokens: int
     seed: int
     concurrency: int
+    llm_model: str | None = None
+    """``--llm-model``: a server's model."""
+    llm_key: str | None = field(default=None, repr=False)
+    """``--llm-key``: a server's key (never shown)."""
     planned: list[Any] = field(default_factory=list, compare=False)
     """The local model's `local.speed.SpeedPlan`, once measured (`make_llm`)."""
 
@@ -52,11 +56,11 @@ class ModelChoice:
         model on llama.cpp runs with the threads the speed measured at the first call
         chose (`local.speed.plan_threads`), unless ``HYDE_PLUS_LLM_THREADS`` says, and
         its calls are budgeted by that speed."""
-        from ..models import llm_threads, resolve_llm
+        from ..models import llm_threads
+        from ._options import LlmFlags
 
         def made(threads: int | None = None) -> Any:
-            llm: Any = resolve_llm(
-                self.llm,
+            llm: Any = LlmFlags(self.llm, self.llm_model, self.llm_key).resolve(
                 temperature=self.temperature,
                 max_tokens=self.max_tokens,
                 seed=self.seed,

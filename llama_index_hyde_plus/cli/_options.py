@@ -3,8 +3,9 @@ Light: imports typer, `_names` and `_model_spec` only."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -13,8 +14,8 @@ from ._names import STORE_KINDS, TIMEOUT_POLICY
 
 MODEL_HELP = "auto, local or openai[:MODEL]."
 LLM_HELP = (
-    f"{LLM_CHOICES} (an OpenAI-compatible server: the model in ${LLM_MODEL_ENV}, else its "
-    f"first; a key in ${LLM_KEY_ENV} if it needs one)."
+    f"{LLM_CHOICES} (an OpenAI-compatible server: the model in --llm-model, else its "
+    "first; a key in --llm-key if it needs one)."
 )
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens (INFO).")]
@@ -27,6 +28,39 @@ EvalLlm = Annotated[
         "judgements; needs questions with 2+ relevant documents), N draws averaged (3)."
     ),
 ]
+LlmModel = Annotated[
+    str | None,
+    typer.Option(
+        "--llm-model",
+        help=f"The server's model (--llm http://... or ollama); default ${LLM_MODEL_ENV}, "
+        "else the first it lists.",
+    ),
+]
+LlmKey = Annotated[
+    str | None,
+    typer.Option(
+        "--llm-key",
+        help=f"The server's API key (--llm http://...); default ${LLM_KEY_ENV}, else none. "
+        "Never printed or recorded.",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class LlmFlags:
+    """``--llm`` with ``--llm-model`` and ``--llm-key``, as given (the key never shown)."""
+
+    spec: str
+    model: str | None = None
+    key: str | None = field(default=None, repr=False)
+
+    def resolve(self, **kwargs: Any) -> Any:
+        """`models.resolve_llm` of these flags, with its other keywords."""
+        from ..models import resolve_llm
+
+        return resolve_llm(self.spec, server_model=self.model, server_key=self.key, **kwargs)
+
+
 Embed = Annotated[str, typer.Option(help=MODEL_HELP)]
 Temperature = Annotated[float | None, typer.Option(help="LLM temperature.")]
 Timeout = Annotated[
@@ -60,7 +94,10 @@ Dataset = Annotated[
 ]
 OptDataset = Annotated[
     Path | None,
-    typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)."),
+    typer.Option(
+        help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv); for eval also "
+        "a conversational set (corpus.jsonl, turns/SPLIT.jsonl)."
+    ),
 ]
 Limit = Annotated[int | None, typer.Option(help="Only the first N judged queries.")]
 HydePrompt = Annotated[

@@ -213,9 +213,16 @@ class DataChoice:
     dataset: Path | None
     docs: DocsChoice | None
 
-    def check(self, max_length: int, outputs: Outputs = ()) -> None:
+    def check(self, max_length: int, outputs: Outputs = (), *, conversations: bool = False) -> None:
+        """Exactly one source, its flags checked; a conversational ``--dataset`` only
+        where ``conversations`` says it is read (``eval``)."""
         if (self.dataset is None) == (self.docs is None):
             raise ValueError("give exactly one of --dataset (BEIR) and --docs (your documents)")
+        if self.conversational and not conversations:
+            raise ValueError(
+                f"{self.dataset} is a conversational set (it has turns/): "
+                "score it with `hyde-plus eval --dataset`"
+            )
         if self.docs is not None:
             self.docs.check(max_length, outputs)
 
@@ -233,6 +240,13 @@ class DataChoice:
         return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
 
     @property
+    def conversational(self) -> bool:
+        """Whether ``--dataset`` is a conversational set (a ``turns`` folder)."""
+        from ..evaluation.conversational import is_conversational
+
+        return self.dataset is not None and is_conversational(self.dataset)
+
+    @property
     def needs_llm(self) -> bool:
         """Whether an LLM must write questions (``--docs`` without ``--qrels``)."""
         return self.docs is not None and self.docs.qrels is None
@@ -240,12 +254,16 @@ class DataChoice:
     def load(
         self, split: str, limit: int | None, embed_model: Any, llm: Any, max_length: int
     ) -> tuple[Any, str | None]:
-        """``(dataset, caveat)``: the BEIR dataset to score and, for generated
-        questions, what they can and cannot tell."""
+        """``(dataset, caveat)``: the BEIR dataset (or conversational set, a folder
+        with ``turns/``) to score and, for generated questions, what they can and
+        cannot tell."""
         from ..evaluation import load_beir
+        from ..evaluation.conversational import load_conversations
 
         if self.docs is None:
             assert self.dataset is not None
+            if self.conversational:
+                return load_conversations(self.dataset, split, limit=limit), None
             return load_beir(self.dataset, split, limit=limit), None
         folder = question_set(self.docs, embed_model, llm, max_length)
         ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set

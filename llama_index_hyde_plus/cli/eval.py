@@ -23,6 +23,7 @@ from ._evaluation import (
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
+from ._options import LlmFlags
 
 
 def _specs(transforms: str, config_files: list[Path] | None) -> list[Any]:
@@ -71,12 +72,16 @@ def _config(
 
 
 Transforms = Annotated[
-    str,
+    str | None,
     typer.Option(
         help="Comma-separated: none, hyde, hyde-n4, hyde+q, multi-query, step-back, "
-        "decompose, rewrite, rocchio, or NAME:key=value."
+        "decompose, rewrite, rocchio, condense, or NAME:key=value. Default: none,hyde; "
+        "on a conversational set, condense (beside the message as written and the "
+        "human rewrite)."
     ),
 ]
+DEFAULT_TRANSFORMS = "none,hyde"
+CONVERSATION_TRANSFORMS = "condense"
 Split = Annotated[str, typer.Option(help="qrels split.")]
 ResultsOut = Annotated[Path, typer.Option(help="Folder for results.json/.md/.png.")]
 Keep = Annotated[int, typer.Option(help="Results kept per query.")]
@@ -147,14 +152,14 @@ def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
 
 
 def _check_inputs(
-    dataset: Path | None, config_files: list[Path] | None, timeout: float | None, llm: str
+    dataset: Path | None, config_files: list[Path] | None, timeout: float | None, llm: LlmFlags
 ) -> None:
-    """The eval extra, the input paths, ``--llm`` and ``--timeout``, checked with no
-    library imported; then the extra's modules imported."""
+    """The eval extra, the input paths, ``--llm`` (and its server's model and key) and
+    ``--timeout``, checked with no library imported; then the extra's modules imported."""
     check_timeout(timeout)
     find_eval_extra("hyde-plus eval")
     with early.refused():
-        early.llm_choice(llm, oracle=True)
+        early.llm_choice(llm.spec, oracle=True, flags=llm)
         early.dataset_folder(dataset)
         for path in config_files or []:
             early.config_file(path)
@@ -170,11 +175,13 @@ def eval_cmd(
     chunk_size: q.ChunkSize = DEFAULT_CHUNK_SIZE,
     chunk_overlap: q.ChunkOverlap = DEFAULT_CHUNK_OVERLAP,
     index: q.ReuseIndex = None,
-    transforms: Transforms = "none,hyde",
+    transforms: Transforms = None,
     split: Split = "test",
     limit: opt.Limit = None,
     out: ResultsOut = Path("eval-results"),
     llm: opt.EvalLlm = "auto",
+    llm_model: opt.LlmModel = None,
+    llm_key: opt.LlmKey = None,
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -194,12 +201,12 @@ def eval_cmd(
 ) -> None:
     """Score transforms on a BEIR dataset, or on your own documents (--docs, with
     generated questions or your --qrels): nDCG@10, recall, MRR, wins/ties/losses and a
-    verdict against `none`, latency, tokens, cost."""
+    verdict against `none`, latency, tokens, cost. A conversational set (turns/):
+    follow-ups as written, their human rewrite, and condense given the chat."""
     setup_logging(verbose)
-    _check_inputs(dataset, config_files, timeout, llm)
-    from ..evaluation import run_eval
-
-    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    _check_inputs(dataset, config_files, timeout, LlmFlags(llm, llm_model, llm_key))
+    choices = (temperature, max_tokens, seed, concurrency, llm_model, llm_key)
+    models = ModelChoice(llm, embed, max_length, *choices)
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
@@ -208,26 +215,49 @@ def eval_cmd(
         source, where, models, transforms, config_files, split, limit, out, phases
     )
     config = _config(models, model, where.kind, top_k, split, note, hyde_prompt)
-    with progress_bar() as progress, reported():
-        result = run_eval(
-            ds,
-            timed(specs, timeout),
-            llm=models.make_llm if model is not None else None,
-            max_length=max_length,
-            use_cache=cache,
-            progress=bars(progress, "/s"),
-            config={k: v for k, v in config.items() if v is not None},
-            **where.runner_kwargs(models, embed_model),
-        )
+    runner = {"use_cache": cache, **where.runner_kwargs(models, embed_model)}
+    run = _runner(source)
+    result = _run(run, ds, timed(specs, timeout), models, model is not None, config, runner)
     result.include_earlier(phases, time.perf_counter() - started)
     _show(result, out, note, concurrency)
+
+
+def _run(
+    run: Any,
+    ds: Any,
+    specs: list[Any],
+    models: ModelChoice,
+    uses_llm: bool,
+    config: dict[str, Any],
+    runner: dict[str, Any],
+) -> Any:
+    """``run`` (`run_eval` or `run_conversations`) with progress bars (rate, ETA,
+    fallbacks so far)."""
+    with progress_bar() as progress, reported():
+        return run(
+            ds,
+            specs,
+            llm=models.make_llm if uses_llm else None,
+            max_length=models.max_length,
+            progress=bars(progress, "/s"),
+            config={k: v for k, v in config.items() if v is not None},
+            **runner,
+        )
+
+
+def _runner(source: q.DataChoice) -> Any:
+    """`run_conversations` for a conversational set, else `run_eval`."""
+    from ..evaluation import run_eval
+    from ..evaluation.conversational_run import run_conversations
+
+    return run_conversations if source.conversational else run_eval
 
 
 def _prepare(
     source: q.DataChoice,
     where: SearchChoice,
     models: ModelChoice,
-    transforms: str,
+    transforms: str | None,
     config_files: list[Path] | None,
     split: str,
     limit: int | None,
@@ -242,9 +272,12 @@ def _prepare(
 
     with reported():  # BeirFormatError is a ValueError
         where.kind  # noqa: B018 - flags are checked before anything loads
+        if transforms is None:
+            transforms = CONVERSATION_TRANSFORMS if source.conversational else DEFAULT_TRANSFORMS
         specs = _specs(transforms, config_files)
         standin_for(models, source)
-        source.check(models.max_length, (("--out", out), ("--cache-dir", where.cache_dir)))
+        outputs = (("--out", out), ("--cache-dir", where.cache_dir))
+        source.check(models.max_length, outputs, conversations=True)
         check_results_folder(out)
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
@@ -279,4 +312,11 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
         f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
     )
     show_timeout_hint(result.reports, concurrency)
+    if result.config.get("set") == "conversational":  # a person's rewrite is no option
+        from dataclasses import replace
+
+        from ..evaluation.conversational_run import HUMAN_REWRITE
+
+        ui.err.print(f"{HUMAN_REWRITE}: a person's standalone rewrite, the ceiling to aim at")
+        result = replace(result, reports=[r for r in result.reports if r.label != HUMAN_REWRITE])
     ui.console.print(f"[bold]{recommendation(result)}[/]")

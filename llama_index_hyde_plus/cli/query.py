@@ -29,6 +29,9 @@ from ._options import (
     Count,
     IndexPath,
     Llm,
+    LlmFlags,
+    LlmKey,
+    LlmModel,
     MilvusToken,
     NumPassages,
     Temperature,
@@ -64,13 +67,12 @@ def transform_options(
     prompt: str | None = None,
 ) -> dict[str, Any]:
     """The options given on the command line (None: not given) that the transform
-    ``name`` takes, by what the class says of itself; a flag it does not take is
+    ``name`` takes, by its registry entry (`Entry.option_names`); a flag it does not take is
     named in a warning, not silently dropped."""
-    from ..transforms.registry import transform_class
+    from ..transforms.registry import entry_for
 
-    cls = transform_class(name)
     given = flags(n, num_passages, temperature, timeout, include_query, prompt)
-    takes = set(cls.option_names())
+    takes = set(entry_for(name).option_names())
     options = {k: v for k, v in given.items() if v is not None and k in takes}
     ignored = sorted(k for k, v in given.items() if v is not None and k not in takes)
     if ignored:
@@ -105,14 +107,14 @@ def _search(
     transform: str | None,
     options: dict[str, Any],
     config_file: Path | None,
-    llm: str,
+    llm: LlmFlags,
     open_retriever: Callable[[int], Any],
     top_k: int,
 ) -> tuple[str, SearchResult]:
     """Build the transform, open the store at the depth its guards need
     (`retriever.candidate_depth`: a reranking config reorders as many candidates here
     as in ``eval`` and ``from_index``), search, and keep ``top_k``."""
-    from ..models import describe_llm, resolve_llm
+    from ..models import describe_llm
     from ..search.retriever import TransformRetriever, candidate_depth
     from ..transforms.config import load_config
     from ..transforms.factory import build, resolve_name
@@ -128,7 +130,7 @@ def _search(
         ) from None
     # flags given on the command line win over the config, which wins over defaults
     given = transform_options(method, **options)
-    model = resolve_llm(llm) if transform_class(method).uses_llm else None
+    model = llm.resolve() if transform_class(method).uses_llm else None
     transformer = build(method, model, given, config=config)
     retriever = open_retriever(candidate_depth(transformer.guards, top_k))
     searcher = TransformRetriever(retriever, transformer, top_k=top_k)
@@ -262,6 +264,8 @@ def query(
     num_passages: NumPassages = None,
     include_query: IncludeQuery = None,
     llm: Llm = "auto",
+    llm_model: LlmModel = None,
+    llm_key: LlmKey = None,
     temperature: Temperature = None,
     prompt: Prompt = None,
     timeout: Timeout = None,
@@ -276,8 +280,7 @@ def query(
     ] = None,
     verbose: Verbose = False,
 ) -> None:
-    """Search an index (FAISS --index or Milvus --uri) with a transformed query and show
-    what was generated."""
+    """Search a FAISS --index or Milvus --uri with a transformed query; show what was made."""
     setup_logging(verbose)
     if top_k < 1:
         raise fail(f"--top-k must be at least 1, not {top_k}")
@@ -287,7 +290,7 @@ def query(
         except ValueError:
             check_choice("--transform", transform, TRANSFORMS)
     with early.refused():
-        early.llm_choice(llm)
+        early.llm_choice(llm, flags=(llm_flags := LlmFlags(llm, llm_model, llm_key)))
         early.store_address(index_path, uri)
         early.config_file(config_file)
     from ..stores import open_store
@@ -299,7 +302,9 @@ def query(
         )
         depth = top_k * GROUP_POOL if group_by_file else top_k
         opener = partial(_open_store, store, embed)
-        transform, result = _search(question, transform, options, config_file, llm, opener, depth)
+        transform, result = _search(
+            question, transform, options, config_file, llm_flags, opener, depth
+        )
     _show(question, transform, result, top_k, group_by_file=group_by_file, as_json=as_json)
 
 
@@ -335,6 +340,8 @@ def transform_cmd(
     include_query: IncludeQuery = None,
     prompt: Prompt = None,
     llm: Llm = "auto",
+    llm_model: LlmModel = None,
+    llm_key: LlmKey = None,
     temperature: Temperature = None,
     timeout: Timeout = None,
     verbose: Verbose = False,
@@ -342,15 +349,16 @@ def transform_cmd(
     """Print what a transform makes of a question, as JSON."""
     setup_logging(verbose)
     check_choice("--method", method, METHODS)
+    llm_flags = LlmFlags(llm, llm_model, llm_key)
     with early.refused():
-        early.llm_choice(llm)
-    from ..models import describe_llm, resolve_llm
+        early.llm_choice(llm, flags=llm_flags)
+    from ..models import describe_llm
     from ..transforms.factory import build
 
     with reported():
         given = flags(n, num_passages, temperature, timeout, include_query, prompt)
         options = transform_options(method, **given)
-        model = resolve_llm(llm)
+        model = llm_flags.resolve()
         transformer = build(method, model, options)
         with working(f"{method}: {describe_llm(model)} is writing"):
             result = transformer.transform_safe(question)

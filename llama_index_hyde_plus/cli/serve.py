@@ -13,10 +13,24 @@ from . import _console as ui
 from . import _early as early
 from ._console import fail, reported, setup_logging, warm_up
 from ._names import TIMEOUT_POLICY
-from ._options import LLM_HELP, Collection, IndexPath, MilvusToken, Uri, Verbose
+from ._options import (
+    LLM_HELP,
+    Collection,
+    IndexPath,
+    LlmFlags,
+    LlmKey,
+    LlmModel,
+    MilvusToken,
+    Uri,
+    Verbose,
+)
 
 #: The ``server`` extra: what `rcp` and `rcp_http` are written with.
 SERVER_EXTRA: tuple[str, tuple[str, ...]] = ("server", ("rcp", "starlette", "uvicorn"))
+
+ServeLlm = Annotated[
+    str, typer.Option(help=LLM_HELP[:-1] + ", or scripted[:DELAY_MS] (load tests).")
+]
 
 if TYPE_CHECKING:
     import socket
@@ -179,7 +193,7 @@ def _cache(spec: str) -> Any:
 
 def _service(
     store: Store | None,
-    llm: str,
+    llm: LlmFlags,
     timeout: float | None,
     config_files: list[Path] | None,
     *,
@@ -191,14 +205,14 @@ def _service(
     reranked with its embedding model (``embed`` overrides it), and written to when
     ``writable``; without one, transforms only, plus ``rerank`` when ``embed`` names
     an embedding model."""
-    from ..models import resolve_embedding, resolve_llm
+    from ..models import resolve_embedding
     from ..server.rcp import MAX_K, TransformService
 
     with reported():
         options = _tuned_options(config_files)
         if store is None:
             return TransformService(
-                resolve_llm(llm),
+                llm.resolve(),
                 cache=_cache(cache),
                 timeout=timeout,
                 options=options,
@@ -209,7 +223,7 @@ def _service(
         index = store.load(embed_model)
         writer = store.writer(index, embed_model) if writable else None
         return TransformService(
-            resolve_llm(llm),
+            llm.resolve(),
             store.retriever(index, MAX_K),
             cache=_cache(cache),
             timeout=timeout,
@@ -271,9 +285,9 @@ def serve(
             help="Require 'Authorization: Bearer TOKEN' (HTTP).", envvar="HYDE_PLUS_TOKEN"
         ),
     ] = None,
-    llm: Annotated[
-        str, typer.Option(help=LLM_HELP[:-1] + ", or scripted[:DELAY_MS] (load tests).")
-    ] = "auto",
+    llm: ServeLlm = "auto",
+    llm_model: LlmModel = None,
+    llm_key: LlmKey = None,
     timeout: Annotated[
         float | None,
         typer.Option(help=f"Seconds per LLM call before falling back (default: {TIMEOUT_POLICY})."),
@@ -304,7 +318,7 @@ def serve(
     policy = check_sessionless(sessionless, http)
     with early.refused():
         early.extra(*SERVER_EXTRA, "hyde-plus serve")
-        early.llm_choice(llm)
+        early.llm_choice(llm, flags=(llm_flags := LlmFlags(llm, llm_model, llm_key)))
         if index_path is not None or uri is not None:
             early.store_address(index_path, uri)
         for path in config_files or []:
@@ -312,7 +326,7 @@ def serve(
     sock = _bind(host, http, token) if http is not None else None
     store = _store(index_path, uri, collection, milvus_token)
     service = _service(
-        store, llm, timeout, config_files, cache=cache, embed=embed, writable=writable
+        store, llm_flags, timeout, config_files, cache=cache, embed=embed, writable=writable
     )
     warm_up(service.llm)
     _run(service, store, llm, sock, token, max_inflight, policy)
@@ -339,6 +353,7 @@ def _run(
     max_inflight: int,
     sessionless: Sessionless = "stateless",
 ) -> None:
+    from .._redact import redact_uri
     from ..calls.timeouts import describe_timeout
     from ..models import describe_llm
     from ..server.http import Limits, RcpHttpServer
@@ -348,7 +363,7 @@ def _run(
     what = (
         f"index: {store.describe() if store else 'none'}"
         f"{' (writable)' if service.writer is not None else ''}, "
-        f"llm: {name if name == llm else f'{name} ({llm})'}, "
+        f"llm: {name if name == llm else f'{name} ({redact_uri(llm)})'}, "
         f"timeout: {describe_timeout(service.llm, service.timeout)}, "
         f"cache: {_describe_cache(service.cache)}"
     )

@@ -22,11 +22,12 @@ from ._evaluation import (
     standin_for,
 )
 from ._names import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE, TRANSFORMS
+from ._options import LlmFlags
 from .eval import check_timeout, show_plan, show_timeout_hint, with_timeout
 
 
 def _check_flags(
-    name: str, tolerance: float, dataset: Path | None, timeout: float | None, llm: str
+    name: str, tolerance: float, dataset: Path | None, timeout: float | None, llm: LlmFlags
 ) -> None:
     """The checks that need no library (before `require_eval_extra` imports)."""
     check_choice("--transform", name, TRANSFORMS[1:])
@@ -34,7 +35,7 @@ def _check_flags(
     if not 0 <= tolerance < 100:
         raise fail(f"--tolerance must be between 0 and 100 nDCG@10 points, not {tolerance:g}")
     with early.refused():
-        early.llm_choice(llm, oracle=True)
+        early.llm_choice(llm.spec, oracle=True, flags=llm)
         early.dataset_folder(dataset)
 
 
@@ -98,6 +99,8 @@ def tune(
     tolerance: Tolerance = 0.2,
     grid: Grid = None,
     llm: opt.EvalLlm = "auto",
+    llm_model: opt.LlmModel = None,
+    llm_key: opt.LlmKey = None,
     embed: opt.Embed = "auto",
     hyde_prompt: opt.HydePrompt = None,
     concurrency: opt.Concurrency = 4,
@@ -121,10 +124,11 @@ def tune(
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
     name, split = transform.strip().lower(), split if docs is None else "generated"
-    _check_flags(name, tolerance, dataset, timeout, llm)
+    _check_flags(name, tolerance, dataset, timeout, LlmFlags(llm, llm_model, llm_key))
     require_eval_extra("hyde-plus tune")
     _check(name, split, out, report)
-    models = ModelChoice(llm, embed, max_length, temperature, max_tokens, seed, concurrency)
+    choices = (temperature, max_tokens, seed, concurrency, llm_model, llm_key)
+    models = ModelChoice(llm, embed, max_length, *choices)
     where = SearchChoice(store, uri, milvus_token, cache_dir, top_k, hyde_prompt, index)
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
@@ -153,9 +157,9 @@ def _timed_grid(configs: Any, name: str, timeout: float | None) -> Any:
     in each: every configuration's calls, not a swept option."""
     if timeout is None:
         return configs
-    from ..transforms.registry import transform_class
+    from ..transforms.registry import entry_for
 
-    grid = configs if configs is not None else transform_class(name).tune_grid()
+    grid = configs if configs is not None else entry_for(name).grid
     return [with_timeout(dict(c), name, timeout) for c in grid]
 
 

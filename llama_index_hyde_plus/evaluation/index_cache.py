@@ -19,10 +19,11 @@ from .beir import BeirDataset
 
 
 class Advance(Protocol):
-    """``advance(n, fell_back=0)``: ``n`` more items done, ``fell_back`` of them fell
-    back to plain search (a progress bar shows the running count)."""
+    """``advance(n, fell_back=0, note="")``: ``n`` more items done, ``fell_back`` of them
+    fell back to plain search (a progress bar shows the running count); ``note`` is
+    shown beside it (``"2 in flight"`` once the pace was narrowed)."""
 
-    def __call__(self, n: int, fell_back: int = 0) -> None: ...
+    def __call__(self, n: int, fell_back: int = 0, note: str = "") -> None: ...
 
 
 ProgressFactory = Callable[[str, int], Advance]

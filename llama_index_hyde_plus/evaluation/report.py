@@ -475,12 +475,67 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
         f"tune {result.transform} on {result.dataset} {result.split} "
         f"({result.queries} queries, {len(result.reports)} configurations)"
     )
+    rows = tune_rows(result, top)
+    labels, legend = short_labels([row[0] for row in rows], result.transform)
+    if legend:
+        title += f"\n{legend}"
     table = _narrow_table(title, TUNE_HEADERS[:-1])
     table.add_column(TUNE_HEADERS[-1], no_wrap=True)
-    for row in tune_rows(result, top):
+    for row, label in zip(rows, labels):
         style = "bold green" if row[-1] == "chosen" else None
-        table.add_row(*row, style=style)
+        table.add_row(label, *row[1:], style=style)
     return table
+
+
+TUNE_LABEL_WIDTH = 14
+"""Characters of a configuration a line of the terminal tune table shows; longer
+options are abbreviated (`short_labels`)."""
+
+
+def short_labels(labels: list[str], transform: str) -> tuple[list[str], str]:
+    """Configuration labels for an 80-column table, and their legend (``""``: none
+    needed): without the transform's name (the title says it; its defaults read
+    ``defaults``), lines ending between options, and when an option would not fit
+    `TUNE_LABEL_WIDTH`, every option name abbreviated (``qw=0.7`` for
+    ``query_weight=0.7``, the legend saying ``qw: query_weight``)."""
+    prefix = f"{transform}:"
+    options = [
+        label[len(prefix) :].split(",") if label.startswith(prefix) else [label] for label in labels
+    ]
+    names = sorted({o.split("=", 1)[0] for opts in options for o in opts if "=" in o})
+    if all(len(o) + 1 <= TUNE_LABEL_WIDTH for opts in options for o in opts):
+        short = {n: n for n in names}
+    else:
+        short = _abbreviations(names)
+    shown = []
+    for label, opts in zip(labels, options):
+        if label == transform:
+            shown.append("defaults")
+            continue
+        parts = [
+            f"{short[o.split('=', 1)[0]]}={o.split('=', 1)[1]}" if "=" in o else o for o in opts
+        ]
+        shown.append(", ".join(parts))  # a line ends between two options
+    legend = ", ".join(f"{short[n]}: {n}" for n in names if short[n] != n)
+    return shown, legend
+
+
+def _abbreviations(names: list[str]) -> dict[str, str]:
+    """A short, distinct name for each of ``names``: the initials of its words
+    (``query_weight`` -> ``qw``), the first word's letters lengthened where two would
+    read the same (``gate`` -> ``ga``, ``grounded`` -> ``gr``)."""
+    length = dict.fromkeys(names, 1)
+    while True:
+        short = {}
+        for name in names:
+            first, *rest = name.split("_")
+            short[name] = first[: length[name]] + "".join(w[:1] for w in rest)
+        clashes = [n for n in names if list(short.values()).count(short[n]) > 1]
+        grown = [n for n in clashes if length[n] < len(n.split("_")[0])]
+        if not grown:
+            return {n: (n if n in clashes else short[n]) for n in names}
+        for name in grown:
+            length[name] += 1
 
 
 TUNE_TITLE = "# hyde-plus tune report"

@@ -4,8 +4,10 @@ transform a run scores; `score` runs one transform over every question."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -17,17 +19,21 @@ from ..caching.cache import SQLiteCache, TransformCache
 from ..search.retriever import TransformRetriever
 from ..search.vectors import Embedder
 from ..stores import Store
+from ..transforms.condense import chat_history
 from ..transforms.factory import build
 from ..transforms.registry import uses_llm
 from ..usage import Usage, sum_usage
 from .beir import BeirDataset
 from .index_cache import Advance, ProgressFactory, cached_index, check_holds, eval_store
 from .metrics import MEASURES, evaluate, percentile
+from .pacing import Pacer
 from .results import TransformReport
 from .specs import TransformSpec
 
 if TYPE_CHECKING:
     from typing_extensions import Required, Unpack
+
+logger = logging.getLogger(__name__)
 
 
 def needs_llm(name: str) -> bool:
@@ -60,21 +66,32 @@ class _QueryRecord:
 
 async def _run_one(
     retriever: TransformRetriever,
-    ds: BeirDataset,
+    queries: Mapping[str, str],
     concurrency: int,
     advance: Advance | None,
+    chats: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], list[_QueryRecord]]:
-    gate = asyncio.Semaphore(concurrency)
+    pacer = Pacer.for_transform(retriever.transformer, concurrency)
     run: dict[str, dict[str, float]] = {}
     records: list[_QueryRecord] = []
 
     async def one(qid: str, text: str) -> None:
-        async with gate:
+        chat: AbstractContextManager[None] = (
+            chat_history(chats[qid]) if chats is not None else nullcontext()
+        )
+        async with pacer as ticket:  # the query's deadlines start once it is let in
             start = time.perf_counter()
-            result = await retriever.asearch(text)
+            with chat:  # this task's own conversation (a context variable)
+                result = await retriever.asearch(text)
             latency = time.perf_counter() - start
+            t = result.transform
+            timed_out = t.fallback and (t.error or "").startswith(
+                ("LLMTimeoutError", "QueuedTooLongError")
+            )
+            if not (t.cached or t.skipped):
+                written = (t.generation_usage or t.usage).output_tokens
+                pacer.record(ticket, latency, timed_out, written)
         run[qid] = {n.node.node_id: float(n.score or 0.0) for n in result.nodes}
-        t = result.transform
         records.append(
             _QueryRecord(
                 qid=qid,
@@ -83,16 +100,18 @@ async def _run_one(
                 fallback=t.fallback,
                 skipped=bool(t.skipped),
                 usage=t.generation_usage or t.usage,
-                timed_out=t.fallback
-                and (t.error or "").startswith(("LLMTimeoutError", "QueuedTooLongError")),
+                timed_out=timed_out,
                 queries=list(t.search_queries),
                 hypothetical=list(t.hypothetical),
             )
         )
         if advance:
-            advance(1, fell_back=int(t.fallback))
+            note = pacer.note()
+            advance(1, fell_back=int(t.fallback), **({"note": note} if note else {}))
 
-    await asyncio.gather(*(one(qid, text) for qid, text in ds.queries.items()))
+    await asyncio.gather(*(one(qid, text) for qid, text in queries.items()))
+    for change in pacer.changes:
+        logger.info("queries in flight: %s", change)
     return run, records
 
 
@@ -187,14 +206,23 @@ class EvalSession:
         return self._retriever
 
     def score(
-        self, label: str, transformer: Any, *, options: dict[str, Any] | None = None
+        self,
+        label: str,
+        transformer: Any,
+        *,
+        options: dict[str, Any] | None = None,
+        queries: Mapping[str, str] | None = None,
+        chats: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
     ) -> TransformReport:
-        """Run ``transformer`` over every query and score it (no comparison yet)."""
+        """Run ``transformer`` over every query and score it (no comparison yet).
+        ``queries`` replaces the texts searched (same ids, same judgements); ``chats``
+        gives each query the conversation before it (`chat_history`), for `Condense`."""
         retriever = TransformRetriever(
             self.base_retriever(), transformer, top_k=self.top_k, embed_model=self.embedder
         )
-        advance = self.progress(label, len(self.ds.queries)) if self.progress else None
-        run, records = asyncio.run(_run_one(retriever, self.ds, self.concurrency, advance))
+        texts = self.ds.queries if queries is None else queries
+        advance = self.progress(label, len(texts)) if self.progress else None
+        run, records = asyncio.run(_run_one(retriever, texts, self.concurrency, advance, chats))
         retriever.close()
         scores = evaluate(self.ds.qrels, run, MEASURES)
         fresh = [r.latency_s for r in records if not r.cached]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._suggest import did_you_mean
-from ..transforms.registry import TRANSFORMS, check_options, transform_class
+from ..transforms.registry import TRANSFORMS, check_options, entry_for, transform_class
 
 _ALIAS = re.compile(r"^(?P<name>[a-z-]+?)(?:-n(?P<n>\d+))?(?P<q>\+q)?$")
 
@@ -71,7 +71,7 @@ def parse_transform_spec(spec: str) -> TransformSpec:
     name = match["name"]
     options: dict[str, Any] = {}
     if match["n"]:
-        count = transform_class(name).count_option() if name in TRANSFORMS else None
+        count = entry_for(name).count if name in TRANSFORMS else None
         options[count or "n"] = int(match["n"])
     if match["q"]:
         options["include_query"] = True

@@ -1,5 +1,5 @@
 """Choose a transform's search options on a training split: `run_tune` sweeps the
-options its class declares (`tune_grid`), reusing one generation per query from the
+options its registry entry lists (`registry.Entry.grid`), reusing one generation per query from the
 transform cache, and picks the simplest configuration within ``tolerance`` of the best.
 `write_config` / `load_config` keep the winner as a file that ``query``, ``serve`` and
 ``eval`` accept with ``--config``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,7 +20,7 @@ from llama_index.core.llms import LLM
 from .._owned import check_file, say_replacing, write_all_atomic
 from .._suggest import did_you_mean
 from ..transforms.config import CONFIG_FORMAT, label_for
-from ..transforms.registry import TRANSFORMS, check_options, transform_class
+from ..transforms.registry import TRANSFORMS, check_options, entry_for
 from .beir import BeirDataset
 from .results import TransformReport, compare
 from .session import EvalSession, SessionOptions, build_transform, fresh_llm, needs_llm
@@ -66,7 +66,7 @@ def parse_grid(text: str) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in axes))]
 
 
-def check_grid(name: str, grid: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_grid(name: str, grid: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``grid`` if every configuration builds the transform ``name``; else a `ValueError`
     naming the first that does not. At most `MAX_GRID` configurations."""
     configs = [dict(c) for c in grid]
@@ -84,8 +84,8 @@ def check_grid(name: str, grid: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 
 def complexity(name: str, options: dict[str, Any]) -> int:
     """How much machinery a configuration of the transform ``name`` switches on (lower
-    is simpler), as its class says (`QueryTransformer.complexity`)."""
-    return transform_class(name).complexity(options)
+    is simpler), as its registry entry says (`registry.Entry.complexity`)."""
+    return entry_for(name).complexity(options)
 
 
 @dataclass
@@ -135,7 +135,7 @@ def run_tune(
     **options: Unpack[SessionOptions],
 ) -> TuneResult:
     """Score ``none`` and every configuration of ``transform`` in ``grid`` (default:
-    the class's own `tune_grid`) on ``ds``; generations are cached, so the sweep
+    its registry entry's `registry.Entry.grid`) on ``ds``; generations are cached, so the sweep
     calls the LLM once per query and generation setting. ``options`` are the
     `EvalSession` options (`SessionOptions`: models, cache, store, depth...).
     ``standin`` sweeps with the strong-generator stand-in instead of ``llm``
@@ -148,7 +148,7 @@ def run_tune(
         )
     if not 0 <= tolerance < 1:
         raise ValueError("tolerance must be between 0 and 1 (nDCG@10 is 0-1)")
-    configs = check_grid(name, grid if grid is not None else transform_class(name).tune_grid())
+    configs = check_grid(name, grid if grid is not None else entry_for(name).grid)
     if needs_llm(name) and llm is None and standin is None:
         raise ValueError(f"{name} needs an llm")
     session = EvalSession(ds, **options)

@@ -14,9 +14,9 @@ import hashlib
 import logging
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,19 +24,17 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
 
-from .._attrs import overrides
 from ..caching.cache import BoundedLRU, LRUHolder
 from ..calls import door
-from ..calls.door import Deadline, await_within
+from ..calls.door import Deadline
+from ..calls.workers import DaemonWorkers
 from ..stores.row_keys import key_filter, row_key
+from .loops import ASYNC, BLOCKING
+from .requests import Embed, ReadStore, Steps
 
 logger = logging.getLogger(__name__)
 
 Vec = list[float]
-T = TypeVar("T")
-R = TypeVar("R")
-_WHAT = "the embedding model"
-_STORE = "the vector store"
 
 EMBEDDER_MAX_BYTES = 64 << 20
 """`Embedder`'s cache budget when none is given: 64 MiB (the texts it is keyed by
@@ -91,11 +89,6 @@ class _LRU(LRUHolder[tuple[str, str], npt.NDArray[Any]]):
             self._lru.set(key, packed)
 
 
-#: The async text-embedding methods; a model that has either of its own embeds
-#: generated text natively on the async path.
-_TEXT_ASYNC = ("_aget_text_embeddings", "_aget_text_embedding")
-
-
 class Embedder:
     """A LlamaIndex embedding model with an LRU cache of recent texts, bounded by
     ``max_entries`` and ``max_bytes`` (vectors and the texts they are keyed by).
@@ -125,88 +118,61 @@ class Embedder:
         self.model = model
         self._cache = _LRU(max_entries, max_bytes)
 
-    def query(self, text: str, deadline: Deadline | None = None) -> Vec:
-        """The query embedding of ``text`` (cached per `Embedder`).
+    def embed_query(self, text: str, deadline: Deadline | None = None) -> Steps[Vec]:
+        """The query embedding of ``text`` (cached per `Embedder`), as a step (`loops`
+        carries it out: `query` and `aquery` do).
 
         Args:
             text: the question.
-            deadline: when to stop waiting for the model (`door.run`: on its
-                own worker threads, `ModelTimeoutError` once it passes); None: called
-                in this thread, unbounded.
+            deadline: when to stop waiting for the model (on its own worker threads,
+                or its native coroutine cancelled; `ModelTimeoutError` once it passes);
+                None: unbounded (a blocking model called in this thread).
         """
         key = ("q", text)
         hit = self._cache.get(key)
         if hit is None:
-            hit = list(self._call(deadline, self.model.get_query_embedding, text))
+            hit = list((yield Embed(self.model, "query", text, deadline)))
             self._cache.set(key, hit)
         return hit
 
-    def texts(self, texts: Sequence[str], deadline: Deadline | None = None) -> list[Vec]:
-        """Document embeddings of ``texts``, in order: only those not cached are
-        embedded, each distinct text once, in one batch (then one by one for any the
-        model's batch left out).
+    def embed_texts(
+        self, texts: Sequence[str], deadline: Deadline | None = None
+    ) -> Steps[list[Vec]]:
+        """Document embeddings of ``texts``, in order, as a step: only those not
+        cached are embedded, each distinct text once, in one batch (then one by one
+        for any the model's batch left out).
 
         Args:
             texts: passages or documents.
             deadline: when to stop waiting for the model (shared by all its calls), as
-                in `query`.
+                in `embed_query`.
         """
         found = self._cached_texts(texts)
         missing = [t for t, vec in found.items() if vec is None]
         if missing:
-            batch = self._call(deadline, self.model.get_text_embedding_batch, self._fit(missing))
+            batch = yield Embed(self.model, "texts", self._fit(missing), deadline)
             self._keep(found, missing, batch)
             for text in self._still_missing(found):  # the model returned too few
-                vec = self._call(deadline, self.model.get_text_embedding, self._fit([text])[0])
+                vec = yield Embed(self.model, "text", self._fit([text])[0], deadline)
                 found[text] = self._keep_one(text, vec)
         return [found[t] for t in texts]  # type: ignore[misc]
+
+    def query(self, text: str, deadline: Deadline | None = None) -> Vec:
+        """`embed_query`, blocking."""
+        return BLOCKING.run(self.embed_query(text, deadline))
+
+    def texts(self, texts: Sequence[str], deadline: Deadline | None = None) -> list[Vec]:
+        """`embed_texts`, blocking."""
+        return BLOCKING.run(self.embed_texts(texts, deadline))
 
     async def aquery(self, text: str, deadline: Deadline | None = None) -> Vec:
-        """`query` on the async path: the model's own async method when it has one
-        (under asyncio's timeout), else its blocking one on its own worker threads
-        (never the event loop's default executor).
-
-        Args:
-            text: the question.
-            deadline: when to stop waiting for the model; None for no bound.
-        """
-        key = ("q", text)
-        hit = self._cache.get(key)
-        if hit is None:
-            if overrides(self.model, "_aget_query_embedding", BaseEmbedding):
-                got = await await_within(self.model.aget_query_embedding(text), deadline, _WHAT)
-            else:
-                got = await self._acall(deadline, self.model.get_query_embedding, text)
-            hit = list(got)
-            self._cache.set(key, hit)
-        return hit
+        """`embed_query` on the async path: the model's own async method when it has
+        one, else its blocking one on its own worker threads."""
+        return await ASYNC.run(self.embed_query(text, deadline))
 
     async def atexts(self, texts: Sequence[str], deadline: Deadline | None = None) -> list[Vec]:
-        """`texts` on the async path, as `aquery` calls the model.
-
-        Args:
-            texts: passages or documents.
-            deadline: when to stop waiting for the model (shared by all its calls).
-        """
-        found = self._cached_texts(texts)
-        missing = [t for t, vec in found.items() if vec is None]
-        if missing:
-            native = any(overrides(self.model, name, BaseEmbedding) for name in _TEXT_ASYNC)
-            sent = self._fit(missing)
-            if native:
-                batch = self.model.aget_text_embedding_batch(sent)
-                vecs = await await_within(batch, deadline, _WHAT)
-            else:
-                vecs = await self._acall(deadline, self.model.get_text_embedding_batch, sent)
-            self._keep(found, missing, vecs)
-            for text in self._still_missing(found):  # the model returned too few
-                one = self._fit([text])[0]
-                if native:
-                    vec = await await_within(self.model.aget_text_embedding(one), deadline, _WHAT)
-                else:
-                    vec = await self._acall(deadline, self.model.get_text_embedding, one)
-                found[text] = self._keep_one(text, vec)
-        return [found[t] for t in texts]  # type: ignore[misc]
+        """`embed_texts` on the async path, as `aquery` calls the model."""
+        return await ASYNC.run(self.embed_texts(texts, deadline))
 
     def _fit(self, texts: list[str]) -> list[str]:
         """``texts`` cut to the model's window where the model says how
@@ -216,13 +182,10 @@ class Embedder:
         fit = getattr(self.model, "fit_to_window", None)
         return [fit(t) for t in texts] if callable(fit) else texts
 
-    def _call(self, deadline: Deadline | None, method: Callable[[T], R], arg: T) -> R:
-        """``method(arg)`` of the model, bounded by ``deadline`` on its worker threads."""
-        return door.run(partial(method, arg), on=self.model, deadline=deadline, what=_WHAT)
-
-    async def _acall(self, deadline: Deadline | None, method: Callable[[T], R], arg: T) -> R:
-        call = partial(method, arg)
-        return await door.arun(call, on=self.model, deadline=deadline, what=_WHAT)
+    def pool(self) -> DaemonWorkers:
+        """The model's own worker threads (one pool per provider: its class, model and
+        endpoint), so a hung embedder holds only those."""
+        return door.pool(self.model)
 
     def _cached_texts(self, texts: Sequence[str]) -> dict[str, Vec | None]:
         """Each distinct text's cached vector, None where there is none."""
@@ -289,51 +252,42 @@ class DocVectors:
         self.source = "unknown"
         """Where the last lookup found its vectors: node, faiss, milvus or embedding."""
 
-    def get(self, nodes: Sequence[NodeWithScore], deadline: Deadline | None = None) -> list[Vec]:
-        """Vectors of ``nodes`` in order (blocking).
+    def read(
+        self, nodes: Sequence[NodeWithScore], deadline: Deadline | None = None
+    ) -> Steps[list[Vec]]:
+        """Vectors of ``nodes`` in order, as a step (`loops` carries it out: `get` and
+        `aget` do).
 
         Args:
             nodes: retrieved nodes.
             deadline: when to stop waiting for a remote store and the embedder (each on
                 worker threads of its own; `ModelTimeoutError` once it passes); None: no
-                bound, called in this thread.
+                bound.
         """
         found = self._known(nodes)
         missing = [n for n in nodes if n.node.node_id not in found]
         if not missing:
             return [found[n.node.node_id] for n in nodes]
         kind, store = self._store()
-        if kind == "milvus":  # remote: it may hang
-            call = partial(self._from_store, missing)
-            fetched = door.run(call, on=store, kind="store", deadline=deadline, what=_STORE)
-        else:
-            fetched = self._from_store(missing)
+        fetched = yield ReadStore(partial(self._from_store, missing), kind, store, deadline)
         missing = [n for n in missing if n.node.node_id not in fetched]
         if missing:
             texts = self._texts_of(missing)
-            fetched.update(zip(texts, self.embedder.texts(list(texts.values()), deadline)))  # type: ignore[union-attr]
+            assert self.embedder is not None  # `_texts_of` raised otherwise
+            vecs = yield from self.embedder.embed_texts(list(texts.values()), deadline)
+            fetched.update(zip(texts, vecs))
         return self._kept(nodes, found, fetched)
+
+    def get(self, nodes: Sequence[NodeWithScore], deadline: Deadline | None = None) -> list[Vec]:
+        """`read`, blocking."""
+        return BLOCKING.run(self.read(nodes, deadline))
 
     async def aget(
         self, nodes: Sequence[NodeWithScore], deadline: Deadline | None = None
     ) -> list[Vec]:
-        """Async twin of `get`: store reads on worker threads, embedding as
-        `Embedder.atexts` does it; never on the event loop nor its default executor."""
-        found = self._known(nodes)
-        missing = [n for n in nodes if n.node.node_id not in found]
-        if not missing:
-            return [found[n.node.node_id] for n in nodes]
-        kind, store = self._store()
-        fetched: dict[str, Vec] = {}
-        if kind in ("faiss", "milvus"):
-            call = partial(self._from_store, missing)
-            fetched = await door.arun(call, on=store, kind="store", deadline=deadline, what=_STORE)
-        missing = [n for n in missing if n.node.node_id not in fetched]
-        if missing:
-            texts = self._texts_of(missing)
-            vecs = await self.embedder.atexts(list(texts.values()), deadline)  # type: ignore[union-attr]
-            fetched.update(zip(texts, vecs))
-        return self._kept(nodes, found, fetched)
+        """`read` on the async path: store reads on worker threads, embedding as
+        `Embedder.aquery` does it; never on the event loop nor its default executor."""
+        return await ASYNC.run(self.read(nodes, deadline))
 
     def _texts_of(self, nodes: Sequence[NodeWithScore]) -> dict[str, str]:
         """What is embedded for each of ``nodes`` the store could not return, by node id

@@ -59,7 +59,7 @@ from ..stores.nodes import embedding_model_name
 from ..transforms.base import MAX_N, QueryTransformer, TransformResult
 from ..transforms.condense import chat_history, read_messages
 from ..transforms.factory import build
-from ..transforms.registry import METHODS, transform_class
+from ..transforms.registry import METHODS, entry_for
 from ..usage import Usage
 
 logger = logging.getLogger(__name__)
@@ -219,8 +219,8 @@ class TransformService:
 
     def transformer(self, method: str, n: int | None) -> QueryTransformer:
         """The ``method`` transform writing ``n`` queries or passages (its count option,
-        `count_option`: ``n``, HyDE's ``num_passages``); None: its own default."""
-        option = transform_class(method).count_option()
+        `registry.Entry.count`: ``n``, HyDE's ``num_passages``); None: its own default."""
+        option = entry_for(method).count
         key = (method, n if option is not None and n is not None else 0)
         with self._lock:
             found = self._transforms.get(key)

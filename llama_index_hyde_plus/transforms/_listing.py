@@ -116,26 +116,14 @@ class QueryListTransform(LLMTransform):
             "defaults": self.generator if shipped else None,
         }
 
-    @classmethod
-    def count_option(cls) -> str | None:
-        return "n" if cls.DEFAULT_N is not None else None
-
-    @classmethod
-    def tune_grid(cls) -> list[dict[str, Any]]:
-        """The question's list at increasing fusion weight (a paraphrase counts 1),
-        and without the question at all, for the record."""
-        return [
-            {"include_query": False},
-            *(
-                {"include_query": True, "original_weight": w}
-                for w in (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
-            ),
-        ]
-
     def _params(self) -> dict[str, Any]:
         # the options, and the parse rule of the class (a query equal to the question
-        # dropped or kept): both change the parsed queries
-        return {**super()._params(), "parse_excludes_query": self.parse_excludes_query}
+        # dropped or kept): both change the parsed queries; a class that writes one
+        # query refuses ``n``, so ``n`` is no option of it
+        params = {**super()._params(), "parse_excludes_query": self.parse_excludes_query}
+        if self.DEFAULT_N is None:
+            params.pop("n", None)
+        return params
 
     def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
         # max_characters is in the key: a query trimmed for a smaller limit cannot be

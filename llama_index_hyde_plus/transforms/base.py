@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -270,8 +269,12 @@ class TransformResult:
 
     def searches(self) -> list[SearchSpec]:
         """The searches to run, one ranked list each."""
-        if self.children:
-            return [spec for child in self.children for spec in child.searches()]
+        if self.children:  # a chain: the message's own child keeps its weight
+            return [
+                replace(spec, weight=spec.weight * self._child_weight(child))
+                for child in self.children
+                for spec in child.searches()
+            ]
         if self.specs:
             return list(self.specs)
         if self.hypothetical:
@@ -285,6 +288,12 @@ class TransformResult:
             )
             for q in self.search_queries
         ]
+
+    def _child_weight(self, child: TransformResult) -> float:
+        """A chain child's weight: ``original_weight`` for the one run on the question
+        itself (when it is searched), 1 for the others."""
+        own = self.include_query and child.query == self.query
+        return self.original_weight if own else 1.0
 
     def _plain_mean(self) -> SearchSpec:
         """The passages searched as the HyDE paper does: their mean with the question's
@@ -566,7 +575,7 @@ class QueryTransformer(BaseQueryTransform):
     """How a `TransformRetriever` may use this transform's output (see `Guards`)."""
 
     uses_llm: ClassVar[bool] = False
-    """Whether the transform calls an LLM (the CLI and the runner load one only then)."""
+    """Whether the transform calls an LLM (see `searches_question`)."""
 
     @property
     def searches_question(self) -> bool:
@@ -574,50 +583,6 @@ class QueryTransformer(BaseQueryTransform):
         on its own (a fan-out's first list): a `TransformRetriever` then searches it
         while the LLM writes. True for an LLM transform that includes the query."""
         return self.include_query and self.uses_llm
-
-    @classmethod
-    def count_option(cls) -> str | None:
-        """The option that sets how many queries or passages it writes (``"n"``,
-        ``"num_passages"``), so callers can pass one count uniformly; None if none."""
-        return None
-
-    @classmethod
-    def option_names(cls) -> tuple[str, ...]:
-        """The keyword options of the constructor (the LLM excluded), as a config
-        file, a tune grid, a CLI or the RCP server may set them."""
-        owner = next(c for c in cls.__mro__ if "__init__" in vars(c))
-        if owner in QueryTransformer.__mro__:
-            return ()  # no constructor of its own: no options
-        params = inspect.signature(cls.__init__).parameters.values()
-        names = [
-            p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "n"
-        ]
-        if cls.count_option() == "n":
-            names.insert(0, "n")
-        if cls.uses_llm and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            from .options import LLM_OPTION_NAMES
-
-            names.extend(sorted(LLM_OPTION_NAMES))
-        return tuple(names)
-
-    @classmethod
-    def tune_grid(cls) -> list[dict[str, Any]]:
-        """The configurations `hyde-plus tune` sweeps, simplest first: keyword options
-        that change how the output is searched (so a sweep reuses one generation per
-        query). A class without search options has one: its defaults."""
-        return [{}]
-
-    @classmethod
-    def complexity(cls, options: dict[str, Any]) -> int:
-        """How much machinery ``options`` switch on (lower is simpler): `tune` prefers
-        the simplest configuration within its tolerance of the best. 0 by default."""
-        return 0
-
-    @classmethod
-    def prompt_for_task(cls, task: str) -> str | None:
-        """The prompt this transform uses for ``task`` (a dataset name, or a template
-        given as is), or None when it has no task-specific prompts."""
-        return None
 
     def search_advice(self, search_type: str) -> str | None:
         """A warning for a `TransformRetriever` whose store matches by ``search_type``
@@ -735,6 +700,11 @@ class ChainTransform(QueryTransformer):
     def default_fusion(self) -> FusionMode:  # type: ignore[override]
         return self.first.default_fusion
 
+    @property
+    def rrf_k(self) -> int:  # type: ignore[override]
+        """The first stage's RRF constant: its lists are the ones fused."""
+        return self.first.rrf_k
+
     def search_advice(self, search_type: str) -> str | None:
         return self.first.search_advice(search_type) or self.second.search_advice(search_type)
 
@@ -757,6 +727,7 @@ class ChainTransform(QueryTransformer):
             error=head.error,
             latency_s=time.perf_counter() - start,
             children=tuple(children),
+            original_weight=head.original_weight,
         )
 
     def transform(self, query: str) -> TransformResult:

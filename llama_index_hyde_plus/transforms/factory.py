@@ -18,7 +18,7 @@ from llama_index.core.llms import LLM
 from ..caching.cache import TransformCache
 from .base import QueryTransformer
 from .config import TransformConfig
-from .registry import make_transform, transform_class
+from .registry import entry_for, make_transform, transform_class
 
 
 def resolve_name(name: str | None, config: TransformConfig | None, default: str = "hyde") -> str:
@@ -46,14 +46,14 @@ def build(
     """The transform ``name`` (or the config's) with the config's options overlaid by
     ``options``; ``llm`` and ``cache`` go to a transform that calls an LLM, and
     ``task`` (a dataset name such as ``scifact``, or a template) picks the class's own
-    prompt for that task when no prompt was given (`QueryTransformer.prompt_for_task`)."""
+    prompt for that task when no prompt was given (`registry.Entry.prompt_for_task`)."""
     method = resolve_name(name, config)
-    cls = transform_class(method)
+    entry = entry_for(method)
     merged = {**(config.options if config else {}), **(options or {})}
-    if not cls.uses_llm:
+    if not entry.uses_llm:
         return make_transform(method, None, **merged)
     if task and "prompt" not in merged:
-        prompt = cls.prompt_for_task(task)
+        prompt = entry.prompt_for_task(task)
         if prompt is not None:
             merged["prompt"] = prompt
     if cache is not None:

@@ -48,11 +48,6 @@ class Rocchio(QueryTransformer):
         self.k, self.alpha, self.beta = k, alpha, beta
         self.guards = Guards(feedback_k=k, feedback_alpha=self.alpha, feedback_beta=self.beta)
 
-    @classmethod
-    def tune_grid(cls) -> list[dict[str, object]]:
-        """15 configurations: ``k`` in 3, 5, 10 by ``beta`` from 0.1 to 0.8."""
-        return [{"k": k, "beta": b} for k in (3, 5, 10) for b in (0.1, 0.2, 0.3, 0.5, 0.8)]
-
     def transform(self, query: str) -> TransformResult:
         """The question itself: `TransformRetriever` does the feedback, from the question's
         own top ``k`` hits (the transform's `guards`)."""

@@ -17,10 +17,10 @@ from ..calls.llm import CallOptions
 from ..search.expansion import check_weight, keyword_query
 from ..usage import Usage
 from .base import Guards, SearchSpec, Strategy, TransformResult, check_strategy, revised
-from .llm_base import LLMTransform, UnusableReplyError, reply_past
+from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
-from .parsing import dedupe, trim_passage
-from .prompts import GROUNDING_PREFIX, HYDE_PAPER_PROMPTS, HYDE_PROMPT
+from .parsing import dedupe, reply_past, trim_passage
+from .prompts import GROUNDING_PREFIX, HYDE_PROMPT
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -130,9 +130,6 @@ class HyDE(LLMTransform):
     CHARACTERS_PER_TOKEN: ClassVar[int] = 4
     """English text averages about 4 characters per token: a passage of
     ``max_characters`` needs at most ``max_characters / 4`` tokens (`max_tokens`)."""
-    TUNE_QUERY_WEIGHTS: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7, 0.8, 0.9)
-    TUNE_BLENDS: ClassVar[tuple[float, ...]] = (0.1, 0.2, 0.3, 0.5)
-    TUNE_GATES: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7)
 
     def __init__(
         self,
@@ -243,51 +240,6 @@ class HyDE(LLMTransform):
             )
             self._shipped_by_generator[generator] = guards
         return guards
-
-    @classmethod
-    def count_option(cls) -> str | None:
-        return "num_passages"
-
-    @classmethod
-    def complexity(cls, options: dict[str, Any]) -> int:
-        """Grounding costs a search and a longer prompt (4), a gate extra embeddings
-        (2, the relative gate 2 more: the question's top hit), a rerank the documents'
-        vectors (1)."""
-        level = 0
-        if options.get("grounded"):
-            level += 4
-        if options.get("gate") is not None:
-            level += 2
-        if options.get("gate_relative") is not None:
-            level += 2
-        if options.get("strategy") == "rerank":
-            level += 1
-        return level
-
-    @classmethod
-    def prompt_for_task(cls, task: str) -> str | None:
-        """The HyDE paper's prompt for ``task`` (scifact, fiqa, trec-covid...), else
-        ``task`` itself as a template."""
-        return HYDE_PAPER_PROMPTS.get(task, task)
-
-    @classmethod
-    def tune_grid(cls) -> list[dict[str, object]]:
-        """Query weight (replace) or blend (rerank), each without and with a gate, free
-        and grounded; passages only (weight 0, the paper without the query) and the
-        paper's plain mean are included for the record."""
-        grid: list[dict[str, object]] = []
-        for grounded in (0, 3):
-            for gate in (None, *cls.TUNE_GATES):
-                base: dict[str, object] = {}
-                if grounded:
-                    base["grounded"] = grounded
-                if gate is not None:
-                    base["gate"] = gate
-                for w in cls.TUNE_QUERY_WEIGHTS:
-                    grid.append({**base, "query_weight": w})
-                for b in cls.TUNE_BLENDS:
-                    grid.append({**base, "strategy": "rerank", "blend": b})
-        return [{"include_query": False}, {"include_query": True}, *grid]
 
     def chain_stage(self) -> HyDE:
         """This transform as the second stage of ``a.then(self)``: a chain searches

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -20,9 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
-from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
+from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
-from llama_index.core.prompts.utils import get_template_vars
 from llama_index.core.settings import Settings
 
 from ..caching.cache import answers_in_process, holds_objects
@@ -30,7 +28,7 @@ from ..caching.keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # r
 from ..caching.keys import (
     Unkeyable as Unkeyable,  # re-exported: what a key that cannot be built raises
 )
-from ..caching.keys import generation_options, option_value, transform_key
+from ..caching.keys import option_value, transform_key
 from ..calls import door, timeouts
 from ..calls import llm as _llm
 from ..calls.door import Deadline, DependencyDownError, ModelTimeoutError
@@ -46,8 +44,9 @@ from ..calls.singleflight import SingleFlight, WaitExpired
 from ..calls.timeouts import timeout_for
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
-from .options import LLMOptions, breaker_from, check_options
+from .options import LLMOptions, breaker_from, check_options, generation_options
 from .parsing import clean_reply
+from .templates import checked_template, render_template
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -55,71 +54,6 @@ if TYPE_CHECKING:
 
 class UnusableReplyError(ValueError):
     """The LLM answered, but nothing usable could be parsed from the reply."""
-
-
-#: ``{{name}}``: a literal ``{name}`` in a prompt, not a placeholder. LlamaIndex prompts
-#: keep braces around anything but a name (JSON, sets) as written, so only a braced name
-#: needs this escape.
-_ESCAPED = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_.]*)\}\}")
-
-
-def _template(prompt: str | BasePromptTemplate, allowed: frozenset[str]) -> BasePromptTemplate:
-    template = PromptTemplate(prompt) if isinstance(prompt, str) else prompt
-    if isinstance(template, PromptTemplate):
-        names = set(get_template_vars(_ESCAPED.sub("", template.get_template())))
-    else:
-        names = set(template.template_vars)
-    if "query" not in names:
-        raise ValueError("prompt must contain the {query} placeholder")
-    extra = names - allowed
-    if extra:
-        raise ValueError(
-            f"prompt has unknown placeholder(s) {sorted(extra)}; allowed: {sorted(allowed)} "
-            "(to write a literal {name}, double its braces: {{name}}; other braces, as in "
-            "JSON, are kept as written)"
-        )
-    return template
-
-
-def _render_template(template: BasePromptTemplate, **kwargs: Any) -> str:
-    """Format ``template``, turning each escaped ``{{name}}`` into a literal ``{name}``.
-
-    The template is formatted piece by piece between the escapes, so what the values
-    hold (a query with braces or NUL bytes) never meets the escapes' rendering."""
-    if not isinstance(template, PromptTemplate) or not _ESCAPED.search(template.get_template()):
-        return template.format(**kwargs)
-    text = template.get_template()
-    values = _mapped(template, kwargs)
-    pieces: list[str] = []
-    done = 0
-    for match in _ESCAPED.finditer(text):
-        pieces.append(_format_piece(template, text[done : match.start()], values))
-        pieces.append("{" + match.group(1) + "}")
-        done = match.end()
-    pieces.append(_format_piece(template, text[done:], values))
-    rendered = "".join(pieces)
-    parser = template.output_parser
-    return parser.format(rendered) if parser is not None else rendered
-
-
-def _mapped(template: PromptTemplate, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` over ``template``'s partial values, with each of its function mappings
-    called once (as ``format`` calls them: with all those values), so that every piece
-    of one rendering shows the same value of a mapped variable."""
-    values = {**template.kwargs, **kwargs}
-    functions = template.function_mappings or {}
-    return {**values, **{name: fn(**values) for name, fn in functions.items()}}
-
-
-def _format_piece(template: PromptTemplate, piece: str, values: dict[str, Any]) -> str:
-    """``piece`` of ``template``'s text formatted as the template would format it, with
-    ``values`` (`_mapped`: its function mappings already applied; its variable
-    mappings apply here; the output parser's instructions are added once, to the whole
-    prompt)."""
-    if not piece:
-        return ""
-    update = {"template": piece, "output_parser": None, "function_mappings": None}
-    return template.model_copy(update=update).format(**values)
 
 
 class LLMTransform(QueryTransformer):
@@ -134,7 +68,7 @@ class LLMTransform(QueryTransformer):
     SEARCH_OPTIONS: ClassVar[frozenset[str]] = frozenset()
     """The constructor options that never change what the LLM writes, only how its
     output is searched: left out of the cache key (`_params`), so configurations that
-    differ only in them share one generation (all `tune_grid` sweeps). Every other
+    differ only in them share one generation (every ``hyde-plus tune`` sweep). Every other
     option is in the key unless it is one of `NOT_GENERATION_OPTIONS`."""
 
     def __init__(self, llm: LLM | None = None, **options: Unpack[LLMOptions]) -> None:
@@ -152,7 +86,7 @@ class LLMTransform(QueryTransformer):
         self._llm = llm
         prompt = options.get("prompt")
         prompt = self.default_prompt if prompt is None else prompt
-        self._prompt = _template(prompt, self.prompt_vars)
+        self._prompt = checked_template(prompt, self.prompt_vars)
         self.temperature = temperature
         self._timeout = timeout
         self._timeout_given = "timeout" in options
@@ -230,7 +164,7 @@ class LLMTransform(QueryTransformer):
 
     def _update_prompts(self, prompts: PromptDictType) -> None:
         if self.prompt_key in prompts:
-            self._prompt = _template(prompts[self.prompt_key], self.prompt_vars)
+            self._prompt = checked_template(prompts[self.prompt_key], self.prompt_vars)
 
     # -- what subclasses define ----------------------------------------------------
     def _format_vars(self) -> dict[str, Any]:
@@ -257,7 +191,7 @@ class LLMTransform(QueryTransformer):
 
     # -- the call ----------------------------------------------------------------
     def _render(self, query: str, context: Sequence[str] | None = None) -> str:
-        return _render_template(self._prompt, query=query, **self._format_vars())
+        return render_template(self._prompt, query=query, **self._format_vars())
 
     def _call_options(self, **extra: Any) -> _llm.CallOptions:
         """How this transform's LLM calls are made; ``extra``: a subclass's own fields
@@ -281,12 +215,13 @@ class LLMTransform(QueryTransformer):
 
     def _params(self) -> dict[str, Any]:
         """The options that change the output, for the cache key: every constructor
-        option (`option_names`) but `NOT_GENERATION_OPTIONS` and the class's
-        `SEARCH_OPTIONS`, read from the attribute of the same name, as JSON. A new
+        option (`options.generation_options`: all but `NOT_GENERATION_OPTIONS` and the
+        class's `SEARCH_OPTIONS`), read from the attribute of the same name, as JSON. A new
         option is thus in the key unless declared search-only; one with no attribute of
         its name, or a value that is not plain data, is an error (no key, no cache)."""
         return {
-            name: option_value(name, getattr(self, name)) for name in generation_options(type(self))
+            name: option_value(name, getattr(self, name))
+            for name in generation_options(type(self), type(self).SEARCH_OPTIONS)
         }
 
     def cache_key_for(self, query: str, context: Sequence[str] | None = None) -> str:
@@ -620,29 +555,6 @@ def _cache_skipped(exc: Exception, what: str) -> tuple[None, bool]:
     elif not isinstance(exc, DependencyDownError):  # said when it overran
         logger.warning("the transform cache is not answering; skipping it")
     return None, False
-
-
-_SPECIAL_TAIL = 24
-"""Characters at the end of a reply so far that may hold a special token half written
-(``<|im_e``), which cleaning removes once it is whole."""
-
-
-def reply_past(limit: int, text: str, label: re.Pattern[str] | None = None) -> bool:
-    """Whether the reply ``text`` so far already decides what trimming it to ``limit``
-    characters keeps (`trim_passage`: the last sentence end inside the limit, else a
-    word break), so the rest need not be generated (`CallOptions.enough`): its content
-    (`clean_reply`, less a ``label`` the model echoed at its start, less a tail that
-    may be a special token half written) runs past the limit, the one character past
-    it included."""
-    if len(text) <= limit:
-        return False
-    body = clean_reply(text)
-    if label is not None:
-        body = label.sub("", body, count=1)
-    tail = body.rfind("<", max(0, len(body) - _SPECIAL_TAIL))
-    if tail >= 0:
-        body = body[:tail]
-    return len(body.rstrip()) > limit
 
 
 def _serves(stored: TransformResult, query: str, method: str) -> bool:

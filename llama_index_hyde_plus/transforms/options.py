@@ -7,6 +7,8 @@ keyword arguments of its class; these shared ones arrive as ``**options`` typed 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
@@ -15,8 +17,10 @@ from llama_index.core.prompts import BasePromptTemplate
 
 from .._checks import check_number
 from ..caching.cache import TransformCache
+from ..caching.keys import NOT_GENERATION_OPTIONS
 from ..calls.reliability import MAX_SECONDS, CircuitBreaker, RetryPolicy
 from ..usage import ModelPrice
+from .base import QueryTransformer
 
 Profile = Literal["auto", "small", "capable"]
 """Which shipped defaults a transform uses (see `LLMOptions`)."""
@@ -58,6 +62,30 @@ class LLMOptions(TypedDict, total=False):
 
 LLM_OPTION_NAMES: frozenset[str] = frozenset(LLMOptions.__annotations__)
 """The names in `LLMOptions`."""
+
+
+def constructor_options(cls: type[QueryTransformer]) -> tuple[str, ...]:
+    """The keyword-only parameters of ``cls``'s constructor in order, then, for a class
+    that calls an LLM and takes ``**options``, the `LLMOptions` names; none for a class
+    without a constructor of its own."""
+    owner = next(c for c in cls.__mro__ if "__init__" in vars(c))
+    if owner in QueryTransformer.__mro__:
+        return ()  # QueryTransformer's or LlamaIndex's constructor: no options
+    params = inspect.signature(cls.__init__).parameters.values()
+    names = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    if cls.uses_llm and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        names.extend(sorted(LLM_OPTION_NAMES))
+    return tuple(names)
+
+
+@functools.cache
+def generation_options(
+    cls: type[QueryTransformer], search_options: frozenset[str]
+) -> tuple[str, ...]:
+    """The options of ``cls`` in its cache key: its `constructor_options` but
+    `NOT_GENERATION_OPTIONS` and ``search_options`` (the class's ``SEARCH_OPTIONS``)."""
+    skip = NOT_GENERATION_OPTIONS | search_options
+    return tuple(name for name in constructor_options(cls) if name not in skip)
 
 
 def check_option_names(owner: str, options: Mapping[str, Any]) -> None:

@@ -378,3 +378,26 @@ def parse_single(
         chosen = _key_sentence(chosen)
     query = trim_passage(chosen, max_characters)
     return [query] if query else []
+
+
+_SPECIAL_TAIL = 24
+"""Characters at the end of a reply so far that may hold a special token half written
+(``<|im_e``), which cleaning removes once it is whole."""
+
+
+def reply_past(limit: int, text: str, label: re.Pattern[str] | None = None) -> bool:
+    """Whether the reply ``text`` so far already decides what trimming it to ``limit``
+    characters keeps (`trim_passage`: the last sentence end inside the limit, else a
+    word break), so the rest need not be generated (`CallOptions.enough`): its content
+    (`clean_reply`, less a ``label`` the model echoed at its start, less a tail that
+    may be a special token half written) runs past the limit, the one character past
+    it included."""
+    if len(text) <= limit:
+        return False
+    body = clean_reply(text)
+    if label is not None:
+        body = label.sub("", body, count=1)
+    tail = body.rfind("<", max(0, len(body) - _SPECIAL_TAIL))
+    if tail >= 0:
+        body = body[:tail]
+    return len(body.rstrip()) > limit
