@@ -167,12 +167,12 @@ async def test_an_evaluation_narrows_when_its_calls_time_out_and_finishes_the_re
 ) -> None:
     hyde = HyDE(_Crowded(), timeout=0.3)
     retriever = TransformRetriever(StaticRetriever({"a": "renewals"}, default=["a"]), hyde)
-    ds = SimpleNamespace(queries={f"q{i}": f"question {i}" for i in range(12)})
+    queries = {f"q{i}": f"question {i}" for i in range(12)}
     seen: list[str] = []
     with caplog.at_level(logging.INFO, logger="llama_index_hyde_plus.evaluation.session"):
         _, records = await _run_one(
             retriever,
-            ds,  # type: ignore[arg-type]
+            queries,
             4,
             lambda n, fell_back=0, note="": seen.append(note),
         )
