@@ -188,6 +188,8 @@ def search(r: Searcher, question: Question, transformed: TransformResult | None)
         result = _reused(transformed) or (
             yield Transform(question.text, question.given, context, beside)
         )
+    except GeneratorExit:  # a generator being closed must not yield again
+        raise
     except BaseException:
         if searching is not None:
             yield Cancel(searching)
@@ -223,6 +225,8 @@ def _expanded(
         step = planned(r, expanded, guards, hits)
         nodes, errors = yield from carry_out(r, step, question, hits, pending, deadline)
         return expanded, nodes, errors
+    except GeneratorExit:  # a generator being closed must not yield again
+        raise
     except BaseException as exc:
         # the question's own search still running is what the fallback returns: it
         # is cancelled only when this search ends here (cancelled, interrupted, or
@@ -308,6 +312,8 @@ def question_hits(r: Searcher, question: Question) -> Steps[list[NodeWithScore] 
     try:
         hits: list[NodeWithScore] = yield SearchQuestion((yield from question_bundle(r, question)))
         return hits
+    except GeneratorExit:  # a generator being closed must not yield again
+        raise
     except BaseException as exc:
         failed: Exception = yield Failed(exc)
         return failed
@@ -327,6 +333,8 @@ def reranked_or_kept(
     given = _copy(nodes)  # what it scores; one that overran goes on with these alone
     try:
         return rerank_output((yield Rerank(given, question.bundle(), deadline)))
+    except GeneratorExit:  # a generator being closed must not yield again
+        raise
     except BaseException as exc:
         error = yield Failed(exc)
     logger.warning("the reranker failed (%s); returning the nodes as fused", describe(error))
@@ -376,6 +384,8 @@ def _embedded(
     if plan.is_question(spec, question.text):
         try:
             return (yield from question_vector(r, question, deadline)), []
+        except GeneratorExit:  # a generator being closed must not yield again
+            raise
         except BaseException as exc:
             error = yield Failed(exc)
         logger.warning(
