@@ -31,7 +31,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field, PrivateAttr
 
-from .calls.llm import CANCEL_EVENT
+from .calls.door import CANCEL_EVENT
 from .echo import echo_reply
 
 __all__ = [

@@ -293,11 +293,17 @@ def test_a_read_only_cache_serves_hits_and_skips_writes(tmp_path: Path) -> None:
 
 
 WORKER = """
-import importlib.util, sys, time
+import importlib.util, sys, time, types
 from pathlib import Path
 from typing import Any
-# cache.py alone (stdlib only), so the processes start fast and race for real
-spec = importlib.util.spec_from_file_location("hp_cache", sys.argv[4])
+# cache.py and the stdlib-only modules it imports, none of the package's __init__
+# (which imports LlamaIndex), so the processes start fast and race for real
+root = Path(sys.argv[4]).parent.parent
+for name, folder in (("", root), (".calls", root / "calls"), (".caching", root / "caching")):
+    package = types.ModuleType("llama_index_hyde_plus" + name)
+    package.__path__ = [str(folder)]
+    sys.modules[package.__name__] = package
+spec = importlib.util.spec_from_file_location("llama_index_hyde_plus.caching.cache", sys.argv[4])
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 path, me, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])

@@ -16,8 +16,8 @@ from llama_index.core.storage.kvstore import SimpleKVStore
 
 from llama_index_hyde_plus import HyDE, MemoryCache, TransformRetriever
 from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls import door, timeouts
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
-from llama_index_hyde_plus.transforms import llm_base
 
 from .conftest import Q, sync_within
 
@@ -45,7 +45,7 @@ class _HungKV(SimpleKVStore):
 def test_a_search_whose_cache_read_overran_does_not_also_wait_on_its_write(
     monkeypatch: pytest.MonkeyPatch, use_async: bool
 ) -> None:
-    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 0.1)
     store = _HungKV()
     hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
     try:
@@ -81,10 +81,10 @@ def test_a_hung_cache_costs_one_bound_then_is_tried_again_after_the_retry_time(
 ) -> None:
     """a store that hangs cost its 2 s bound on each of the first 32 searches
     (until all its threads held hung calls). Now the searches while the hung call runs
-    skip it at once; once ``CACHE_RETRY_S`` has passed one more call tries it, and once
+    skip it at once; once ``DOWN_RETRY_S`` has passed one more call tries it, and once
     the store answers again it is used."""
-    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.1)
-    monkeypatch.setattr(llm_base, "CACHE_RETRY_S", 0.5, raising=False)
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(timeouts, "DOWN_RETRY_S", 0.5)
     store = _HungKV()
     llm = ScriptedLLM(respond=lambda p: "Renewals slipped.")
     hyde = HyDE(llm, cache=KVStoreCache(store))
@@ -104,7 +104,7 @@ def test_a_hung_cache_costs_one_bound_then_is_tried_again_after_the_retry_time(
     finally:
         store.release.set()
     deadline = time.monotonic() + 10
-    while llm_base._llm.WORKERS.for_cache(hyde.cache).busy() and time.monotonic() < deadline:
+    while door.pool(hyde.cache, "store").busy() and time.monotonic() < deadline:
         time.sleep(0.01)  # the hung calls return once released
     reads, writes = store.reads, store.writes
     run("Why did revenue drop, once it answers?")  # the store is read and written again
@@ -152,12 +152,9 @@ def test_a_cache_the_key_cannot_serve_is_said_once(caplog: pytest.LogCaptureFixt
     assert len(said) == 1 and "HyDE" in said[0].getMessage()
 
 
-async def test_a_slow_key_is_built_off_the_loop_but_never_on_its_default_executor(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_cached_transform_never_waits_on_the_loops_default_executor() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(llm_base, "KEY_ON_LOOP_S", 0.0)  # every key counts as slow
     loop = asyncio.get_running_loop()
     app_pool = ThreadPoolExecutor(1)
     loop.set_default_executor(app_pool)
@@ -191,7 +188,7 @@ class _BlockingStore(SimpleKVStore):
 
 @pytest.fixture
 def blocking_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[KVStoreCache]:
-    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.2, raising=False)
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 0.2)
     _RELEASE.clear()
     yield KVStoreCache(_BlockingStore())
     _RELEASE.set()
@@ -230,7 +227,7 @@ def test_once_the_cache_threads_all_hold_overrun_calls_it_is_skipped_at_once(
 ) -> None:
     transform = HyDE(llm=ScriptedLLM(respond=lambda p: "a passage"), cache=blocking_cache)
     sync_within(lambda: [transform.transform(f"{Q} {i}") for i in range(40)], 60)  # 40 overrun
-    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 60.0, raising=False)
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 60.0)
     result = sync_within(lambda: transform.transform(Q + " once more"), 10)[0]  # not 2 x 60 s
     assert result.hypothetical == ("a passage",) and not result.cached
 

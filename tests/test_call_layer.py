@@ -19,6 +19,7 @@ from llama_index.core.llms.custom import CustomLLM
 from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, TransformRetriever
+from llama_index_hyde_plus.calls import door
 from llama_index_hyde_plus.calls import llm as _llm
 from llama_index_hyde_plus.calls.llm import CallOptions, LLMTimeoutError, acomplete, complete
 from llama_index_hyde_plus.calls.reliability import (
@@ -105,7 +106,7 @@ def own_pool(monkeypatch: pytest.MonkeyPatch) -> LLMPools:
     """Fresh LLM worker pools with the default cap, so hung calls of one test never
     take the workers of another."""
     pools = LLMPools()
-    monkeypatch.setattr(_llm, "WORKERS", pools)
+    monkeypatch.setattr(door, "WORKERS", pools)
     return pools
 
 
@@ -212,7 +213,7 @@ async def test_hung_blocking_calls_leave_the_default_executor_free(
 async def test_an_exhausted_llm_pool_falls_back_at_once(
     stuck: StuckLLM, monkeypatch: pytest.MonkeyPatch, use_async: bool
 ) -> None:
-    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
+    monkeypatch.setattr(door, "WORKERS", LLMPools(max_busy=2))
     hyde = HyDE(stuck, timeout=0.05, retry=FAST, breaker=None)
     for _ in range(2):
         result = await hyde.atransform(Q) if use_async else hyde.transform(Q)
@@ -253,7 +254,7 @@ def test_a_full_pool_queues_healthy_calls_and_refuses_only_behind_overrun_ones()
 async def test_a_hung_provider_holds_only_its_own_worker_threads(
     stuck: StuckLLM, monkeypatch: pytest.MonkeyPatch, use_async: bool
 ) -> None:
-    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
+    monkeypatch.setattr(door, "WORKERS", LLMPools(max_busy=2))
     hung = HyDE(stuck, timeout=0.05, retry=NO_RETRY, breaker=None)
     for i in range(3):  # both of its threads overrun; the third call is refused at once
         await hung.atransform(f"{Q} {i}") if use_async else hung.transform(f"{Q} {i}")
@@ -320,7 +321,7 @@ def test_llm_objects_of_one_provider_share_a_pool_and_idle_workers_exit(
 def test_more_blocking_calls_than_workers_all_answer_within_their_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
+    monkeypatch.setattr(door, "WORKERS", LLMPools(max_busy=2))
     llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.", delay=0.05)
     hyde = HyDE(llm, timeout=10, retry=NO_RETRY, breaker=None)
 
@@ -524,20 +525,16 @@ async def test_our_deadline_is_reported_only_when_it_expired() -> None:
     assert not isinstance(info.value, LLMTimeoutError)
 
 
-async def test_the_python_3_10_deadline_tells_the_two_timeouts_apart() -> None:
+async def test_the_deadline_of_a_native_call_tells_the_two_timeouts_apart() -> None:
     attempts = _llm._Attempts(NO_RETRY, None, 0.05)
     with pytest.raises(LLMTimeoutError):
-        await _llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 0.05, None, attempts)
+        await _llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 0.05, attempts)
     with pytest.raises(TimeoutError, match="provider") as info:
-        await _llm._wait_within(
-            ScriptedLLM([TimeoutError("provider")]).acomplete("p"), 5, None, attempts
-        )
+        await _llm._wait_within(ScriptedLLM([TimeoutError("provider")]).acomplete("p"), 5, attempts)
     assert not isinstance(info.value, LLMTimeoutError)
-    reply = await _llm._wait_within(ScriptedLLM(["ok"]).acomplete("p"), 5, None, attempts)
+    reply = await _llm._wait_within(ScriptedLLM(["ok"]).acomplete("p"), 5, attempts)
     assert reply.text == "ok"
-    task = asyncio.create_task(
-        _llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 5, None, attempts)
-    )
+    task = asyncio.create_task(_llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 5, attempts))
     await asyncio.sleep(0.02)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -550,7 +547,7 @@ async def test_the_python_3_10_deadline_tells_the_two_timeouts_apart() -> None:
 async def test_a_call_that_never_left_the_line_does_not_count_against_the_provider(
     monkeypatch: pytest.MonkeyPatch, use_async: bool
 ) -> None:
-    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=1))
+    monkeypatch.setattr(door, "WORKERS", LLMPools(max_busy=1))
     monkeypatch.setattr(_llm, "has_native_async", lambda model: False)  # the blocking path
     llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.", delay=0.6)
     busy = HyDE(llm, timeout=5, retry=NO_RETRY, breaker=None)
@@ -575,7 +572,7 @@ async def test_a_call_that_never_left_the_line_does_not_count_against_the_provid
 async def test_calls_that_spent_most_of_their_time_in_line_do_not_open_the_breaker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
+    monkeypatch.setattr(door, "WORKERS", LLMPools(max_busy=2))
     monkeypatch.setattr(_llm, "has_native_async", lambda model: False)  # the blocking path
     llm = ScriptedLLM(respond=lambda prompt: "Renewals slipped.", delay=0.2)  # a healthy 0.2 s
     breaker = CircuitBreaker(failure_threshold=1, cooldown_s=60)

@@ -15,7 +15,7 @@ from llama_index.core.indices.query.query_transform import HyDEQueryTransform
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llama_index_hyde_plus import HyDE, SQLiteCache, TransformRetriever
-from llama_index_hyde_plus.calls.bounded import wait_woken, wake
+from llama_index_hyde_plus.calls.door import wait_woken, wake
 from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
 

@@ -20,6 +20,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from pydantic import PrivateAttr
 
 from llama_index_hyde_plus import HyDE, Rocchio, TransformRetriever
+from llama_index_hyde_plus.calls import door
 from llama_index_hyde_plus.testing import (
     DeterministicEmbedding,
     ScriptedLLM,
@@ -243,7 +244,7 @@ async def test_cancelling_a_search_waiting_on_a_hung_embedder_propagates(
     if native:
         assert model._cancelled == 1  # type: ignore[union-attr]
     else:
-        pool = retriever.embedder.pool()  # type: ignore[union-attr]
+        pool = door.pool(retriever.embedder.model)  # type: ignore[union-attr]
         assert all(job.abandoned for job in pool._running)  # never waited for again
     assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert "fail" not in caplog.text.lower()  # no fallback, no stray error

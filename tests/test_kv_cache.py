@@ -223,8 +223,8 @@ def test_serve_refuses_a_cache_url_it_cannot_use() -> None:
 
 
 def test_a_failed_store_is_left_alone_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llama_index_hyde_plus.caching import cache as cache_module
     from llama_index_hyde_plus.caching import kv_cache
+    from llama_index_hyde_plus.calls import timeouts
 
     class Hung(SimpleKVStore):
         calls = 0
@@ -244,7 +244,7 @@ def test_a_failed_store_is_left_alone_for_a_while(monkeypatch: pytest.MonkeyPatc
         assert cache.get("k") is None
         cache.set("k", {"x": 1})
     assert Hung.calls == 1
-    clock[0] += cache_module.STORE_RETRY_S + 0.1
+    clock[0] += timeouts.DOWN_RETRY_S + 0.1
     assert cache.get("k") is None and Hung.calls == 2  # asked again after the pause
 
 

@@ -18,6 +18,7 @@ from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.llms.callbacks import llm_completion_callback
 
 from llama_index_hyde_plus import HyDE
+from llama_index_hyde_plus.calls import door
 from llama_index_hyde_plus.calls import llm as _llm
 from llama_index_hyde_plus.calls import workers as _workers
 from llama_index_hyde_plus.calls.reliability import NO_RETRY
@@ -30,7 +31,7 @@ PASSAGE = "Enterprise renewals slipped last quarter as large accounts delayed si
 @pytest.fixture(autouse=True)
 def own_pools(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fresh LLM pools, so a hung call of one test never holds another's threads."""
-    monkeypatch.setattr(_llm, "WORKERS", _workers.LLMPools())
+    monkeypatch.setattr(door, "WORKERS", _workers.LLMPools())
 
 
 @pytest.fixture
@@ -219,12 +220,12 @@ def test_a_sync_hang_frees_its_worker_once_abandoned() -> None:
     llm = ScriptedLLM(replies=[HANG, HANG])
     transform = HyDE(llm, timeout=0.05, retry=NO_RETRY, breaker=None)
     assert transform.transform(Q).fallback
-    assert _busy_after(_llm.WORKERS.for_llm(llm), 2.0) == 0  # an hour before
+    assert _busy_after(door.pool(llm), 2.0) == 0  # an hour before
 
 
 @pytest.fixture
 def one_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(_llm, "WORKERS", _workers.LLMPools(max_busy=1))
+    monkeypatch.setattr(door, "WORKERS", _workers.LLMPools(max_busy=1))
     yield
 
 
@@ -235,6 +236,6 @@ def test_a_healthy_double_answers_after_hang_tests(one_worker: None) -> None:
             .transform(f"hang {i}?")
             .fallback
         )
-    _busy_after(_llm.WORKERS.for_llm(ScriptedLLM()), 2.0)
+    _busy_after(door.pool(ScriptedLLM()), 2.0)
     result = HyDE(ScriptedLLM(replies=[PASSAGE]), timeout=5, breaker=None).transform(Q)
     assert not result.fallback

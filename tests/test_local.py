@@ -223,7 +223,7 @@ async def test_local_llm_streams_asynchronously(real_llm: LocalLLM) -> None:
 async def test_a_stopped_or_cancelled_stream_stops_generating(use_async: bool) -> None:
     """Leaving a stream early frees the only slot at once, and a stream whose call timed
     out (`CANCEL_EVENT` set) raises `LocalLLMCancelledError`."""
-    from llama_index_hyde_plus.calls.llm import CANCEL_EVENT
+    from llama_index_hyde_plus.calls.door import CANCEL_EVENT
     from llama_index_hyde_plus.local import LocalLLMCancelledError
 
     llm = _long_prompt_llm()

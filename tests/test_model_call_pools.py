@@ -18,10 +18,15 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.llms import CustomLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from llama_index_hyde_plus import HyDE, MemoryCache, MultiQuery, TransformRetriever
-from llama_index_hyde_plus.calls import llm as _llm
+from llama_index_hyde_plus import (
+    HyDE,
+    MemoryCache,
+    MultiQuery,
+    TransformRetriever,
+)
+from llama_index_hyde_plus.calls import door
 from llama_index_hyde_plus.calls import workers as _workers
-from llama_index_hyde_plus.calls.bounded import Deadline, arun_within, run_all_within, run_within
+from llama_index_hyde_plus.calls.door import Deadline
 from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.calls.workers import LLMPools
 from llama_index_hyde_plus.testing import ScriptedLLM
@@ -36,7 +41,9 @@ EMBEDDER = "the embedding model"
 async def _cancelled_while_running(pool: _workers.DaemonWorkers, gate: threading.Event) -> None:
     """A healthy call (it ends once ``gate`` is set, well within its 30 s) whose
     caller is cancelled while it runs."""
-    task = asyncio.ensure_future(arun_within(pool, gate.wait, Deadline.start(30.0), EMBEDDER))
+    task = asyncio.ensure_future(
+        door.arun(gate.wait, on=pool, deadline=Deadline.start(30.0), what=EMBEDDER)
+    )
     while not pool.busy():
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.02)
@@ -46,14 +53,14 @@ async def _cancelled_while_running(pool: _workers.DaemonWorkers, gate: threading
 
 
 async def test_cancelled_callers_never_make_a_healthy_pool_look_hung() -> None:
-    # arun_within submitted with no budget, so each call abandoned by a cancelled
+    # the door submitted with no budget, so each call abandoned by a cancelled
     # caller counted as overrun at once: a full pool of them refused the next call
     pool = _workers.DaemonWorkers(max_busy=2, name="embedder")
     gate = threading.Event()
     for _ in range(2):
         await _cancelled_while_running(pool, gate)
     later = asyncio.ensure_future(
-        arun_within(pool, lambda: "answered", Deadline.start(30.0), EMBEDDER)
+        door.arun(lambda: "answered", on=pool, deadline=Deadline.start(30.0), what=EMBEDDER)
     )
     await asyncio.sleep(0.05)
     gate.set()  # the healthy calls end: the next one runs (it was not refused)
@@ -63,8 +70,10 @@ async def test_cancelled_callers_never_make_a_healthy_pool_look_hung() -> None:
     for _ in range(2):
         await _cancelled_while_running(pool, gate)
     threading.Timer(0.1, gate.set).start()
-    assert run_within(pool, lambda: "sync", Deadline.start(30.0), EMBEDDER) == "sync"
-    found = run_all_within(pool, [lambda: 1, lambda: 2], Deadline.start(30.0), EMBEDDER, 2)
+    assert door.run(lambda: "sync", on=pool, deadline=Deadline.start(30.0), what=EMBEDDER) == "sync"
+    found = door.run_all(
+        [lambda: 1, lambda: 2], on=pool, deadline=Deadline.start(30.0), what=EMBEDDER, at_once=2
+    )
     assert found == [1, 2]
 
 
@@ -80,7 +89,7 @@ async def test_cancelled_callers_never_make_the_process_slots_look_hung(
         await _cancelled_while_running(_workers.DaemonWorkers(name=f"embedder-{k}"), gate)
     other = _workers.DaemonWorkers(name="other")
     later = asyncio.ensure_future(
-        arun_within(other, lambda: "answered", Deadline.start(30.0), "the reranker")
+        door.arun(lambda: "answered", on=other, deadline=Deadline.start(30.0), what="the reranker")
     )
     await asyncio.sleep(0.05)
     gate.set()
@@ -93,9 +102,9 @@ def test_a_busy_pool_names_the_model_it_did_not_call() -> None:
     hang = threading.Event()
     try:
         with pytest.raises(TimeoutError):
-            run_within(pool, hang.wait, Deadline.start(0.05), EMBEDDER)
+            door.run(hang.wait, on=pool, deadline=Deadline.start(0.05), what=EMBEDDER)
         with pytest.raises(_workers.WorkersBusyError) as raised:
-            run_within(pool, lambda: None, Deadline.start(5.0), EMBEDDER)
+            door.run(lambda: None, on=pool, deadline=Deadline.start(5.0), what=EMBEDDER)
     finally:
         hang.set()
     assert EMBEDDER in str(raised.value) and "LLM" not in str(raised.value)
@@ -122,7 +131,7 @@ class _Interrupting(_workers.DaemonWorkers):
 
 
 def test_an_interrupt_abandons_the_call_it_waited_for() -> None:
-    # run_within re-raised the KeyboardInterrupt without abandoning the call, so a
+    # the door re-raised the KeyboardInterrupt without abandoning the call, so a
     # hung one never counted as overrun and one still in line would run later
     pool = _Interrupting(max_busy=1, name="embedder")
     pool.jobs = []
@@ -130,7 +139,7 @@ def test_an_interrupt_abandons_the_call_it_waited_for() -> None:
     try:
         for _ in range(2):  # the first runs, the second waits in line
             with pytest.raises(KeyboardInterrupt):
-                run_within(pool, hang.wait, Deadline.start(30.0), EMBEDDER)
+                door.run(hang.wait, on=pool, deadline=Deadline.start(30.0), what=EMBEDDER)
         assert [job.abandoned for job in pool.jobs] == [True, True]
     finally:
         hang.set()
@@ -271,7 +280,7 @@ async def test_cancelled_transforms_never_make_their_pool_look_hung(
 ) -> None:
     # the same defect in the other submits: a wrapped core transform's run, and an
     # attempt of a blocking LLM with no timeout (budget None), counted as overrun at once
-    monkeypatch.setattr(_llm, "WORKERS", LLMPools(max_busy=2))
+    monkeypatch.setattr(door, "WORKERS", LLMPools(max_busy=2))
     gate = threading.Event()
     transform: QueryTransformer = (
         CoreTransform(_GatedCore(gate), timeout=30.0)

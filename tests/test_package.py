@@ -142,7 +142,7 @@ def test_sync_and_async_search_run_the_one_written_search() -> None:
     assert "plan" in decided  # the one decision function
     text = (search / "steps.py").read_text()
     assert not any(isinstance(f, ast.AsyncFunctionDef) for f in written.values())
-    for io in ("await ", "asyncio", "threading", "concurrent", "run_within", "WORKERS"):
+    for io in ("await ", "asyncio", "threading", "concurrent", "run_within", "WORKERS", "door."):
         assert io not in text, io  # a step yields its I/O; only the loops carry it out
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from llama_index_hyde_plus.calls.bounded import (
+from llama_index_hyde_plus.calls.door import (
     Deadline,
     ModelTimeoutError,
     await_within,

@@ -16,6 +16,7 @@ from llama_index.core.storage.kvstore import SimpleKVStore
 
 from llama_index_hyde_plus import HyDE, MultiQuery, StepBack, TransformRetriever
 from llama_index_hyde_plus.caching.kv_cache import KVStoreCache
+from llama_index_hyde_plus.calls import timeouts
 from llama_index_hyde_plus.calls import workers as _workers
 from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.testing import ScriptedLLM
@@ -131,16 +132,14 @@ class _HangsTwice(_CountedReads):
 def test_after_the_retry_time_one_caller_tries_the_hung_cache_and_its_answer_reopens_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Once `CACHE_RETRY_S` has passed, 12 concurrent callers sent 12 reads to a
+    """Once `DOWN_RETRY_S` has passed, 12 concurrent callers sent 12 reads to a
     store that still hung (each paid the bound); now one caller tries while the rest
     skip, and once a try answers the cache is used again although the hung reads still
     run."""
     import time
 
-    from llama_index_hyde_plus.transforms import llm_base
-
-    monkeypatch.setattr(llm_base, "CACHE_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(llm_base, "CACHE_RETRY_S", 0.5)
+    monkeypatch.setattr(timeouts, "CACHE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(timeouts, "DOWN_RETRY_S", 0.5)
     store = _HangsTwice()
     hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
     try:
@@ -208,14 +207,12 @@ class _DownThenUp(_CountedReads):
 def test_after_an_outage_one_caller_tries_the_store_while_the_others_skip(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """After `STORE_RETRY_S` every concurrent caller asked a store that was
+    """After `DOWN_RETRY_S` every concurrent caller asked a store that was
     still down (each paying its client's timeout); now one does, and once it succeeds
     the store is asked again by all."""
     import time
 
-    from llama_index_hyde_plus.caching import cache
-
-    monkeypatch.setattr(cache, "STORE_RETRY_S", 0.3)
+    monkeypatch.setattr(timeouts, "DOWN_RETRY_S", 0.3)
     store = _DownThenUp()
     hyde = HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), cache=KVStoreCache(store))
     assert not hyde.transform("Why did revenue drop 0?").fallback  # the outage starts

@@ -27,6 +27,8 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from ..calls.outage import Outage
+
 logger = logging.getLogger(__name__)
 
 
@@ -137,57 +139,6 @@ V = TypeVar("V")
 
 _ENTRY_OVERHEAD = 100
 """Bytes an entry costs beyond its key and value: the ordered dict's link and slot."""
-
-
-STORE_RETRY_S = 5.0
-"""Seconds a cache store that failed is left alone before one caller tries it again
-(`StoreOutage`)."""
-
-
-class StoreOutage:
-    """Whether a cache store that failed is asked (thread-safe): after a failure it is
-    skipped for ``retry_s`` seconds; then one caller is let through to try it while the
-    others go on skipping for another ``retry_s`` unless that try succeeds. So a store
-    that is down, locked or hung costs one bounded wait every few seconds, never one
-    per concurrent caller. The one rule for `SQLiteCache` (``retry_s`` is its
-    ``busy_timeout_s``: another process's write lock is brief, so the file is tried
-    again as soon as one wait would end) and `KVStoreCache` (`STORE_RETRY_S`).
-
-    Args:
-        retry_s: seconds between tries of a failed store (`STORE_RETRY_S` when None).
-    """
-
-    def __init__(self, retry_s: float | None = None) -> None:
-        self.retry_s = STORE_RETRY_S if retry_s is None else retry_s
-        self._lock = threading.Lock()
-        self._down = False
-        self._skip_until = 0.0  # time.monotonic() before which the store is not asked
-
-    def skipping(self) -> bool:
-        """True when the store is not to be asked now; False lets this caller call it
-        (during an outage, as the one try of the next ``retry_s``)."""
-        if not self._down:
-            return False
-        with self._lock:
-            now = time.monotonic()
-            if now < self._skip_until:
-                return True
-            self._skip_until = now + self.retry_s  # this caller is the one try
-            return False
-
-    def failed(self) -> bool:
-        """Count a failed call: the store is skipped for ``retry_s``. True when it was
-        the first failure of an outage (say so once; later ones at debug level)."""
-        with self._lock:
-            first, self._down = not self._down, True
-            self._skip_until = time.monotonic() + self.retry_s
-        return first
-
-    def answered(self) -> None:
-        """Count a call the store answered: the outage, if any, is over."""
-        if self._down:
-            with self._lock:
-                self._down = False
 
 
 class BoundedLRU(Generic[K, V]):
@@ -495,8 +446,8 @@ class SQLiteCache:
         self._warned = False
         # reads and writes fail apart (a read-only file, or another process's write
         # lock in WAL mode, still reads): each is left alone after it fails
-        self._reads = StoreOutage(self.busy_timeout_s)
-        self._writes = StoreOutage(self.busy_timeout_s)
+        self._reads = Outage(self.busy_timeout_s)
+        self._writes = Outage(self.busy_timeout_s)
         with self._lock:
             self._try_open()
 

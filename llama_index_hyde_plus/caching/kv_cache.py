@@ -23,17 +23,18 @@ from typing import Any
 from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
 from llama_index.core.storage.kvstore.types import BaseKVStore
 
+from ..calls.outage import Outage
 from ..calls.reliability import describe, failure
-from .cache import StoreOutage
+from ..calls.timeouts import CACHE_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_COLLECTION = "hyde_plus_transforms"
 """The collection (a Redis hash) entries are kept in, apart from a docstore's own."""
 
-REDIS_TIMEOUT_S = 2.0
-"""Seconds a Redis opened by `KVStoreCache.from_uri` may take to connect or answer:
-a cache that hangs must not hang the search it was meant to speed up."""
+REDIS_TIMEOUT_S = CACHE_TIMEOUT_S
+"""Seconds a Redis opened by `KVStoreCache.from_uri` may take to connect or answer: the
+cache's own bound (`timeouts.CACHE_TIMEOUT_S`)."""
 
 CLOCK_SKEW_S = 60.0
 """How far ahead of this process's clock another writer's may run: an entry written
@@ -51,7 +52,7 @@ class KVStoreCache:
     entry also expires in Redis itself (``HEXPIRE``), elsewhere expired entries stay
     until read. What is read and written is a copy: changing a hit changes no later
     one. Calls are blocking (a transform makes them on worker threads of the cache's
-    own, each bounded by ``llm_base.CACHE_TIMEOUT_S``), except over the in-memory
+    own, each bounded by ``timeouts.CACHE_TIMEOUT_S``), except over the in-memory
     ``SimpleKVStore``, which only computes (`answers_in_process`).
 
     Args:
@@ -83,7 +84,7 @@ class KVStoreCache:
         self.kvstore = kvstore
         self.collection = collection
         self.ttl_s = None if ttl_s is None else float(ttl_s)
-        self._outage = StoreOutage()
+        self._outage = Outage()
         self._no_field_expiry = False  # the Redis has no HEXPIRE (older than 7.4)
 
     @classmethod
@@ -130,7 +131,7 @@ class KVStoreCache:
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """Log the first failure of an outage as a warning, the rest at debug level; the
-        store is then left alone for a while (`StoreOutage`: a hung Redis costs one
+        store is then left alone for a while (`Outage`: a hung Redis costs one
         bounded wait every few seconds, not two on every search)."""
         first = self._outage.failed()
         logger.log(

@@ -13,11 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import math
-import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar
@@ -28,7 +25,8 @@ from llama_index.core.llms import LLM
 
 from .._attrs import optional_attr, overrides
 from ..usage import ModelPrice, Usage, usage_for_call
-from .bounded import run_as_task as _run_as_task
+from . import door
+from .door import CANCEL_EVENT
 from .reliability import (
     NO_RETRY,
     CircuitBreaker,
@@ -42,19 +40,13 @@ from .reliability import (
     is_transient,
     propagates,
 )
-from .workers import DaemonWorkers, Job, LLMPools, QueuedTooLongError
+from .timeouts import is_local
+from .workers import DaemonWorkers, Job
 
 __all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete", "complete_all"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-#: Set by `complete` for the thread that runs an attempt: the event is set when the
-#: attempt times out, so an LLM that can stop mid-generation (`LocalLLM`) does.
-CANCEL_EVENT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "hyde_plus_cancel_event", default=None
-)
 
 
 def has_native_async(llm: Any) -> bool:
@@ -106,11 +98,6 @@ def generator_kind(llm: Any) -> str:
     model), else ``"capable"``: which set of shipped defaults a transform uses."""
     name = (model_name(llm) or "").lower()
     return "small" if name.startswith(_SMALL_PREFIXES) else "capable"
-
-
-def is_local(llm: Any) -> bool:
-    """True for LLMs that run on this machine and cost nothing per token."""
-    return bool(optional_attr(llm, "is_local", False))
 
 
 def _missing_handlers(llm: LLM, host: CallbackManager | None) -> list[Any]:
@@ -422,30 +409,15 @@ def times_itself(llm: Any, budget: float) -> bool:
 def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
     """Blocking completion, made as ``options`` say (`CallOptions`).
 
-    The timeout bounds the whole call, retries included: an LLM whose own client
-    gives up in time (`times_itself`) is called in this thread, unless its reply is
-    streamed (the client's timeout is then per chunk: a trickle never trips it); any
-    other attempt runs
-    on an LLM worker thread (`WORKERS`) and `LLMTimeoutError` is raised when the budget
-    runs out (the thread is abandoned, and told through `CANCEL_EVENT` so an LLM that
-    can stop generating does). A lazily loaded local model is loaded before the clock starts.
-    Transient errors are retried per ``options.retry``; its breaker hears of the call
-    once. Every failure raises an ``Exception``; only what `propagates` escapes as
-    itself."""
-    kwargs = options.llm_kwargs()
+    The timeout bounds the whole call, retries included: an LLM whose own client gives
+    up in time (`times_itself`) and is not streamed is called in this thread; any
+    other attempt runs through `door.run` (`LLMTimeoutError` once the budget runs out,
+    the attempt told through `door.CANCEL_EVENT`). A lazily loaded local model is
+    loaded before the clock starts. Transient errors are retried per
+    ``options.retry``; its breaker hears of the call once. Every failure raises an
+    ``Exception``; only what `propagates` escapes as itself."""
     enough, itself = _stop_rule(llm, options)
-
-    def call() -> CompletionResponse:
-        if enough is None:
-            return llm.complete(prompt, **kwargs)
-        if not itself:
-            return _stream_until(llm, prompt, kwargs, enough)
-        told = ENOUGH.set(enough)
-        try:
-            return llm.complete(prompt, **kwargs)
-        finally:
-            ENOUGH.reset(told)
-
+    call = _blocking_call(llm, prompt, options.llm_kwargs(), enough, itself)
     if _needs_loading(llm):
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
@@ -457,7 +429,7 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
                 if budget is None or (not streamed and times_itself(llm, budget)):
                     response = call()  # in this thread: no hand-off
                 else:
-                    response = _call_with_timeout(llm, call, budget, attempts)
+                    response = _on_worker(llm, call, budget, attempts)
                 break
             except BaseException as exc:
                 time.sleep(attempts.failed(exc))
@@ -465,11 +437,7 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
     return _reply(llm, prompt, response, options.prices)
 
 
-#: The threads blocking LLM calls run on when they must be abandoned on timeout (the
-#: sync path with a timeout, and the async path of an LLM without native async): a
-#: pool per LLM object, so one hung provider never holds another's threads.
-WORKERS = LLMPools()
-#: The threads `complete_all` runs its calls' retry loops on (each waits on `WORKERS`
+#: The threads `complete_all` runs its calls' retry loops on (each waits on `door.pool`
 #: at most until its deadline, so there is no cap, and they take no slot of the
 #: process's thread cap: the calls they wait for do).
 CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call", cap=None)
@@ -512,89 +480,55 @@ def _caller(call: Callable[[], LLMReply]) -> Job | Exception:
         return exc
 
 
-class _Cancel(threading.Event):
-    """The event an attempt on a worker thread is told to stop by, and its `Job`."""
-
-    job: Job | None = None
-
-
-def _overrun(attempts: _Attempts, job: Job | None) -> Exception:
-    """The error of an attempt whose time ran out: our timeout, or a
-    `QueuedTooLongError` when it spent most of its time waiting in line for a worker
-    (never taken, or taken with less than half its time left): the provider was not
-    given the time to answer, so its breaker does not count it."""
-    if job is None:
-        return attempts.timed_out()
-    now = time.monotonic()
-    ran = 0.0 if job.started_at is None else now - job.started_at
-    waited = (job.started_at or now) - job.submitted_at
-    if ran >= waited:
-        return attempts.timed_out()
-    state = "was never made" if job.started_at is None else f"ran only {ran:.2f}s"
-    return QueuedTooLongError(
-        f"the LLM call waited {waited:.2f}s of its {attempts.timeout:g}s for one of its "
-        f"provider's worker threads (all busy) and {state}"
-    )
+def _blocking_call(
+    llm: LLM, prompt: str, kwargs: dict[str, Any], enough: Callable[[str], bool] | None,
+    itself: bool,
+) -> Callable[[], CompletionResponse]:  # fmt: skip
+    """One blocking attempt: ``llm.complete``, streamed until ``enough`` (when given),
+    or with `ENOUGH` set for an LLM that stops itself (``itself``)."""
+    if enough is not None and not itself:
+        return partial(_stream_until, llm, prompt, kwargs, enough)
+    call = partial(llm.complete, prompt, **kwargs)
+    return partial(_told, enough, call) if itself else call
 
 
-def _telling(cancel: threading.Event, call: Callable[[], T]) -> Callable[[], T]:
-    """``call`` with `CANCEL_EVENT` set to ``cancel`` (in the worker's context)."""
-
-    def attempt() -> T:
-        CANCEL_EVENT.set(cancel)
-        return call()
-
-    return attempt
-
-
-def _call_with_timeout(
-    llm: LLM, call: Any, timeout: float, attempts: _Attempts
+def _on_worker(
+    llm: LLM, call: Callable[[], CompletionResponse], budget: float, attempts: _Attempts
 ) -> CompletionResponse:
-    """``call()`` on one of ``llm``'s worker threads; `LLMTimeoutError` after ``timeout`` seconds
-    (the attempt is told through `CANCEL_EVENT` and its thread abandoned)."""
-    cancel = threading.Event()
-    job = WORKERS.for_llm(llm).submit(_telling(cancel, call), budget=timeout)
-    answered = False
+    """``call()`` on the LLM's worker threads (`door.run`); `LLMTimeoutError` after
+    ``budget`` seconds (the attempt is told through `door.CANCEL_EVENT`)."""
+    deadline = door.Deadline.start(budget)
     try:
-        answered = job.done.wait(timeout)
-    finally:  # not answered in time, or interrupted while waiting (Ctrl-C)
-        if not answered:
-            cancel.set()
-            job.abandon()
-    if not answered:
-        raise _overrun(attempts, job)
-    return job.result()  # type: ignore[no-any-return]
+        return door.run(call, on=llm, deadline=deadline, what=_WHAT, cancellable=True)
+    except door.ModelTimeoutError:
+        raise attempts.timed_out() from None
+
+
+_WHAT = "the LLM"
 
 
 async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
-    """Async completion: the async twin of `complete`; an overrun attempt is cancelled.
-
-    An LLM with native async runs ``llm.acomplete``; one that only implements the
-    blocking ``complete`` (LlamaIndex's `CustomLLM` default ``acomplete``) runs it on an
-    LLM worker thread (`WORKERS`, not the loop's default executor), so the event loop
-    keeps running and the timeout holds (the thread is abandoned and told through
-    `CANCEL_EVENT`). A lazily loaded local model is loaded (in a thread) before the
-    clock starts. The task's own cancellation propagates; any other failure raises an
+    """The async twin of `complete`: an LLM with native async runs ``llm.acomplete``
+    (as a task dropped at the deadline); one that only implements the blocking
+    ``complete`` runs it through `door.arun` (never on the loop nor its default
+    executor). The task's own cancellation propagates; any other failure raises an
     ``Exception``."""
     if _needs_loading(llm):
-        await asyncio.to_thread(getattr(llm, "warm_up"))  # noqa: B009
+        await door.arun(getattr(llm, "warm_up"), on=llm, what=_WHAT)  # noqa: B009
     native = has_native_async(llm)
     kwargs = options.llm_kwargs()
     enough, itself = _stop_rule(llm, options)
+    call = None if native else _blocking_call(llm, prompt, kwargs, enough, itself)
     with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
         while True:
             budget = attempts.budget()
-            cancel = None if native else _Cancel()  # only a thread needs telling
-            if cancel is None and enough is not None and not itself:
-                coro = _astream_until(llm, prompt, kwargs, enough)
-            elif cancel is None:
-                coro = llm.acomplete(prompt, **kwargs)
-                if itself:
-                    coro = _atold(enough, coro)
-            else:
-                coro = _in_thread(llm, prompt, kwargs, cancel, enough, itself, budget)
             try:
-                response = await _bounded(coro, budget, cancel, attempts)
+                if call is not None:  # on a worker thread, abandoned at the deadline
+                    deadline = door.Deadline.start(budget)
+                    response = await _aon_worker(llm, call, deadline, attempts)
+                else:
+                    coro = _native(llm, prompt, kwargs, enough, itself)
+                    response = await _wait_within(coro, budget, attempts)
                 break
             except BaseException as exc:
                 await asyncio.sleep(attempts.failed(exc))
@@ -602,91 +536,41 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
     return _reply(llm, prompt, response, options.prices)
 
 
-async def _bounded(
-    coro: Any, budget: float | None, cancel: threading.Event | None, attempts: _Attempts
-) -> CompletionResponse:
-    """Await one attempt within ``budget`` seconds; on overrun it is cancelled, ``cancel``
-    set (for an attempt running in a thread) and `LLMTimeoutError` raised. Only our
-    deadline is reported as ours: a provider's own ``TimeoutError`` stays its own. A
-    native coroutine runs as a task that is dropped at the deadline, so one that
-    swallows its cancellation (a slow cleanup) is never waited for, nor its late
-    reply used; a thread's attempt is awaited in this task (it always ends when
-    cancelled)."""
-    if budget is None:
-        return await coro  # type: ignore[no-any-return]
-    if sys.version_info >= (3, 11) and cancel is not None:
-        deadline = asyncio.timeout(budget)  # on this task: no task, no extra hop
-        try:
-            async with deadline:
-                return await coro  # type: ignore[no-any-return]
-        except BaseException as exc:
-            if not deadline.expired() or propagates(exc, in_task=True):
-                raise
-            if cancel is not None:
-                cancel.set()
-            raise _overrun(attempts, getattr(cancel, "job", None)) from exc
-    return await _wait_within(coro, budget, cancel, attempts)
+def _native(
+    llm: LLM, prompt: str, kwargs: dict[str, Any], enough: Callable[[str], bool] | None,
+    itself: bool,
+) -> Awaitable[CompletionResponse]:  # fmt: skip
+    """One native async attempt, as `_blocking_call` makes a blocking one."""
+    if enough is not None and not itself:
+        return _astream_until(llm, prompt, kwargs, enough)
+    coro = llm.acomplete(prompt, **kwargs)
+    return _atold(enough, coro) if itself else coro
+
+
+async def _aon_worker(
+    llm: LLM, call: Callable[[], CompletionResponse], deadline: door.Deadline | None,
+    attempts: _Attempts,
+) -> CompletionResponse:  # fmt: skip
+    """`_on_worker` on the async path: the loop never blocks, nor uses its executor."""
+    try:
+        return await door.arun(call, on=llm, deadline=deadline, what=_WHAT, cancellable=True)
+    except door.ModelTimeoutError:
+        raise attempts.timed_out() from None
 
 
 async def _wait_within(
-    coro: Any, budget: float, cancel: threading.Event | None, attempts: _Attempts
+    coro: Awaitable[CompletionResponse], budget: float | None, attempts: _Attempts
 ) -> CompletionResponse:
-    """`_bounded` with the attempt as a task, waited on for ``budget`` seconds and
-    dropped then (for a native coroutine, and on Python 3.10, which has no
-    ``asyncio.timeout``), so that our deadline (the wait ran out) is never confused
-    with a ``TimeoutError`` the provider raised."""
-    task = await _run_as_task(coro, budget)
-    if task is not None:
-        return task.result()  # type: ignore[no-any-return]
-    if cancel is not None:
-        cancel.set()
-    raise _overrun(attempts, getattr(cancel, "job", None))
-
-
-async def _in_thread(
-    llm: LLM,
-    prompt: str,
-    kwargs: dict[str, Any],
-    cancel: threading.Event,
-    enough: Callable[[str], bool] | None = None,
-    itself: bool = False,
-    budget: float | None = None,
-) -> CompletionResponse:
-    """``llm.complete`` (streamed until ``enough``, when given) on an LLM worker
-    thread (`WORKERS`); cancelling the await sets ``cancel`` and abandons the thread
-    (counted as overrun only past ``budget``, the attempt's own time; never with none)."""
-    loop = asyncio.get_running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        loop.call_soon_threadsafe(_resolve, woken)
-
-    call: Callable[[], CompletionResponse] = (
-        partial(_stream_until, llm, prompt, kwargs, enough)
-        if enough is not None and not itself
-        else partial(llm.complete, prompt, **kwargs)
-    )
-    if itself:
-        call = partial(_told, enough, call)
-    job = WORKERS.for_llm(llm).submit(
-        _telling(cancel, call), wake, math.inf if budget is None else budget
-    )
-    if isinstance(cancel, _Cancel):
-        cancel.job = job
-    try:
-        await woken
-    except BaseException:
-        cancel.set()
-        job.abandon()
-        raise
-    try:
-        return job.result()  # type: ignore[no-any-return]
-    except Exception:
-        raise
-    except BaseException as exc:
-        if propagates(exc):  # a CancelledError from the thread is never this task's
-            raise
-        raise as_failure(exc) from exc
+    """A native attempt as a task, waited on for ``budget`` seconds and dropped then
+    (`door.run_as_task`: one that swallows its cancellation is never waited for, nor
+    its late reply used), so our deadline is never confused with a ``TimeoutError``
+    the provider raised."""
+    if budget is None:
+        return await coro
+    task = await door.run_as_task(coro, budget)
+    if task is None:
+        raise attempts.timed_out()
+    return task.result()
 
 
 def _told(enough: Callable[[str], bool] | None, call: Callable[[], T]) -> T:
@@ -706,8 +590,3 @@ async def _atold(enough: Callable[[str], bool] | None, coro: Any) -> CompletionR
         return await coro  # type: ignore[no-any-return]
     finally:
         ENOUGH.reset(told)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

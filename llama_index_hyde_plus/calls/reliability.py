@@ -1,17 +1,10 @@
-"""Retries for transient provider errors, and a circuit breaker.
+"""Retries for transient provider errors, a circuit breaker, and what propagates.
 
-`RetryPolicy` retries only what a retry can fix: rate limits (429), server errors
-(5xx), dropped connections and a provider's own timeouts, with full-jitter exponential
-backoff, inside the transform's ``timeout``. Bad requests (4xx other than
-408/409/425/429), authentication errors and our own timeouts are never retried.
-
-`CircuitBreaker` stops calling a provider that keeps failing: after
-``failure_threshold`` consecutive failed calls it opens, and for ``cooldown_s`` every
-transform falls back at once instead of waiting on a dead provider; then one call
-probes (half-open) and closes the breaker if it succeeds. Each change of state is
-logged once. The breaker hears of each call once, whatever its retries, and only of
-what says something about the provider's health (`counts_against_provider`).
-
+`RetryPolicy` retries only what a retry can fix (429, 5xx, dropped connections, a
+provider's own timeouts) with full-jitter backoff inside the transform's ``timeout``.
+`CircuitBreaker` opens after ``failure_threshold`` consecutive failed calls: for
+``cooldown_s`` every transform falls back at once, then one call probes. It hears of
+each call once, and only of what speaks of the provider (`counts_against_provider`).
 `propagates` is the one rule for what a "never raises" layer lets through.
 """
 
@@ -36,8 +29,7 @@ class LLMTimeoutError(TimeoutError):
 
 
 class LLMNotCalledError(RuntimeError):
-    """The LLM was not called (its breaker is open, or no worker thread was free): not
-    a call, so the breaker does not count it."""
+    """The callee was not called (breaker open, no worker free): no breaker counts it."""
 
 
 class CircuitOpenError(LLMNotCalledError):
@@ -45,10 +37,9 @@ class CircuitOpenError(LLMNotCalledError):
 
 
 class CallError(RuntimeError):
-    """A component (the LLM, an embedding model, a store, a cache) raised an error that
-    is not an ``Exception`` (gevent's ``Timeout``, a ``CancelledError`` from a blocking
-    client): a failure like any other, wrapped so that every ``except Exception`` above
-    sees it. ``error`` (also ``__cause__``) is what it raised."""
+    """A dependency raised an error that is not an ``Exception`` (gevent's ``Timeout``,
+    a ``CancelledError`` from a blocking client): a failure like any other, wrapped for
+    every ``except Exception`` above. ``error`` (also ``__cause__``) is what it raised."""
 
     def __init__(self, error: BaseException, what: str = "a component") -> None:
         text = str(error)
@@ -75,9 +66,8 @@ _TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _HEALTH_STATUS = frozenset({408, 429})
 """The 4xx statuses that speak of the provider (too slow, too busy), not the request."""
 _ALWAYS_PROPAGATE = (KeyboardInterrupt, SystemExit, GeneratorExit)
-# GeneratorExit on every path (docs/failures-and-caches.md, "What still raises"): on the
-# async path it may be the close of the caller's own coroutine, which must go on up
-# (swallowing it is a RuntimeError), and a model raising one is taken at its word.
+# GeneratorExit: on the async path it may close the caller's own coroutine, which must
+# go on up (swallowing it is a RuntimeError).
 _TRANSIENT_NAMES = frozenset(
     {
         "APIConnectionError",
@@ -107,11 +97,8 @@ def _status_of(exc: BaseException) -> int | None:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether retrying ``exc`` can help: 408/409/425/429/5xx statuses, connection
-    resets and refusals, a provider's own timeout (``TimeoutError``, as httpx or an SDK
-    raise it), and the SDK error classes that mean the same (OpenAI's
-    ``RateLimitError``, ``APITimeoutError``...). Our own timeout is not transient."""
-
+    """Whether retrying ``exc`` can help: 408/409/425/429/5xx, connection errors, a
+    provider's own timeout, the SDK classes that mean the same; never our timeout."""
     if isinstance(exc, (LLMTimeoutError, LLMNotCalledError)):
         return False
     status = _status_of(exc)
@@ -123,11 +110,9 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def counts_against_provider(exc: BaseException) -> bool:
-    """Whether a call that failed with ``exc`` speaks of the provider's health, so the
-    breaker counts it: anything but a refused request (a 4xx status other than 408 and
-    429: the request itself was bad, forbidden, too large, conflicting or too early,
-    which says nothing of the provider; 409 and 425 are retried all the same) and a
-    call that was never made (`LLMNotCalledError`). Our own timeout counts."""
+    """Whether ``exc`` speaks of the provider's health (the breaker counts it): all but
+    a refused request (4xx other than 408 and 429) and a call never made
+    (`LLMNotCalledError`). Our own timeout counts."""
     if isinstance(exc, LLMNotCalledError):
         return False
     status = _status_of(exc)
@@ -140,10 +125,8 @@ MAX_ERROR_CHARS = 1000
 
 
 def describe(exc: BaseException) -> str:
-    """``exc`` as the text a result keeps and a warning logs: ``"ConnectionError:
-    refused"`` (the class alone when there is no message). The one place an error's
-    text is made: a message over `MAX_ERROR_CHARS` characters (a provider's 5 MB HTML
-    error page) is cut there and ends ``... (N more characters)``."""
+    """``exc`` as a result keeps it and a warning logs it: ``"ConnectionError:
+    refused"``, cut at `MAX_ERROR_CHARS` (``... (N more characters)``)."""
     text = str(exc)
     if len(text) > MAX_ERROR_CHARS:
         more = len(text) - MAX_ERROR_CHARS
@@ -152,8 +135,7 @@ def describe(exc: BaseException) -> str:
 
 
 def as_failure(exc: BaseException, wrapper: type[CallError] = LLMCallError) -> Exception:
-    """A failed call's error as an ``Exception``: ``exc`` itself, or a ``wrapper``
-    (`LLMCallError` by default) around it (for a failure that `propagates` says is one)."""
+    """A failed call's error as an ``Exception``: ``exc``, or a ``wrapper`` around it."""
     if isinstance(exc, Exception):
         return exc
     wrapped = wrapper(exc)
@@ -162,23 +144,18 @@ def as_failure(exc: BaseException, wrapper: type[CallError] = LLMCallError) -> E
 
 
 def failure(exc: BaseException, *, in_task: bool = False) -> Exception:
-    """``exc`` as a failure to handle (an ``Exception``; a `CallError` wrapping one that
-    is not), or ``exc`` re-raised when it must propagate (`propagates`: an interrupt,
-    an exit, the running task's own cancellation). Every "never breaks search" layer
-    catches ``BaseException`` and passes it through here."""
+    """``exc`` as a failure to handle (`as_failure`), or re-raised when it must
+    propagate (`propagates`): what every "never breaks search" layer does with it."""
     if propagates(exc, in_task=in_task):
         raise exc
     return as_failure(exc, CallError)
 
 
 def propagates(exc: BaseException, *, in_task: bool = False) -> bool:
-    """Whether ``exc`` must propagate rather than count as a failed LLM call: always
-    for ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit``; for a
-    ``CancelledError`` only on the async path (``in_task``) when the running task is
-    itself being cancelled (on Python 3.10, which cannot tell, always on that path).
-    Anything else an LLM raises (any ``Exception``, gevent's ``Timeout``, a
-    ``CancelledError`` from a blocking provider or one our task was not sent) is a
-    failed call: the transform falls back."""
+    """Whether ``exc`` must propagate rather than count as a failed call: an interrupt,
+    an exit, ``GeneratorExit``; a ``CancelledError`` only on the async path
+    (``in_task``) when the running task is being cancelled (always on Python 3.10,
+    which cannot tell). Anything else is a failed call: the transform falls back."""
     if isinstance(exc, _ALWAYS_PROPAGATE):
         return True
     if not isinstance(exc, asyncio.CancelledError) or not in_task:

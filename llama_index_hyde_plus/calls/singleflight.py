@@ -1,18 +1,13 @@
 """`SingleFlight`: identical concurrent work done once, shared with those who wait.
 
-One object serves both paths: sync callers (threads) wait on an event, async callers
-(one event loop) await the leader's future without being able to cancel it. Each
-caller has its own time (``timeout``, from its call): the leader hands its budget to
-the work; a waiter waits for the leader at most until its own time runs out
-(`WaitExpired`), and is handed whatever value the leader's work returned, a failure
-the work returned as a value included (the caller decides what a waiter makes of it),
-so a hung provider is waited on once, not once per waiter. Only when the leader's work
-raised (it was cancelled or interrupted: the leader's own business) does a waiter do
-the work itself, with what is left of its time: the first one back leads, the others
-wait for it. The leader hands its value over before what it does after (``after``: a
-cache write), and callers that come meanwhile are handed it too. What the leader ends with is never
-raised in a waiter: the shared future only ever holds the leader's value or "none", so
-an interruption or a cancellation a waiter sees is its own, and it propagates.
+Sync callers (threads) wait on an event, async ones (one loop) await the leader's
+future without being able to cancel it. Each caller has its own time: the leader
+hands its budget to the work; a waiter waits at most until its own time runs out
+(`WaitExpired`) and is handed the leader's value (a failure returned as a value
+included), so a hung provider is waited on once. Only when the leader's work raised
+(its own cancellation or interrupt) does a waiter do the work, with what is left of
+its time. The value is handed over before the leader's ``after`` (a cache write).
+What the leader ends with is never raised in a waiter.
 """
 
 from __future__ import annotations

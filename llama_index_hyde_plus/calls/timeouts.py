@@ -1,5 +1,12 @@
-"""The one timeout policy: how long one LLM call of a transform may take when nobody
-said (no ``timeout=`` option, no ``--timeout`` flag).
+"""The one table of timeouts: how long a call to each kind of dependency may take.
+
+- `REMOTE_TIMEOUT_S` and `timeout_for`: one LLM call of a transform when nobody said
+  (no ``timeout=`` option, no ``--timeout`` flag);
+- `MODEL_TIMEOUT_S`: the models a search calls after the LLM (embedder, store,
+  reranker: `TransformRetriever`'s ``model_timeout``);
+- `CACHE_TIMEOUT_S`: one read or write of a transform cache outside the process;
+- `DOWN_RETRY_S`: how long a dependency that failed or overran is skipped before one
+  call probes it (`outage.Outage`).
 
 The rule follows the model's kind, never the caller (library, ``query``, ``serve``,
 ``eval``, ``tune`` and `HyDERAG` all get it from `LLMTransform`):
@@ -18,8 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._attrs import optional_attr
 from .._checks import is_number
-from .llm import is_local
 
 LOCAL_START_S = 10.0
 """Seconds a local call may spend before its first token (reading the prompt,
@@ -32,12 +39,24 @@ LOCAL_MAX_TOKENS = 256
 """Tokens a local reply may take when neither the model nor the transform caps it."""
 REMOTE_TIMEOUT_S = 30.0
 """Seconds for one call to a remote (API) model."""
+MODEL_TIMEOUT_S = 30.0
+"""Seconds the models after the LLM may take, together, in one search."""
+CACHE_TIMEOUT_S = 2.0
+"""Seconds one read or write of a transform cache outside the process (SQLite, Redis,
+any KV store) may take: past it a read is a miss and a write is dropped."""
+DOWN_RETRY_S = 5.0
+"""Seconds a dependency that failed or overran is skipped before one call probes it."""
 
 POLICY = (
     f"by the model: local {LOCAL_START_S:g} s + max_tokens x slots / "
     f"{LOCAL_TOKENS_PER_S:g} tokens/s, remote {REMOTE_TIMEOUT_S:g} s"
 )
 """The rule in words, for ``--help``."""
+
+
+def is_local(llm: Any) -> bool:
+    """True for LLMs that run on this machine and cost nothing per token."""
+    return bool(optional_attr(llm, "is_local", False))
 
 
 def _positive(value: Any) -> float | None:

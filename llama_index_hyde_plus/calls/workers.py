@@ -1,29 +1,14 @@
-"""`DaemonWorkers`: a bounded pool of reusable daemon threads for blocking LLM calls
-that may be abandoned.
+"""`DaemonWorkers`: a bounded pool of reusable daemon threads for blocking calls that
+may be abandoned (`door` chooses the pool; never the event loop's default executor).
 
-A blocking LLM call with a timeout (the sync path, and the async path of an LLM that
-only implements ``complete``) runs on a worker thread so the caller can stop waiting.
-The pool is the LLM calls' own, never the event loop's default executor: a provider
-that hangs can only use up these threads, and the app's own jobs on the loop's default
-executor keep theirs (the package's other blocking calls, searches, embedders, caches,
-run on pools of their own too).
-
-Starting a thread per call costs more than the rest of a search's orchestration, so
-finished workers wait for the next call instead of exiting (at most ``max_idle`` of
-them). They are daemon threads: a call abandoned on timeout never keeps the
-interpreter from exiting. A worker still busy with an abandoned call is not reused
-until it returns. At most ``max_busy`` calls run at once; a call beyond that waits in
-line (FIFO) for a worker, for as long as its caller waits for it (its timeout), and
-one abandoned before it started never runs (nor stays in line for long). A call
-abandoned while it runs counts as overrun only once its own time is up (``budget``).
-Only when every running call has already overrun its timeout (the provider hangs)
-does a new call fail at once, with `WorkersBusyError` (the transform falls back),
-rather than queue behind them. The
-process-wide cap (`MAX_THREADS`) works the same way: a call past it waits in line
-(`_SlotLine`) for the next slot to free, and fails at once only when every call
-holding a slot overran. A pool of threads that only wait on other pools
-(``cap=None``) takes no slot; a pool of unbounded searches (``cap="search"``) takes
-a slot of its own cap, `MAX_SEARCH_THREADS`.
+Finished workers wait for the next call (at most ``max_idle``, for `IDLE_EXIT_S`)
+rather than exit: starting a thread costs more than a search's orchestration. They
+are daemon threads, so an abandoned call never keeps the interpreter alive. At most
+``max_busy`` calls run at once; one beyond waits in line (FIFO) while its caller
+waits, and one abandoned before it started never runs. An abandoned call counts as
+overrun once its own time (``budget``) is up; only when every running call overran
+(the callee hangs) does a new one fail at once (`WorkersBusyError`). The process-wide
+caps (`MAX_THREADS`, `MAX_SEARCH_THREADS`) work the same way (`_SlotLine`).
 """
 
 from __future__ import annotations
@@ -37,40 +22,30 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from .._attrs import optional_attr
+from .outage import Outage
 from .reliability import LLMNotCalledError
 
 MAX_POOLS = 64
 """Pools kept before the idle ones are forgotten (`LLMPools._prune`)."""
 
 IDLE_EXIT_S = 30.0
-"""Seconds an idle worker waits for a call before it exits (a pool that was busy once
-does not keep its threads for the life of the process)."""
+"""Seconds an idle worker waits for a call before it exits."""
 
 MAX_BUSY = 32
-"""Blocking LLM calls that may run at once (`DaemonWorkers.max_busy`). The calls wait
-on the network or on a local model, not on this CPU, so the bound is not the core
-count: 32 is the most threads ``ThreadPoolExecutor`` starts by default, more calls at
-once than one API key is usually allowed (higher concurrency is a rate-limit error
-anyway), and small enough that a hung provider holds a bounded number of threads."""
-
+"""Calls one pool may run at once: they wait on a network or a local model, not this
+CPU; more than one API key is usually allowed, few enough for a hung provider."""
 
 MAX_THREADS = 256
-"""Calls all pools together may run at once. A call past it waits in line for a slot
-within its caller's timeout (a healthy burst only waits); with many providers hung at
-once (100 model names x `MAX_BUSY`), once every call holding a slot overran, one more
-fails at once with `WorkersBusyError` (its transform falls back; no breaker counts it)
-instead of the process growing thousands of threads. Idle workers hold no slot (a
-pool keeps at most ``max_idle`` of them, for `IDLE_EXIT_S`), nor do threads that only
-wait on other pools' calls (``cap=None``), nor unbounded searches (``cap="search"``,
-`MAX_SEARCH_THREADS`)."""
+"""Calls all pools together may run at once: one past it waits in line for a slot
+within its caller's time, and fails at once (`WorkersBusyError`) only when every call
+holding a slot overran, so many hung providers never grow thousands of threads. Idle
+workers, threads that only wait on other pools (``cap=None``) and unbounded searches
+(``cap="search"``) hold none."""
 
 MAX_SEARCH_THREADS = 256
-"""Unbounded blocking searches (a sync-only retriever's search of the question, as a
-plain retriever's has no timeout) all pools together may run at once: a cap of their
-own, apart from `MAX_THREADS`, so hung searches never hold a slot an LLM call needs,
-and retrievers built per request whose searches hang never grow the process past it.
-A search past it waits in line for a thread for as long as its caller waits (a
-cancelled caller leaves the line)."""
+"""Unbounded blocking searches of the question (a plain retriever's have no timeout)
+all pools may run at once: a cap apart from `MAX_THREADS`, so hung searches never
+hold a slot an LLM call needs; one past it waits in line while its caller waits."""
 
 _E = TypeVar("_E")
 
@@ -82,19 +57,17 @@ _search_slots = threading.BoundedSemaphore(MAX_SEARCH_THREADS)
 
 
 class WorkersBusyError(LLMNotCalledError):
-    """Every LLM worker thread is busy: the LLM was not called."""
+    """Every worker thread holds an overrun call: the callee was not called."""
 
 
 class QueuedTooLongError(LLMNotCalledError):
-    """The call waited in line for a worker until its time ran out: the LLM was never
-    called (the provider's own calls were slow or many), so its breaker does not count
-    it."""
+    """The call spent its time waiting in line for a worker: not the callee's fault,
+    so no breaker counts it."""
 
 
 class Signal:
-    """A one-shot ``threading.Event`` (``set``, ``is_set``, ``wait``) on a bare lock:
-    waiting on it and setting it take no condition variable, so a call handed to a
-    worker and waited for costs the two thread wake-ups and little else."""
+    """A one-shot ``threading.Event`` on a bare lock (no condition variable: a hand-off
+    costs the two thread wake-ups and little else)."""
 
     __slots__ = ("_flag", "_lock")
 
@@ -108,7 +81,7 @@ class Signal:
         return self._flag
 
     def set(self) -> None:
-        """Wake every waiter, now and later (call once: by the worker that ran the call)."""
+        """Wake every waiter, now and later (called once, by the worker)."""
         if not self._flag:
             self._flag = True
             self._lock.release()
@@ -220,10 +193,8 @@ class DaemonWorkers:
         self._running: set[Job] = set()
         self._waiting: _Line[Job] = _Line()
         self._lock = threading.Lock()
-        self._answered_at = float("-inf")
-        """When a call last ended within its own time (the callee answers)."""
-        self._retried_at = float("-inf")
-        """When `overran_within` last let one caller try a callee that hangs."""
+        self.outage = Outage()
+        """Whether the callee is skipped after a call overran (`door.run`)."""
 
     def submit(
         self,
@@ -310,8 +281,6 @@ class DaemonWorkers:
         slot, finished.slot = finished.slot, None
         with self._lock:
             self._running.discard(finished)
-            if not finished.overran:  # it ended within its own time
-                self._answered_at = time.monotonic()
             while self._waiting:
                 job = self._waiting.popleft()
                 if not job.abandoned:
@@ -379,31 +348,6 @@ class DaemonWorkers:
             self.max_idle = 0
         for inbox in idle:
             inbox.put(None)
-
-    def overran_within(self, seconds: float) -> bool:
-        """Whether a caller that would only wait on a hung callee as well should skip
-        it: a running call overran (`Job.overran`) since the callee last answered in
-        time, less than ``seconds`` ago, or it did longer ago and another caller was let
-        through to try again less than ``seconds`` ago. False lets this caller call
-        (with a hung call still running, it is that one try; a call that then answers
-        in time lets every caller through again).
-
-        Args:
-            seconds: how long an overrun call keeps its callee counted as hung.
-        """
-        now = time.monotonic()
-        with self._lock:
-            hung = [
-                j.overrun_at
-                for j in self._running
-                if j.overran and j.overrun_at is not None and j.overrun_at > self._answered_at
-            ]
-            if not hung:
-                return False
-            if now - max(*hung, self._retried_at) < seconds:
-                return True
-            self._retried_at = now
-            return False
 
     def queued(self) -> int:
         """How many calls wait in line for a worker (abandoned ones included)."""

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeGuard
 
-from ..calls.llm import is_local
+from ..calls.timeouts import is_local
 
 CALL_TARGET_S = 20.0
 """Seconds a call should take when the queries in flight share the model's measured

@@ -41,7 +41,8 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from pydantic import Field, PrivateAttr
 
-from ..calls.llm import CANCEL_EVENT, ENOUGH, STOPPED_EARLY
+from ..calls.door import CANCEL_EVENT
+from ..calls.llm import ENOUGH, STOPPED_EARLY
 from ..calls.streaming import Done, Producer, astream_in_thread, stream_in_thread
 from .gguf import control_tokens, escape_controls
 

@@ -25,10 +25,9 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from .._attrs import overrides
-from ..calls.bounded import arun_within, await_within, run_all_within, run_within
-from ..calls.llm import WORKERS
+from ..calls import door
+from ..calls.door import await_within
 from ..calls.reliability import failure
-from ..calls.workers import DaemonWorkers
 from ..transforms.base import QueryTransformer
 from ..transforms.core import caller_bundle
 from . import requests as ask
@@ -118,50 +117,12 @@ def searches_in_process(retriever: BaseRetriever, bundle: QueryBundle) -> bool:
     )
 
 
-def _search_pool(r: Searcher) -> DaemonWorkers:
-    """The worker threads the searches with the generated text run on: the wrapped
-    retriever's own (`WORKERS`, per retriever object, 32 at most), never the
-    question's nor the event loop's; once they all hold overrun searches, a search
-    with the generated text fails at once and the question's hits are used."""
-    return WORKERS.for_cache(r.retriever)
-
-
-def _question_pool(r: Searcher) -> DaemonWorkers:
-    """The worker threads a blocking retriever's unbounded searches run on in async
-    code (the question's own, and any with no ``model_timeout``): the wrapped
-    retriever object's own, apart from `_search_pool`, so hung searches with the
-    generated text never hold the question's, hung searches of one retriever never
-    hold another's (even of its class), and the app's jobs on the loop's default
-    executor never hold either. Its calls take a slot of the process's cap for
-    unbounded searches, not of the LLM calls' one: they are never overrun (unbounded,
-    as a plain retriever's), so hung ones must not make other providers' LLM calls
-    wait, and retrievers built per request whose searches hang never grow the process
-    past that cap. Each hung search holds a thread until it returns."""
-    kind = type(r.retriever)
-    name = f"{kind.__module__}.{kind.__qualname__}"
-    key = ("question search", name, f"id={id(r.retriever)}")
-    return WORKERS.for_key(key, cap="search")
-
-
-def _rerank_pool(reranker: BaseNodePostprocessor) -> DaemonWorkers:
-    """The blocking reranker's worker threads (`WORKERS`, keyed by its class): one
-    that hangs holds only those, never the fan-out's threads or the event loop's
-    executor, and once they all hold overrun calls it is skipped at once."""
-    return WORKERS.for_llm(reranker)
-
-
 def _rerank_call(reranker: Any, op: ask.Rerank) -> Callable[[], Any]:
     return lambda: reranker.postprocess_nodes(op.nodes, query_bundle=op.bundle)
 
 
 def _retrieved(retriever: BaseRetriever, bundle: QueryBundle) -> list[NodeWithScore]:
     return list(retriever.retrieve(bundle))
-
-
-def model_pool(model: Any) -> DaemonWorkers:
-    """An embedding model's own worker threads (one pool per provider: its class,
-    model and endpoint), so a hung embedder holds only those."""
-    return WORKERS.for_llm(model)
 
 
 def _native_embed(model: Any, kind: str) -> bool:
@@ -218,26 +179,27 @@ class Blocking:
 
     def _embed(self, op: ask.Embed) -> Any:
         call = partial(getattr(op.model, _SYNC_EMBED[op.kind]), op.texts)
-        return run_within(model_pool(op.model), call, op.deadline, _EMBEDDER)
+        return door.run(call, on=op.model, deadline=op.deadline, what=_EMBEDDER)
 
     def _read_store(self, op: ask.ReadStore) -> Any:
         """A remote store (Milvus: it may hang) on its worker threads until the
         deadline; FAISS, which only computes, in this thread."""
         if op.kind == "milvus":
-            return run_within(WORKERS.for_cache(op.store), op.read, op.deadline, _STORE)
+            return door.run(op.read, on=op.store, kind="store", deadline=op.deadline, what=_STORE)
         return op.read()
 
     def _search_question(self, op: ask.SearchQuestion) -> list[NodeWithScore]:
         return _retrieved(self.r.retriever, op.bundle)
 
     def _search_generated(self, op: ask.SearchGenerated) -> Any:
-        """Bounded by the deadline on `_search_pool` (`ModelTimeoutError` once it
-        passes), or in this thread when the search only computes."""
+        """Bounded by the deadline on the retriever's own threads (`door`;
+        `ModelTimeoutError` once it passes), or in this thread when the search only
+        computes."""
         deadline = op.deadline
         if deadline is not None and searches_in_process(self.r.retriever, op.bundle):
             deadline = None
         call = partial(_retrieved, self.r.retriever, op.bundle)
-        return run_within(_search_pool(self.r), call, deadline, _SEARCH)
+        return door.run(call, on=self.r.retriever, kind="store", deadline=deadline, what=_SEARCH)
 
     def _transform(self, op: ask.Transform) -> Any:
         with caller_bundle(op.given):
@@ -256,14 +218,14 @@ class Blocking:
     def _rerank(self, op: ask.Rerank) -> Any:
         reranker = self.r.reranker
         call = _rerank_call(reranker, op)
-        return run_within(_rerank_pool(reranker), call, op.deadline, _RERANKER)  # type: ignore[arg-type]
+        return door.run(call, on=reranker, deadline=op.deadline, what=_RERANKER)
 
     def _failed(self, op: ask.Failed) -> Exception:
         return failure(op.exc)
 
     def _search_all(self, op: ask.SearchAll) -> list[Any]:
         """The searches of ``op`` at once. Those of the generated text run on the
-        retriever's own worker threads (`_search_pool`), ``max_concurrency`` at a time,
+        retriever's own worker threads (`door`, ``kind="store"``), ``max_concurrency`` at a time,
         until ``op.deadline`` (one that overruns fails, as one that raises does); the
         question's own search is not bounded (the user's own: a plain retriever would
         wait on it too) and runs on the fan-out's threads; a lone search runs here."""
@@ -282,7 +244,14 @@ class Blocking:
             generated = [i for i in op.todo if i not in op.of_question]
             calls = [partial(search, op.bundle(i)) for i in generated]
             at_once = self.r.max_concurrency - len(op.of_question) - (op.pending is not None)
-            found = run_all_within(_search_pool(self.r), calls, op.deadline, _SEARCH, at_once)
+            found = door.run_all(
+                calls,
+                on=self.r.retriever,
+                kind="store",
+                deadline=op.deadline,
+                what=_SEARCH,
+                at_once=at_once,
+            )
             for i, outcome in zip(generated, found):
                 outcomes[i] = outcome
             for i, future in futures.items():
@@ -336,27 +305,29 @@ class Async:
             coro = getattr(op.model, _ASYNC_EMBED[op.kind])(op.texts)
             return await await_within(coro, op.deadline, _EMBEDDER)
         call = partial(getattr(op.model, _SYNC_EMBED[op.kind]), op.texts)
-        return await arun_within(model_pool(op.model), call, op.deadline, _EMBEDDER)
+        return await door.arun(call, on=op.model, deadline=op.deadline, what=_EMBEDDER)
 
     async def _read_store(self, op: ask.ReadStore) -> Any:
         """A store read on the store's worker threads (FAISS too: never on the loop)."""
         if op.kind in ("faiss", "milvus"):
-            pool = WORKERS.for_cache(op.store)
-            return await arun_within(pool, op.read, op.deadline, _STORE)
+            return await door.arun(
+                op.read, on=op.store, kind="store", deadline=op.deadline, what=_STORE
+            )
         return op.read()
 
     async def _search_question(self, op: ask.SearchQuestion) -> list[NodeWithScore]:
-        """A native async retriever awaited, a blocking one unbounded on
-        `_question_pool` (never the event loop's default executor)."""
+        """A native async retriever awaited, a blocking one unbounded on the
+        retriever's threads for unbounded searches (`door`, ``kind="search"``; never
+        the event loop's default executor)."""
         retriever = self.r.retriever
         if overrides(retriever, "_aretrieve", BaseRetriever):
             return list(await retriever.aretrieve(op.bundle))
         call = partial(_retrieved, retriever, op.bundle)
-        return await arun_within(_question_pool(self.r), call, None, _SEARCH)
+        return await door.arun(call, on=self.r.retriever, kind="search", what=_SEARCH)
 
     async def _search_generated(self, op: ask.SearchGenerated) -> Any:
         """A native async retriever cancelled at the deadline (awaited in this task
-        when `searches_in_process`), a blocking one on `_search_pool`."""
+        when `searches_in_process`), a blocking one on the retriever's own threads (`door`)."""
         retriever, deadline = self.r.retriever, op.deadline
         if overrides(retriever, "_aretrieve", BaseRetriever):
             if deadline is not None and searches_in_process(retriever, op.bundle):
@@ -364,7 +335,9 @@ class Async:
             search = self._search_question(ask.SearchQuestion(op.bundle))
             return await await_within(search, deadline, _SEARCH)
         call = partial(_retrieved, retriever, op.bundle)
-        return await arun_within(_search_pool(self.r), call, deadline, _SEARCH)
+        return await door.arun(
+            call, on=self.r.retriever, kind="store", deadline=deadline, what=_SEARCH
+        )
 
     async def _transform(self, op: ask.Transform) -> Any:
         """The transform; with the question's own search ``op.beside`` (a guard that
@@ -404,7 +377,7 @@ class Async:
             coro = reranker.apostprocess_nodes(op.nodes, query_bundle=op.bundle)
             return await await_within(coro, op.deadline, _RERANKER)
         call = _rerank_call(reranker, op)
-        return await arun_within(_rerank_pool(reranker), call, op.deadline, _RERANKER)
+        return await door.arun(call, on=reranker, deadline=op.deadline, what=_RERANKER)
 
     async def _failed(self, op: ask.Failed) -> Exception:
         try:

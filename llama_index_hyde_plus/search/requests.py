@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from ..calls.bounded import Deadline
+from ..calls.door import Deadline
 from ..transforms.base import SearchSpec
 
 T = TypeVar("T")

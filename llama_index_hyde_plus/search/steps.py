@@ -34,7 +34,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from ..calls.bounded import Deadline
+from ..calls.door import Deadline
 from ..calls.reliability import describe
 from ..transforms.base import (
     Guards,

@@ -25,10 +25,11 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import NodeWithScore
 
 from ..caching.cache import BoundedLRU, LRUHolder
-from ..calls.bounded import Deadline
+from ..calls import door
+from ..calls.door import Deadline
 from ..calls.workers import DaemonWorkers
 from ..stores.row_keys import key_filter, row_key
-from .loops import ASYNC, BLOCKING, model_pool
+from .loops import ASYNC, BLOCKING
 from .requests import Embed, ReadStore, Steps
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ class Embedder:
     def pool(self) -> DaemonWorkers:
         """The model's own worker threads (one pool per provider: its class, model and
         endpoint), so a hung embedder holds only those."""
-        return model_pool(self.model)
+        return door.pool(self.model)
 
     def _cached_texts(self, texts: Sequence[str]) -> dict[str, Vec | None]:
         """Each distinct text's cached vector, None where there is none."""

@@ -26,8 +26,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from .._redact import redact_uri
-from ..calls.bounded import arun_within
-from ..calls.llm import WORKERS
+from ..calls import door
 from ..chunking import Chunking
 from .base import BuildSettings, Store
 from .ingestion import Previous, build_steps, ingest, recorded
@@ -504,7 +503,7 @@ class MilvusHybridRetriever(BaseRetriever):
         """`_retrieve` on this retriever's own worker threads (never the event loop's
         default executor, which the app's own jobs may fill); cancelling abandons it."""
         call = partial(self._retrieve, query_bundle)
-        return await arun_within(WORKERS.for_cache(self), call, None, "Milvus")
+        return await door.arun(call, on=self, kind="store", what="Milvus")
 
 
 def hybrid_retriever(index: VectorStoreIndex, top_k: int = 10) -> MilvusHybridRetriever:

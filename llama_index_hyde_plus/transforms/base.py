@@ -15,8 +15,7 @@ from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import QueryBundle
 
 from .._checks import check_int, check_number, is_number
-from ..calls import llm as _llm
-from ..calls.bounded import arun_within
+from ..calls import door
 from ..calls.reliability import describe, failure
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
 from ..search.expansion import check_weight
@@ -600,10 +599,8 @@ class QueryTransformer(BaseQueryTransform):
         """Async twin of `transform`; by default ``transform()`` on a worker thread of
         this transform's own (never the event loop's default executor, which the app's
         own jobs may fill); cancelling the await abandons it."""
-        kind = type(self)
-        key = ("transform", f"{kind.__module__}.{kind.__qualname__}", f"id={id(self)}")
         call = partial(self.transform, query)
-        return await arun_within(_llm.WORKERS.for_key(key), call, None, "the transform")
+        return await door.arun(call, on=self, kind="store", what="the transform")
 
     # -- safe wrappers used by the retriever and run() -------------------------------
     def transform_safe(

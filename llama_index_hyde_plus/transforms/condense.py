@@ -14,9 +14,9 @@ from llama_index.core.llms import LLM
 from llama_index.core.memory.types import BaseMemory
 
 from .._checks import check_int
-from ..calls.bounded import Deadline, await_within, run_within
+from ..calls import door
+from ..calls.door import Deadline, await_within
 from ..calls.reliability import describe
-from ..calls.workers import DaemonWorkers
 from ._listing import QueryListTransform
 from .base import TransformResult, validate_query
 from .options import LLMOptions
@@ -86,10 +86,9 @@ always condensed (`Condense.stands_alone`)."""
 _WORD = re.compile(r"[\w']+")
 
 MEMORY = "the chat memory"
-_READERS = DaemonWorkers(max_busy=8, name="hyde-plus-memory", cap=None)
-"""The threads a sync read of a memory runs on, so that a memory that hangs is given
-up at the transform's ``timeout`` (at most 8 such reads hang at once; past that a read
-fails at once and the message is searched as written)."""
+"""What a memory is called in errors. A sync read runs on the memory's own threads
+(`calls.door`, ``kind="store"``), so a memory that hangs is given up at the
+transform's ``timeout`` and the message is searched as written."""
 
 _CALL_HISTORY: contextvars.ContextVar[History | None] = contextvars.ContextVar(
     "hyde_plus_chat_history", default=None
@@ -276,7 +275,13 @@ class Condense(QueryListTransform):
         lines = self._given_lines(chat_history)
         if lines is None and self.memory is not None:
             try:
-                read = run_within(_READERS, self.memory.get, Deadline.start(self.timeout), MEMORY)
+                read = door.run(
+                    self.memory.get,
+                    on=self.memory,
+                    kind="store",
+                    deadline=Deadline.start(self.timeout),
+                    what=MEMORY,
+                )
                 lines = _lines(read)
             except Exception as exc:
                 return self._unread(query, exc, start)

@@ -17,12 +17,11 @@ runs, in this context only, and priced like this package's own calls.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
-import math
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
@@ -30,12 +29,11 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import QueryBundle
 
 from .._checks import is_number
-from ..calls import llm as _llm
-from ..calls.bounded import wait_woken, wake
-from ..calls.llm import is_local, model_name
+from ..calls import door
+from ..calls.door import Deadline, ModelTimeoutError
+from ..calls.llm import model_name
 from ..calls.reliability import LLMTimeoutError
-from ..calls.timeouts import timeout_for
-from ..calls.workers import Job
+from ..calls.timeouts import is_local, timeout_for
 from ..usage import Usage, sum_usage, usage_for_call
 from .base import QueryTransformer, SearchSpec, TransformResult
 
@@ -206,47 +204,30 @@ class CoreTransform(QueryTransformer):
             _CALLS.reset(token)
         return bundle, calls
 
-    def _submit(self, query: str, on_done: Any = None) -> Job:
-        """The run on its LLM's worker threads (a hung provider holds only its own)."""
+    def _bounded(self) -> dict[str, Any]:
+        """How `door.run` makes the run: on its LLM's worker threads (a hung provider
+        holds only its own), within ``timeout``."""
         provider = getattr(self.core, "_llm", None) or self.core
-        budget = math.inf if self.timeout is None else self.timeout  # see `Job.abandon`
-        pool = _llm.WORKERS.for_llm(provider)
-        return pool.submit(lambda: self._run_core(query), on_done, budget)
-
-    def _overran(self, job: Job) -> LLMTimeoutError:
-        job.abandon()
-        return LLMTimeoutError(f"{self.method} did not answer within {self.timeout:g}s")
+        deadline = Deadline.start(self.timeout)
+        return {"on": provider, "deadline": deadline, "what": self.method}
 
     def transform(self, query: str) -> TransformResult:
         """Run the core transform on ``query`` (within ``timeout``, on its LLM's worker
         threads); the bundle it returns as one search."""
-        job = self._submit(query)
-        answered = False
         try:
-            answered = job.done.wait(self.timeout)
-        finally:
-            if not answered:
-                job.abandon()
-        if not answered:
-            raise self._overran(job)
-        return self._result(query, *job.result())
+            found = door.run(partial(self._run_core, query), **self._bounded())
+        except ModelTimeoutError as exc:
+            raise LLMTimeoutError(str(exc)) from None
+        return self._result(query, *found)
 
     async def atransform(self, query: str) -> TransformResult:
         """Async twin of `transform`: the run in a worker thread, never on the event loop
         or its default executor; cancelling the await abandons it."""
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
-        job = self._submit(query, lambda: loop.call_soon_threadsafe(wake, woken))
         try:
-            await wait_woken(woken, self.timeout)
-        except asyncio.TimeoutError:
-            if job.done.is_set():
-                return self._result(query, *job.result())
-            raise self._overran(job) from None
-        except BaseException:
-            job.abandon()
-            raise
-        return self._result(query, *job.result())
+            found = await door.arun(partial(self._run_core, query), **self._bounded())
+        except ModelTimeoutError as exc:
+            raise LLMTimeoutError(str(exc)) from None
+        return self._result(query, *found)
 
     def _result(self, query: str, bundle: Any, calls: list[Any]) -> TransformResult:
         if not isinstance(bundle, QueryBundle):

@@ -29,12 +29,19 @@ from ..caching.keys import (
     Unkeyable as Unkeyable,  # re-exported: what a key that cannot be built raises
 )
 from ..caching.keys import option_value, transform_key
+from ..calls import door, timeouts
 from ..calls import llm as _llm
-from ..calls.bounded import wait_woken, wake
-from ..calls.reliability import CircuitOpenError, LLMTimeoutError, RetryPolicy, describe, failure
+from ..calls.door import Deadline, DependencyDownError, ModelTimeoutError
+from ..calls.reliability import (
+    CircuitOpenError,
+    LLMNotCalledError,
+    LLMTimeoutError,
+    RetryPolicy,
+    describe,
+    failure,
+)
 from ..calls.singleflight import SingleFlight, WaitExpired
 from ..calls.timeouts import timeout_for
-from ..calls.workers import Job, WorkersBusyError
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
 from .options import LLMOptions, breaker_from, check_options, generation_options
@@ -90,7 +97,6 @@ class LLMTransform(QueryTransformer):
         self.breaker = breaker_from(options, self.method)
         self._flights: SingleFlight[TransformResult] = SingleFlight()
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
-        self._slow_key = False  # the last key took over KEY_ON_LOOP_S: see _akey
         self._told_unkeyable = False  # the cache-off warning is given once
 
     def __repr__(self) -> str:
@@ -289,74 +295,39 @@ class LLMTransform(QueryTransformer):
     def _cache_io_is_blocking(self) -> bool:
         return self.cache is not None and not answers_in_process(self.cache)
 
-    def _cache_job(self, call: Callable[[], _T], on_done: Any = None) -> Job | None:
-        """``call`` (a `_lookup` or `_store`) on the cache's own worker threads (one
-        pool per cache object, `_llm.WORKERS`): a store that hangs holds only those,
-        never the caller, the event loop's executor nor another cache. None when they
-        all hold calls that overran `CACHE_TIMEOUT_S`, or one of them overran less than
-        `CACHE_RETRY_S` ago: the cache hangs, and is skipped at once."""
-        pool = _llm.WORKERS.for_cache(self.cache)
-        if pool.overran_within(CACHE_RETRY_S):
-            return None  # said when that call overran (`_cache_overran`)
-        try:
-            # its own time is the bound: a caller that went away early (cancelled)
-            # never makes a healthy cache look hung
-            return pool.submit(call, on_done, budget=CACHE_TIMEOUT_S)
-        except WorkersBusyError:
-            logger.warning("the transform cache is not answering; skipping it")
-            return None
+    def _cache_call(self, what: str) -> dict[str, Any]:
+        """How `door.run` makes ``call`` on the cache: on its own worker threads (a store
+        that hangs holds only those, never the caller nor the loop's executor), within
+        `timeouts.CACHE_TIMEOUT_S`, skipped while it is down (`outage.Outage`)."""
+        deadline = Deadline.start(timeouts.CACHE_TIMEOUT_S)
+        return {"on": self.cache, "kind": "store", "deadline": deadline,
+                "what": f"transform cache {what}", "skip_when_down": True}  # fmt: skip
 
     def _cache_io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
         """``(value, answered)`` of ``call`` on the cache: in place for an in-process
-        cache, else on its worker threads within `CACHE_TIMEOUT_S` (past it, or with
-        the cache skipped, ``(None, False)``: a read is a miss and a write is dropped)."""
+        cache, else through `door.run` (past its bound, or with the cache skipped,
+        ``(None, False)``: a read is a miss and a write is dropped)."""
         if not self._cache_io_is_blocking():
             return call(), True
-        job = self._cache_job(call)
-        if job is None:
-            return None, False
-        answered = False
         try:
-            answered = job.done.wait(CACHE_TIMEOUT_S)
-        finally:
-            if not answered:
-                job.abandon()
-        if not answered:
-            _cache_overran(what)
-            return None, False
-        return job.result(), True
+            return door.run(call, **self._cache_call(what)), True
+        except (ModelTimeoutError, LLMNotCalledError) as exc:
+            return _cache_skipped(exc, what)
 
-    async def _acache_io(
-        self, call: Callable[[], _T | None], what: str, off_loop: bool = False
-    ) -> tuple[_T | None, bool]:
-        """Async twin of `_cache_io`: the call on the cache's worker threads, awaited
-        within `CACHE_TIMEOUT_S`; cancelling the await abandons it. ``off_loop``: on
-        those threads even for an in-process cache (a slow key)."""
-        if not off_loop and not self._cache_io_is_blocking():
+    async def _acache_io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
+        """Async twin of `_cache_io`: cancelling the await abandons the call."""
+        if not self._cache_io_is_blocking():
             return call(), True
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
-        job = self._cache_job(call, lambda: loop.call_soon_threadsafe(wake, woken))
-        if job is None:
-            return None, False
         try:
-            await wait_woken(woken, CACHE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            job.abandon()
-            if not job.done.is_set():
-                _cache_overran(what)
-                return None, False
-        except BaseException:
-            job.abandon()
-            raise
-        return job.result(), True
+            return await door.arun(call, **self._cache_call(what)), True
+        except (ModelTimeoutError, LLMNotCalledError) as exc:
+            return _cache_skipped(exc, what)
 
     def _key(self, query: str, context: Sequence[str] | None, prepared: _Prepared) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the
         call then falls back on its own)."""
         if self.cache is None or isinstance(prepared, Exception):
             return None  # a prompt that cannot be rendered: the call falls back anyway
-        start = time.perf_counter()
         try:
             return self._key_of(prepared, query, context)
         except Exception as exc:
@@ -368,23 +339,6 @@ class LLMTransform(QueryTransformer):
                     describe(failure(exc)),
                 )
             return None
-        finally:
-            self._slow_key = time.perf_counter() - start > KEY_ON_LOOP_S
-
-    async def _akey(
-        self, query: str, context: Sequence[str] | None, prepared: _Prepared
-    ) -> str | None:
-        """`_key` for the async path: in place, or on a thread while this transform's
-        last key took over `KEY_ON_LOOP_S` (a setting keyed by a big table it reads),
-        so the event loop never waits on it past once. The thread is one of the cache's
-        own (never the loop's default executor, which the app's own work may fill),
-        bounded like a cache read: past it, no cache for this call."""
-        if not self._slow_key:
-            return self._key(query, context, prepared)
-        key, _ = await self._acache_io(
-            lambda: self._key(query, context, prepared), "key", off_loop=True
-        )
-        return key
 
     def transform(self, query: str, *, context: Sequence[str] | None = None) -> TransformResult:
         """Rewrite ``query`` with the LLM; ``context`` is the question's top passages
@@ -423,7 +377,7 @@ class LLMTransform(QueryTransformer):
         validate_query(query)
         context = self._context(context)
         prepared = self._prepared(query, context)
-        key = await self._akey(query, context, prepared)
+        key = self._key(query, context, prepared)
         if key is None:
             return await self._agenerate(query, prepared, None)
         start = time.perf_counter()
@@ -571,21 +525,6 @@ class LLMTransform(QueryTransformer):
         return revised(result, latency_s=time.perf_counter() - start)
 
 
-KEY_ON_LOOP_S = 0.005
-"""Seconds a cache key may take on the event loop: a transform whose last key took
-longer builds the next on a thread (`LLMTransform._akey`)."""
-
-CACHE_TIMEOUT_S = 2.0
-"""Seconds one read or write of a transform cache that is not in process (SQLite,
-Redis, any KV store) may take: past it a read is a miss and a write is dropped, never
-a hang (the call goes on on the cache's worker thread, and while it does the cache is
-skipped at once, for up to `CACHE_RETRY_S`)."""
-
-CACHE_RETRY_S = 10.0
-"""Seconds a cache whose call overran `CACHE_TIMEOUT_S` and still runs is skipped at
-once (a read is a miss, a write dropped) before one more call tries it: a store that
-hangs costs one bounded wait every few seconds, not one per search."""
-
 _T = TypeVar("_T")
 _Prepared = tuple[LLM, str] | Exception
 """The LLM and the prompt rendered for one call, or what rendering it raised."""
@@ -608,13 +547,14 @@ async def _aoutcome(call: Awaitable[_T]) -> _T | Exception:
         return exc
 
 
-def _cache_overran(what: str) -> None:
-    logger.warning(
-        "transform cache %s took over %gs; %s",
-        what,
-        CACHE_TIMEOUT_S,
-        "not cached" if what == "write" else "calling the LLM",
-    )
+def _cache_skipped(exc: Exception, what: str) -> tuple[None, bool]:
+    """A cache call that overran (say so) or was not made: a miss, or no write."""
+    if isinstance(exc, ModelTimeoutError):
+        then = "not cached" if what == "write" else "calling the LLM"
+        logger.warning("%s; %s", exc, then)
+    elif not isinstance(exc, DependencyDownError):  # said when it overran
+        logger.warning("the transform cache is not answering; skipping it")
+    return None, False
 
 
 def _serves(stored: TransformResult, query: str, method: str) -> bool:
