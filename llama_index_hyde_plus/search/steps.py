@@ -243,8 +243,8 @@ def carry_out(
     if isinstance(step, plan.Feedback):
         assert hits is not None
         vectors = yield from r.doc_vectors.read(hits[: step.k], deadline)
-        own = yield from question_vector(r, question, deadline)
-        bundle = feedback_bundle(question.text, own, vectors, step)
+        asked = yield from question_vector(r, question, deadline)
+        bundle = feedback_bundle(question.text, asked, vectors, step)
         return unique_nodes((yield SearchGenerated(bundle, deadline))), []
     if isinstance(step, plan.Fanout):
         dense: list[Dense | None] = [None] * len(step.specs)
@@ -369,13 +369,13 @@ def _embedded(
         return None
     asked = spec.query or question.text
     if asked == question.text:
-        own = yield from question_vector(r, question, deadline)
+        asked_vector = yield from question_vector(r, question, deadline)
     else:
-        own = yield from _embedder(r).embed_query(asked, deadline)
+        asked_vector = yield from _embedder(r).embed_query(asked, deadline)
     passages = []
     if spec.passages:
         passages = yield from _embedder(r).embed_texts(spec.passages, deadline)
-    return own, passages
+    return asked_vector, passages
 
 
 # -- what the steps compute (no I/O) ---------------------------------------------------
