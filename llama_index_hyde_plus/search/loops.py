@@ -263,11 +263,12 @@ class Blocking:
         return outcomes
 
     def _search_here(self, op: ask.SearchAll, i: int) -> None:
-        """Search ``i`` of ``op`` in this thread: what it found, or the failure it raised."""
+        """Search ``i`` of ``op`` in this thread: what it found, or the failure it raised
+        (`failure`: an interrupt or an exit propagates)."""
         try:
             op.outcomes[i] = self._search_one(op, i)
-        except Exception as exc:
-            op.outcomes[i] = exc
+        except BaseException as exc:
+            op.outcomes[i] = failure(exc)
 
     def _search_one(self, op: ask.SearchAll, i: int) -> Any:
         if i in op.of_question:
