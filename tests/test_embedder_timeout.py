@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from pydantic import PrivateAttr
 
@@ -293,3 +294,49 @@ async def test_a_hung_milvus_read_of_document_vectors_falls_back(use_async: bool
         assert f"the vector store did not answer within {T:g}s" in (found.transform.error or "")
     finally:
         store.release.set()
+
+
+class _QuestionAndTwoVariants(QueryTransformer):
+    """A transform with no LLM that searches the question and two variants: the
+    question is not searched while it runs, so the fan-out embeds it (the variants are
+    embedded by the retriever, if at all)."""
+
+    include_query = True
+
+    def transform(self, query: str) -> list[str]:
+        return ["fails", "works"]
+
+
+class _SyncOnlyStatic(StaticRetriever):
+    """`StaticRetriever` with no async search of its own: the async path runs its
+    blocking one on a worker thread."""
+
+    _aretrieve = BaseRetriever._aretrieve  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_embedder_hung_on_the_question_leaves_in_process_searches_unbounded(
+    use_async: bool, native: bool, blocking: Callable[..., BlockingEmbedding]
+) -> None:
+    """The hung embedder spends the whole ``model_timeout`` on the question's vector;
+    the fan-out goes on without it. Its searches of an in-process store only compute,
+    so on either path, natively async or not, they are not bounded by the spent
+    deadline: the one that raised is the only failed search, and the other's hits are
+    fused in."""
+    model: BaseEmbedding = (
+        AsyncHangingEmbedding(queries=True) if use_async else blocking(queries=True)
+    )
+    kind = StaticRetriever if native else _SyncOnlyStatic
+    base = kind(DOCS, results={"works": ["office"]}, default=HITS, fail_on=["fails"])
+    assert base.searches_in_process
+    retriever = TransformRetriever(
+        base, _QuestionAndTwoVariants(), embed_model=model, model_timeout=T
+    )
+    if use_async:
+        found = await asyncio.wait_for(retriever.asearch(Q), LIMIT)
+    else:
+        found, _ = sync_within(lambda: retriever.search(Q), LIMIT)
+    assert found.failed_searches == ("RuntimeError: search failed for 'fails'",)
+    assert not found.transform.fallback
+    assert sorted(n.node.node_id for n in found.nodes) == sorted([*HITS, "office"])

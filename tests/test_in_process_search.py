@@ -17,7 +17,7 @@ from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryResult
 from llama_index.vector_stores.faiss import FaissVectorStore
 
-from llama_index_hyde_plus import HyDE, TransformRetriever
+from llama_index_hyde_plus import HyDE, MultiQuery, TransformRetriever
 from llama_index_hyde_plus.search.retriever import searches_in_process
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 
@@ -61,6 +61,35 @@ def test_a_search_of_an_in_process_index_runs_in_the_callers_thread(
     assert threads == [threading.current_thread().name]
     unbounded = _hyde_over(index, model_timeout=None).search(Q)  # in this thread by definition
     assert not found.transform.fallback and ids(found.nodes) == ids(unbounded.nodes)
+
+
+class _ThreadsSeen(StaticRetriever):
+    """`StaticRetriever` noting the thread each query was searched in."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: dict[str, str] = {}
+
+    def _retrieve(self, query_bundle: QueryBundle) -> Any:
+        self.threads[query_bundle.query_str] = threading.current_thread().name
+        return super()._retrieve(query_bundle)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01])
+def test_a_fanouts_searches_of_an_in_process_store_run_in_the_callers_thread(
+    delay: float,
+) -> None:
+    """The generated queries of a multi-query search of a store that only computes
+    are searched in the caller's thread, one after another (a worker hand-off would
+    cost more than the search); a store that may wait on I/O is searched on workers,
+    bounded by ``model_timeout``."""
+    llm = ScriptedLLM(respond=lambda prompt: "first variant\nsecond variant")
+    base = _ThreadsSeen(DOCS, default=["renewals"], delay=delay)
+    found = TransformRetriever(base, MultiQuery(llm, n=2)).search(Q)
+    assert not found.failed_searches and not found.transform.fallback
+    here = threading.current_thread().name
+    searched_here = [base.threads[q] == here for q in ("first variant", "second variant")]
+    assert searched_here == [not delay, not delay], base.threads
 
 
 def test_a_subclass_of_the_vector_retriever_is_still_bounded_by_model_timeout() -> None:

@@ -73,7 +73,7 @@ def transform_key(
         "method": method,
         "llm": f"{kind.__module__}.{kind.__qualname__}",
         "model": _llm.model_name(llm),
-        "llm_settings": _plain(settings, "llm setting"),
+        "llm_settings": _json_data(settings, "llm setting"),
         "sent": sent_to(llm, prompt),
         "params": params,
         "query": query,
@@ -106,7 +106,7 @@ def sent_to(llm: object, prompt: str) -> dict[str, Any]:
         if fn is None or fn is default or not callable(fn):
             continue
         try:
-            sent[name] = _plain(fn(given()), name)
+            sent[name] = _json_data(fn(given()), name)
         except Exception as exc:
             raise Unkeyable(f"{name} cannot be keyed by its output ({exc!r})") from exc
     return sent
@@ -114,10 +114,10 @@ def sent_to(llm: object, prompt: str) -> dict[str, Any]:
 
 def option_value(name: str, value: Any) -> Any:
     """Option ``name``'s ``value`` as plain data for the key; `Unkeyable` without one."""
-    return _plain(value, f"option {name}")
+    return _json_data(value, f"option {name}")
 
 
-def _plain(value: Any, what: str) -> Any:
+def _json_data(value: Any, what: str) -> Any:
     """``value`` as JSON data (enums by value, numpy numbers and arrays as lists, sets
     sorted, pydantic models by their JSON dump); `Unkeyable` for anything else."""
     if isinstance(value, enum.Enum):
@@ -125,13 +125,13 @@ def _plain(value: Any, what: str) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
-        return _plain(value.tolist(), what)
+        return _json_data(value.tolist(), what)
     if isinstance(value, (list, tuple)):
-        return [_plain(v, what) for v in value]
+        return [_json_data(v, what) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((_plain(v, what) for v in value), key=repr)
+        return sorted((_json_data(v, what) for v in value), key=repr)
     if isinstance(value, Mapping):
-        return {str(_plain(k, what)): _plain(v, what) for k, v in value.items()}
+        return {str(_json_data(k, what)): _json_data(v, what) for k, v in value.items()}
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     raise Unkeyable(f"{what} {value!r:.60} has no plain form for a cache key")

@@ -64,29 +64,45 @@ def _id(row: dict[str, object], path: Path, lineno: int) -> str:
     return value
 
 
-def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+def _decode_line(
+    raw: bytes, path: Path, lineno: int, error: type[ValueError] = BeirFormatError
+) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BeirFormatError(
-            f"{path.name}:{lineno}: not UTF-8 text; convert the file to UTF-8"
-        ) from exc
+        raise error(f"{path.name}:{lineno}: not UTF-8 text; convert the file to UTF-8") from exc
 
 
-def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, object]]]:
+def read_jsonl(
+    path: Path, required: tuple[str, ...], error: type[ValueError] = BeirFormatError
+) -> list[tuple[int, dict[str, object]]]:
+    """The ``(line number, object)`` of each line of the JSON Lines file ``path``, every
+    one holding the ``required`` keys; ``error`` naming the file and the line for a
+    missing or empty file, a line that is not UTF-8 or not a JSON object, or a missing key."""
     if not path.is_file():
-        raise BeirFormatError(f"missing file: {path}")
+        raise error(f"missing file: {path}")
     rows = []
     with path.open("rb") as f:
-        lines = (_decode_line(raw, path, lineno) for lineno, raw in enumerate(f, 1))
-        for lineno, row in json_lines(lines, path.name, BeirFormatError):
+        lines = (_decode_line(raw, path, lineno, error) for lineno, raw in enumerate(f, 1))
+        for lineno, row in json_lines(lines, path.name, error):
             missing = [k for k in required if k not in row]
             if missing:
-                raise BeirFormatError(f"{path.name}:{lineno}: missing field(s) {missing}")
+                raise error(f"{path.name}:{lineno}: missing field(s) {missing}")
             rows.append((lineno, row))
     if not rows:
-        raise BeirFormatError(f"{path.name} is empty")
+        raise error(f"{path.name} is empty")
     return rows
+
+
+def dataset_folder(folder: str | Path, limit: int | None, error: type[ValueError]) -> Path:
+    """``folder`` as a path, once it is a folder (else ``error``) and ``limit`` is None
+    or at least 1 (else `ValueError`)."""
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise error(f"dataset folder not found: {root}")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be >= 1")
+    return root
 
 
 def read_corpus(corpus_path: Path) -> dict[str, tuple[str, str]]:
@@ -94,7 +110,7 @@ def read_corpus(corpus_path: Path) -> dict[str, tuple[str, str]]:
     names the line of a duplicate id or a field of the wrong type."""
     corpus: dict[str, tuple[str, str]] = {}
     first_line: dict[str, int] = {}
-    for lineno, row in _read_jsonl(corpus_path, ("_id", "text")):
+    for lineno, row in read_jsonl(corpus_path, ("_id", "text")):
         doc_id = _id(row, corpus_path, lineno)
         if doc_id in first_line:
             raise BeirFormatError(
@@ -160,17 +176,13 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
 
     ``limit`` keeps the first N judged queries (in ``queries.jsonl`` order).
     """
-    root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise BeirFormatError(f"dataset folder not found: {root}")
-    if limit is not None and limit < 1:
-        raise ValueError("limit must be >= 1")
+    root = dataset_folder(folder, limit, BeirFormatError)
     corpus_path = root / "corpus.jsonl"
     corpus = read_corpus(corpus_path)
     queries_path = root / "queries.jsonl"
     all_queries = {
         _id(r, queries_path, n): _text(r, "text", queries_path, n)
-        for n, r in _read_jsonl(queries_path, ("_id", "text"))
+        for n, r in read_jsonl(queries_path, ("_id", "text"))
     }
     qrels = read_qrels(root / "qrels" / f"{split}.tsv", all_queries, corpus)
     queries = {qid: text for qid, text in all_queries.items() if qid in qrels}

@@ -27,7 +27,7 @@ from typing import Any
 from .._checks import is_int
 from .._files import sha256_file
 from ..transforms.condense import read_messages
-from .beir import BeirDataset, BeirFormatError, _read_jsonl, read_corpus
+from .beir import BeirDataset, BeirFormatError, dataset_folder, read_corpus, read_jsonl
 
 TURNS_FOLDER = "turns"
 
@@ -164,15 +164,9 @@ def _turn(row: Mapping[str, Any], where: str, corpus: Mapping[str, object]) -> T
 def read_turns(path: Path, corpus: Mapping[str, object]) -> tuple[Turn, ...]:
     """The turns of one ``turns/<split>.jsonl``, every line checked; a turn listed
     twice (same conversation and number) is an error naming both lines."""
-    if not path.is_file():
-        raise ConversationalFormatError(f"missing file: {path}")
     turns: list[Turn] = []
     first: dict[str, int] = {}
-    try:
-        rows = _read_jsonl(path, _FIELDS)
-    except BeirFormatError as exc:
-        raise ConversationalFormatError(str(exc)) from None
-    for lineno, row in rows:
+    for lineno, row in read_jsonl(path, _FIELDS, ConversationalFormatError):
         turn = _turn(row, f"{path.name}:{lineno}", corpus)
         if turn.qid in first:
             raise ConversationalFormatError(
@@ -190,11 +184,7 @@ def load_conversations(
     """Load the conversational set in ``folder`` (see the module) with the turns of
     ``split``. ``limit`` keeps whole conversations, in file order, until it holds at
     least ``limit`` turns."""
-    root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise ConversationalFormatError(f"dataset folder not found: {root}")
-    if limit is not None and limit < 1:
-        raise ValueError("limit must be >= 1")
+    root = dataset_folder(folder, limit, ConversationalFormatError)
     corpus_path = root / "corpus.jsonl"
     corpus = read_corpus(corpus_path)
     turns = read_turns(root / TURNS_FOLDER / f"{split}.jsonl", corpus)

@@ -242,18 +242,7 @@ def _result(
             "else the human rewrite of another turn of the same conversation; "
             f"{len(standin.seeds)} seed(s) averaged"
         )
-    result = EvalResult(
-        dataset=cset.name,
-        queries=len(ds.queries),
-        documents=len(ds.corpus),
-        config={**(config or {}), **extra},
-        reports=reports,
-        index_seconds=session.index_seconds,
-        index_cached=session.index_cached,
-        phases=phases,
-    )
-    result.wall_seconds = time.perf_counter() - wall
-    return result
+    return session.result(cset.name, reports, phases, wall, {**(config or {}), **extra})
 
 
 def share_kept(result: EvalResult, label: str) -> float:

@@ -132,16 +132,4 @@ def run_eval(
             phases["stand-in runs"] = time.perf_counter() - start
     finally:
         session.close()
-    result = EvalResult(
-        dataset=ds.name,
-        queries=len(ds.queries),
-        documents=len(ds.corpus),
-        unit=ds.unit,
-        config={**(config or {}), **extra},
-        reports=reports,
-        index_seconds=session.index_seconds,
-        index_cached=session.index_cached,
-        phases=phases,
-    )
-    result.wall_seconds = time.perf_counter() - wall
-    return result
+    return session.result(ds.name, reports, phases, wall, {**(config or {}), **extra})

@@ -27,7 +27,7 @@ from .beir import BeirDataset
 from .index_cache import Advance, ProgressFactory, cached_index, check_holds, eval_store
 from .metrics import MEASURES, evaluate, percentile
 from .pacing import Pacer
-from .results import TransformReport
+from .results import EvalResult, TransformReport
 from .specs import TransformSpec
 
 if TYPE_CHECKING:
@@ -252,6 +252,30 @@ class EvalSession:
             options=dict(options or {}),
             rankings={qid: tuple(docs) for qid, docs in run.items()},
         )
+
+    def result(
+        self,
+        name: str,
+        reports: list[TransformReport],
+        phases: dict[str, float],
+        started: float,
+        config: dict[str, Any],
+    ) -> EvalResult:
+        """The run's `EvalResult`: ``reports`` on this session's dataset (named
+        ``name``), timed from ``started`` (a `time.perf_counter` reading)."""
+        result = EvalResult(
+            dataset=name,
+            queries=len(self.ds.queries),
+            documents=len(self.ds.corpus),
+            unit=self.ds.unit,
+            config=config,
+            reports=reports,
+            index_seconds=self.index_seconds,
+            index_cached=self.index_cached,
+            phases=phases,
+        )
+        result.wall_seconds = time.perf_counter() - started
+        return result
 
     def close(self) -> None:
         """Close the SQLite cache of transform outputs the session opened, if any."""

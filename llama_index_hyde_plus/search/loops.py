@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -28,10 +28,9 @@ from .._attrs import overrides
 from ..calls import door
 from ..calls.door import await_within
 from ..calls.reliability import failure
-from ..transforms.base import QueryTransformer
 from ..transforms.core import caller_bundle
 from . import requests as ask
-from .requests import Steps, T
+from .requests import Searcher, Steps, T
 
 _RERANKER = "the reranker"
 _SEARCH = "the retriever"
@@ -50,19 +49,6 @@ _ASYNC_EMBED = {
     "texts": "aget_text_embedding_batch",
     "text": "aget_text_embedding",
 }
-
-
-class Searcher(Protocol):
-    """What the loops read of a `TransformRetriever`."""
-
-    @property
-    def retriever(self) -> BaseRetriever: ...
-    @property
-    def transformer(self) -> QueryTransformer: ...
-    @property
-    def reranker(self) -> BaseNodePostprocessor | None: ...
-    @property
-    def max_concurrency(self) -> int: ...
 
 
 #: The vector stores whose search runs in this process (no network, no disk wait): a
@@ -115,6 +101,18 @@ def searches_in_process(retriever: BaseRetriever, bundle: QueryBundle) -> bool:
     return _is_exactly(retriever._vector_store, IN_PROCESS_STORES) and _is_exactly(
         retriever._docstore, frozenset({_IN_PROCESS_DOCSTORE})
     )
+
+
+def search_deadline(
+    retriever: BaseRetriever, bundle: QueryBundle, deadline: door.Deadline | None
+) -> door.Deadline | None:
+    """When a search with the generated text must have answered: ``deadline``, or None
+    for one that only computes in this process (`searches_in_process`). Such a search
+    cannot hang, so it is never failed by a deadline spent before it started (on a hung
+    embedder, say): both loops ask this, for every search of the generated text."""
+    if deadline is not None and searches_in_process(retriever, bundle):
+        return None
+    return deadline
 
 
 def _rerank_call(reranker: Any, op: ask.Rerank) -> Callable[[], Any]:
@@ -195,9 +193,7 @@ class Blocking:
         """Bounded by the deadline on the retriever's own threads (`door`;
         `ModelTimeoutError` once it passes), or in this thread when the search only
         computes."""
-        deadline = op.deadline
-        if deadline is not None and searches_in_process(self.r.retriever, op.bundle):
-            deadline = None
+        deadline = search_deadline(self.r.retriever, op.bundle, op.deadline)
         call = partial(_retrieved, self.r.retriever, op.bundle)
         return door.run(call, on=self.r.retriever, kind="store", deadline=deadline, what=_SEARCH)
 
@@ -225,34 +221,37 @@ class Blocking:
 
     def _search_all(self, op: ask.SearchAll) -> list[Any]:
         """The searches of ``op`` at once. Those of the generated text run on the
-        retriever's own worker threads (`door`, ``kind="store"``), ``max_concurrency`` at a time,
-        until ``op.deadline`` (one that overruns fails, as one that raises does); the
-        question's own search is not bounded (the user's own: a plain retriever would
-        wait on it too) and runs on the fan-out's threads; a lone search runs here."""
+        retriever's own worker threads (`door`, ``kind="store"``), ``max_concurrency``
+        at a time, until ``op.deadline`` (one that overruns fails, as one that raises
+        does), but for those that only compute (`searches_in_process`), run here first;
+        the question's own search is not bounded (the user's own: a plain retriever
+        would wait on it too) and runs on the fan-out's threads; a lone search runs
+        here."""
         outcomes = op.outcomes
         if op.in_place is not None:
-            try:
-                outcomes[op.in_place] = self._search_one(op, op.in_place)
-            except Exception as exc:
-                outcomes[op.in_place] = exc
+            self._search_here(op, op.in_place)
             return outcomes
         if op.todo:
-            search = self.r.retriever.retrieve
+            retriever = self.r.retriever
             ctx = contextvars.copy_context
             pool = self.thread_pool()
-            futures = {i: pool.submit(ctx().run, search, op.bundle(i)) for i in op.of_question}
+            futures = {
+                i: pool.submit(ctx().run, retriever.retrieve, op.bundle(i)) for i in op.of_question
+            }
             generated = [i for i in op.todo if i not in op.of_question]
-            calls = [partial(search, op.bundle(i)) for i in generated]
-            at_once = self.r.max_concurrency - len(op.of_question) - (op.pending is not None)
+            here = [i for i in generated if searches_in_process(retriever, op.bundle(i))]
+            for i in here:
+                self._search_here(op, i)
+            bounded = [i for i in generated if i not in here]
             found = door.run_all(
-                calls,
-                on=self.r.retriever,
+                [partial(retriever.retrieve, op.bundle(i)) for i in bounded],
+                on=retriever,
                 kind="store",
                 deadline=op.deadline,
                 what=_SEARCH,
-                at_once=at_once,
+                at_once=self.r.max_concurrency - len(op.of_question) - (op.pending is not None),
             )
-            for i, outcome in zip(generated, found):
+            for i, outcome in zip(bounded, found):
                 outcomes[i] = outcome
             for i, future in futures.items():
                 try:
@@ -262,6 +261,14 @@ class Blocking:
         if op.pending is not None:
             op.joined(op.pending.result())
         return outcomes
+
+    def _search_here(self, op: ask.SearchAll, i: int) -> None:
+        """Search ``i`` of ``op`` in this thread: what it found, or the failure it raised
+        (`failure`: an interrupt or an exit propagates)."""
+        try:
+            op.outcomes[i] = self._search_one(op, i)
+        except BaseException as exc:
+            op.outcomes[i] = failure(exc)
 
     def _search_one(self, op: ask.SearchAll, i: int) -> Any:
         if i in op.of_question:
@@ -328,10 +335,9 @@ class Async:
     async def _search_generated(self, op: ask.SearchGenerated) -> Any:
         """A native async retriever cancelled at the deadline (awaited in this task
         when `searches_in_process`), a blocking one on the retriever's own threads (`door`)."""
-        retriever, deadline = self.r.retriever, op.deadline
+        retriever = self.r.retriever
+        deadline = search_deadline(retriever, op.bundle, op.deadline)
         if overrides(retriever, "_aretrieve", BaseRetriever):
-            if deadline is not None and searches_in_process(retriever, op.bundle):
-                deadline = None  # awaited in this task: no task of its own to bound
             search = self._search_question(ask.SearchQuestion(op.bundle))
             return await await_within(search, deadline, _SEARCH)
         call = partial(_retrieved, retriever, op.bundle)

@@ -1,4 +1,5 @@
-"""What a search step asks for: the I/O it needs, as data.
+"""What a search step asks for: the I/O it needs, as data; and what it reads of the
+retriever it searches for (`Searcher`).
 
 A step (`steps`, `vectors`) is a generator that yields one of these and is sent the
 answer, or has what the call raised thrown in at the ``yield``; `loops` carries them
@@ -9,16 +10,61 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..calls.door import Deadline
-from ..transforms.base import SearchSpec
+from ..transforms.base import QueryTransformer, SearchSpec
+from .fusion import FusionMode
 
 T = TypeVar("T")
 Steps = Generator[Any, Any, T]
 """A search step: yields requests, is sent their answers, returns ``T``."""
+
+
+class EmbedSteps(Protocol):
+    """What the steps ask of `vectors.Embedder`: its embeddings, as steps."""
+
+    def embed_query(self, text: str, deadline: Deadline | None = None) -> Steps[list[float]]: ...
+    def embed_texts(
+        self, texts: Sequence[str], deadline: Deadline | None = None
+    ) -> Steps[list[list[float]]]: ...
+
+
+class ReadSteps(Protocol):
+    """What the steps ask of `vectors.DocVectors`: the stored vectors of hits, as a step."""
+
+    def read(
+        self, nodes: Sequence[NodeWithScore], deadline: Deadline | None = None
+    ) -> Steps[list[list[float]]]: ...
+
+
+class Searcher(Protocol):
+    """What the steps and the loops read of a `TransformRetriever`."""
+
+    @property
+    def retriever(self) -> BaseRetriever: ...
+    @property
+    def transformer(self) -> QueryTransformer: ...
+    @property
+    def fusion(self) -> FusionMode | None: ...
+    @property
+    def reranker(self) -> BaseNodePostprocessor | None: ...
+    @property
+    def model_timeout(self) -> float | None: ...
+    @property
+    def max_concurrency(self) -> int: ...
+    @property
+    def search_type(self) -> str: ...
+    @property
+    def embedder(self) -> EmbedSteps | None: ...
+    @property
+    def doc_vectors(self) -> ReadSteps: ...
+
+    def _have_embedder(self, what: str) -> bool: ...
 
 
 @dataclass(slots=True)

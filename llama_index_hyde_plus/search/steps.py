@@ -28,10 +28,8 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..calls.door import Deadline
@@ -49,17 +47,18 @@ from . import expansion, plan
 from .fusion import FusionMode, fuse, scored, unique_nodes
 from .requests import (
     Cancel,
+    EmbedSteps,
     Failed,
     Join,
     Rerank,
     SearchAll,
+    Searcher,
     SearchGenerated,
     SearchQuestion,
     Start,
     Steps,
     Transform,
 )
-from .vectors import DocVectors, Embedder
 
 logger = logging.getLogger(__name__)
 
@@ -79,31 +78,6 @@ reorders: the one depth every caller gets (`TransformRetriever.from_index`, `HyD
 ``hyde-plus query``, ``eval``, ``tune``, ``serve``). Hits past it (``eval`` and ``serve``
 fetch 100) follow in the order found, so a ranking does not depend on how deep the
 wrapped retriever fetched."""
-
-
-class Searcher(Protocol):
-    """What the steps and the loops read of a `TransformRetriever`."""
-
-    @property
-    def retriever(self) -> BaseRetriever: ...
-    @property
-    def transformer(self) -> QueryTransformer: ...
-    @property
-    def fusion(self) -> FusionMode | None: ...
-    @property
-    def reranker(self) -> BaseNodePostprocessor | None: ...
-    @property
-    def model_timeout(self) -> float | None: ...
-    @property
-    def max_concurrency(self) -> int: ...
-    @property
-    def search_type(self) -> str: ...
-    @property
-    def embedder(self) -> Embedder | None: ...
-    @property
-    def doc_vectors(self) -> DocVectors: ...
-
-    def _have_embedder(self, what: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -269,8 +243,8 @@ def carry_out(
     if isinstance(step, plan.Feedback):
         assert hits is not None
         vectors = yield from r.doc_vectors.read(hits[: step.k], deadline)
-        own = yield from question_vector(r, question, deadline)
-        bundle = feedback_bundle(question.text, own, vectors, step)
+        asked = yield from question_vector(r, question, deadline)
+        bundle = feedback_bundle(question.text, asked, vectors, step)
         return unique_nodes((yield SearchGenerated(bundle, deadline))), []
     if isinstance(step, plan.Fanout):
         dense: list[Dense | None] = [None] * len(step.specs)
@@ -395,17 +369,17 @@ def _embedded(
         return None
     asked = spec.query or question.text
     if asked == question.text:
-        own = yield from question_vector(r, question, deadline)
+        asked_vector = yield from question_vector(r, question, deadline)
     else:
-        own = yield from _embedder(r).embed_query(asked, deadline)
+        asked_vector = yield from _embedder(r).embed_query(asked, deadline)
     passages = []
     if spec.passages:
         passages = yield from _embedder(r).embed_texts(spec.passages, deadline)
-    return own, passages
+    return asked_vector, passages
 
 
 # -- what the steps compute (no I/O) ---------------------------------------------------
-def _embedder(r: Searcher) -> Embedder:
+def _embedder(r: Searcher) -> EmbedSteps:
     assert r.embedder is not None  # the steps embed only when there is an embedder
     return r.embedder
 

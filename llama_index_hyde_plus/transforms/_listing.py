@@ -125,7 +125,7 @@ class QueryListTransform(LLMTransform):
             params.pop("n", None)
         return params
 
-    def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
+    def _with_search_options(self, result: TransformResult, **changes: Any) -> TransformResult:
         # max_characters is in the key: a query trimmed for a smaller limit cannot be
         # served to a larger one, so a hit is served as parsed
         return replace(result, **{**self._search_fields(), **changes})

@@ -297,7 +297,7 @@ class HyDE(LLMTransform):
         block = "\n".join(f"[{i}] {text}" for i, text in enumerate(context, 1))
         return GROUNDING_PREFIX.format(context=block) + prompt
 
-    def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
+    def _with_search_options(self, result: TransformResult, **changes: Any) -> TransformResult:
         """``result`` (a cache hit) `_styled`, with ``changes`` (which never touch
         what styling reads or sets). The styled form of the last hit is kept while the
         options it was styled with hold: an in-process cache serves the same result

@@ -97,7 +97,7 @@ class LLMTransform(QueryTransformer):
         self.breaker = breaker_from(options, self.method)
         self._flights: SingleFlight[TransformResult] = SingleFlight()
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
-        self._told_unkeyable = False  # the cache-off warning is given once
+        self._warned_unkeyable = False  # the cache-off warning is given once
 
     def __repr__(self) -> str:
         """``HyDE(llm='gpt-4o-mini', profile='auto: capable')``: the model and which
@@ -262,7 +262,7 @@ class LLMTransform(QueryTransformer):
                 return None
             if not _serves(stored, query, self.method):
                 return None  # another question's, empty, or partial (an older version's)
-            return self._restyle(
+            return self._with_search_options(
                 stored,
                 usage=Usage(cached=True),
                 cached=True,
@@ -279,7 +279,7 @@ class LLMTransform(QueryTransformer):
         if not _shareable(result):
             return  # never cache an outage, nor a generation some of whose calls failed
         try:
-            # the searches are rebuilt on a hit (`_restyle`), as `to_dict` leaves them out
+            # a hit's searches are rebuilt (`_with_search_options`): `to_dict` leaves them out
             value: Any = (
                 replace(result, specs=()) if holds_objects(self.cache) else result.to_dict()
             )
@@ -287,7 +287,7 @@ class LLMTransform(QueryTransformer):
         except BaseException as exc:
             logger.warning("transform cache write failed (%s)", describe(failure(exc)))
 
-    def _restyle(self, result: TransformResult, **changes: Any) -> TransformResult:
+    def _with_search_options(self, result: TransformResult, **changes: Any) -> TransformResult:
         """A cached result with this instance's search options (they do not change
         what the LLM wrote, so they are not in the cache key), and ``changes``."""
         return revised(result, include_query=self.include_query, **changes)
@@ -331,8 +331,8 @@ class LLMTransform(QueryTransformer):
         try:
             return self._key_of(prepared, query, context)
         except Exception as exc:
-            if not self._told_unkeyable:
-                self._told_unkeyable = True
+            if not self._warned_unkeyable:
+                self._warned_unkeyable = True
                 logger.warning(
                     "%s: transform cache off, the cache key cannot be built (%s)",
                     type(self).__name__,
