@@ -8,7 +8,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import tomllib
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
