@@ -307,3 +307,58 @@ def test_a_slot_handed_to_a_closed_loop_goes_to_the_next_caller() -> None:
     slots.release()  # cannot be woken: the slot is free again
     assert slots.free() == 1
     del waiting
+
+
+class HungServer(Server):
+    """A llama.cpp that neither answers nor hears that it should stop, for 2 s."""
+
+    def handle_chat_completions(
+        self, request: dict[str, Any], on_chunk: Callable[..., bool]
+    ) -> Any:
+        with self._lock:
+            self.calls += 1
+        time.sleep(2.0)
+        return None
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_behind_a_hung_model_every_call_falls_back_within_its_bounds(use_async: bool) -> None:
+    server = HungServer()
+    llm = local(server, n_parallel=2, slot_wait=0.3)
+    t = hyde(llm, timeout=0.3)
+    start = time.monotonic()
+    if use_async:
+        results = await asyncio.gather(*(t.atransform(f"{Q} {i}") for i in range(6)))
+    else:
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(loop.run_in_executor(None, t.transform, f"{Q} {i}") for i in range(6))
+        )
+    assert time.monotonic() - start < 1.5  # 0.3 s in line or 0.3 s generating, never 2 s
+    assert all(r.fallback for r in results)
+    reasons = sorted((r.error or "").split(":")[0] for r in results)
+    assert reasons.count("LLMTimeoutError") == 2 and reasons.count("ModelBusyError") == 4
+    assert server.calls == 2  # only the two with a slot reached it
+    settled(llm)
+
+
+class RaisingServer(Server):
+    def handle_chat_completions(
+        self, request: dict[str, Any], on_chunk: Callable[..., bool]
+    ) -> Any:
+        with self._lock:
+            self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("llama.cpp failed")
+        return {"error": {"message": "bad request"}}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_failing_model_gives_its_slot_back(use_async: bool) -> None:
+    llm = local(RaisingServer(), n_parallel=1, slot_wait=1.0)
+    t = hyde(llm, timeout=1.0)
+    for i in range(4):
+        result = await t.atransform(f"{Q} {i}") if use_async else t.transform(f"{Q} {i}")
+        assert result.fallback
+        assert (result.error or "").startswith(("RuntimeError", "LocalLLMError"))
+    settled(llm)
