@@ -362,3 +362,32 @@ async def test_a_failing_model_gives_its_slot_back(use_async: bool) -> None:
         assert result.fallback
         assert (result.error or "").startswith(("RuntimeError", "LocalLLMError"))
     settled(llm)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_identical_search_waiting_on_a_queued_one_waits_for_its_slot_too(
+    use_async: bool,
+) -> None:
+    from llama_index_hyde_plus import MemoryCache
+
+    server = Server()
+    llm = local(server, slot_wait=10.0)
+    holder = occupy(llm, 1.2)
+    t = HyDE(llm, timeout=0.6, breaker=None, retry=None, cache=MemoryCache())
+    if use_async:
+        results = await asyncio.gather(t.atransform(Q), t.atransform(Q))
+    else:
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(*(loop.run_in_executor(None, t.transform, Q) for _ in "ab"))
+    assert [r.error for r in results if r.fallback] == []  # failed before: the waiter's 0.6 s
+    assert server.calls == 2  # the holder's and one generation, shared
+    holder.join(5)
+    settled(llm)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), 1e9, "soon"])
+def test_a_bad_slot_wait_is_refused_naming_the_field(bad: Any) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="slot_wait"):
+        LocalLLM(model_path="/nonexistent/model.gguf", slot_wait=bad)

@@ -44,6 +44,7 @@ from pydantic import Field, PrivateAttr
 
 from ..calls.door import CANCEL_EVENT
 from ..calls.llm import ENOUGH, STOPPED_EARLY
+from ..calls.reliability import MAX_SECONDS
 from ..calls.streaming import Done, Producer, astream_in_thread, stream_in_thread
 from ..calls.timeouts import timeout_for
 from .gguf import control_tokens, escape_controls
@@ -233,7 +234,7 @@ class LocalLLM(CustomLLM):
     tokens_per_s: float | None = Field(default=None, gt=0)
     """The measured speed (`measure_speed`), which the timeout policy budgets each call
     by (`timeouts.timeout_for`); None: the policy's nominal rate."""
-    slot_wait: float | None = Field(default=None, gt=0)
+    slot_wait: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     """Seconds a call may wait for a free slot before it is not made ("model busy");
     None: one call's budget under the timeout policy (`timeouts.timeout_for`)."""
     is_local: bool = Field(default=True)
@@ -344,27 +345,29 @@ class LocalLLM(CustomLLM):
         slots: Slots = self._slots
         return slots
 
-    def _slot_wait(self) -> float:
-        """Seconds a call waits for a slot (`slot_wait`, else one call's budget)."""
+    @property
+    def slot_wait_s(self) -> float:
+        """Seconds a call waits for a slot: `slot_wait`, else one call's budget under
+        the timeout policy."""
         return self.slot_wait if self.slot_wait is not None else timeout_for(self)
 
     def generation_slot(self) -> AbstractContextManager[Reservation]:
         """A slot for the one call made inside (blocking until one is free, at most
         ``slot_wait`` seconds: `slots.ModelBusyError` past it). The call layer takes
         it before a call's timeout starts, so the timeout counts from generation."""
-        return self._gate().reserve(self._slot_wait())
+        return self._gate().reserve(self.slot_wait_s)
 
     def ageneration_slot(self) -> AbstractAsyncContextManager[Reservation]:
         """`generation_slot` without blocking the event loop; cancelling the wait
         leaves the line."""
-        return self._gate().areserve(self._slot_wait())
+        return self._gate().areserve(self.slot_wait_s)
 
     @contextmanager
     def _slot_held(self, cancel: tuple[threading.Event, ...]) -> Iterator[None]:
         """A slot while llama.cpp makes a call: the one its caller reserved, else one
         taken now; `LocalLLMCancelledError` when ``cancel`` is set while it waits."""
         try:
-            with self._gate().hold(self._slot_wait(), cancel):
+            with self._gate().hold(self.slot_wait_s, cancel):
                 yield
         except SlotWaitCancelledError:  # raised only while it waits: nothing ran
             raise LocalLLMCancelledError("the call was cancelled before it started") from None
