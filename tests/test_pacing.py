@@ -194,3 +194,23 @@ async def test_a_fixed_width_would_time_out_on_every_query() -> None:
     retriever = TransformRetriever(StaticRetriever({"a": "renewals"}, default=["a"]), hyde)
     results = await asyncio.gather(*(retriever.asearch(f"question {i}") for i in range(4)))
     assert all(r.transform.fallback for r in results)
+
+
+@pytest.mark.parametrize(
+    ("error", "out_of_time"),
+    [
+        ("LLMTimeoutError: LLM did not answer within 40s", True),
+        ("QueuedTooLongError: the call waited 39s of its 40s for a worker thread", True),
+        ("ModelBusyError: model busy: all 4 slots of the local model stayed busy", True),
+        ("UnusableReplyError: no query could be parsed from the reply", False),
+        ("ConnectionError: refused", False),
+    ],
+)
+def test_a_fallback_for_a_busy_local_model_counts_as_out_of_time(
+    error: str, out_of_time: bool
+) -> None:
+    from llama_index_hyde_plus.evaluation.session import ran_out_of_time
+    from llama_index_hyde_plus.transforms.base import TransformResult
+
+    result = TransformResult.fallback_for("q", "hyde", error)
+    assert ran_out_of_time(result) is out_of_time

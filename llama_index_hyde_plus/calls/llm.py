@@ -15,6 +15,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar
@@ -422,7 +423,7 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
     streamed = enough is not None and not itself  # a client's timeout is per read
-    with _Attempts(options.retry, options.breaker, options.timeout) as attempts:
+    with _slot(llm), _Attempts(options.retry, options.breaker, options.timeout) as attempts:
         while True:
             budget = attempts.budget()
             try:
@@ -435,6 +436,20 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
                 time.sleep(attempts.failed(exc))
     _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
     return _reply(llm, prompt, response, options.prices)
+
+
+def _slot(llm: Any) -> AbstractContextManager[object]:
+    """A slot of a model that hands out a fixed number (`LocalLLM.generation_slot`),
+    taken before the call's clock starts, so that its timeout counts from when it can
+    generate, not from when it queued; for any other model, nothing."""
+    take = optional_attr(llm, "generation_slot")
+    return take() if callable(take) else nullcontext()
+
+
+def _aslot(llm: Any) -> AbstractAsyncContextManager[object]:
+    """`_slot` on the async path (`LocalLLM.ageneration_slot`)."""
+    take = optional_attr(llm, "ageneration_slot")
+    return take() if callable(take) else nullcontext()
 
 
 #: The threads `complete_all` runs its calls' retry loops on (each waits on `door.pool`
@@ -519,19 +534,20 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
     kwargs = options.llm_kwargs()
     enough, itself = _stop_rule(llm, options)
     call = None if native else _blocking_call(llm, prompt, kwargs, enough, itself)
-    with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
-        while True:
-            budget = attempts.budget()
-            try:
-                if call is not None:  # on a worker thread, abandoned at the deadline
-                    deadline = door.Deadline.start(budget)
-                    response = await _aon_worker(llm, call, deadline, attempts)
-                else:
-                    coro = _native(llm, prompt, kwargs, enough, itself)
-                    response = await _wait_within(coro, budget, attempts)
-                break
-            except BaseException as exc:
-                await asyncio.sleep(attempts.failed(exc))
+    async with _aslot(llm):
+        with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
+            while True:
+                budget = attempts.budget()
+                try:
+                    if call is not None:  # on a worker thread, abandoned at the deadline
+                        deadline = door.Deadline.start(budget)
+                        response = await _aon_worker(llm, call, deadline, attempts)
+                    else:
+                        coro = _native(llm, prompt, kwargs, enough, itself)
+                        response = await _wait_within(coro, budget, attempts)
+                    break
+                except BaseException as exc:
+                    await asyncio.sleep(attempts.failed(exc))
     _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
     return _reply(llm, prompt, response, options.prices)
 

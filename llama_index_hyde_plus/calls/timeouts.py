@@ -29,8 +29,8 @@ from .._attrs import optional_attr
 from .._checks import is_number
 
 LOCAL_START_S = 10.0
-"""Seconds a local call may spend before its first token (reading the prompt,
-waiting for a free slot)."""
+"""Seconds a local call may spend before its first token (reading the prompt; its
+wait for a free slot comes before its clock starts, bounded by `LocalLLM.slot_wait`)."""
 LOCAL_TOKENS_PER_S = 8.0
 """Nominal tokens per second of a local model when it reports no rate of its own: the
 bundled model writes about 150 on an idle 2-core machine, and well under a tenth of

@@ -36,8 +36,8 @@ class TransformReport:
     skipped: int = 0
     """Queries whose expansion a gate skipped."""
     timeouts: int = 0
-    """Of the ``fallbacks``, those whose generation ran out of time (the LLM's, or
-    waiting for a worker); the others failed."""
+    """Of the ``fallbacks``, those whose generation ran out of time (the LLM's, waiting
+    for a worker, or for a slot of the local model); the others failed."""
     interval_vs_none: tuple[float, float] | None = None
     """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)

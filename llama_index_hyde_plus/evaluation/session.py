@@ -19,6 +19,7 @@ from ..caching.cache import SQLiteCache, TransformCache
 from ..search.retriever import TransformRetriever
 from ..search.vectors import Embedder
 from ..stores import Store
+from ..transforms.base import TransformResult
 from ..transforms.condense import chat_history
 from ..transforms.factory import build
 from ..transforms.registry import uses_llm
@@ -64,6 +65,16 @@ class _QueryRecord:
     hypothetical: list[str]
 
 
+OUT_OF_TIME = ("LLMTimeoutError", "QueuedTooLongError", "ModelBusyError")
+"""The errors of a generation that ran out of time: the LLM's own, waiting for a worker
+thread, or waiting for a slot of the local model ("model busy")."""
+
+
+def ran_out_of_time(result: TransformResult) -> bool:
+    """Whether ``result`` fell back because its generation ran out of time."""
+    return result.fallback and (result.error or "").startswith(OUT_OF_TIME)
+
+
 async def _run_one(
     retriever: TransformRetriever,
     queries: Mapping[str, str],
@@ -85,9 +96,7 @@ async def _run_one(
                 result = await retriever.asearch(text)
             latency = time.perf_counter() - start
             t = result.transform
-            timed_out = t.fallback and (t.error or "").startswith(
-                ("LLMTimeoutError", "QueuedTooLongError")
-            )
+            timed_out = ran_out_of_time(t)
             if not (t.cached or t.skipped):
                 written = (t.generation_usage or t.usage).output_tokens
                 pacer.record(ticket, latency, timed_out, written)

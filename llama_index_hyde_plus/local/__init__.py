@@ -30,6 +30,7 @@ from .assets import (
 )
 from .embedding import LocalEmbedding, assemble_model_dir
 from .llm import LocalLLM, LocalLLMCancelledError, LocalLLMError
+from .slots import ModelBusyError
 
 __all__ = [
     "ASSETS",
@@ -38,6 +39,7 @@ __all__ = [
     "LocalLLM",
     "LocalLLMCancelledError",
     "LocalLLMError",
+    "ModelBusyError",
     "ModelNotAvailableError",
     "cache_dir",
     "is_verified",

@@ -21,8 +21,9 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,8 +44,11 @@ from pydantic import Field, PrivateAttr
 
 from ..calls.door import CANCEL_EVENT
 from ..calls.llm import ENOUGH, STOPPED_EARLY
+from ..calls.reliability import MAX_SECONDS
 from ..calls.streaming import Done, Producer, astream_in_thread, stream_in_thread
+from ..calls.timeouts import timeout_for
 from .gguf import control_tokens, escape_controls
+from .slots import Reservation, Slots, SlotWaitCancelledError
 
 _MAX_SEEDS = 100_000
 SPEED_PROBE = "Write a short paragraph about the history of the printing press."
@@ -211,6 +215,12 @@ class LocalLLM(CustomLLM):
     repeatable (the seed of a call depends on the prompt and on how many times it was asked, not on
     call order, so repeated samples still differ and concurrent runs repeat).
     ``threads`` defaults to the machine's cores.
+
+    At most ``n_parallel`` calls are inside llama.cpp at once; the others wait in line
+    for a slot (`slots.Slots`), at most ``slot_wait`` seconds (None: one call's budget
+    under the timeout policy, `timeouts.timeout_for`), and past that are not made
+    (`slots.ModelBusyError`, "model busy"). Through a transform the slot is taken
+    before the call's timeout starts, so the timeout counts from its generation.
     """
 
     model_path: str = Field(description="Path of the GGUF file.")
@@ -224,10 +234,16 @@ class LocalLLM(CustomLLM):
     tokens_per_s: float | None = Field(default=None, gt=0)
     """The measured speed (`measure_speed`), which the timeout policy budgets each call
     by (`timeouts.timeout_for`); None: the policy's nominal rate."""
+    slot_wait: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """Seconds a call may wait for a free slot before it is not made ("model busy");
+    None: one call's budget under the timeout policy (`timeouts.timeout_for`)."""
     is_local: bool = Field(default=True)
-    cache_key_ignores: ClassVar[frozenset[str]] = frozenset({"threads", "tokens_per_s"})
-    """How fast the machine runs the model, not what it writes: a run whose speed probe
-    chose another thread count (or measured another speed) reuses the cached replies."""
+    cache_key_ignores: ClassVar[frozenset[str]] = frozenset(
+        {"threads", "tokens_per_s", "slot_wait"}
+    )
+    """How fast the machine runs the model and how long a call waits for it, not what
+    it writes: a run whose speed probe chose another thread count (or measured another
+    speed) reuses the cached replies."""
     stops_when_enough: ClassVar[bool] = True
     """A call stops generating once the reply holds what its transform keeps (the
     rule in `ENOUGH`, HyDE's ``max_characters``), llama.cpp told to stop at that token;
@@ -238,6 +254,7 @@ class LocalLLM(CustomLLM):
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _seen: Any = PrivateAttr(default_factory=OrderedDict)
     _pool: Any = PrivateAttr(default=None)
+    _slots: Any = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -313,11 +330,47 @@ class LocalLLM(CustomLLM):
         request = self._payload([ChatMessage(role=MessageRole.USER, content=SPEED_PROBE)], {})
         request |= {"max_tokens": tokens, "temperature": 0.0}
         collector = _Collector((stop, _IN_FLIGHT.exiting), on_delta)
-        with _IN_FLIGHT:
+        with self._slot_held(collector.cancel), _IN_FLIGHT:
             server.handle_chat_completions(request, collector.on_chunk)
         if len(stamps) < 2:
             return 0.0
         return (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-6)
+
+    # -- slots ---------------------------------------------------------------------
+    def _gate(self) -> Slots:
+        if self._slots is None:
+            with self._lock:
+                if self._slots is None:
+                    self._slots = Slots(self.n_parallel)
+        slots: Slots = self._slots
+        return slots
+
+    @property
+    def slot_wait_s(self) -> float:
+        """Seconds a call waits for a slot: `slot_wait`, else one call's budget under
+        the timeout policy."""
+        return self.slot_wait if self.slot_wait is not None else timeout_for(self)
+
+    def generation_slot(self) -> AbstractContextManager[Reservation]:
+        """A slot for the one call made inside (blocking until one is free, at most
+        ``slot_wait`` seconds: `slots.ModelBusyError` past it). The call layer takes
+        it before a call's timeout starts, so the timeout counts from generation."""
+        return self._gate().reserve(self.slot_wait_s)
+
+    def ageneration_slot(self) -> AbstractAsyncContextManager[Reservation]:
+        """`generation_slot` without blocking the event loop; cancelling the wait
+        leaves the line."""
+        return self._gate().areserve(self.slot_wait_s)
+
+    @contextmanager
+    def _slot_held(self, cancel: tuple[threading.Event, ...]) -> Iterator[None]:
+        """A slot while llama.cpp makes a call: the one its caller reserved, else one
+        taken now; `LocalLLMCancelledError` when ``cancel`` is set while it waits."""
+        try:
+            with self._gate().hold(self.slot_wait_s, cancel):
+                yield
+        except SlotWaitCancelledError:  # raised only while it waits: nothing ran
+            raise LocalLLMCancelledError("the call was cancelled before it started") from None
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -368,7 +421,7 @@ class LocalLLM(CustomLLM):
             cancel = CANCEL_EVENT.get()
         events = (*_events(cancel), _IN_FLIGHT.exiting)
         collector = _Collector(events, on_delta, ENOUGH.get(), request["max_tokens"])
-        with _IN_FLIGHT:
+        with self._slot_held(events), _IN_FLIGHT:
             result = server.handle_chat_completions(request, collector.on_chunk)
         if isinstance(result, dict) and "error" in result:
             collector.error = result["error"]

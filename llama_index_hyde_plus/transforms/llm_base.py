@@ -23,6 +23,8 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.settings import Settings
 
+from .._attrs import optional_attr
+from .._checks import is_number
 from ..caching.cache import answers_in_process, holds_objects
 from ..caching.keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
 from ..caching.keys import (
@@ -363,7 +365,7 @@ class LLMTransform(QueryTransformer):
             return self._generate(query, prepared, budget)
 
         try:  # waiters have the generation before it is written (`after`)
-            result, shared = self._flights.run(key, work, self.timeout, after=write)
+            result, shared = self._flights.run(key, work, self._flight_wait(), after=write)
         except WaitExpired:
             return self._overdue(query, start)
         return self._as_waiter(result, start) if shared else result
@@ -393,10 +395,22 @@ class LLMTransform(QueryTransformer):
             return await self._agenerate(query, prepared, budget)
 
         try:
-            result, shared = await self._flights.arun(key, work, self.timeout, after=write)
+            result, shared = await self._flights.arun(key, work, self._flight_wait(), after=write)
         except WaitExpired:
             return self._overdue(query, start)
         return self._as_waiter(result, start) if shared else result
+
+    def _flight_wait(self) -> float | None:
+        """How long a caller waits on an identical generation: its timeout, plus the
+        wait for a slot of a model that hands them out (`LocalLLM.slot_wait_s`), since
+        the generation's clock starts once it has one. The leader's work gets it as its
+        budget too, which never lengthens its calls' own timeout."""
+        timeout = self.timeout
+        try:
+            extra = optional_attr(self.llm, "slot_wait_s")
+        except Exception:  # an LLM that cannot be resolved hands out no slots
+            extra = None
+        return timeout + extra if timeout is not None and is_number(extra) else timeout
 
     def _as_waiter(self, result: TransformResult, start: float) -> TransformResult:
         """What an identical concurrent call's ``result`` is to a caller that waited for
