@@ -79,7 +79,7 @@ def check_metadata(kind: str, meta: Message, project: dict, readme: str) -> list
 
 def relative_links(readme: str) -> list[str]:
     """Links and images to a relative path: they render, but a package index shows them
-    broken (`tests/test_readme_links.py` keeps them absolute)."""
+    broken (the project has no published URL yet to make them absolute)."""
     return [
         target
         for target in re.findall(r"\]\(([^)\s]+)", readme)
