@@ -62,7 +62,7 @@ from llama_index_hyde_plus.evaluation.standin import StandIn
 from llama_index_hyde_plus.local.assets import cache_dir
 
 DATA = cache_dir() / "conversational" / "qrecc"
-WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 100.0)
+WEIGHTS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 100.0)
 STANDALONE = (None, 8)
 
 
