@@ -261,14 +261,23 @@ def test_the_stand_in_writes_the_rewrite_of_the_turn_asked_not_of_an_earlier_one
 ) -> None:
     # turn 2's message and the (long) answer before it are in turn 3's chat: the
     # stand-in must still answer turn 3, the message Condense asks about, even when the
-    # history bound cuts the last answer short
+    # history bound cuts the last answer short; turn 4 has turn 2's very words
     first = ("Tell me about Boer goats", CORPUS["goat"] + " More on Boer goats." * 40)
     second = ("What does it cost?", "About 300 dollars.")
+    third = ("Why?", "Demand for meat.")
     turns = [
         turn("goat", 1, first[0], first[0], ["goat"]),
         turn("goat", 2, second[0], "What does a Boer goat cost?", ["nurse"], chat(first)),
         turn(
             "goat", 3, "Why?", "Why does a Boer goat cost 300 dollars?", ["pa"], chat(first, second)
+        ),
+        turn(
+            "goat",
+            4,
+            second[0],
+            "What does an Angora goat cost?",
+            ["goat-fibre"],
+            chat(first, second, third),
         ),
     ]
     cset = load_conversations(write_set(tmp_path / "set", turns))

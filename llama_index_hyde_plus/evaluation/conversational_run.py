@@ -87,9 +87,10 @@ class ConversationOracleLLM(PromptLLM):
     prompt is about and answers with the rewrite drawn for it. A turn is the one asked
     about when its message ends a line of the prompt that is not a chat line (the
     ``User:`` / ``Assistant:`` lines hold the earlier messages, which are other turns'
-    messages) and the start of its last chat line is in the prompt (what tells apart two
-    turns with the same words); among several, the longest message. A prompt about no
-    known turn raises, so the transform falls back. Costs nothing."""
+    messages) and the prompt's last chat line starts as the turn's last chat line does
+    (what tells apart two turns with the same words, in one conversation or two); among
+    several, the longest message. A prompt about no known turn raises, so the transform
+    falls back. Costs nothing."""
 
     answers: list[tuple[tuple[str, ...], str]] = Field(default_factory=list)
     model_name: str = Field(default="oracle")
@@ -101,12 +102,14 @@ class ConversationOracleLLM(PromptLLM):
 
     def reply(self, prompt: str) -> str:
         """The drawn rewrite of the turn the prompt is about; a `ValueError` when none."""
-        asked = [" ".join(line.split()) for line in prompt.splitlines()]
-        asked = [line for line in asked if not line.startswith(_CHAT_LINES)]
+        lines = [" ".join(line.split()) for line in prompt.splitlines()]
+        chat = [line for line in lines if line.startswith(_CHAT_LINES)]
+        asked = [line for line in lines if not line.startswith(_CHAT_LINES)]
+        last = chat[-1] if chat else ""
         found = [
-            (tuple(map(len, parts)), text)
+            (len(parts[0]), text)
             for parts, text in self.answers
-            if _asks(asked, parts[0]) and all(part in prompt for part in parts[1:])
+            if _asks(asked, parts[0]) and last.startswith("".join(parts[1:]))
         ]
         if not found:
             raise ValueError("the stand-in has no answer for this prompt")
