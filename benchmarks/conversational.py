@@ -5,19 +5,33 @@ has the message as the user wrote it, a person's standalone rewrite and an answe
 passage. Its 54M-passage collection is too large for a benchmark here, so ``prepare``
 builds a small one (`evaluation.conversational.from_qrecc`): each turn's own answer is
 the document to find, and the answers of every other turn are the distractors; whole
-conversations go to ``train`` or ``test``. The set lives in a cache folder, never in
-the repository.
+conversations go to ``train`` or ``test`` (a seeded hash of each conversation's id, so
+adding conversations never moves one). The set lives in a cache folder, never in the
+repository.
 
-    # once: QReCC's JSON (qrecc_data.zip from its dataset/ folder, or a qrecc_*.json)
+The published numbers (BENCHMARKS.md, "Conversations") come from an excerpt of QReCC's
+``qrecc_test.json``: the fields ``prepare`` reads (``Conversation_source``,
+``Conversation_no``, ``Turn_no``, ``Question``, ``Rewrite``, ``Answer``), copied
+unchanged, for 103 conversations: trec 1-2; QuAC 442, 729, 730, 991-995, 1244,
+1499-1501, 1635, 1636; NQ 1898, 1899, 1903, 1905-1907, 1909, 1910, 1912-1916, 1918,
+2374, 2376-2378 and every NQ conversation from 2196 to 2299 with an answered follow-up
+(2299 up to its turn 4); a conversation may stop before its last turn. The excerpt is
+``~/.cache/hyde-plus/qrecc-raw/qrecc_test_excerpt.json`` (one JSON list of QReCC
+records); ``prepare`` on the full file or zip with ``--conversations N`` keeps N
+conversations spread over it instead.
+
+    # once: QReCC's JSON (the excerpt, qrecc_data.zip from its dataset/ folder, or a
+    # qrecc_*.json)
     uv run --frozen --all-extras python benchmarks/conversational.py prepare \\
-        --qrecc qrecc_data.zip [--conversations 80]
+        --qrecc qrecc_test_excerpt.json [--conversations 80]
+    # the drift guard's defaults (original_weight, standalone_words) chosen on train,
+    # for the bundled model and for the stand-in that writes the human rewrite
+    HYDE_PLUS_LLM_THREADS=1 uv run --frozen --all-extras python \\
+        benchmarks/conversational.py choose --split train
     # the table: as written, human rewrite, Condense with the bundled model, the
     # stand-in at P = 1.0 and 0.5; intervals resample conversations
     HYDE_PLUS_LLM_THREADS=1 uv run --frozen --all-extras python \\
         benchmarks/conversational.py table --split test
-    # the drift guard's defaults (original_weight, standalone_words) chosen on train
-    HYDE_PLUS_LLM_THREADS=1 uv run --frozen --all-extras python \\
-        benchmarks/conversational.py choose --split train
 
 The bundled model's condensed questions are cached (``--cache-dir``), so ``choose``
 generates each once for its whole grid and ``table`` reuses them.
@@ -48,7 +62,7 @@ from llama_index_hyde_plus.evaluation.standin import StandIn
 from llama_index_hyde_plus.local.assets import cache_dir
 
 DATA = cache_dir() / "conversational" / "qrecc"
-WEIGHTS = (0.5, 1.0, 2.0, 4.0)
+WEIGHTS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 100.0)
 STANDALONE = (None, 8)
 
 

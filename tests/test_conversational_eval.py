@@ -30,6 +30,7 @@ from llama_index_hyde_plus.evaluation.metrics import paired_interval
 from llama_index_hyde_plus.evaluation.specs import TransformSpec
 from llama_index_hyde_plus.evaluation.standin import StandIn
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
+from llama_index_hyde_plus.transforms.condense import Condense
 
 CORPUS = {
     "pa": "A physician assistant is a licensed medical provider who diagnoses illness.",
@@ -252,6 +253,42 @@ def test_the_stand_in_answers_each_turn_by_its_chat_not_its_words(tmp_path: Path
     assert llm.complete(prompt).text == "What does a Boer goat cost?"
     with pytest.raises(ValueError, match="no answer"):
         ConversationOracleLLM(answers=[]).complete("anything")
+
+
+@pytest.mark.parametrize("history_characters", [2000, 300])
+def test_the_stand_in_writes_the_rewrite_of_the_turn_asked_not_of_an_earlier_one(
+    tmp_path: Path, history_characters: int
+) -> None:
+    # turn 2's message and the (long) answer before it are in turn 3's chat: the
+    # stand-in must still answer turn 3, the message Condense asks about, even when the
+    # history bound cuts the last answer short; turn 4 has turn 2's very words
+    first = ("Tell me about Boer goats", CORPUS["goat"] + " More on Boer goats." * 40)
+    second = ("What does it cost?", "About 300 dollars.")
+    third = ("Why?", "Demand for meat.")
+    turns = [
+        turn("goat", 1, first[0], first[0], ["goat"]),
+        turn("goat", 2, second[0], "What does a Boer goat cost?", ["nurse"], chat(first)),
+        turn(
+            "goat", 3, "Why?", "Why does a Boer goat cost 300 dollars?", ["pa"], chat(first, second)
+        ),
+        turn(
+            "goat",
+            4,
+            second[0],
+            "What does an Angora goat cost?",
+            ["goat-fibre"],
+            chat(first, second, third),
+        ),
+    ]
+    cset = load_conversations(write_set(tmp_path / "set", turns))
+    condense = Condense(
+        oracle_for(cset, StandIn(1.0, (0,)), seed=0),
+        standalone_words=None,
+        history_characters=history_characters,
+    )
+    for t in cset.turns[1:]:
+        result = condense.transform(t.message, chat_history=list(t.history))
+        assert not result.fallback and result.queries[-1] == t.rewrite
 
 
 def scored(tmp_path: Path, llm: Any, **kwargs: Any) -> Any:

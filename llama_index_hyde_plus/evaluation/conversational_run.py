@@ -84,9 +84,13 @@ def compare_conversations(reports: Sequence[TransformReport], cset: Conversation
 
 class ConversationOracleLLM(PromptLLM):
     """The conversational stand-in as a LlamaIndex LLM: it finds which turn a condense
-    prompt is about (the turn whose message and last line of chat the prompt holds)
-    and answers with the rewrite drawn for it. A prompt about no known turn raises, so
-    the transform falls back. Costs nothing."""
+    prompt is about and answers with the rewrite drawn for it. A turn is the one asked
+    about when its message ends a line of the prompt that is not a chat line (the
+    ``User:`` / ``Assistant:`` lines hold the earlier messages, which are other turns'
+    messages) and the prompt's last chat line starts as the turn's last chat line does
+    (what tells apart two turns with the same words, in one conversation or two); among
+    several, the longest message. A prompt about no known turn raises, so the transform
+    falls back. Costs nothing."""
 
     answers: list[tuple[tuple[str, ...], str]] = Field(default_factory=list)
     model_name: str = Field(default="oracle")
@@ -98,22 +102,40 @@ class ConversationOracleLLM(PromptLLM):
 
     def reply(self, prompt: str) -> str:
         """The drawn rewrite of the turn the prompt is about; a `ValueError` when none."""
+        lines = [" ".join(line.split()) for line in prompt.splitlines()]
+        chat = [line for line in lines if line.startswith(_CHAT_LINES)]
+        asked = [line for line in lines if not line.startswith(_CHAT_LINES)]
+        last = chat[-1] if chat else ""
         found = [
-            (sum(map(len, parts)), text) for parts, text in self.answers if _holds(prompt, parts)
+            (len(parts[0]), text)
+            for parts, text in self.answers
+            if _asks(asked, parts[0]) and last.startswith("".join(parts[1:]))
         ]
         if not found:
             raise ValueError("the stand-in has no answer for this prompt")
         return max(found)[1]
 
 
-def _holds(prompt: str, parts: Sequence[str]) -> bool:
-    return all(part in prompt for part in parts)
+_CHAT_LINES = ("User: ", "Assistant: ")
+SIGNATURE_CHARACTERS = 120
+"""How much of a turn's last chat line the stand-in looks for: its start, which the
+history bound keeps even when it cuts the line at its end."""
+
+
+def _asks(lines: Sequence[str], message: str) -> bool:
+    """Whether one of ``lines`` ends with ``message`` as whole words."""
+    message = " ".join(message.split())
+    return any(
+        line == message or (line.endswith(message) and not line[-len(message) - 1].isalnum())
+        for line in lines
+    )
 
 
 def _signature(turn: Turn) -> tuple[str, ...]:
-    """What a condense prompt for ``turn`` holds: the message and the last chat line."""
+    """What a condense prompt for ``turn`` holds: the message, and the start of the
+    last chat line."""
     lines = _lines(read_messages(list(turn.history)))
-    return (turn.message, *lines[-1:])
+    return (turn.message, *(line[:SIGNATURE_CHARACTERS].rstrip() for line in lines[-1:]))
 
 
 def draw_rewrites(turns: Sequence[Turn], p: float, seed: int) -> dict[str, tuple[str, bool]]:

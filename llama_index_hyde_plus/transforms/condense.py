@@ -177,11 +177,13 @@ class Condense(QueryListTransform):
     method: ClassVar[str] = "condense"
     default_prompt: ClassVar[str] = CONDENSE_PROMPT
     prompt_vars: ClassVar[frozenset[str]] = frozenset({"query", "history"})
-    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 2.0, "capable": 1.0}
+    SHIPPED_ORIGINAL_WEIGHT: ClassVar[dict[str, float]] = {"small": 2.0, "capable": 0.25}
     """The message's own list against the condensed question's, by generator: chosen on
-    the train split of a QReCC sample (84 follow-ups) among 0.5, 1, 2 and 4, with the
-    bundled model for ``small`` and the stand-in that writes the human rewrite for
-    ``capable`` (`benchmarks/conversational.py choose`)."""
+    the train split of a QReCC sample (223 follow-ups of 54 conversations) among 0.1 to
+    100, with the bundled model for ``small`` (2: its condensed question moves the
+    ranking, the message as written still leads) and the stand-in that writes the human
+    rewrite for ``capable`` (0.25: the condensed question leads, the message breaks its
+    ties) (`benchmarks/conversational.py choose`)."""
     parse_excludes_query: ClassVar[bool] = False
     SEARCH_OPTIONS: ClassVar[frozenset[str]] = QueryListTransform.SEARCH_OPTIONS | {
         "memory",
