@@ -437,22 +437,21 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
     return _reply(llm, prompt, response, options.prices)
 
 
-#: The threads `complete_all` runs its calls' retry loops on (each waits on `door.pool`
-#: at most until its deadline, so there is no cap, and they take no slot of the
-#: process's thread cap: the calls they wait for do).
-CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call", cap=None)
+CALLERS = DaemonWorkers(max_busy=256, name="hyde-plus-llm-call", cap="callers")
+"""The threads `complete_all` runs its calls' retry loops on (they wait on the LLM's
+pool, so they take slots of a cap of their own)."""
 
 
 def complete_all(
     llm: LLM, prompt: str, options: CallOptions, n: int
 ) -> list[LLMReply | BaseException]:
     """``n`` blocking completions at once, as the async path gathers them: each is a
-    `complete` (its own retries, all with the same deadline since they start together)
-    and the list holds, in order, each reply or what its call raised. The first runs in
-    the caller's thread, the others on `CALLERS`; a lazily loaded model is loaded once,
-    before any starts."""
+    `complete` (its own retries, all under one deadline) and the list holds, in order,
+    each reply or what its call raised. The first runs in the caller's thread, the
+    others on `CALLERS`; a lazily loaded model is loaded once, before any starts."""
     if _needs_loading(llm):
         getattr(llm, "warm_up")()  # noqa: B009
+    deadline = door.Deadline.start(options.timeout)
     jobs = [_caller(partial(complete, llm, prompt, options)) for _ in range(n - 1)]
     outcomes: list[LLMReply | BaseException] = []
     try:
@@ -460,15 +459,18 @@ def complete_all(
     except Exception as exc:
         outcomes.append(exc)
     for job in jobs:
-        if isinstance(job, BaseException):
-            outcomes.append(job)
-            continue
-        job.done.wait()
+        if isinstance(job, Job) and not job.done.wait(_left(deadline)):
+            job.abandon()  # it waited in line for a thread: it ends by itself
+            job = LLMTimeoutError(f"LLM did not answer within {options.timeout:g}s")
         try:
-            outcomes.append(job.result())
+            outcomes.append(job.result() if isinstance(job, Job) else job)
         except BaseException as exc:
             outcomes.append(exc)
     return outcomes
+
+
+def _left(deadline: door.Deadline | None) -> float | None:
+    return None if deadline is None else deadline.left()
 
 
 def _caller(call: Callable[[], LLMReply]) -> Job | Exception:
