@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -112,7 +113,7 @@ def own_pool(monkeypatch: pytest.MonkeyPatch) -> LLMPools:
 
 def opened(breaker: CircuitBreaker) -> CircuitBreaker:
     """``breaker`` opened by one failure, its cooldown already over (half-open)."""
-    breaker.record_failure()
+    breaker.settle("call", "failure")  # one failed call
     time.sleep(breaker.cooldown_s + 0.02)
     assert breaker.state == "half-open"
     return breaker
@@ -528,15 +529,15 @@ async def test_our_deadline_is_reported_only_when_it_expired() -> None:
 
 
 async def test_the_deadline_of_a_native_call_tells_the_two_timeouts_apart() -> None:
-    attempts = _llm._Attempts(NO_RETRY, None, 0.05)
+    once = CallOptions(timeout=0.05, retry=NO_RETRY)
     with pytest.raises(LLMTimeoutError):
-        await _llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 0.05, attempts)
+        await acomplete(ScriptedLLM([HANG]), "p", once)
     with pytest.raises(TimeoutError, match="provider") as info:
-        await _llm._wait_within(ScriptedLLM([TimeoutError("provider")]).acomplete("p"), 5, attempts)
+        await acomplete(ScriptedLLM([TimeoutError("provider")]), "p", replace(once, timeout=5))
     assert not isinstance(info.value, LLMTimeoutError)
-    reply = await _llm._wait_within(ScriptedLLM(["ok"]).acomplete("p"), 5, attempts)
+    reply = await acomplete(ScriptedLLM(["ok"]), "p", replace(once, timeout=5))
     assert reply.text == "ok"
-    task = asyncio.create_task(_llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 5, attempts))
+    task = asyncio.create_task(acomplete(ScriptedLLM([HANG]), "p", replace(once, timeout=5)))
     await asyncio.sleep(0.02)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

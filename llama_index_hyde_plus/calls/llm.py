@@ -296,17 +296,10 @@ class _Attempts:
     failures are retried per ``retry``; ``timeout`` bounds the whole call, retries
     included. ``in_task``: the attempts run on the async path (see `propagates`)."""
 
-    def __init__(
-        self,
-        retry: RetryPolicy,
-        breaker: CircuitBreaker | None,
-        timeout: float | None,
-        *,
-        in_task: bool = False,
-    ) -> None:
-        self.retry, self.breaker, self.timeout = retry, breaker, timeout
+    def __init__(self, options: CallOptions, *, in_task: bool = False) -> None:
+        self.retry, self.breaker, self.timeout = options.retry, options.breaker, options.timeout
         self.in_task = in_task
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.deadline = door.Deadline.start(self.timeout)
         self.attempt = 0
         self._permit: Permit | None = None
         self._counted = False  # an attempt failed in a way the breaker counts
@@ -324,15 +317,10 @@ class _Attempts:
         permit, self._permit = self._permit, None
         if self.breaker is None or permit is None:
             return
-        outcome: Outcome
-        if exc is None:
-            outcome = "success"
-        elif propagates(exc, in_task=self.in_task):
-            outcome = "released"
-        elif self._counted or counts_against_provider(exc):
+        outcome: Outcome = "success" if exc is None else "released"
+        counted = exc is not None and (self._counted or counts_against_provider(exc))
+        if counted and not propagates(exc, in_task=self.in_task):  # type: ignore[arg-type]
             outcome = "failure"
-        else:
-            outcome = "released"
         self.breaker.settle(permit, outcome)
 
     def budget(self) -> float | None:
@@ -340,10 +328,9 @@ class _Attempts:
         when the time is up."""
         if self.deadline is None:
             return None
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
+        if not self.deadline.left():
             raise self.timed_out()
-        return remaining
+        return self.deadline.left()
 
     def timed_out(self) -> LLMTimeoutError:
         return LLMTimeoutError(f"LLM did not answer within {self.timeout:g}s")
@@ -352,30 +339,32 @@ class _Attempts:
         """The pause before the next attempt, after ``exc``. Raises ``exc`` itself when
         it must propagate (`propagates`); else, when it is not worth retrying (not
         transient, retries or time used up, or the breaker opened meanwhile), the
-        failure as an ``Exception``: a non-Exception error from the provider
-        (gevent's ``Timeout``...) becomes an `LLMCallError`."""
+        failure as an ``Exception``: our deadline (the door's `ModelTimeoutError`) as
+        `LLMTimeoutError`, a non-Exception error from the provider (gevent's
+        ``Timeout``...) as an `LLMCallError`."""
         if propagates(exc, in_task=self.in_task):
             raise exc
+        if isinstance(exc, door.ModelTimeoutError):
+            exc = self.timed_out()
         if counts_against_provider(exc):
             self._counted = True
         pause = self.retry.delay(self.attempt)
         if (
             self.attempt >= self.retry.max_retries
             or not is_transient(exc)
-            or (self.deadline is not None and time.monotonic() + pause >= self.deadline)
-            or (self._permit == "call" and self.breaker is not None and self.breaker.is_open())
+            or (self.deadline is not None and pause >= self.deadline.left())
+            or (self._permit == "call" and self._opened())
         ):
             raise as_failure(exc)
         self.attempt += 1
         logger.info(
             "transient LLM error (%s: %s); retry %d of %d in %.2fs",
-            type(exc).__name__,
-            exc,
-            self.attempt,
-            self.retry.max_retries,
-            pause,
-        )
+            type(exc).__name__, exc, self.attempt, self.retry.max_retries, pause,
+        )  # fmt: skip
         return pause
+
+    def _opened(self) -> bool:
+        return self.breaker is not None and self.breaker.state == "open"
 
 
 def _stop_rule(llm: Any, options: CallOptions) -> tuple[Callable[[str], bool] | None, bool]:
@@ -422,19 +411,20 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
     streamed = enough is not None and not itself  # a client's timeout is per read
-    with _Attempts(options.retry, options.breaker, options.timeout) as attempts:
+    with _Attempts(options) as attempts:
         while True:
             budget = attempts.budget()
             try:
                 if budget is None or (not streamed and times_itself(llm, budget)):
                     response = call()  # in this thread: no hand-off
                 else:
-                    response = _on_worker(llm, call, budget, attempts)
+                    response = door.run(
+                        call, on=llm, deadline=attempts.deadline, what=_WHAT, cancellable=True
+                    )
                 break
             except BaseException as exc:
                 time.sleep(attempts.failed(exc))
-    _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
-    return _reply(llm, prompt, response, options.prices)
+    return _replied(llm, prompt, options, response)
 
 
 CALLERS = DaemonWorkers(max_busy=256, name="hyde-plus-llm-call", cap="callers")
@@ -494,46 +484,41 @@ def _blocking_call(
     return partial(_told, enough, call) if itself else call
 
 
-def _on_worker(
-    llm: LLM, call: Callable[[], CompletionResponse], budget: float, attempts: _Attempts
-) -> CompletionResponse:
-    """``call()`` on the LLM's worker threads (`door.run`); `LLMTimeoutError` after
-    ``budget`` seconds (the attempt is told through `door.CANCEL_EVENT`)."""
-    deadline = door.Deadline.start(budget)
-    try:
-        return door.run(call, on=llm, deadline=deadline, what=_WHAT, cancellable=True)
-    except door.ModelTimeoutError:
-        raise attempts.timed_out() from None
-
-
 _WHAT = "the LLM"
 
 
 async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
     """The async twin of `complete`: an LLM with native async runs ``llm.acomplete``
-    (as a task dropped at the deadline); one that only implements the blocking
-    ``complete`` runs it through `door.arun` (never on the loop nor its default
-    executor). The task's own cancellation propagates; any other failure raises an
-    ``Exception``."""
+    (as a task dropped at the deadline: `door.await_within`, so our deadline is never
+    confused with a ``TimeoutError`` the provider raised); one that only implements
+    the blocking ``complete`` runs it through `door.arun` (never on the loop nor its
+    default executor). The task's own cancellation propagates; any other failure
+    raises an ``Exception``."""
     if _needs_loading(llm):
         await door.arun(getattr(llm, "warm_up"), on=llm, what=_WHAT)  # noqa: B009
-    native = has_native_async(llm)
     kwargs = options.llm_kwargs()
     enough, itself = _stop_rule(llm, options)
-    call = None if native else _blocking_call(llm, prompt, kwargs, enough, itself)
-    with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
+    call = None if has_native_async(llm) else _blocking_call(llm, prompt, kwargs, enough, itself)
+    with _Attempts(options, in_task=True) as attempts:
         while True:
-            budget = attempts.budget()
+            attempts.budget()
+            deadline = attempts.deadline
             try:
                 if call is not None:  # on a worker thread, abandoned at the deadline
-                    deadline = door.Deadline.start(budget)
-                    response = await _aon_worker(llm, call, deadline, attempts)
+                    response = await door.arun(
+                        call, on=llm, deadline=deadline, what=_WHAT, cancellable=True
+                    )
                 else:
                     coro = _native(llm, prompt, kwargs, enough, itself)
-                    response = await _wait_within(coro, budget, attempts)
+                    response = await door.await_within(coro, deadline, _WHAT)
                 break
             except BaseException as exc:
                 await asyncio.sleep(attempts.failed(exc))
+    return _replied(llm, prompt, options, response)
+
+
+def _replied(llm: LLM, prompt: str, options: CallOptions, response: CompletionResponse) -> LLMReply:
+    """The reply of a call that answered, told to the host's handlers first."""
     _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
     return _reply(llm, prompt, response, options.prices)
 
@@ -547,32 +532,6 @@ def _native(
         return _astream_until(llm, prompt, kwargs, enough)
     coro = llm.acomplete(prompt, **kwargs)
     return _atold(enough, coro) if itself else coro
-
-
-async def _aon_worker(
-    llm: LLM, call: Callable[[], CompletionResponse], deadline: door.Deadline | None,
-    attempts: _Attempts,
-) -> CompletionResponse:  # fmt: skip
-    """`_on_worker` on the async path: the loop never blocks, nor uses its executor."""
-    try:
-        return await door.arun(call, on=llm, deadline=deadline, what=_WHAT, cancellable=True)
-    except door.ModelTimeoutError:
-        raise attempts.timed_out() from None
-
-
-async def _wait_within(
-    coro: Awaitable[CompletionResponse], budget: float | None, attempts: _Attempts
-) -> CompletionResponse:
-    """A native attempt as a task, waited on for ``budget`` seconds and dropped then
-    (`door.run_as_task`: one that swallows its cancellation is never waited for, nor
-    its late reply used), so our deadline is never confused with a ``TimeoutError``
-    the provider raised."""
-    if budget is None:
-        return await coro
-    task = await door.run_as_task(coro, budget)
-    if task is None:
-        raise attempts.timed_out()
-    return task.result()
 
 
 def _told(enough: Callable[[str], bool] | None, call: Callable[[], T]) -> T:

@@ -63,11 +63,12 @@ class Cap:
             return sum(len(pool._line) for pool in self.lines)
 
 
-CAPS = {"llm": Cap(256), "search": Cap(256), "callers": Cap(256)}
+CAPS = {"llm": Cap(256), "search": Cap(256), "callers": Cap(256), "streams": Cap(256)}
 """The process-wide caps: ``"llm"`` for every model, cache and store call;
 ``"search"`` for the unbounded searches of the question (a plain retriever's have no
 timeout), so hung searches never hold a slot an LLM call needs; ``"callers"`` for the
-threads that only wait on other calls (`llm.complete_all`)."""
+threads that only wait on other calls (`llm.complete_all`); ``"streams"`` for the
+producers of streamed replies (`streaming`), whose consumers may hold an ``"llm"`` slot."""
 
 _lock = threading.Lock()  # guards every pool's places and line, the caps, the idle threads
 _idle: list[queue.SimpleQueue[Job | None]] = []
