@@ -107,13 +107,15 @@ class Job:
     """One call on a worker: ``done`` is set once it returned or raised."""
 
     __slots__ = (
-        *("abandoned", "call", "done", "error", "on_done", "overrun_at", "pool"),
+        *("abandoned", "call", "cap", "done", "error", "on_done", "overrun_at", "pool"),
         *("started_at", "submitted_at", "value"),
     )
 
     def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None,
                  budget: float | None, pool: DaemonWorkers) -> None:  # fmt: skip
         self.call, self.on_done, self.pool = call, on_done, pool
+        self.cap = CAPS[pool.cap]
+        """The cap whose slot it holds while it runs."""
         self.done = Signal()
         self.abandoned = False
         self.submitted_at = time.monotonic()
@@ -184,7 +186,7 @@ class DaemonWorkers:
         ``what`` names the callee in a `WorkersBusyError`."""
         job = Job(partial(contextvars.copy_context().run, call), on_done, budget, self)
         with _lock:
-            cap = CAPS[self.cap]
+            cap = job.cap
             full = len(self._running) >= self.max_busy
             if full or len(cap.holders) >= cap.limit:
                 ahead = self._running if full else cap.holders
@@ -197,8 +199,7 @@ class DaemonWorkers:
                 self._line.queue(job)
                 cap.lines[self] = None
                 return job
-            self._running.add(job)
-            cap.holders.add(job)
+            self._hold(job, cap)
             inbox = _idle.pop() if _idle else None
         if inbox is not None:
             inbox.put(job)
@@ -212,13 +213,16 @@ class DaemonWorkers:
             raise
         return job
 
+    def _hold(self, job: Job, cap: Cap) -> None:
+        self._running.add(job)
+        cap.holders.add(job)
+
     def _take(self, cap: Cap) -> Job | None:
         """The first call in line still wanted, now running, when there is room."""
         while self._line and len(self._running) < self.max_busy and len(cap.holders) < cap.limit:
             job = self._line.popleft()
             if not job.abandoned:
-                self._running.add(job)
-                cap.holders.add(job)
+                self._hold(job, cap)
                 return job
         if not self._line:
             cap.lines.pop(self, None)
@@ -244,8 +248,7 @@ def idle() -> int:
 def _following(finished: Job) -> Job | None:
     """Free ``finished``'s places; the call that takes them (its pool's next, else
     the oldest waiting for a slot of its cap), now running. Called under `_lock`."""
-    pool = finished.pool
-    cap = CAPS[pool.cap]
+    pool, cap = finished.pool, finished.cap
     pool._running.discard(finished)
     cap.holders.discard(finished)
     for candidate in (pool, *cap.lines):
