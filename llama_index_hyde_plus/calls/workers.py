@@ -251,6 +251,8 @@ def _following(finished: Job) -> Job | None:
     pool, cap = finished.pool, finished.cap
     pool._running.discard(finished)
     cap.holders.discard(finished)
+    if not cap.lines:  # nobody waits: the fast path
+        return None
     for candidate in (pool, *cap.lines):
         job = candidate._take(cap)
         if job is not None:
