@@ -32,8 +32,9 @@ from .reliability import LLMNotCalledError
 MAX_BUSY = 32
 """Calls one pool may run at once: they wait on a network or a local model, not this
 CPU; more than one API key is usually allowed, few enough for a hung provider."""
-MAX_IDLE = 16
-"""Idle threads kept waiting for a call."""
+MAX_IDLE = 64
+"""Idle threads kept waiting for a call (shared by every pool: a burst of concurrent
+searches reuses them rather than starting threads)."""
 IDLE_EXIT_S = 30.0
 """Seconds an idle thread waits for a call before it exits."""
 MAX_POOLS = 64
