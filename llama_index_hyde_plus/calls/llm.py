@@ -326,11 +326,10 @@ class _Attempts:
     def budget(self) -> float | None:
         """Seconds the next attempt may take (None: unbounded); raises `LLMTimeoutError`
         when the time is up."""
-        if self.deadline is None:
-            return None
-        if not self.deadline.left():
+        left = None if self.deadline is None else self.deadline.left()
+        if left == 0:
             raise self.timed_out()
-        return self.deadline.left()
+        return left
 
     def timed_out(self) -> LLMTimeoutError:
         return LLMTimeoutError(f"LLM did not answer within {self.timeout:g}s")
