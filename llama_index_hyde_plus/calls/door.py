@@ -298,12 +298,13 @@ async def await_within(awaitable: Awaitable[T], deadline: Deadline | None, what:
     own ``TimeoutError`` keeps its message."""
     if deadline is None:
         return await awaitable
-    if not deadline.left():
+    left = deadline.left()
+    if not left:
         close = getattr(awaitable, "close", None)
         if callable(close):
             close()  # never awaited: no warning
         raise deadline.overrun(what)
-    task = await run_as_task(awaitable, deadline.left())
+    task = await run_as_task(awaitable, left)
     if task is None:
         raise deadline.overrun(what)
     return task.result()

@@ -299,7 +299,9 @@ class _Attempts:
     def __init__(self, options: CallOptions, *, in_task: bool = False) -> None:
         self.retry, self.breaker, self.timeout = options.retry, options.breaker, options.timeout
         self.in_task = in_task
-        self.deadline = door.Deadline.start(self.timeout)
+        self.deadline: door.Deadline | None = None  # `Deadline.start`, one call fewer
+        if self.timeout is not None:
+            self.deadline = door.Deadline(self.timeout, time.monotonic() + self.timeout)
         self.attempt = 0
         self._permit: Permit | None = None
         self._counted = False  # an attempt failed in a way the breaker counts
@@ -423,7 +425,8 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
                 break
             except BaseException as exc:
                 time.sleep(attempts.failed(exc))
-    return _replied(llm, prompt, options, response)
+    _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
+    return _reply(llm, prompt, response, options.prices)
 
 
 CALLERS = DaemonWorkers(max_busy=256, name="hyde-plus-llm-call", cap="callers")
@@ -513,11 +516,6 @@ async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> L
                 break
             except BaseException as exc:
                 await asyncio.sleep(attempts.failed(exc))
-    return _replied(llm, prompt, options, response)
-
-
-def _replied(llm: LLM, prompt: str, options: CallOptions, response: CompletionResponse) -> LLMReply:
-    """The reply of a call that answered, told to the host's handlers first."""
     _report_to_host(_handlers_to_tell(llm, options, response), prompt, response)
     return _reply(llm, prompt, response, options.prices)
 
