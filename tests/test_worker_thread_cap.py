@@ -88,6 +88,20 @@ def test_a_queued_call_inherits_the_slot_of_the_call_before_it(
     assert not workers.CAPS["llm"].holders  # every slot comes back once the calls end
 
 
+def test_a_call_gives_its_slot_back_to_the_cap_it_took_it_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken = workers.Cap(2)
+    monkeypatch.setitem(workers.CAPS, "llm", taken)
+    release = threading.Event()
+    job = workers.DaemonWorkers().submit(lambda: release.wait(10))
+    assert taken.holders == {job}
+    monkeypatch.setitem(workers.CAPS, "llm", workers.Cap(2))  # replaced while it runs
+    release.set()
+    assert job.done.wait(10)
+    assert not taken.holders  # its slot is free again, not leaked
+
+
 class _BlockingLLM(CustomLLM):
     """An LLM with only a blocking ``complete`` (the async path runs it on a worker
     thread too), hung until ``release`` is set."""
