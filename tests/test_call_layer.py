@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -112,7 +113,7 @@ def own_pool(monkeypatch: pytest.MonkeyPatch) -> LLMPools:
 
 def opened(breaker: CircuitBreaker) -> CircuitBreaker:
     """``breaker`` opened by one failure, its cooldown already over (half-open)."""
-    breaker.record_failure()
+    breaker.settle("call", "failure")  # one failed call
     time.sleep(breaker.cooldown_s + 0.02)
     assert breaker.state == "half-open"
     return breaker
@@ -309,12 +310,14 @@ def test_llm_objects_of_one_provider_share_a_pool_and_idle_workers_exit(
     assert pools.for_llm(ScriptedLLM(model_name="a")) is pool  # built per request: one pool
     assert pools.for_llm(ScriptedLLM(model_name="b")) is not pool and len(pools) == 2
     monkeypatch.setattr(_workers, "IDLE_EXIT_S", 0.05)
-    jobs = [pool.submit(lambda: time.sleep(0.05)) for _ in range(4)]
+    ran: set[threading.Thread] = set()
+    jobs = [pool.submit(lambda: (ran.add(threading.current_thread()), time.sleep(0.05)))]
+    jobs += [pool.submit(lambda: time.sleep(0.05)) for _ in range(3)]
     assert all(job.done.wait(5) for job in jobs)
     deadline = time.monotonic() + 5
-    while pool.idle() and time.monotonic() < deadline:
+    while any(t.is_alive() for t in ran) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert pool.idle() == 0  # the idle workers exited
+    assert not any(t.is_alive() for t in ran)  # the idle worker exited
     assert pool.submit(lambda: "again").done.wait(5)  # and new ones start when needed
 
 
@@ -526,15 +529,15 @@ async def test_our_deadline_is_reported_only_when_it_expired() -> None:
 
 
 async def test_the_deadline_of_a_native_call_tells_the_two_timeouts_apart() -> None:
-    attempts = _llm._Attempts(NO_RETRY, None, 0.05)
+    once = CallOptions(timeout=0.05, retry=NO_RETRY)
     with pytest.raises(LLMTimeoutError):
-        await _llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 0.05, attempts)
+        await acomplete(ScriptedLLM([HANG]), "p", once)
     with pytest.raises(TimeoutError, match="provider") as info:
-        await _llm._wait_within(ScriptedLLM([TimeoutError("provider")]).acomplete("p"), 5, attempts)
+        await acomplete(ScriptedLLM([TimeoutError("provider")]), "p", replace(once, timeout=5))
     assert not isinstance(info.value, LLMTimeoutError)
-    reply = await _llm._wait_within(ScriptedLLM(["ok"]).acomplete("p"), 5, attempts)
+    reply = await acomplete(ScriptedLLM(["ok"]), "p", replace(once, timeout=5))
     assert reply.text == "ok"
-    task = asyncio.create_task(_llm._wait_within(ScriptedLLM([HANG]).acomplete("p"), 5, attempts))
+    task = asyncio.create_task(acomplete(ScriptedLLM([HANG]), "p", replace(once, timeout=5)))
     await asyncio.sleep(0.02)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

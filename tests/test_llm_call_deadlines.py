@@ -36,8 +36,8 @@ def own_pools(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def four_thread_slots(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At most 4 calls running in the process (`MAX_THREADS` is 256)."""
-    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(4))
+    """At most 4 calls running in the process (the ``"llm"`` cap is 256)."""
+    monkeypatch.setitem(_workers.CAPS, "llm", _workers.Cap(4))
 
 
 def _healthy(name: str, delay: float = 0.2) -> ScriptedLLM:

@@ -81,9 +81,8 @@ async def test_cancelled_callers_never_make_the_process_slots_look_hung(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # the same at process scope: cancelled healthy calls holding every slot of
-    # MAX_THREADS made any other pool's call fail at once
-    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(2))
-    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine())
+    # the process's cap made any other pool's call fail at once
+    monkeypatch.setitem(_workers.CAPS, "llm", _workers.Cap(2))
     gate = threading.Event()
     for k in range(2):
         await _cancelled_while_running(_workers.DaemonWorkers(name=f"embedder-{k}"), gate)
@@ -165,8 +164,7 @@ def test_abandoned_calls_never_pile_up_in_the_process_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # the line for the process's slots dropped only abandoned calls at its head
-    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(1))
-    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine())
+    monkeypatch.setitem(_workers.CAPS, "llm", _workers.Cap(1))
     hang = threading.Event()
     try:
         _workers.DaemonWorkers(name="hog").submit(hang.wait, budget=30.0)
@@ -174,7 +172,7 @@ def test_abandoned_calls_never_pile_up_in_the_process_line(
         first = pool.submit(lambda: "first", budget=30.0)  # wanted: at the head
         for _ in range(500):
             pool.submit(lambda: None, budget=30.0).abandon()
-        assert _workers._slot_line.waiting() <= 2 * _workers.MAX_BUSY
+        assert _workers.CAPS["llm"].waiting() <= 2 * _workers.MAX_BUSY
     finally:
         hang.set()
     assert first.done.wait(10) and first.result() == "first"

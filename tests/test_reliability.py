@@ -156,12 +156,13 @@ def test_breaker_probes_after_cooldown_and_closes_on_success() -> None:
 
 def test_half_open_lets_one_probe_through_at_a_time() -> None:
     breaker = CircuitBreaker(failure_threshold=1, cooldown_s=0.05)
-    breaker.record_failure()
+    breaker.settle("call", "failure")
     time.sleep(0.06)
-    assert breaker.allow() is True
-    assert breaker.allow() is False
-    breaker.record_success()
-    assert breaker.state == "closed" and breaker.allow()
+    probe = breaker.acquire()
+    assert probe == "probe"
+    assert breaker.acquire() is None
+    breaker.settle(probe, "success")
+    assert breaker.state == "closed" and breaker.acquire() == "call"
 
 
 async def test_hanging_provider_opens_the_breaker_and_searches_get_fast() -> None:

@@ -56,8 +56,7 @@ async def test_hung_question_searches_hold_no_slot_of_the_process(
     over a store that hangs, given up by the app: their question searches hold none of
     the process's thread slots (here 8), so a healthy transform of another provider is
     still answered (before: it waited its whole timeout for a slot and fell back)."""
-    monkeypatch.setattr(_workers, "_thread_slots", threading.BoundedSemaphore(8))
-    monkeypatch.setattr(_workers, "_slot_line", _workers._SlotLine())
+    monkeypatch.setitem(_workers.CAPS, "llm", _workers.Cap(8))
     _HungQuestion.gate.clear()
     try:
         for _ in range(12):
@@ -279,11 +278,11 @@ async def test_hung_question_searches_of_many_retrievers_share_one_thread_cap(
 ) -> None:
     """Retrievers built per request over a store whose searches hang each
     grew threads of their own with no process-wide bound (6 of 6 searches ran at once
-    here); now they share `MAX_SEARCH_THREADS` (here 4): the rest wait in line, a
+    here); now they share the ``"search"`` cap (here 4): the rest wait in line, a
     cancelled one leaves it and never runs, an LLM call is not held up, and once the
     store answers every search left completes."""
-    monkeypatch.setattr(_workers, "_search_slots", threading.BoundedSemaphore(4))
-    monkeypatch.setattr(_workers, "_search_line", _workers._SlotLine())
+    searches = _workers.Cap(4)
+    monkeypatch.setitem(_workers.CAPS, "search", searches)
     _HungQuestion.gate.clear()
     _HungQuestion.started = 0
     try:
@@ -292,7 +291,7 @@ async def test_hung_question_searches_of_many_retrievers_share_one_thread_cap(
         tasks = [asyncio.create_task(r.aretrieve(Q)) for r in retrievers]
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if _HungQuestion.started >= 4 and _workers._search_line.waiting() >= 2:
+            if _HungQuestion.started >= 4 and searches.waiting() >= 2:
                 break
         assert _HungQuestion.started == 4  # the cap, not 6
         tasks[-1].cancel()  # a waiter given up by its app

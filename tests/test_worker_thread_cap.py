@@ -20,13 +20,11 @@ from .conftest import Q
 
 @pytest.fixture
 def few_thread_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """At most 4 worker threads in the process (the cap is `MAX_THREADS`), and an
-    event that ends the hung calls."""
-    monkeypatch.setattr(workers, "_thread_slots", threading.BoundedSemaphore(4), raising=False)
-    # a line of its own: calls of earlier tests still running (healthy, within their
-    # time) would otherwise count among the holders, and a cap is refused at once only
-    # when every holder overran
-    monkeypatch.setattr(workers, "_slot_line", workers._SlotLine(), raising=False)
+    """At most 4 calls running in the process (the ``"llm"`` cap is 256), and an
+    event that ends the hung calls. A cap of its own: calls of earlier tests still
+    running (healthy, within their time) would otherwise count among the holders, and
+    a call is refused at once only when every holder overran."""
+    monkeypatch.setitem(workers.CAPS, "llm", workers.Cap(4))
     release = threading.Event()
     yield release
     release.set()
@@ -50,17 +48,15 @@ def test_hung_calls_over_many_pools_hold_at_most_the_global_thread_cap(
         pools[3].submit(lambda: 1)
 
 
-def test_a_thread_slot_is_free_again_once_its_worker_exits(
-    few_thread_slots: threading.Event,
+def test_a_thread_slot_is_free_again_once_its_call_returns(
+    few_thread_slots: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pools = [workers.DaemonWorkers(max_busy=1, max_idle=0) for _ in range(4)]
+    monkeypatch.setattr(workers, "MAX_IDLE", 0)  # and its thread exits
+    pools = [workers.DaemonWorkers(max_busy=1) for _ in range(4)]
     jobs = [pool.submit(lambda: few_thread_slots.wait(60)) for pool in pools]
     few_thread_slots.set()
     assert all(job.done.wait(10) for job in jobs)
-    for _ in range(100):  # the workers exit (max_idle=0) and give their slots back
-        if workers._thread_slots._value == 4:  # type: ignore[attr-defined]
-            break
-        threading.Event().wait(0.05)
+    assert not workers.CAPS["llm"].holders
     job = workers.DaemonWorkers().submit(lambda: 7)
     assert job.done.wait(10) and job.result() == 7
 
@@ -72,7 +68,7 @@ def test_idle_workers_of_healthy_pools_never_lock_another_pool_out(
     pools = [workers.DaemonWorkers(max_busy=2) for _ in range(4)]
     done = [pool.submit(lambda: 1) for pool in pools]
     assert all(job.done.wait(10) for job in done)
-    assert all(pool.idle() == 1 for pool in pools)  # 4 idle threads, the cap is 4
+    assert workers.idle() >= 1 and not workers.CAPS["llm"].holders  # idle: no slot
     job = workers.DaemonWorkers().submit(lambda: 7)
     assert job.done.wait(10) and job.result() == 7
 
@@ -89,11 +85,21 @@ def test_a_queued_call_inherits_the_slot_of_the_call_before_it(
     few_thread_slots.set()
     assert all(j.done.wait(10) for j in (first, queued, past_cap, *others))
     assert queued.result() == 8 and past_cap.result() == 9
-    for _ in range(100):  # every slot comes back once the calls end
-        if workers._thread_slots._value == 4:  # type: ignore[attr-defined]
-            break
-        threading.Event().wait(0.05)
-    assert workers._thread_slots._value == 4  # type: ignore[attr-defined]
+    assert not workers.CAPS["llm"].holders  # every slot comes back once the calls end
+
+
+def test_a_call_gives_its_slot_back_to_the_cap_it_took_it_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken = workers.Cap(2)
+    monkeypatch.setitem(workers.CAPS, "llm", taken)
+    release = threading.Event()
+    job = workers.DaemonWorkers().submit(lambda: release.wait(10))
+    assert taken.holders == {job}
+    monkeypatch.setitem(workers.CAPS, "llm", workers.Cap(2))  # replaced while it runs
+    release.set()
+    assert job.done.wait(10)
+    assert not taken.holders  # its slot is free again, not leaked
 
 
 class _BlockingLLM(CustomLLM):

@@ -11,7 +11,7 @@ threads a call takes is decided here only, by ``kind``:
 - ``"store"``: the object's own, for a cache, a vector store, a retriever's searches
   with generated text, a transform run on a thread;
 - ``"search"``: the object's own, under the cap of unbounded searches
-  (`workers.MAX_SEARCH_THREADS`): a retriever's searches of the question.
+  (`workers.CAPS`): a retriever's searches of the question.
 
 ``skip_when_down``: the one rule for a failing dependency (`Outage`): a call that
 overran leaves it skipped (`DependencyDownError`) for `timeouts.DOWN_RETRY_S`, then
@@ -298,12 +298,13 @@ async def await_within(awaitable: Awaitable[T], deadline: Deadline | None, what:
     own ``TimeoutError`` keeps its message."""
     if deadline is None:
         return await awaitable
-    if not deadline.left():
+    left = deadline.left()
+    if not left:
         close = getattr(awaitable, "close", None)
         if callable(close):
             close()  # never awaited: no warning
         raise deadline.overrun(what)
-    task = await run_as_task(awaitable, deadline.left())
+    task = await run_as_task(awaitable, left)
     if task is None:
         raise deadline.overrun(what)
     return task.result()

@@ -41,7 +41,7 @@ from .reliability import (
     is_transient,
     propagates,
 )
-from .timeouts import is_local
+from .timeouts import is_local, with_slot_wait
 from .workers import DaemonWorkers, Job
 
 __all__ = ["LLMReply", "LLMTimeoutError", "acomplete", "complete", "complete_all"]
@@ -297,17 +297,12 @@ class _Attempts:
     failures are retried per ``retry``; ``timeout`` bounds the whole call, retries
     included. ``in_task``: the attempts run on the async path (see `propagates`)."""
 
-    def __init__(
-        self,
-        retry: RetryPolicy,
-        breaker: CircuitBreaker | None,
-        timeout: float | None,
-        *,
-        in_task: bool = False,
-    ) -> None:
-        self.retry, self.breaker, self.timeout = retry, breaker, timeout
+    def __init__(self, options: CallOptions, *, in_task: bool = False) -> None:
+        self.retry, self.breaker, self.timeout = options.retry, options.breaker, options.timeout
         self.in_task = in_task
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.deadline: door.Deadline | None = None  # `Deadline.start`, one call fewer
+        if self.timeout is not None:
+            self.deadline = door.Deadline(self.timeout, time.monotonic() + self.timeout)
         self.attempt = 0
         self._permit: Permit | None = None
         self._counted = False  # an attempt failed in a way the breaker counts
@@ -325,26 +320,19 @@ class _Attempts:
         permit, self._permit = self._permit, None
         if self.breaker is None or permit is None:
             return
-        outcome: Outcome
-        if exc is None:
-            outcome = "success"
-        elif propagates(exc, in_task=self.in_task):
-            outcome = "released"
-        elif self._counted or counts_against_provider(exc):
+        outcome: Outcome = "success" if exc is None else "released"
+        counted = exc is not None and (self._counted or counts_against_provider(exc))
+        if counted and not propagates(exc, in_task=self.in_task):  # type: ignore[arg-type]
             outcome = "failure"
-        else:
-            outcome = "released"
         self.breaker.settle(permit, outcome)
 
     def budget(self) -> float | None:
         """Seconds the next attempt may take (None: unbounded); raises `LLMTimeoutError`
         when the time is up."""
-        if self.deadline is None:
-            return None
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
+        left = None if self.deadline is None else self.deadline.left()
+        if left == 0:
             raise self.timed_out()
-        return remaining
+        return left
 
     def timed_out(self) -> LLMTimeoutError:
         return LLMTimeoutError(f"LLM did not answer within {self.timeout:g}s")
@@ -353,30 +341,32 @@ class _Attempts:
         """The pause before the next attempt, after ``exc``. Raises ``exc`` itself when
         it must propagate (`propagates`); else, when it is not worth retrying (not
         transient, retries or time used up, or the breaker opened meanwhile), the
-        failure as an ``Exception``: a non-Exception error from the provider
-        (gevent's ``Timeout``...) becomes an `LLMCallError`."""
+        failure as an ``Exception``: our deadline (the door's `ModelTimeoutError`) as
+        `LLMTimeoutError`, a non-Exception error from the provider (gevent's
+        ``Timeout``...) as an `LLMCallError`."""
         if propagates(exc, in_task=self.in_task):
             raise exc
+        if isinstance(exc, door.ModelTimeoutError):
+            exc = self.timed_out()
         if counts_against_provider(exc):
             self._counted = True
         pause = self.retry.delay(self.attempt)
         if (
             self.attempt >= self.retry.max_retries
             or not is_transient(exc)
-            or (self.deadline is not None and time.monotonic() + pause >= self.deadline)
-            or (self._permit == "call" and self.breaker is not None and self.breaker.is_open())
+            or (self.deadline is not None and pause >= self.deadline.left())
+            or (self._permit == "call" and self._opened())
         ):
             raise as_failure(exc)
         self.attempt += 1
         logger.info(
             "transient LLM error (%s: %s); retry %d of %d in %.2fs",
-            type(exc).__name__,
-            exc,
-            self.attempt,
-            self.retry.max_retries,
-            pause,
-        )
+            type(exc).__name__, exc, self.attempt, self.retry.max_retries, pause,
+        )  # fmt: skip
         return pause
+
+    def _opened(self) -> bool:
+        return self.breaker is not None and self.breaker.state == "open"
 
 
 def _stop_rule(llm: Any, options: CallOptions) -> tuple[Callable[[str], bool] | None, bool]:
@@ -423,14 +413,16 @@ def complete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply
         # loading a local model is not answering: it happens before the clock starts
         getattr(llm, "warm_up")()  # noqa: B009
     streamed = enough is not None and not itself  # a client's timeout is per read
-    with _slot(llm), _Attempts(options.retry, options.breaker, options.timeout) as attempts:
+    with _slot(llm), _Attempts(options) as attempts:
         while True:
             budget = attempts.budget()
             try:
                 if budget is None or (not streamed and times_itself(llm, budget)):
                     response = call()  # in this thread: no hand-off
                 else:
-                    response = _on_worker(llm, call, budget, attempts)
+                    response = door.run(
+                        call, on=llm, deadline=attempts.deadline, what=_WHAT, cancellable=True
+                    )
                 break
             except BaseException as exc:
                 time.sleep(attempts.failed(exc))
@@ -452,22 +444,22 @@ def _aslot(llm: Any) -> AbstractAsyncContextManager[object]:
     return take() if callable(take) else nullcontext()
 
 
-#: The threads `complete_all` runs its calls' retry loops on (each waits on `door.pool`
-#: at most until its deadline, so there is no cap, and they take no slot of the
-#: process's thread cap: the calls they wait for do).
-CALLERS = DaemonWorkers(max_busy=None, name="hyde-plus-llm-call", cap=None)
+CALLERS = DaemonWorkers(max_busy=256, name="hyde-plus-llm-call", cap="callers")
+"""The threads `complete_all` runs its calls' retry loops on (they wait on the LLM's
+pool, so they take slots of a cap of their own)."""
 
 
 def complete_all(
     llm: LLM, prompt: str, options: CallOptions, n: int
 ) -> list[LLMReply | BaseException]:
     """``n`` blocking completions at once, as the async path gathers them: each is a
-    `complete` (its own retries, all with the same deadline since they start together)
-    and the list holds, in order, each reply or what its call raised. The first runs in
-    the caller's thread, the others on `CALLERS`; a lazily loaded model is loaded once,
-    before any starts."""
+    `complete` (its own retries, all under one deadline, which a model that hands out
+    slots lengthens by its wait for one) and the list holds, in order, each reply or
+    what its call raised. The first runs in the caller's thread, the
+    others on `CALLERS`; a lazily loaded model is loaded once, before any starts."""
     if _needs_loading(llm):
         getattr(llm, "warm_up")()  # noqa: B009
+    deadline = door.Deadline.start(with_slot_wait(llm, options.timeout))
     jobs = [_caller(partial(complete, llm, prompt, options)) for _ in range(n - 1)]
     outcomes: list[LLMReply | BaseException] = []
     try:
@@ -475,15 +467,18 @@ def complete_all(
     except Exception as exc:
         outcomes.append(exc)
     for job in jobs:
-        if isinstance(job, BaseException):
-            outcomes.append(job)
-            continue
-        job.done.wait()
+        if isinstance(job, Job) and not job.done.wait(_left(deadline)):
+            job.abandon()  # it waited in line for a thread: it ends by itself
+            job = LLMTimeoutError(f"LLM did not answer within {options.timeout:g}s")
         try:
-            outcomes.append(job.result())
+            outcomes.append(job.result() if isinstance(job, Job) else job)
         except BaseException as exc:
             outcomes.append(exc)
     return outcomes
+
+
+def _left(deadline: door.Deadline | None) -> float | None:
+    return None if deadline is None else deadline.left()
 
 
 def _caller(call: Callable[[], LLMReply]) -> Job | Exception:
@@ -507,44 +502,34 @@ def _blocking_call(
     return partial(_told, enough, call) if itself else call
 
 
-def _on_worker(
-    llm: LLM, call: Callable[[], CompletionResponse], budget: float, attempts: _Attempts
-) -> CompletionResponse:
-    """``call()`` on the LLM's worker threads (`door.run`); `LLMTimeoutError` after
-    ``budget`` seconds (the attempt is told through `door.CANCEL_EVENT`)."""
-    deadline = door.Deadline.start(budget)
-    try:
-        return door.run(call, on=llm, deadline=deadline, what=_WHAT, cancellable=True)
-    except door.ModelTimeoutError:
-        raise attempts.timed_out() from None
-
-
 _WHAT = "the LLM"
 
 
 async def acomplete(llm: LLM, prompt: str, options: CallOptions = DEFAULTS) -> LLMReply:
     """The async twin of `complete`: an LLM with native async runs ``llm.acomplete``
-    (as a task dropped at the deadline); one that only implements the blocking
-    ``complete`` runs it through `door.arun` (never on the loop nor its default
-    executor). The task's own cancellation propagates; any other failure raises an
-    ``Exception``."""
+    (as a task dropped at the deadline: `door.await_within`, so our deadline is never
+    confused with a ``TimeoutError`` the provider raised); one that only implements
+    the blocking ``complete`` runs it through `door.arun` (never on the loop nor its
+    default executor). The task's own cancellation propagates; any other failure
+    raises an ``Exception``."""
     if _needs_loading(llm):
         await door.arun(getattr(llm, "warm_up"), on=llm, what=_WHAT)  # noqa: B009
-    native = has_native_async(llm)
     kwargs = options.llm_kwargs()
     enough, itself = _stop_rule(llm, options)
-    call = None if native else _blocking_call(llm, prompt, kwargs, enough, itself)
+    call = None if has_native_async(llm) else _blocking_call(llm, prompt, kwargs, enough, itself)
     async with _aslot(llm):
-        with _Attempts(options.retry, options.breaker, options.timeout, in_task=True) as attempts:
+        with _Attempts(options, in_task=True) as attempts:
             while True:
-                budget = attempts.budget()
+                attempts.budget()
+                deadline = attempts.deadline
                 try:
                     if call is not None:  # on a worker thread, abandoned at the deadline
-                        deadline = door.Deadline.start(budget)
-                        response = await _aon_worker(llm, call, deadline, attempts)
+                        response = await door.arun(
+                            call, on=llm, deadline=deadline, what=_WHAT, cancellable=True
+                        )
                     else:
                         coro = _native(llm, prompt, kwargs, enough, itself)
-                        response = await _wait_within(coro, budget, attempts)
+                        response = await door.await_within(coro, deadline, _WHAT)
                     break
                 except BaseException as exc:
                     await asyncio.sleep(attempts.failed(exc))
@@ -561,32 +546,6 @@ def _native(
         return _astream_until(llm, prompt, kwargs, enough)
     coro = llm.acomplete(prompt, **kwargs)
     return _atold(enough, coro) if itself else coro
-
-
-async def _aon_worker(
-    llm: LLM, call: Callable[[], CompletionResponse], deadline: door.Deadline | None,
-    attempts: _Attempts,
-) -> CompletionResponse:  # fmt: skip
-    """`_on_worker` on the async path: the loop never blocks, nor uses its executor."""
-    try:
-        return await door.arun(call, on=llm, deadline=deadline, what=_WHAT, cancellable=True)
-    except door.ModelTimeoutError:
-        raise attempts.timed_out() from None
-
-
-async def _wait_within(
-    coro: Awaitable[CompletionResponse], budget: float | None, attempts: _Attempts
-) -> CompletionResponse:
-    """A native attempt as a task, waited on for ``budget`` seconds and dropped then
-    (`door.run_as_task`: one that swallows its cancellation is never waited for, nor
-    its late reply used), so our deadline is never confused with a ``TimeoutError``
-    the provider raised."""
-    if budget is None:
-        return await coro
-    task = await door.run_as_task(coro, budget)
-    if task is None:
-        raise attempts.timed_out()
-    return task.result()
 
 
 def _told(enough: Callable[[str], bool] | None, call: Callable[[], T]) -> T:

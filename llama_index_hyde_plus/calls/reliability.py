@@ -221,8 +221,7 @@ class CircuitBreaker:
     bad request) is ``"released"``: it is not counted, and a released probe frees the
     half-open slot, so the next call probes. Only the probe's own permit settles the
     probe: a call that began before the breaker opened and ends during the probe is
-    counted like any other. `allow`, `record_success` and `record_failure` are the
-    same for a caller that does not keep its permit.
+    counted like any other.
 
     Args:
         failure_threshold: consecutive failures that open the breaker (an int from 1
@@ -315,35 +314,3 @@ class CircuitBreaker:
             elif self._state == "closed" and self._failures >= self.failure_threshold:
                 self._opened_at = time.monotonic()
                 self._set("open", f"{self._failures} consecutive failures")
-
-    def is_open(self) -> bool:
-        """Open and still cooling down: calls are refused."""
-        return self.state == "open"
-
-    def allow(self) -> bool:
-        """May a call go ahead now? In half-open state only one probe at a time."""
-        return self.acquire() is not None
-
-    def _held(self) -> Permit:
-        with self._lock:
-            return "probe" if self._probing or self._state == "half-open" else "call"
-
-    def record_success(self) -> None:
-        """Settle the probe, if one is out, else a call, as a success."""
-        self.settle(self._held(), "success")
-
-    def record_failure(self) -> None:
-        """Settle the probe, if one is out (or due), else a call, as a failure."""
-        self.settle(self._held(), "failure")
-
-    def release(self) -> None:
-        """Free the half-open slot without counting (a probe that gave no verdict)."""
-        self.settle("probe", "released")
-
-    def reset(self) -> None:
-        """Close the breaker, forget its failures and free the probe slot (for tests
-        and operators)."""
-        with self._lock:
-            self._failures = 0
-            self._probing = False
-            self._set("closed", "reset")

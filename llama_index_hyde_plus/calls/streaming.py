@@ -1,22 +1,24 @@
 """Turn a blocking producer that reports text pieces through a callback into a
 generator (or an async generator) that yields each piece as it is produced.
 
-The producer runs in a daemon thread, so a blocking native call (llama.cpp's streamed
-completion) can feed a consumer token by token. The last item is a `Done` carrying the
-producer's return value; a producer's exception is raised in the consumer. When the
-consumer stops early (closes the generator, or its task is cancelled) ``stop`` is set,
-so a producer that watches it can stop working.
+The producer runs on a worker thread (`STREAMS`, under a process-wide cap of its own:
+its consumer may hold a slot of the ``"llm"`` cap), so a blocking native call
+(llama.cpp's streamed completion) can feed a consumer token by token. The last item is
+a `Done` carrying the producer's return value; a producer's exception is raised in the
+consumer. When the consumer stops early (closes the generator, or its task is
+cancelled) ``stop`` is set, so a producer that watches it can stop working.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from .workers import DaemonWorkers
 
 R = TypeVar("R")
 
@@ -33,18 +35,20 @@ class Done(Generic[R]):
     value: R
 
 
-def _start(produce: Producer[R], put: Callable[[tuple[str, Any]], None]) -> None:
-    ctx = contextvars.copy_context()
+STREAMS = DaemonWorkers(max_busy=256, name="hyde-plus-stream", cap="streams")
+"""The threads the producers run on."""
 
+
+def _start(produce: Producer[R], put: Callable[[tuple[str, Any]], None]) -> None:
     def run() -> None:
         try:
-            result = ctx.run(produce, lambda piece: put((_PIECE, piece)))
+            result = produce(lambda piece: put((_PIECE, piece)))
         except BaseException as exc:
             put((_ERROR, exc))
         else:
             put((_DONE, result))
 
-    threading.Thread(target=run, daemon=True, name="hyde-plus-stream").start()
+    STREAMS.submit(run, what="the stream's producer")
 
 
 def _item(kind: str, value: Any) -> str | Done[Any]:

@@ -83,3 +83,14 @@ def describe_timeout(llm: Any, given: float | None = None) -> str:
         return f"{given:g} s per LLM call (--timeout)"
     kind = "local" if is_local(llm) else "remote"
     return f"{timeout_for(llm):g} s per LLM call ({kind} model policy)"
+
+
+def with_slot_wait(llm: Any, timeout: float | None) -> float | None:
+    """``timeout`` plus the wait for a slot of a model that hands them out
+    (`LocalLLM.slot_wait_s`): how long a call's caller may wait for it, since the call's
+    own clock starts once it has a slot. None stays None (no bound)."""
+    try:
+        extra = optional_attr(llm, "slot_wait_s")
+    except Exception:  # an LLM that cannot be resolved hands out no slots
+        extra = None
+    return timeout + extra if timeout is not None and is_number(extra) else timeout

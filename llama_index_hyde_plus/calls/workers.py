@@ -1,14 +1,17 @@
-"""`DaemonWorkers`: a bounded pool of reusable daemon threads for blocking calls that
-may be abandoned (`door` chooses the pool; never the event loop's default executor).
+"""Worker threads for blocking calls that may be abandoned (`door` picks the pool;
+never the event loop's default executor).
 
-Finished workers wait for the next call (at most ``max_idle``, for `IDLE_EXIT_S`)
-rather than exit: starting a thread costs more than a search's orchestration. They
-are daemon threads, so an abandoned call never keeps the interpreter alive. At most
-``max_busy`` calls run at once; one beyond waits in line (FIFO) while its caller
-waits, and one abandoned before it started never runs. An abandoned call counts as
-overrun once its own time (``budget``) is up; only when every running call overran
-(the callee hangs) does a new one fail at once (`WorkersBusyError`). The process-wide
-caps (`MAX_THREADS`, `MAX_SEARCH_THREADS`) work the same way (`_SlotLine`).
+A pool (`DaemonWorkers`, one per provider or object) runs at most ``max_busy`` calls
+at once, and the pools of one `Cap` together at most its ``limit``: a hung provider
+holds its own pool's places, many hung providers at most the cap. A call past either
+waits in its pool's line (FIFO) while its caller waits; one abandoned before it
+started never runs. A call abandoned while it runs keeps its place until it returns,
+and counts as overrun once its own time (``budget``) is up: only when every call in
+the way overran (the callee hangs) does a new one fail at once (`WorkersBusyError`).
+
+The threads are daemon threads (a hung call never keeps the interpreter alive) shared
+by every pool: a finished call's thread runs the next call waiting for the place it
+freed, else waits `IDLE_EXIT_S` for one, so the fast path reuses a thread.
 """
 
 from __future__ import annotations
@@ -19,55 +22,62 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from functools import partial
+from typing import Any
 
 from .._attrs import optional_attr
 from .outage import Outage
 from .reliability import LLMNotCalledError
 
-MAX_POOLS = 64
-"""Pools kept before the idle ones are forgotten (`LLMPools._prune`)."""
-
-IDLE_EXIT_S = 30.0
-"""Seconds an idle worker waits for a call before it exits."""
-
 MAX_BUSY = 32
 """Calls one pool may run at once: they wait on a network or a local model, not this
 CPU; more than one API key is usually allowed, few enough for a hung provider."""
-
-MAX_THREADS = 256
-"""Calls all pools together may run at once: one past it waits in line for a slot
-within its caller's time, and fails at once (`WorkersBusyError`) only when every call
-holding a slot overran, so many hung providers never grow thousands of threads. Idle
-workers, threads that only wait on other pools (``cap=None``) and unbounded searches
-(``cap="search"``) hold none."""
-
-MAX_SEARCH_THREADS = 256
-"""Unbounded blocking searches of the question (a plain retriever's have no timeout)
-all pools may run at once: a cap apart from `MAX_THREADS`, so hung searches never
-hold a slot an LLM call needs; one past it waits in line while its caller waits."""
-
-_E = TypeVar("_E")
-
-_thread_slots = threading.BoundedSemaphore(MAX_THREADS)
-"""One slot per running call, across every `DaemonWorkers` (see `MAX_THREADS`)."""
-
-_search_slots = threading.BoundedSemaphore(MAX_SEARCH_THREADS)
-"""One slot per running unbounded search (see `MAX_SEARCH_THREADS`)."""
+MAX_IDLE = 64
+"""Idle threads kept waiting for a call (shared by every pool: a burst of concurrent
+searches reuses them rather than starting threads)."""
+IDLE_EXIT_S = 30.0
+"""Seconds an idle thread waits for a call before it exits."""
+MAX_POOLS = 64
+"""Pools kept before the idle ones are forgotten (`LLMPools.for_key`)."""
 
 
 class WorkersBusyError(LLMNotCalledError):
-    """Every worker thread holds an overrun call: the callee was not called."""
+    """Every call in the way overran its time: the callee was not called."""
 
 
 class QueuedTooLongError(LLMNotCalledError):
-    """The call spent its time waiting in line for a worker: not the callee's fault,
+    """The call spent its time waiting in line for a thread: not the callee's fault,
     so no breaker counts it."""
 
 
+class Cap:
+    """At most ``limit`` calls of the pools that take its slots run at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.holders: set[Job] = set()
+        self.lines: dict[DaemonWorkers, None] = {}  # pools with calls in line, oldest first
+
+    def waiting(self) -> int:
+        """How many calls wait in line in its pools (abandoned ones included)."""
+        with _lock:
+            return sum(len(pool._line) for pool in self.lines)
+
+
+CAPS = {"llm": Cap(256), "search": Cap(256), "callers": Cap(256), "streams": Cap(256)}
+"""The process-wide caps: ``"llm"`` for every model, cache and store call;
+``"search"`` for the unbounded searches of the question (a plain retriever's have no
+timeout), so hung searches never hold a slot an LLM call needs; ``"callers"`` for the
+threads that only wait on other calls (`llm.complete_all`); ``"streams"`` for the
+producers of streamed replies (`streaming`), whose consumers may hold an ``"llm"`` slot."""
+
+_lock = threading.Lock()  # guards every pool's places and line, the caps, the idle threads
+_idle: list[queue.SimpleQueue[Job | None]] = []
+
+
 class Signal:
-    """A one-shot ``threading.Event`` on a bare lock (no condition variable: a hand-off
-    costs the two thread wake-ups and little else)."""
+    """A one-shot ``threading.Event`` on a bare lock (a hand-off costs the two thread
+    wake-ups and little else)."""
 
     __slots__ = ("_flag", "_lock")
 
@@ -77,11 +87,9 @@ class Signal:
         self._lock.acquire()  # held until set: a waiter blocks on it
 
     def is_set(self) -> bool:
-        """Whether `set` was called."""
         return self._flag
 
     def set(self) -> None:
-        """Wake every waiter, now and later (called once, by the worker)."""
         if not self._flag:
             self._flag = True
             self._lock.release()
@@ -100,38 +108,39 @@ class Job:
     """One call on a worker: ``done`` is set once it returned or raised."""
 
     __slots__ = (
-        *("_error", "_on_done", "_value", "abandoned", "call", "done", "started"),
-        *("submitted_at", "started_at", "slot", "overrun_at"),
+        *("abandoned", "call", "cap", "done", "error", "on_done", "overrun_at", "pool"),
+        *("started_at", "submitted_at", "value"),
     )
 
-    def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None) -> None:
-        self.call = call
+    def __init__(self, call: Callable[[], Any], on_done: Callable[[], object] | None,
+                 budget: float | None, pool: DaemonWorkers) -> None:  # fmt: skip
+        self.call, self.on_done, self.pool = call, on_done, pool
+        self.cap = CAPS[pool.cap]
+        """The cap whose slot it holds while it runs."""
         self.done = Signal()
         self.abandoned = False
-        self.started = False
-        """Whether a worker took it (False: it still waits in line, or never ran)."""
         self.submitted_at = time.monotonic()
         self.started_at: float | None = None
-        self._on_done = on_done
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.slot: threading.Semaphore | None = None
-        """The `MAX_THREADS` slot it holds while it runs (released by its worker)."""
-        self.overrun_at: float | None = None
-        """When the call's own time runs out (its timeout from submission), else when it
-        was abandoned: an abandoned call counts as overrun from then on."""
+        self.overrun_at = None if budget is None else self.submitted_at + budget
+        """When the call's own time runs out, else when it was abandoned."""
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether a thread took it (False: it waits in line, or never ran)."""
+        return self.started_at is not None
 
     def result(self) -> Any:
         """What the call returned; what it raised is raised (call when ``done``)."""
-        if self._error is not None:
-            raise self._error
-        return self._value
+        if self.error is not None:
+            raise self.error
+        return self.value
 
     def abandon(self) -> None:
-        """The caller stopped waiting (its timeout ran out, or it was cancelled): never
-        started if it still waits in line; if it runs, counted as overrun once its own
-        time is up (`overran`), so a healthy call whose caller went away early does
-        not make its provider look hung."""
+        """The caller stopped waiting: never started if it still waits in line; if it
+        runs, overrun once its own time is up, so a healthy call whose caller went
+        away early does not make its provider look hung."""
         self.abandoned = True
         if self.overrun_at is None:
             self.overrun_at = time.monotonic()
@@ -139,354 +148,182 @@ class Job:
     @property
     def overran(self) -> bool:
         """Abandoned, and still running past its own time: what "hung" means here."""
-        return (
-            self.abandoned and self.overrun_at is not None and time.monotonic() >= self.overrun_at
-        )
+        return self.abandoned and time.monotonic() >= (self.overrun_at or 0.0)
 
 
-class _Line(deque[_E]):
-    """A FIFO of calls waiting (`Job`, or (pool, job)) that drops its abandoned ones
-    when it has grown to twice its live waiters at the last look (at least `MAX_BUSY`):
-    they never run, and with hung workers nothing else would drain them. So it stays
-    within about twice its live waiters, at O(1) per call on average."""
+class _Line(deque[Job]):
+    """A FIFO of calls waiting that drops its abandoned ones once it has grown to
+    twice its live calls at the last look: with hung workers nothing else would."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._prune_at = MAX_BUSY
+    prune_at = MAX_BUSY
 
-    def queue(self, entry: _E) -> None:
-        """Append ``entry`` (dropping the abandoned ones first, when it is time)."""
-        if len(self) >= self._prune_at:
-            live = [e for e in self if not _job(e).abandoned]
+    def queue(self, job: Job) -> None:
+        if len(self) >= self.prune_at:
+            live = [j for j in self if not j.abandoned]
             self.clear()
             self.extend(live)
-            self._prune_at = max(MAX_BUSY, 2 * len(live))
-        self.append(entry)
-
-
-def _job(entry: Any) -> Job:
-    """The job of a line's ``entry`` (a `Job`, or (pool, job))."""
-    return entry[1] if isinstance(entry, tuple) else entry  # type: ignore[no-any-return]
+            self.prune_at = max(MAX_BUSY, 2 * len(live))
+        self.append(job)
 
 
 class DaemonWorkers:
-    """Runs callables on reusable daemon threads (see the module docstring);
-    ``max_busy=None`` for no bound; ``cap``: which process-wide cap its calls take a
-    slot of, ``"llm"`` (`MAX_THREADS`), ``"search"`` (`MAX_SEARCH_THREADS`) or None for
-    calls that only wait on other pools' calls."""
+    """A pool: at most ``max_busy`` of its calls run at once, each taking a slot of
+    the `Cap` named ``cap`` (module docstring)."""
 
-    def __init__(
-        self,
-        max_busy: int | None = MAX_BUSY,
-        max_idle: int = 16,
-        name: str = "hyde-plus-llm",
-        *,
-        cap: Literal["llm", "search"] | None = "llm",
-    ) -> None:
-        if max_busy is not None and max_busy < 1:
+    def __init__(self, max_busy: int = MAX_BUSY, name: str = "hyde-plus-llm", *,
+                 cap: str = "llm") -> None:  # fmt: skip
+        if max_busy < 1:
             raise ValueError("max_busy must be >= 1")
-        self.max_busy = max_busy
-        self.max_idle = max_idle
-        self.name = name
-        self.cap = cap
-        self._idle: list[queue.SimpleQueue[Job | None]] = []
+        self.max_busy, self.name, self.cap = max_busy, name, cap
         self._running: set[Job] = set()
-        self._waiting: _Line[Job] = _Line()
-        self._lock = threading.Lock()
+        self._line = _Line()
         self.outage = Outage()
         """Whether the callee is skipped after a call overran (`door.run`)."""
 
-    def submit(
-        self,
-        call: Callable[[], Any],
-        on_done: Callable[[], object] | None = None,
-        budget: float | None = None,
-        what: str = "the LLM",
-    ) -> Job:
-        """Start ``call`` in the caller's context, or queue it when ``max_busy`` calls
-        are running or no slot of `MAX_THREADS` is free; ``on_done()`` runs on the
-        worker when it ends (what it raises is ignored). ``budget``: the call's own
-        time (`Job.abandon`; ``math.inf`` for none); ``what`` names the callee in the
-        `WorkersBusyError` raised when every running call (of this pool, or holding a
-        slot) overran."""
-        ctx = contextvars.copy_context()
-        job = Job(lambda: ctx.run(call), on_done)
-        if budget is not None:  # the call's own time: see `Job.abandon`
-            job.overrun_at = job.submitted_at + budget
-        with self._lock:
-            if self.max_busy is not None and len(self._running) >= self.max_busy:
-                if all(j.overran for j in self._running):
+    def submit(self, call: Callable[[], Any], on_done: Callable[[], object] | None = None,
+               budget: float | None = None, what: str = "the LLM") -> Job:  # fmt: skip
+        """Start ``call`` in the caller's context, or queue it; ``on_done()`` runs on
+        the worker when it ends. ``budget``: the call's own time (`Job.abandon`);
+        ``what`` names the callee in a `WorkersBusyError`."""
+        job = Job(partial(contextvars.copy_context().run, call), on_done, budget, self)
+        with _lock:
+            cap = job.cap
+            full = len(self._running) >= self.max_busy
+            if full or len(cap.holders) >= cap.limit:
+                ahead = self._running if full else cap.holders
+                if ahead and all(j.overran for j in ahead):
+                    scope = "" if full else " of the process"
                     raise WorkersBusyError(
-                        f"all {self.max_busy} worker threads are busy with calls that "
+                        f"all {len(ahead)} worker threads{scope} are busy with calls that "
                         f"overran their timeout; not calling {what}"
                     )
-                self._waiting.queue(job)  # a worker takes it when it is free
+                self._line.queue(job)
+                cap.lines[self] = None
                 return job
-            cap = _cap_of(self.cap)
-            if cap is not None and not cap[0].take(self, job, cap[1], what):
-                return job  # waits in line for a slot of the process
-            self._running.add(job)
-            inbox = self._idle.pop() if self._idle else None
-        self._launch(job, inbox)
+            self._hold(job, cap)
+            inbox = _idle.pop() if _idle else None
+        if inbox is not None:
+            inbox.put(job)
+            return job
+        try:
+            threading.Thread(target=_serve, args=(job,), name=self.name, daemon=True).start()
+        except BaseException:  # no thread: the call never ran
+            with _lock:
+                self._running.discard(job)
+                cap.holders.discard(job)
+            raise
         return job
 
-    def _own_line(self) -> _SlotLine:
-        """The line of this pool's cap (called only for a call that holds a slot)."""
-        cap = _cap_of(self.cap)
-        assert cap is not None
-        return cap[0]
+    def _hold(self, job: Job, cap: Cap) -> None:
+        self._running.add(job)
+        cap.holders.add(job)
 
-    def _launch(self, job: Job, inbox: queue.SimpleQueue[Job | None] | None) -> None:
-        """Hand ``job`` (in ``_running``) to ``inbox``'s worker, or to a new one."""
-        if inbox is None:
-            inbox = queue.SimpleQueue()
-            try:
-                threading.Thread(
-                    target=self._serve, args=(inbox,), name=self.name, daemon=True
-                ).start()
-            except BaseException:
-                slot, job.slot = job.slot, None
-                with self._lock:
-                    self._running.discard(job)
-                if slot is not None:
-                    self._own_line().give_back(job, slot)
-                raise
-        inbox.put(job)
-
-    def admit(self, job: Job) -> bool:
-        """Run ``job``, which waited in line for a slot of `MAX_THREADS` and holds one:
-        True when the slot is spent (``job`` runs with it, or no thread could start: its
-        waiter hears why and `_launch` handed the slot on). False when this pool is full
-        meanwhile: ``job`` waits in the pool's own line without a slot (it inherits one
-        from the pool's next finished call) and the slot is the caller's to hand on
-        (`_SlotLine.give_back`, a loop, never a recursion)."""
-        with self._lock:
-            full = self.max_busy is not None and len(self._running) >= self.max_busy
-            if full:
-                job.slot = None
-                self._waiting.queue(job)
-                return False
-            self._running.add(job)
-            inbox = self._idle.pop() if self._idle else None
-        try:
-            self._launch(job, inbox)  # on failure it has handed the slot on itself
-        except BaseException as exc:  # no thread: the waiter hears it as the outcome
-            job._error = exc
-            job.done.set()
-        return True
-
-    def _next(self, finished: Job) -> Job | None:
-        """Free ``finished``'s place and take the next queued call still wanted, which
-        inherits its slot of `MAX_THREADS` (else the slot goes to the process's line)."""
-        slot, finished.slot = finished.slot, None
-        with self._lock:
-            self._running.discard(finished)
-            while self._waiting:
-                job = self._waiting.popleft()
-                if not job.abandoned:
-                    if slot is not None:
-                        job.slot = slot
-                        self._own_line().passed(finished, job)
-                    self._running.add(job)
-                    return job
-        if slot is not None:
-            self._own_line().give_back(finished, slot)
+    def _take(self, cap: Cap) -> Job | None:
+        """The first call in line still wanted, now running, when there is room."""
+        while self._line and len(self._running) < self.max_busy and len(cap.holders) < cap.limit:
+            job = self._line.popleft()
+            if not job.abandoned:
+                self._hold(job, cap)
+                return job
+        if not self._line:
+            cap.lines.pop(self, None)
         return None
-
-    def _serve(self, inbox: queue.SimpleQueue[Job | None]) -> None:
-        job: Job | None = inbox.get()
-        while job is not None:
-            job.started, job.started_at = True, time.monotonic()
-            try:
-                job._value = job.call()
-            except BaseException as exc:
-                job._error = exc
-            following = self._next(job)  # the slot is free before anyone hears it is done
-            job.done.set()
-            if job._on_done is not None:
-                try:
-                    job._on_done()
-                except Exception:  # the waiter is gone (its event loop closed)
-                    pass
-            job.call = job._on_done = _dropped  # hold nothing of a finished call
-            job = following
-            if job is None:
-                with self._lock:
-                    if len(self._idle) >= self.max_idle:
-                        return
-                    self._idle.append(inbox)
-                job = self._wait(inbox)
-
-    def _wait(self, inbox: queue.SimpleQueue[Job | None]) -> Job | None:
-        """The next call for an idle worker, or None once it waited `IDLE_EXIT_S` (it
-        leaves the idle list first, so no call is put in an inbox nobody reads)."""
-        while True:
-            try:
-                return inbox.get(timeout=IDLE_EXIT_S)
-            except queue.Empty:
-                with self._lock:
-                    if inbox in self._idle:
-                        self._idle.remove(inbox)
-                        return None
-                # handed a call just as the wait ran out: it is in the inbox
-
-    def idle(self) -> int:
-        """How many workers wait for a call."""
-        with self._lock:
-            return len(self._idle)
 
     def busy(self) -> int:
         """How many calls are running (abandoned ones included)."""
-        with self._lock:
+        with _lock:
             return len(self._running)
 
-    def close(self) -> None:
-        """Let the idle workers exit (busy ones exit when their call returns and no
-        other is queued); the pool still starts new ones if used again."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-            self.max_idle = 0
-        for inbox in idle:
-            inbox.put(None)
-
     def queued(self) -> int:
-        """How many calls wait in line for a worker (abandoned ones included)."""
-        with self._lock:
-            return len(self._waiting)
+        """How many calls wait in line (abandoned ones included)."""
+        with _lock:
+            return len(self._line)
 
 
-class _SlotLine:
-    """The calls waiting (FIFO) for a slot of `MAX_THREADS`, and the calls holding
-    one: a freed slot goes to the first call still wanted, in whichever pool it is."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: _Line[tuple[DaemonWorkers, Job]] = _Line()
-        self._holders: set[Job] = set()
-
-    def take(
-        self, pool: DaemonWorkers, job: Job, slots: threading.Semaphore, what: str = "the LLM"
-    ) -> bool:
-        """True when ``job`` took a slot of ``slots``; False when it waits in line for
-        one (`give_back` admits it to ``pool``). Raises `WorkersBusyError` when every
-        call holding a slot overran its timeout (hung providers: no use waiting)."""
-        with self._lock:
-            if slots.acquire(blocking=False):
-                job.slot = slots
-                self._holders.add(job)
-                return True
-            if all(j.overran for j in self._holders):
-                raise WorkersBusyError(
-                    f"all {MAX_THREADS} worker threads of the process are running calls "
-                    f"that overran their timeout; not calling {what}"
-                )
-            self._waiting.queue((pool, job))
-            return False
-
-    def passed(self, finished: Job, following: Job) -> None:
-        """``finished``'s slot went to ``following`` (the next call of its pool)."""
-        with self._lock:
-            self._holders.discard(finished)
-            self._holders.add(following)
-
-    def give_back(self, finished: Job, slot: threading.Semaphore) -> None:
-        """``finished`` no longer holds ``slot``: the first call in line still wanted
-        whose pool can run it takes it, else it is released. One loop over the line:
-        calls of a full pool move to that pool's own line (thousands of them never
-        deepen the stack)."""
-        with self._lock:
-            self._holders.discard(finished)
-        while True:
-            with self._lock:
-                chosen: tuple[DaemonWorkers, Job] | None = None
-                while self._waiting:
-                    pool, job = self._waiting.popleft()
-                    if not job.abandoned:
-                        job.slot = slot
-                        self._holders.add(job)
-                        chosen = (pool, job)
-                        break
-                if chosen is None:
-                    slot.release()
-                    return
-            pool, job = chosen
-            if pool.admit(job):
-                return
-            with self._lock:
-                self._holders.discard(job)
-
-    def waiting(self) -> int:
-        """How many calls wait in line for a slot (abandoned ones included)."""
-        with self._lock:
-            return len(self._waiting)
+def idle() -> int:
+    """How many threads wait for a call."""
+    with _lock:
+        return len(_idle)
 
 
-_slot_line = _SlotLine()
-"""The line for `_thread_slots` (see `MAX_THREADS`)."""
-
-
-_search_line = _SlotLine()
-"""The line for `_search_slots` (see `MAX_SEARCH_THREADS`)."""
-
-
-def _cap_of(cap: str | None) -> tuple[_SlotLine, threading.Semaphore] | None:
-    """The line and the slots of the process-wide cap named ``cap`` (None: no cap),
-    looked up at each call."""
-    if cap is None:
+def _following(finished: Job) -> Job | None:
+    """Free ``finished``'s places; the call that takes them (its pool's next, else
+    the oldest waiting for a slot of its cap), now running. Called under `_lock`."""
+    pool, cap = finished.pool, finished.cap
+    pool._running.discard(finished)
+    cap.holders.discard(finished)
+    if not cap.lines:  # nobody waits: the fast path
         return None
-    return (_search_line, _search_slots) if cap == "search" else (_slot_line, _thread_slots)
+    for candidate in (pool, *cap.lines):
+        job = candidate._take(cap)
+        if job is not None:
+            return job
+    return None
 
 
-def _dropped() -> None:
-    """What a finished `Job` holds instead of its call."""
+def _serve(job: Job | None) -> None:
+    inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+    while job is not None:
+        job.started_at = time.monotonic()
+        try:
+            job.value = job.call()
+        except BaseException as exc:
+            job.error = exc
+        with _lock:
+            following = _following(job)  # its places are free before anyone hears
+        job.done.set()
+        if job.on_done is not None:
+            try:
+                job.on_done()
+            except Exception:  # the waiter is gone (its event loop closed)
+                pass
+        job.call = job.on_done = None  # type: ignore[assignment]  # hold nothing of it
+        job = following if following is not None else _wait(inbox)
+
+
+def _wait(inbox: queue.SimpleQueue[Job | None]) -> Job | None:
+    """The next call for an idle thread, or None once it waited `IDLE_EXIT_S` (it
+    leaves the idle list first, so no call is put in an inbox nobody reads)."""
+    with _lock:
+        if len(_idle) >= MAX_IDLE:
+            return None
+        _idle.append(inbox)
+    while True:
+        try:
+            return inbox.get(timeout=IDLE_EXIT_S)
+        except queue.Empty:
+            with _lock:
+                if inbox in _idle:
+                    _idle.remove(inbox)
+                    return None
+            # handed a call just as the wait ran out: it is in the inbox
 
 
 class LLMPools:
-    """One `DaemonWorkers` per provider (the LLM's class, model and endpoint), so a
-    provider that hangs only ever uses up its own threads: another provider's calls
-    never wait behind them, nor fall back for want of a worker. LLM objects built per
-    request for one provider share its pool, so a hung provider holds at most
-    ``max_busy`` threads however many objects call it; the pools are as many as the
-    providers, and their idle threads exit after `IDLE_EXIT_S`."""
+    """One `DaemonWorkers` per provider or object (`door.pool` names them): a hung
+    provider only ever uses its own pool's places, however many objects call it."""
 
-    def __init__(self, max_busy: int | None = MAX_BUSY, name: str = "hyde-plus-llm") -> None:
+    def __init__(self, max_busy: int = MAX_BUSY) -> None:
         self.max_busy = max_busy
-        self.name = name
         self._pools: dict[tuple[str, ...], DaemonWorkers] = {}
         self._lock = threading.Lock()
 
     def for_llm(self, llm: object) -> DaemonWorkers:
-        """The pool of ``llm``'s provider (made on first use)."""
+        """The pool of ``llm``'s provider (`provider_key`)."""
         return self.for_key(provider_key(llm))
 
-    def for_cache(self, cache: object) -> DaemonWorkers:
-        """The pool of one cache or store object: one that hangs holds its own threads
-        only, never those of another of its class. (The hung calls hold ``cache``, so
-        its id is not reused while they run.)"""
-        kind = type(cache)
-        return self.for_key((f"{kind.__module__}.{kind.__qualname__}", f"id={id(cache)}"))
-
-    def for_key(
-        self, key: tuple[str, ...], *, cap: Literal["llm", "search"] | None = "llm"
-    ) -> DaemonWorkers:
-        """The pool named ``key`` (made on first use; ``cap``: the process-wide cap its
-        calls take a slot of, see `DaemonWorkers`)."""
+    def for_key(self, key: tuple[str, ...], *, cap: str = "llm") -> DaemonWorkers:
+        """The pool named ``key`` (made on first use), taking slots of ``cap``; past
+        `MAX_POOLS`, those with nothing running or waiting are forgotten."""
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
                 if len(self._pools) >= MAX_POOLS:
-                    self._prune()
-                pool = DaemonWorkers(self.max_busy, name=self.name, cap=cap)
-                self._pools[key] = pool
+                    for old, idle_pool in list(self._pools.items()):
+                        if not idle_pool.busy() and not idle_pool.queued():
+                            del self._pools[old]
+                pool = self._pools[key] = DaemonWorkers(self.max_busy, cap=cap)
             return pool
-
-    def _prune(self) -> None:
-        """Forget the pools with nothing running or waiting (their idle workers exit on
-        their own), so a process that meets many providers keeps few pools."""
-        for key, pool in list(self._pools.items()):
-            if not pool.busy() and not pool.queued():
-                del self._pools[key]
-                pool.close()
 
     def __len__(self) -> int:
         with self._lock:
@@ -495,8 +332,7 @@ class LLMPools:
 
 def provider_key(llm: object) -> tuple[str, ...]:
     """Which provider ``llm`` calls: its class and its endpoint when it has one (every
-    model a server serves shares its threads: per-tenant fine-tunes of one hung server
-    hold 32, not 32 each), else its model (a local model's file)."""
+    model a server serves shares its threads), else its model (a local model's file)."""
     kind = type(llm)
     parts = [f"{kind.__module__}.{kind.__qualname__}"]
     for names in (("api_base", "base_url", "endpoint"), ("model_path", "model", "model_name")):

@@ -23,8 +23,6 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.settings import Settings
 
-from .._attrs import optional_attr
-from .._checks import is_number
 from ..caching.cache import answers_in_process, holds_objects
 from ..caching.keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
 from ..caching.keys import (
@@ -43,7 +41,7 @@ from ..calls.reliability import (
     failure,
 )
 from ..calls.singleflight import SingleFlight, WaitExpired
-from ..calls.timeouts import timeout_for
+from ..calls.timeouts import timeout_for, with_slot_wait
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
 from .options import LLMOptions, breaker_from, check_options, generation_options
@@ -405,12 +403,7 @@ class LLMTransform(QueryTransformer):
         wait for a slot of a model that hands them out (`LocalLLM.slot_wait_s`), since
         the generation's clock starts once it has one. The leader's work gets it as its
         budget too, which never lengthens its calls' own timeout."""
-        timeout = self.timeout
-        try:
-            extra = optional_attr(self.llm, "slot_wait_s")
-        except Exception:  # an LLM that cannot be resolved hands out no slots
-            extra = None
-        return timeout + extra if timeout is not None and is_number(extra) else timeout
+        return with_slot_wait(self.llm, self.timeout)
 
     def _as_waiter(self, result: TransformResult, start: float) -> TransformResult:
         """What an identical concurrent call's ``result`` is to a caller that waited for
