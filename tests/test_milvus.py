@@ -848,10 +848,15 @@ def test_a_rebuild_keeps_the_keys_the_user_added_to_the_record(tmp_path: Path) -
 def test_a_uri_that_is_a_users_file_is_one_error_before_milvus_lite_starts(
     tmp_path: Path,
 ) -> None:
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
     users = tmp_path / "app.db"
     users.write_bytes(b"SQLite format 3\x00")
-    proc = _cli("query", "q", "--uri", str(users), "-t", "none")
-    assert proc.returncode == 2
+    # in this process: the check comes before any model or Milvus Lite loads
+    proc = CliRunner().invoke(app, ["query", "q", "--uri", str(users), "-t", "none"])
+    assert proc.exit_code == 2 and isinstance(proc.exception, SystemExit), proc.exception
     assert proc.stderr.strip().startswith(f"error: --uri {users} is a file")
     assert "Traceback" not in proc.stderr and "FileExistsError" not in proc.stderr
     assert users.read_bytes() == b"SQLite format 3\x00"
