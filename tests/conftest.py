@@ -146,18 +146,32 @@ class Served:
             if match:
                 self.url = match.group(1)
                 self.banner = banner
+                self._lines: list[str] = []
+                self._pump = threading.Thread(target=self._read_stderr, daemon=True)
+                self._pump.start()
                 return
         self.proc.kill()
         raise AssertionError(f"server did not start: {banner}")
 
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._lines.append(line)
+
+    def output(self) -> str:
+        """What the server has written to stderr so far, its banner first."""
+        return self.banner + "".join(self._lines)
+
     def stop(self) -> str:
+        """Stop the server; everything it wrote to stderr."""
         self.proc.terminate()
         try:
-            _, rest = self.proc.communicate(timeout=15)
+            self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:  # pragma: no cover - reported below
             self.proc.kill()
-            _, rest = self.proc.communicate()
-        return self.banner + (rest or "")
+            self.proc.wait()
+        self._pump.join(15)
+        return self.output()
 
 
 class LoopTicks:

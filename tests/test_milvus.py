@@ -705,17 +705,21 @@ def test_an_alias_moved_to_the_users_collection_named_like_a_build_is_refused(
 
 
 def test_the_cli_refuses_a_users_alias_before_showing_any_progress(tmp_path: Path) -> None:
+    from pymilvus import MilvusClient
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
     uri = str(tmp_path / "a.db")
-    setup = (  # in its own process: Milvus Lite holds the file while a process uses it
-        "import sys; from pymilvus import MilvusClient; c = MilvusClient(sys.argv[1]); "
-        "c.create_collection('mycol', dimension=4); c.create_alias('mycol', 'docs')"
-    )
-    subprocess.run([sys.executable, "-c", setup, uri], check=True, timeout=180)
+    client = MilvusClient(uri)  # the user's collection and alias, in this process as the CLI
+    client.create_collection("mycol", dimension=4)
+    client.create_alias("mycol", "docs")
     folder = tmp_path / "docs"
     folder.mkdir()
     (folder / "a.txt").write_text("hello")
-    proc = _cli("index", str(folder), "--uri", uri, "--collection", "docs", "--embed", "local")
-    assert proc.returncode == 2
+    args = ["index", str(folder), "--uri", uri, "--collection", "docs", "--embed", "local"]
+    proc = CliRunner().invoke(app, args)
+    assert proc.exit_code == 2 and isinstance(proc.exception, SystemExit), proc.exception
     assert "did not make" in proc.stderr and "Embedding" not in proc.stderr
     assert "Loading the embedding model" not in proc.stderr
 
@@ -848,10 +852,15 @@ def test_a_rebuild_keeps_the_keys_the_user_added_to_the_record(tmp_path: Path) -
 def test_a_uri_that_is_a_users_file_is_one_error_before_milvus_lite_starts(
     tmp_path: Path,
 ) -> None:
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
     users = tmp_path / "app.db"
     users.write_bytes(b"SQLite format 3\x00")
-    proc = _cli("query", "q", "--uri", str(users), "-t", "none")
-    assert proc.returncode == 2
+    # in this process: the check comes before any model or Milvus Lite loads
+    proc = CliRunner().invoke(app, ["query", "q", "--uri", str(users), "-t", "none"])
+    assert proc.exit_code == 2 and isinstance(proc.exception, SystemExit), proc.exception
     assert proc.stderr.strip().startswith(f"error: --uri {users} is a file")
     assert "Traceback" not in proc.stderr and "FileExistsError" not in proc.stderr
     assert users.read_bytes() == b"SQLite format 3\x00"

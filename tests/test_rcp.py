@@ -637,13 +637,23 @@ def test_serve_refuses_a_timeout_that_is_not_positive(value: str) -> None:
     )
 
 
+@pytest.fixture(scope="module")
+def served_300ms() -> Iterator[Served]:
+    """``serve --http 0 --llm scripted:300`` on loopback, shared by the tests that each
+    check their own calls and output; all it wrote is checked again when it stops."""
+    served = Served("--llm", "scripted:300")
+    yield served
+    out = served.stop()
+    no_traceback(out)
+    assert "WARNING" not in out
+
+
 @pytest.mark.slow  # a server in a subprocess
-def test_serve_on_loopback_does_not_warn_and_its_banner_shows_the_timeout() -> None:
-    served = Served("--llm", "scripted")
-    try:
-        assert rcp.connect_http(served.url).ping() == {}
-    finally:
-        out = served.stop()
+def test_serve_on_loopback_does_not_warn_and_its_banner_shows_the_timeout(
+    served_300ms: Served,
+) -> None:
+    assert rcp.connect_http(served_300ms.url).ping() == {}
+    out = served_300ms.output()
     assert "WARNING" not in out
     assert re.search(r"timeout: [\d.]+ s per LLM call \((local|remote) model policy\)", out), out
 
@@ -684,25 +694,22 @@ def test_serve_timeout_bounds_each_llm_call() -> None:
 
 
 @pytest.mark.slow  # a server in a subprocess
-def test_http_client_disconnect_mid_request_prints_no_traceback() -> None:
-    served = Served("--llm", "scripted:300")
-    try:
-        client = rcp.connect_http(served.url)
-        host, port = re.match(r"http://([^/]+):(\d+)/", served.url).groups()  # type: ignore[union-attr]
-        for i in range(5):
-            body = frame("query/transform", {"query": f"gone {i}", "method": "rewrite"})
-            with socket.create_connection((host, int(port))) as s:
-                s.sendall(
-                    b"POST /rcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n" % len(body) + body
-                )
-            # closed before the 300 ms reply
-        time.sleep(1.0)
-        assert client.transform("still serving", "rewrite")["queries"]
-        assert served.proc.poll() is None
-    finally:
-        out = served.stop()
-    no_traceback(out)
+def test_http_client_disconnect_mid_request_prints_no_traceback(served_300ms: Served) -> None:
+    served = served_300ms
+    client = rcp.connect_http(served.url)
+    host, port = re.match(r"http://([^/]+):(\d+)/", served.url).groups()  # type: ignore[union-attr]
+    for i in range(5):
+        body = frame("query/transform", {"query": f"gone {i}", "method": "rewrite"})
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(
+                b"POST /rcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )
+        # closed before the 300 ms reply
+    time.sleep(1.0)
+    assert client.transform("still serving", "rewrite")["queries"]
+    assert served.proc.poll() is None
+    no_traceback(served.output())
 
 
 @pytest.mark.slow  # a stdio server in a subprocess
