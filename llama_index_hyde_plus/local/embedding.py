@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import os
-import shutil
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +42,12 @@ _SPECIAL = {
 
 def assemble_model_dir(onnx: Path, tokenizer: Path, root: Path, max_length: int) -> Path:
     """A fastembed-loadable folder: the ONNX file (linked), ``tokenizer.json`` and the
-    small config files fastembed reads, with truncation at ``max_length``."""
+    small config files fastembed reads, with truncation at ``max_length``.
+
+    Other processes read this folder while it is assembled (a server chunking the
+    documents of an ``index/add`` reads ``tokenizer.json`` on each call), so a file is
+    written only when its content differs, and then whole (`_put`): a reader sees the
+    old file or the new one, never a truncated one."""
     if not 8 <= max_length <= 512:
         raise ValueError("max_length must be between 8 and 512")
     folder = root / f"all-MiniLM-L6-v2-int8-L{max_length}"
@@ -51,8 +56,8 @@ def assemble_model_dir(onnx: Path, tokenizer: Path, root: Path, max_length: int)
     if not model.exists():
         try:
             os.link(onnx, model)
-        except OSError:
-            shutil.copyfile(onnx, model)
+        except OSError:  # another file system, or another process linked it first
+            _put(model, onnx.read_bytes())
     files = {
         "tokenizer_config.json": {
             "model_max_length": max_length,
@@ -64,9 +69,27 @@ def assemble_model_dir(onnx: Path, tokenizer: Path, root: Path, max_length: int)
         "config.json": {"model_type": "bert", "hidden_size": 384, "pad_token_id": 0},
     }
     for name, content in files.items():
-        (folder / name).write_text(json.dumps(content))
-    shutil.copyfile(tokenizer, folder / "tokenizer.json")
+        _put(folder / name, json.dumps(content).encode())
+    _put(folder / "tokenizer.json", tokenizer.read_bytes())
     return folder
+
+
+def _put(path: Path, data: bytes) -> None:
+    """``path`` holding ``data``: left alone when it already does, else written to a
+    temporary file beside it and renamed over it (atomic on one file system)."""
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass  # missing or unreadable: written below
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def usable_cores() -> int:
