@@ -190,3 +190,46 @@ def test_the_time_line_names_a_cached_index_and_time_outside_the_phases() -> Non
         "Time: models 3 s, questions 585 s, index 0 s (cached), none 10 s, hyde 410 s, "
         "other 42 s; total 1,049 s."
     )
+
+
+def test_the_index_summary_wraps_at_80_columns(tmp_path: Path) -> None:
+    out = tmp_path / "a-folder-whose-name-is-long-enough-to-push-the-summary-past-80"
+    built = runner.invoke(
+        app,
+        ["index", str(_long_docs(tmp_path)), "--out", str(out), "--embed", "local"],
+        env={"COLUMNS": "80"},
+    )
+    assert built.exit_code == 0, built.output
+    assert "Indexed 2 documents" in built.output and "unchanged" in built.output
+    assert max(len(line) for line in built.output.splitlines()) <= 80
+
+
+def test_evals_note_on_questions_wraps_at_80_columns_and_stays_out_of_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llama_index_hyde_plus.cli import _console as ui
+    from llama_index_hyde_plus.cli.eval import _show
+    from llama_index_hyde_plus.evaluation import load_beir, run_eval
+    from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+    note = "7 of 30 generated questions kept [rejected: 13 names too little]. " * 10
+    result = run_eval(
+        load_beir(Path(__file__).parent / "data" / "tiny-beir"),
+        ["none"],
+        llm=None,
+        embed_model=DeterministicEmbedding(),
+        embed_label="det",
+        cache_root=tmp_path / "cache",
+        config={"questions": note},
+    )
+    monkeypatch.setenv("COLUMNS", "80")
+    ui.setup_logging(verbose=False)
+    _show(result, tmp_path / "out", note=note)
+    shown = capsys.readouterr()
+    said = shown.err + shown.out
+    assert "About these questions:" in said and "[rejected: 13 names too little]" in said
+    assert max(len(line) for line in said.splitlines()) <= 80
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert f"About these questions: {note}" in md
+    config = next(line for line in md.splitlines() if line.startswith("Config:"))
+    assert "rejected" not in config and "questions=" not in config

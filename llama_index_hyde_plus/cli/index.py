@@ -139,8 +139,7 @@ def index(
     ui.console.print(
         f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into "
         f"[bold]{info.location}[/] ({target.search}, {info.dim}-d, {info.seconds:.1f}s): "
-        f"{embedded_line(info)}",
-        soft_wrap=True,
+        f"{embedded_line(info)}"
     )
 
 
