@@ -233,3 +233,14 @@ def test_evals_note_on_questions_wraps_at_80_columns_and_stays_out_of_config(
     assert f"About these questions: {note}" in md
     config = next(line for line in md.splitlines() if line.startswith("Config:"))
     assert "rejected" not in config and "questions=" not in config
+
+
+def test_the_demo_heading_counts_the_passages_it_searched_with() -> None:
+    from llama_index_hyde_plus.cli.demo import paper_title
+
+    assert paper_title(4, 4) == "HyDE as in the paper (the mean of 4 passages and the question)"
+    assert paper_title(4, 2) == (
+        "HyDE as in the paper (the mean of 2 passages and the question; 4 asked for)"
+    )
+    assert paper_title(1, 1) == "HyDE as in the paper (the mean of 1 passage and the question)"
+    assert paper_title(4, 0) == "HyDE as in the paper (no passage written: the question alone)"
