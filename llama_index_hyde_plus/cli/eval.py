@@ -297,6 +297,8 @@ def _prepare(
 
 
 def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1) -> None:
+    from rich.markup import escape
+
     from ..evaluation.report import recommendation, rich_table, verdicts, write_outputs
 
     if result.config.get("stand_in"):
@@ -305,13 +307,11 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
     for line in verdicts(result):
         ui.console.print(f"  {line}")
     if note is not None:
-        from rich.markup import escape
-
         ui.err.print(f"[yellow]About these questions:[/] {escape(note)}")
     with reported():
         paths = write_outputs(result, out, command_line("eval"))
     ui.console.print(
-        f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
+        f"[dim]Wrote {escape(', '.join(str(p) for p in paths))} ({result.wall_seconds:.0f} s)[/]"
     )
     show_timeout_hint(result.reports, concurrency)
     if result.config.get("set") == "conversational":  # a person's rewrite is no option
