@@ -164,9 +164,10 @@ class Usage:
             return "$0"
         if self.cost_source != "unknown":
             return f"{dollars} ({self.cost_source})"
-        if self.cost > 0:
+        if round(self.cost, places) > 0:
             return f"over {dollars} (no price for some calls' model)"
-        return "unknown (no price for the model)"
+        whose = "some calls'" if self.cost > 0 else "the"
+        return f"unknown (no price for {whose} model)"
 
 
 _RECORDED = tuple(f.name for f in fields(Usage) if f.name not in ("cached", "tokens_saved"))

@@ -112,6 +112,7 @@ def test_the_cost_in_words_never_shows_a_number_and_unknown_at_once() -> None:
 
     assert priced("unknown", 0.0) == "unknown (no price for the model)"
     assert priced("unknown", 0.00042) == "over $0.000420 (no price for some calls' model)"
+    assert priced("unknown", 1e-9) == "unknown (no price for some calls' model)"
     assert priced("price-table", 0.00042) == "$0.000420 (price-table)"
     assert priced("custom", 0.0) == "$0.000000 (custom)"
     assert priced("local", 0.0) == "free (local)"
