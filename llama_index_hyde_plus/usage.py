@@ -149,6 +149,26 @@ class Usage:
             record["tokens_saved"] = self.tokens_saved
         return record
 
+    def cost_text(self, places: int = 6) -> str:
+        """The cost in words: ``"$0.000420 (price-table)"``, ``"free (local)"``,
+        ``"unknown (no price for the model)"``, or, when only some calls had a price,
+        ``"over $0.000420 (no price for some calls' model)"``.
+
+        Args:
+            places: the decimals of a dollar amount.
+        """
+        dollars = f"${self.cost:.{places}f}"
+        if self.cost_source == "local":
+            return "free (local)"
+        if self.cost_source == "none":
+            return "$0"
+        if self.cost_source != "unknown":
+            return f"{dollars} ({self.cost_source})"
+        if round(self.cost, places) > 0:
+            return f"over {dollars} (no price for some calls' model)"
+        whose = "some calls'" if self.cost > 0 else "the"
+        return f"unknown (no price for {whose} model)"
+
 
 _RECORDED = tuple(f.name for f in fields(Usage) if f.name not in ("cached", "tokens_saved"))
 """The fields `Usage.to_dict` always keeps, in order (``tokens_saved``, the last field,

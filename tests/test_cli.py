@@ -521,7 +521,8 @@ def test_eval_docs_writes_questions_scores_and_reuses_them(tmp_path: Path) -> No
     ]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
-    assert "questions kept" in first.output and "plain search is favoured" in first.output
+    said = " ".join(first.output.split())  # prose wraps at the terminal's width
+    assert "questions kept" in said and "plain search is favoured" in said
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     kept = results["queries"]
     assert 1 <= kept <= 6 and [r["transform"] for r in results["results"]] == ["none", "rocchio"]
@@ -776,3 +777,25 @@ def test_query_shows_a_gate_s_skip_and_every_generated_query_of_each_stage(
     assert "multi-query: generated queries • revenue decline causes • Q3 renewals slipped" in shown
     assert "step-back: the gate kept the question's own search: similarity 0.41" in shown
     assert "step-back: step-back question • What drives [bold]revenue?" in shown
+
+
+def test_a_config_or_transform_option_gives_any_llm_the_small_model_defaults(
+    built_index: Path, tmp_path: Path
+) -> None:
+    def defaults(*args: str) -> object:
+        argv = ["query", "Why did revenue drop?", "--index", str(built_index), "--json"]
+        result = runner.invoke(app, [*argv, "--llm", "scripted", *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["transform"].get("defaults")
+
+    small = tmp_path / "small.json"
+    small.write_text(
+        json.dumps({"hyde_plus_config": 1, "transform": "hyde", "options": {"profile": "small"}})
+    )
+    assert defaults("-t", "hyde") == "capable"
+    assert defaults("--config", str(small)) == "small"
+    from llama_index_hyde_plus.evaluation.specs import parse_transform_spec
+
+    assert parse_transform_spec("hyde:profile=small").options == {"profile": "small"}
+    with pytest.raises(ValueError, match="profile"):
+        parse_transform_spec("hyde:profile=tiny")

@@ -190,3 +190,83 @@ def test_the_time_line_names_a_cached_index_and_time_outside_the_phases() -> Non
         "Time: models 3 s, questions 585 s, index 0 s (cached), none 10 s, hyde 410 s, "
         "other 42 s; total 1,049 s."
     )
+
+
+def test_the_index_summary_wraps_at_80_columns(tmp_path: Path) -> None:
+    out = tmp_path / "a-folder-[/]-whose-name-is-long-enough-to-push-the-summary-past-80"
+    built = runner.invoke(
+        app,
+        ["index", str(_long_docs(tmp_path)), "--out", str(out), "--embed", "local"],
+        env={"COLUMNS": "80"},
+    )
+    assert built.exit_code == 0, built.output
+    assert "Indexed 2 documents" in built.output and "unchanged" in built.output
+    # the folder's name as it is, not read as markup (a long name is folded, not cut)
+    assert "a-folder-[/]-whose" in built.output.replace("\n", "")
+    assert max(len(line) for line in built.output.splitlines()) <= 80
+
+
+def test_evals_note_on_questions_wraps_at_80_columns_and_stays_out_of_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llama_index_hyde_plus.cli import _console as ui
+    from llama_index_hyde_plus.cli.eval import _show
+    from llama_index_hyde_plus.evaluation import load_beir, run_eval
+    from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+    note = "7 of 30 generated questions kept [rejected: 13 names too little]. " * 10
+    result = run_eval(
+        load_beir(Path(__file__).parent / "data" / "tiny-beir"),
+        ["none"],
+        llm=None,
+        embed_model=DeterministicEmbedding(),
+        embed_label="det",
+        cache_root=tmp_path / "cache",
+        config={"questions": note},
+    )
+    monkeypatch.setenv("COLUMNS", "80")
+    ui.setup_logging(verbose=False)
+    _show(result, tmp_path / "out[/]", note=note)
+    shown = capsys.readouterr()
+    said = shown.err + shown.out
+    assert "About these questions:" in said and "[rejected: 13 names too little]" in said
+    assert max(len(line) for line in said.splitlines()) <= 80
+    assert "out[/]" in said.replace("\n", "")  # the folder's name, not markup
+    md = (tmp_path / "out[/]" / "results.md").read_text()
+    assert f"About these questions: {note}" in md
+    config = next(line for line in md.splitlines() if line.startswith("Config:"))
+    assert "rejected" not in config and "questions=" not in config
+
+
+def test_the_demo_heading_counts_the_passages_it_searched_with() -> None:
+    from llama_index_hyde_plus.cli.demo import paper_title
+
+    assert paper_title(4, 4) == "HyDE as in the paper (the mean of 4 passages and the question)"
+    assert paper_title(4, 2) == (
+        "HyDE as in the paper (the mean of 2 passages and the question; 4 asked for)"
+    )
+    assert paper_title(1, 1) == "HyDE as in the paper (the mean of 1 passage and the question)"
+    assert paper_title(4, 0) == "HyDE as in the paper (no passage written: the question alone)"
+
+
+def test_the_local_models_speed_line_wraps_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from llama_index_hyde_plus.cli import _console as ui
+    from llama_index_hyde_plus.cli.eval import show_plan
+
+    line = (
+        "Local model: 25.8 tokens/s with 1 llama.cpp thread (2 threads: under 1), measured "
+        "now. This run may take up to about 15 min (60 generations of up to 160 tokens); "
+        "--questions 25 shortens it."
+    )
+    models = SimpleNamespace(speed_line=lambda *work: line)
+    source = SimpleNamespace(docs="docs", planned_work=lambda *args: (60, "--questions 25"))
+    monkeypatch.setenv("COLUMNS", "80")
+    ui.setup_logging(verbose=False)
+    show_plan(models, source, 1)
+    shown = capsys.readouterr().err
+    assert " ".join(shown.split()) == line
+    assert max(len(row) for row in shown.splitlines()) <= 80

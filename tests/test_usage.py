@@ -104,3 +104,19 @@ def test_missing_provider_usage_is_estimated_with_a_tokenizer() -> None:
 def test_negative_price_is_value_error() -> None:
     with pytest.raises(ValueError):
         ModelPrice(-1, 0)
+
+
+def test_the_cost_in_words_never_shows_a_number_and_unknown_at_once() -> None:
+    def priced(source: str, cost: float) -> str:
+        return Usage(cost=cost, cost_source=source, calls=1).cost_text()  # type: ignore[arg-type]
+
+    assert priced("unknown", 0.0) == "unknown (no price for the model)"
+    assert priced("unknown", 0.00042) == "over $0.000420 (no price for some calls' model)"
+    assert priced("unknown", 1e-9) == "unknown (no price for some calls' model)"
+    assert priced("price-table", 0.00042) == "$0.000420 (price-table)"
+    assert priced("custom", 0.0) == "$0.000000 (custom)"
+    assert priced("local", 0.0) == "free (local)"
+    assert priced("none", 0.0) == "$0"
+    assert Usage(cost=0.0123, cost_source="custom").cost_text(places=4) == "$0.0123 (custom)"
+    summed = Usage(cost=0.001, cost_source="price-table") + Usage(cost_source="unknown")
+    assert summed.cost_text().startswith("over $0.001000")

@@ -197,14 +197,9 @@ def task(progress: Progress, description: str, total: int, unit: str) -> Advance
 
 
 def usage_line(usage: Usage) -> str:
-    cost = (
-        "free (local)"
-        if usage.cost_source == "local"
-        else (f"${usage.cost:.6f} ({usage.cost_source})")
-    )
     return (
         f"{usage.calls} LLM call(s), {usage.input_tokens} in / {usage.output_tokens} out "
-        f"tokens ({usage.usage_source}), cost {cost}"
+        f"tokens ({usage.usage_source}), cost {usage.cost_text()}"
     )
 
 

@@ -132,6 +132,16 @@ def _demo(question: str, num_passages: int, seed: int, top_k: int, out: Path | N
     ui.console.print(f"[dim]Demo wall time {time.perf_counter() - wall:.1f}s.[/]")
 
 
+def paper_title(asked: int, written: int) -> str:
+    """The heading of the paper's HyDE: what it searched with, ``written`` of the
+    ``asked`` passages (a call that failed or timed out writes none)."""
+    if not written:
+        return "HyDE as in the paper (no passage written: the question alone)"
+    passages = f"{written} passage{'s' if written > 1 else ''}"
+    short = f"; {asked} asked for" if written < asked else ""
+    return f"HyDE as in the paper (the mean of {passages} and the question{short})"
+
+
 def _show(
     question: str,
     num_passages: int,
@@ -144,7 +154,7 @@ def _show(
     small, capable = HyDE.SHIPPED["small"], HyDE.SHIPPED["capable"]
     ui.console.print(results_table(f"Plain search for {question!r}", plain, DEMO_TARGET))
     print_transform(paper)
-    title = f"HyDE as in the paper (the mean of {num_passages} passages and the question)"
+    title = paper_title(num_passages, len(paper.transform.hypothetical))
     ui.console.print(results_table(title, paper, DEMO_TARGET))
     title = (
         f"HyDE as shipped for this 135M model (question weight {small.query_weight}, "

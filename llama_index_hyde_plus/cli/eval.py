@@ -124,14 +124,14 @@ def show_plan(models: Any, source: Any, llm_transforms: int, queries: int | None
         return
     line = models.speed_line(*source.planned_work(llm_transforms, queries))
     if line is not None:
-        ui.err.print(f"[yellow]{line}[/]" if "shortens it" in line else line, soft_wrap=True)
+        ui.err.print(f"[yellow]{line}[/]" if "shortens it" in line else line)
 
 
 def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
     """Print `timeout_hint` when there is one."""
     hint = timeout_hint(reports, concurrency)
     if hint is not None:
-        ui.err.print(f"[yellow]{hint}[/]", soft_wrap=True)
+        ui.err.print(f"[yellow]{hint}[/]")
 
 
 def timeout_hint(reports: list[Any], concurrency: int) -> str | None:
@@ -297,6 +297,8 @@ def _prepare(
 
 
 def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1) -> None:
+    from rich.markup import escape
+
     from ..evaluation.report import recommendation, rich_table, verdicts, write_outputs
 
     if result.config.get("stand_in"):
@@ -305,11 +307,11 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
     for line in verdicts(result):
         ui.console.print(f"  {line}")
     if note is not None:
-        ui.err.print(f"[yellow]About these questions:[/] {note}", soft_wrap=True)
+        ui.err.print(f"[yellow]About these questions:[/] {escape(note)}")
     with reported():
         paths = write_outputs(result, out, command_line("eval"))
     ui.console.print(
-        f"[dim]Wrote {', '.join(str(p) for p in paths)} ({result.wall_seconds:.0f} s)[/]"
+        f"[dim]Wrote {escape(', '.join(str(p) for p in paths))} ({result.wall_seconds:.0f} s)[/]"
     )
     show_timeout_hint(result.reports, concurrency)
     if result.config.get("set") == "conversational":  # a person's rewrite is no option

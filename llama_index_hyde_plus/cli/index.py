@@ -116,6 +116,8 @@ def index(
     setup_logging(verbose)
     with early.refused():
         early.documents_folder(docs)
+    from rich.markup import escape
+
     from ..chunking import Chunking
     from ..readers import read_folder
     from ..stores.nodes import check_batch_size
@@ -138,9 +140,9 @@ def index(
         )
     ui.console.print(
         f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into "
-        f"[bold]{info.location}[/] ({target.search}, {info.dim}-d, {info.seconds:.1f}s): "
-        f"{embedded_line(info)}",
-        soft_wrap=True,
+        f"[bold]{escape(str(info.location))}[/] "
+        f"({target.search}, {info.dim}-d, {info.seconds:.1f}s): "
+        f"{embedded_line(info)}"
     )
 
 

@@ -51,14 +51,6 @@ def _tokens(report: TransformReport) -> str:
     return f"{per_query:.0f}"
 
 
-def _cost(report: TransformReport) -> str:
-    if report.usage.cost_source in ("local", "none"):
-        return "$0 (local)" if report.usage.cost_source == "local" else "$0"
-    return f"${report.usage.cost:.4f}" + (
-        " (partly unknown)" if report.usage.cost_source == "unknown" else ""
-    )
-
-
 def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
     cells = []
     for m in MEASURES:
@@ -74,7 +66,7 @@ def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
         _latency(report.latency_p50_s),
         _latency(report.latency_p95_s),
         _tokens(report),
-        _cost(report),
+        report.usage.cost_text(places=4),
         str(report.fallbacks),
     ]
 
@@ -278,7 +270,12 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     if said:
         lines += [f"- {line}" for line in said] + [""]
     lines += [f"**{recommendation(result)}**", ""]
-    config = ", ".join(f"{k}={v}" for k, v in result.config.items())
+    note = result.config.get("questions")
+    if isinstance(note, str):  # generated questions: what to know about them, in words
+        lines += [f"About these questions: {note}", ""]
+    config = ", ".join(
+        f"{k}={v}" for k, v in result.config.items() if not (k == "questions" and note is v)
+    )
     lines.append(f"Config: {config}.")
     lines += ["", timing_line(result)]
     return "\n".join(lines) + "\n"
