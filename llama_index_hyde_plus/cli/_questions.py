@@ -133,6 +133,27 @@ def _fingerprint(nodes: list[Any]) -> str:
     return digest.hexdigest()
 
 
+def set_identity(choice: DocsChoice, llm: Any) -> dict[str, Any]:
+    """What the question set of ``choice`` is made from (`SET_IDENTITY`) but its
+    chunks' fingerprint, known only once the documents are chunked: the documents, the
+    chunking, and the labels file or the generation's options and model."""
+    from ..models import describe_llm
+
+    made_from: dict[str, Any] = {
+        "docs": str(choice.docs.resolve()),
+        "chunk_size": choice.chunk_size,
+        "chunk_overlap": choice.chunk_overlap,
+    }
+    if choice.qrels is not None:
+        return {**made_from, "labels": str(choice.qrels.resolve())}
+    return {
+        **made_from,
+        "questions": choice.questions,
+        "llm": describe_llm(llm),
+        "seed": choice.seed,
+    }
+
+
 def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int) -> Path:
     """The BEIR folder to score: from ``--qrels``, reused, or written now."""
     from ..evaluation.questions import (
@@ -144,24 +165,16 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         write_beir_folder,
         write_question_set,
     )
-    from ..models import describe_llm
 
     nodes = _chunks(choice, embed_model, max_length)
-    made_from = {
-        "docs": str(choice.docs.resolve()),
-        "chunks_sha256": _fingerprint(nodes),
-        "chunk_size": choice.chunk_size,
-        "chunk_overlap": choice.chunk_overlap,
-    }
+    made_from = {**set_identity(choice, llm), "chunks_sha256": _fingerprint(nodes)}
+    refuse_other_set(choice.folder, made_from)
     if choice.qrels is not None:
-        labelled = {**made_from, "labels": str(choice.qrels.resolve())}
-        refuse_other_set(choice.folder, labelled)
         queries, judgments = read_labels(choice.qrels, nodes)
         ui.err.print(f"{len(queries)} labelled questions from {choice.qrels}")
-        manifest = {**labelled, "kept": len(queries)}
+        manifest = {**made_from, "kept": len(queries)}
         return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
-    wanted = {**made_from, "questions": choice.questions, "llm": describe_llm(llm)}
-    refuse_other_set(choice.folder, {**wanted, "seed": choice.seed})
+    wanted = {k: v for k, v in made_from.items() if k != "seed"}
     found = read_manifest(choice.folder)
     if found is not None:  # the same documents, chunking, model and options
         ui.err.print(
@@ -238,6 +251,16 @@ class DataChoice:
         if queries is None:
             return None, "--limit"
         return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
+
+    def refuse_other_set(self, llm: Any) -> None:
+        """Refuse before any work (the model's speed measured, questions written) when
+        ``--questions-dir`` holds another set than this run's (`refuse_other_set`); the
+        documents' chunks are compared once they are read (`question_set`)."""
+        from ..evaluation.questions import refuse_other_set
+
+        if self.docs is not None:
+            wanted = set_identity(self.docs, llm)
+            refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
 
     @property
     def conversational(self) -> bool:

@@ -208,6 +208,7 @@ def _load(
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
+        source.refuse_other_set(model)
         show_plan(models, source, int(needs_llm(name)))
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
         show_plan(models, source, int(needs_llm(name)), len(ds.queries))
