@@ -488,3 +488,27 @@ def test_a_refused_set_is_refused_before_the_models_speed_is_measured(
     assert result.exit_code == 2, result.output
     assert "pass --questions 10 to use it" in said and "shortens it" not in said
     assert not (tmp_path / "out").exists() and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "tune"])
+def test_every_set_under_ten_questions_is_warned_about_a_dataset_as_a_generated_one(
+    tmp_path: Path, command: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
+    tiny = Path(__file__).parent / "data" / "tiny-beir"  # 3 test questions
+    args = [command, "--dataset", str(tiny), "--split", "test", "--embed", "local"]
+    args += ["--cache-dir", str(tmp_path / "cache")]
+    if command == "eval":
+        args += ["--transforms", "none", "--out", str(tmp_path / "out")]
+    else:
+        args += ["-t", "rocchio", "--grid", "k=3", "--out", str(tmp_path / "t.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "warning: ONLY 3 QUESTIONS: the verdict cannot be trusted" in said
+    assert "a larger --limit or set" in said and "--questions" not in said
+    many = CliRunner().invoke(app, [*args[:-2], "--out", str(tmp_path / "2"), "--limit", "2"])
+    assert "ONLY 2 QUESTIONS" in " ".join(many.output.split())

@@ -161,7 +161,6 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         read_labels,
         read_manifest,
         refuse_other_set,
-        too_few,
         write_beir_folder,
         write_question_set,
     )
@@ -196,9 +195,6 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
             generate_questions(nodes, llm, n=choice.questions, seed=choice.seed, progress=advance)
         )
     ui.console.print(f"Questions: {qset.summary()}")
-    warning = too_few(len(qset.questions))
-    if warning is not None:
-        ui.err.print(f"[bold yellow]warning:[/] {warning}")
     return write_question_set(qset, nodes, choice.folder, wanted)
 
 
@@ -285,10 +281,25 @@ class DataChoice:
 
         if self.docs is None:
             assert self.dataset is not None
+            ds: Any
             if self.conversational:
-                return load_conversations(self.dataset, split, limit=limit), None
-            return load_beir(self.dataset, split, limit=limit), None
+                ds = load_conversations(self.dataset, split, limit=limit)
+            else:
+                ds = load_beir(self.dataset, split, limit=limit)
+            _warn_too_few(len(ds.queries), "Score more: a larger --limit or set.")
+            return ds, None
         folder = question_set(self.docs, embed_model, llm, max_length)
         ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
+        _warn_too_few(len(ds.queries))
         named = replace(ds, name=self.docs.docs.resolve().name, unit="chunks")
         return named, caveat(folder)
+
+
+def _warn_too_few(count: int, more: str | None = None) -> None:
+    """Warn when ``count`` questions are too few for a verdict (`too_few`), the same
+    rule for a set just written, one reused and a ``--dataset``."""
+    from ..evaluation.questions import too_few
+
+    warning = too_few(count) if more is None else too_few(count, more)
+    if warning is not None:
+        ui.err.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=False)

@@ -286,14 +286,19 @@ async def _rounds(
     return kept, len(order) - len(fresh)
 
 
-def too_few(kept: int) -> str | None:
-    """What to say when ``kept`` questions are too few for a verdict (None when enough)."""
+MORE_GENERATED = "Ask for more with --questions, or use a faster --llm or a longer --timeout."
+"""How to get more questions written from ``--docs`` (`too_few`'s default advice)."""
+
+
+def too_few(kept: int, more: str = MORE_GENERATED) -> str | None:
+    """What to say when ``kept`` questions are too few for a verdict (None when
+    enough), ending with ``more``: how to score more. Every set under `MIN_TRUSTED` is
+    told so, generated, reused or a ``--dataset``."""
     if kept >= MIN_TRUSTED:
         return None
     return (
         f"ONLY {kept} QUESTION{'S' if kept != 1 else ''}: the verdict cannot be trusted "
-        f"(at least {MIN_TRUSTED} are needed; one question more or less flips it). Ask "
-        "for more with --questions, or use a faster --llm or a longer --timeout."
+        f"(at least {MIN_TRUSTED} are needed; one question more or less flips it). {more}"
     )
 
 
