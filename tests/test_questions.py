@@ -453,6 +453,12 @@ def test_a_refused_set_names_the_flags_or_the_command_that_uses_it(tmp_path: Pat
     with pytest.raises(ValueError, match="compare another model on the same questions"):
         refuse_other_set(folder, {**generated, "llm": "gpt-4o-mini", "questions": 5})
     refuse_other_set(folder, {**generated, "chunks_sha256": "cd"}, unknown=("chunks_sha256",))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for garbage in ("10; rm -rf ~", True, None, -1, 1.5, [10]):  # a manifest edited by hand
+        (folder / "manifest.json").write_text(json.dumps({**manifest, "questions": garbage}))
+        with pytest.raises(ValueError) as refused:
+            refuse_other_set(folder, generated)
+        assert "pass --questions" not in str(refused.value)
 
 
 @pytest.mark.parametrize("command", ["eval", "tune"])

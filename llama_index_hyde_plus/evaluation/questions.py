@@ -539,7 +539,10 @@ def _set_fix(folder: Path, found: dict[str, Any], differ: list[str]) -> str:
     `eval --dataset` on it to compare another model on the same questions, then the
     other ways out (another --questions-dir, or remove the folder)."""
     fixes = []
-    if all(k in SET_FLAGS for k in differ) and not found.get("labels"):
+    settable = all(
+        k in SET_FLAGS and type(found.get(k)) is int and 0 <= found[k] < 10**9 for k in differ
+    )  # a manifest edited by hand suggests no flag from its garbage
+    if settable and not found.get("labels"):
         flags = " ".join(f"{SET_FLAGS[k]} {found.get(k)}" for k in differ)
         fixes.append(f"pass {flags} to use it")
     elif "llm" in differ and not found.get("labels"):
