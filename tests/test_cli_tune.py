@@ -395,3 +395,46 @@ def test_tune_never_overwrites_the_report_eval_wrote(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output  # type: ignore[attr-defined]
     assert "is not a tune report hyde-plus wrote" in result.output  # type: ignore[attr-defined]
     assert theirs.read_bytes() == before
+
+
+def test_a_long_sweep_counts_against_its_grid_and_says_where_the_whole_table_is(
+    tmp_path: Path,
+) -> None:
+    grid = "k=3,5,10; beta=0.1,0.2,0.3,0.5,0.8,0.9"  # 18 configurations, 15 shown
+    out = tmp_path / "hyde.json"
+    args = ["tune", "--dataset", str(TINY), "--split", "test", "--embed", "local"]
+    args += ["--cache-dir", str(tmp_path / "cache"), "-t", "rocchio", "--grid", grid]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    bar = next(line for line in lines if line.startswith("configurations"))
+    assert "18/18" in bar and "eta" in bar  # the grid is the bar's total: it has an ETA
+    assert max(len(line) for line in lines if str(tmp_path) not in line) <= 80
+    assert f"15 of 18 shown; all in {tmp_path / 'hyde.md'}" in result.output
+    assert (tmp_path / "hyde.md").read_text().count("| rocchio:k=") == 18
+
+    given = runner.invoke(app, [*args, "--out", str(out), "--report", str(tmp_path / "r.md")])
+    assert f"15 of 18 shown; all in {tmp_path / 'r.md'}" in given.output
+
+    (tmp_path / "mine.md").write_text("my notes\n")  # a user's file is never replaced
+    kept = runner.invoke(app, [*args, "--out", str(tmp_path / "mine.json")])
+    assert kept.exit_code == 0, kept.output
+    assert "15 of 18 shown; --report FILE writes them all" in kept.output
+    assert (tmp_path / "mine.md").read_text() == "my notes\n"
+
+
+def test_progress_bars_keep_the_count_elapsed_and_eta_whole_at_80_columns() -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.cli._console import progress_bar
+
+    bars = progress_bar()
+    label = "hyde:grounded=3,query_weight=0.6,gate=0.4,strategy=rerank"
+    bars.add_task("configurations", total=74, completed=30, rate=f"last: {label}")
+    bars.add_task(label, total=7, rate="0.1 q/s, 4 fell back, 3 in flight")
+    console = Console(width=80, record=True)
+    console.print(bars.make_tasks_table(bars.tasks))
+    lines = console.export_text().splitlines()
+    assert len(lines) == 2 and all(len(line) <= 80 for line in lines)
+    assert "30/74" in lines[0] and "━" in lines[0]
+    assert all(line.rstrip().endswith("eta -:--:--") and "0:00:00" in line for line in lines)

@@ -195,7 +195,9 @@ def test_an_eval_ends_with_one_recommendation_a_user_can_act_on(tmp_path: Path) 
 
     hyde.p_value_vs_none, hyde.fallbacks = 0.004, 31  # the score is partly plain search's
     said = recommendation(res)
-    assert "keep plain search" in said and "not measured: it fell back on 31 of 300" in said
+    assert "keep plain search" in said and "no transform was measured" in said
+    assert "`hyde:question_weight=0.7` fell back on 31 of 300" in said
+    assert "the best" not in said
     assert said in markdown(res)
 
 
@@ -268,3 +270,20 @@ def test_fallbacks_say_how_many_timed_out_and_how_many_failed(tmp_path: Path) ->
     assert hyde.fell_back == "fell back on 5 of 50: failures"
     hyde.fallbacks = 6
     assert not hyde.measured and hyde.verdict.startswith("not measured")
+
+
+def test_a_recommendation_never_calls_a_loss_or_an_unmeasured_row_the_best(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.report import recommendation
+
+    res = result(tmp_path)
+    hyde = res.reports[1]
+    hyde.queries = 300
+    hyde.delta_vs_none, hyde.p_value_vs_none, hyde.interval_vs_none = -0.003, 0.97, (-0.19, 0.18)
+    hyde.fallbacks = 0
+    said = recommendation(res)
+    assert "the best" not in said and "no transform scores above plain search" in said
+    assert "-0.3 [-19.0,+18.0] nDCG@10 points" in said
+    hyde.delta_vs_none = 0.02  # a gain that could be chance says so
+    assert "which could be chance (p = 0.970)" in recommendation(res)

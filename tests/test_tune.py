@@ -453,3 +453,34 @@ def test_short_labels_keep_short_options_whole_and_name_the_defaults() -> None:
     assert shown == ["defaults", "gate=0.4, k=3", "none"] and legend == ""
     shown, legend = short_labels(["rocchio:feedback_depth=10,alpha=1.0"], "rocchio")
     assert shown == ["fd=10, a=1.0"] and legend == "a: alpha, fd: feedback_depth"
+
+
+def test_a_configuration_that_mostly_fell_back_is_not_measured_and_never_chosen() -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.evaluation.report import tune_choice, tune_markdown, tune_table
+
+    base = report("none", 0.40, per_query={f"q{i}": 0.4 for i in range(7)})
+    plain = report("hyde", 0.41, {}, per_query={f"q{i}": 0.41 for i in range(7)})
+    fell = report("hyde:grounded=3", 0.43, {"grounded": 3}, {f"q{i}": 0.43 for i in range(7)})
+    fell.fallbacks = fell.timeouts = 4  # 4 of 7: its score is mostly plain search's
+    for r in (plain, fell):
+        r.compare_with(base)
+    assert pick_winner([fell, plain], DEFAULT_TOLERANCE, "hyde") is plain
+    result = TuneResult(
+        transform="hyde", dataset="docs", split="generated", queries=7, baseline=base,
+        reports=[plain, fell], best=plain, winner=plain, tolerance=DEFAULT_TOLERANCE,
+    )  # fmt: skip
+    assert result.ranked() == [plain, fell] and result.unmeasured == 1
+    console = Console(width=80, record=True)
+    console.print(tune_table(result))
+    row = next(line for line in console.export_text().splitlines() if "grounded=3" in line)
+    assert "not measured" in row and "0/4" in row and "+3.0" not in row and "7/0/0" not in row
+    said = tune_choice(result)
+    assert "1 of 2 configurations are not measured" in said and "never chosen" in said
+    assert said in tune_markdown(result)
+    assert config_payload(result)["tuned_on"]["configurations_not_measured"] == 1
+    fell_alone = pick_winner([fell], DEFAULT_TOLERANCE, "hyde")
+    result.reports, result.best, result.winner = [fell], fell_alone, fell_alone
+    assert tune_choice(result).startswith("No configuration was measured")
+    assert not fell_alone.gains()

@@ -155,6 +155,8 @@ def working(description: str) -> Iterator[None]:
 
 
 def progress_bar() -> Progress:
+    """Bars within 80 columns: the description and the rate shortened with an ellipsis
+    when long, so the count, the elapsed time and the ETA always show whole."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -163,15 +165,20 @@ def progress_bar() -> Progress:
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.table import Column
 
+    def squeezable(width: int) -> Column:
+        return Column(max_width=width, no_wrap=True, overflow="ellipsis")
+
+    whole = Column(no_wrap=True)
     return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
+        TextColumn("[progress.description]{task.description}", table_column=squeezable(16)),
+        BarColumn(bar_width=8),
+        MofNCompleteColumn(table_column=whole),
+        TextColumn("{task.fields[rate]}", table_column=squeezable(26)),
+        TimeElapsedColumn(table_column=whole),
+        TextColumn("eta", table_column=whole),
+        TimeRemainingColumn(table_column=whole),
         console=_made_console(True),
         transient=False,
     )

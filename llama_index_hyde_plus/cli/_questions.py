@@ -133,6 +133,27 @@ def _fingerprint(nodes: list[Any]) -> str:
     return digest.hexdigest()
 
 
+def set_identity(choice: DocsChoice, llm: Any) -> dict[str, Any]:
+    """What the question set of ``choice`` is made from (`SET_IDENTITY`) but its
+    chunks' fingerprint, known only once the documents are chunked: the documents, the
+    chunking, and the labels file or the generation's options and model."""
+    from ..models import describe_llm
+
+    made_from: dict[str, Any] = {
+        "docs": str(choice.docs.resolve()),
+        "chunk_size": choice.chunk_size,
+        "chunk_overlap": choice.chunk_overlap,
+    }
+    if choice.qrels is not None:
+        return {**made_from, "labels": str(choice.qrels.resolve())}
+    return {
+        **made_from,
+        "questions": choice.questions,
+        "llm": describe_llm(llm),
+        "seed": choice.seed,
+    }
+
+
 def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int) -> Path:
     """The BEIR folder to score: from ``--qrels``, reused, or written now."""
     from ..evaluation.questions import (
@@ -140,28 +161,19 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         read_labels,
         read_manifest,
         refuse_other_set,
-        too_few,
         write_beir_folder,
         write_question_set,
     )
-    from ..models import describe_llm
 
     nodes = _chunks(choice, embed_model, max_length)
-    made_from = {
-        "docs": str(choice.docs.resolve()),
-        "chunks_sha256": _fingerprint(nodes),
-        "chunk_size": choice.chunk_size,
-        "chunk_overlap": choice.chunk_overlap,
-    }
+    made_from = {**set_identity(choice, llm), "chunks_sha256": _fingerprint(nodes)}
+    refuse_other_set(choice.folder, made_from)
     if choice.qrels is not None:
-        labelled = {**made_from, "labels": str(choice.qrels.resolve())}
-        refuse_other_set(choice.folder, labelled)
         queries, judgments = read_labels(choice.qrels, nodes)
         ui.err.print(f"{len(queries)} labelled questions from {choice.qrels}")
-        manifest = {**labelled, "kept": len(queries)}
+        manifest = {**made_from, "kept": len(queries)}
         return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
-    wanted = {**made_from, "questions": choice.questions, "llm": describe_llm(llm)}
-    refuse_other_set(choice.folder, {**wanted, "seed": choice.seed})
+    wanted = {k: v for k, v in made_from.items() if k != "seed"}
     found = read_manifest(choice.folder)
     if found is not None:  # the same documents, chunking, model and options
         ui.err.print(
@@ -183,9 +195,6 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
             generate_questions(nodes, llm, n=choice.questions, seed=choice.seed, progress=advance)
         )
     ui.console.print(f"Questions: {qset.summary()}")
-    warning = too_few(len(qset.questions))
-    if warning is not None:
-        ui.err.print(f"[bold yellow]warning:[/] {warning}")
     return write_question_set(qset, nodes, choice.folder, wanted)
 
 
@@ -239,6 +248,16 @@ class DataChoice:
             return None, "--limit"
         return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
 
+    def refuse_other_set(self, llm: Any) -> None:
+        """Refuse before any work (the model's speed measured, questions written) when
+        ``--questions-dir`` holds another set than this run's (`refuse_other_set`); the
+        documents' chunks are compared once they are read (`question_set`)."""
+        from ..evaluation.questions import refuse_other_set
+
+        if self.docs is not None:
+            wanted = set_identity(self.docs, llm)
+            refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
+
     @property
     def conversational(self) -> bool:
         """Whether ``--dataset`` is a conversational set (a ``turns`` folder)."""
@@ -262,10 +281,25 @@ class DataChoice:
 
         if self.docs is None:
             assert self.dataset is not None
+            ds: Any
             if self.conversational:
-                return load_conversations(self.dataset, split, limit=limit), None
-            return load_beir(self.dataset, split, limit=limit), None
+                ds = load_conversations(self.dataset, split, limit=limit)
+            else:
+                ds = load_beir(self.dataset, split, limit=limit)
+            _warn_too_few(len(ds.queries), "Score more: a larger --limit or set.")
+            return ds, None
         folder = question_set(self.docs, embed_model, llm, max_length)
         ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
+        _warn_too_few(len(ds.queries))
         named = replace(ds, name=self.docs.docs.resolve().name, unit="chunks")
         return named, caveat(folder)
+
+
+def _warn_too_few(count: int, more: str | None = None) -> None:
+    """Warn when ``count`` questions are too few for a verdict (`too_few`), the same
+    rule for a set just written, one reused and a ``--dataset``."""
+    from ..evaluation.questions import too_few
+
+    warning = too_few(count) if more is None else too_few(count, more)
+    if warning is not None:
+        ui.err.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=False)

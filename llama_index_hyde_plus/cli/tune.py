@@ -141,7 +141,7 @@ def tune(
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model))
     path = _write(result, out) if result.winner.gains() or write_anyway else None
     show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
-    _show(result, path, report, questions_dir if docs is not None else None)
+    _show(result, (path, out), report, questions_dir if docs is not None else None)
 
 
 def _write(result: Any, out: Path) -> Path:
@@ -164,19 +164,25 @@ def _timed_grid(configs: Any, name: str, timeout: float | None) -> Any:
 
 
 def _sweep(ds: Any, name: str, options: dict[str, Any], runner: dict[str, Any]) -> Any:
-    """`run_tune` with progress bars: the configurations done, and the current one's
-    queries (rate, ETA, fallbacks so far)."""
+    """`run_tune` with progress bars: the configurations done of the grid's (so the bar
+    has an ETA) and how many were not measured, and the current one's queries (rate,
+    ETA, fallbacks so far)."""
     from ..evaluation.tune import run_tune
+    from ..transforms.registry import entry_for
+
+    grid = options["grid"] if options["grid"] is not None else entry_for(name).grid
+    unmeasured = 0
+
+    def done(report: Any) -> None:
+        nonlocal unmeasured
+        unmeasured += not report.measured
+        said = f"[yellow]{unmeasured} not measured[/]" if unmeasured else ""
+        progress.update(sweep, advance=1, rate=said)
 
     with progress_bar() as progress, reported():
-        sweep = progress.add_task("configurations", total=None, rate="")
+        sweep = progress.add_task("configurations", total=len(grid), rate="")
         return run_tune(
-            ds,
-            name,
-            progress=one_bar(progress, "q/s"),
-            on_report=lambda r: progress.update(sweep, advance=1, rate=f"last: {r.label}"),
-            **options,
-            **runner,
+            ds, name, progress=one_bar(progress, "q/s"), on_report=done, **options, **runner
         )
 
 
@@ -202,6 +208,7 @@ def _load(
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
+        source.refuse_other_set(model)
         show_plan(models, source, int(needs_llm(name)))
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
         show_plan(models, source, int(needs_llm(name)), len(ds.queries))
@@ -210,9 +217,33 @@ def _load(
     return configs, ds, embed_model, model if needs_llm(name) else None
 
 
-def _show(result: Any, path: Path | None, report: Path | None, question_set: Path | None) -> None:
-    """The sweep, the choice and where it was written; a question set it was tuned on
-    is marked so (``eval`` on it then warns)."""
+TABLE_ROWS = 15
+"""Configurations the terminal table shows, best first; the report has them all."""
+
+
+def _whole_table(result: Any, out: Path) -> Path | None:
+    """Where the whole sweep goes when the terminal shows only `TABLE_ROWS` and no
+    ``--report`` was given: beside ``--out``, with ``.md`` (``hyde.json`` ->
+    ``hyde.md``), unless a file there is not a tune report hyde-plus wrote (None)."""
+    from ..evaluation.report import is_tune_report
+    from ..evaluation.tune import check_writable
+
+    if len(result.reports) <= TABLE_ROWS:
+        return None
+    path = out.with_suffix(".md") if out.suffix.lower() != ".md" else out.with_suffix(".md.md")
+    try:
+        return check_writable(path, "--report", "a tune report", is_tune_report)
+    except ValueError:
+        return None
+
+
+def _show(
+    result: Any, paths: tuple[Path | None, Path], report: Path | None, question_set: Path | None
+) -> None:
+    """The sweep, the choice and where it was written (``paths``: the config written
+    or None, and ``--out``); a question set it was tuned on is marked so (``eval`` on
+    it then warns)."""
+    path, out = paths
     from ..evaluation.report import (
         is_tune_report,
         tune_choice,
@@ -228,7 +259,12 @@ def _show(result: Any, path: Path | None, report: Path | None, question_set: Pat
         mark_tuned(question_set)
     if result.extra.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
-    ui.console.print(tune_table(result))
+    ui.console.print(tune_table(result, TABLE_ROWS))
+    report = report if report is not None else _whole_table(result, out)
+    if len(result.reports) > TABLE_ROWS:
+        where = f"all in {report}" if report is not None else "--report FILE writes them all"
+        said = f"{TABLE_ROWS} of {len(result.reports)} shown; {where}"
+        ui.console.print(said, markup=False, soft_wrap=True)  # a path is never folded
     ui.console.print(tune_choice(result), markup=False)
     if report is not None:
         with reported():

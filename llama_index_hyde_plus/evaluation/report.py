@@ -109,14 +109,18 @@ def _share(count: int, report: TransformReport) -> str:
 
 
 def _terminal_row(report: TransformReport, best: float) -> list[str]:
+    """A row of the terminal tables; a row not measured (more than a tenth of its
+    queries fell back) says so instead of a difference with `none`."""
     score = f"{report.scores['nDCG@10']:.3f}"
+    if report.delta_vs_none is not None and not report.measured:
+        compared = ["not measured", "-", "-", "-"]  # mostly plain search's: no comparison
+    else:
+        p = "-" if report.p_value_vs_none is None else f"{report.p_value_vs_none:.2f}"
+        compared = [_interval(report), _wtl(report), p, _share(report.changed, report)]
     return [
         report.label,
         f"[bold green]{score}[/]" if abs(report.scores["nDCG@10"] - best) < 1e-12 else score,
-        _interval(report),
-        _wtl(report),
-        "-" if report.p_value_vs_none is None else f"{report.p_value_vs_none:.2f}",
-        _share(report.changed, report),
+        *compared,
         f"{report.skipped}/{report.fallbacks}",
         _latency(report.latency_p50_s),
     ]
@@ -197,7 +201,7 @@ def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
     gaining = [r for r in rows if r.gains(alpha)]
     if gaining:
         return _use(max(gaining, key=lambda r: r.scores["nDCG@10"]))
-    return _keep_plain(max(rows, key=lambda r: r.scores["nDCG@10"]), "transform")
+    return _keep_plain(rows, "transform", "the highest-scoring")
 
 
 def _use(report: TransformReport, how: str = "") -> str:
@@ -207,15 +211,28 @@ def _use(report: TransformReport, how: str = "") -> str:
     )
 
 
-def _keep_plain(top: TransformReport, what: str, role: str = "best") -> str:
-    if not top.measured:
+def _keep_plain(rows: list[TransformReport], what: str, role: str) -> str:
+    """Why plain search stays, for a person: no row was measured (each fell back on
+    more than a tenth of its queries), or the ``role`` row (the highest-scoring
+    measured one, or the chosen one) gains nothing that could not be chance."""
+    keep = "Recommendation: keep plain search (`none`)"
+    measured = [r for r in rows if r.measured]
+    if not measured:
+        top = max(rows, key=lambda r: r.scores["nDCG@10"])
         return (
-            f"Recommendation: keep plain search (`none`): the {role}, `{top.label}`, is not "
-            f"measured: it {top.fell_back} (its score is partly plain search's)."
+            f"{keep}: no {what} was measured here: `{top.label}` {top.fell_back} "
+            "(more than a tenth of its queries, so its score is mostly plain search's)."
+        )
+    top = max(measured, key=lambda r: r.scores["nDCG@10"])
+    p = _p(top).rstrip(" *")
+    if (top.delta_vs_none or 0.0) > 0:
+        return (
+            f"{keep}: no {what} gains significantly here; {role}, `{top.label}`, is "
+            f"{_interval(top)} nDCG@10 points, which could be chance (p = {p})."
         )
     return (
-        f"Recommendation: keep plain search (`none`): no {what} gains significantly here; "
-        f"the {role}, `{top.label}`, is {_interval(top)} points (p = {_p(top).rstrip(' *')})."
+        f"{keep}: no {what} scores above plain search here; {role}, `{top.label}`, is "
+        f"{_interval(top)} nDCG@10 points (p = {p})."
     )
 
 
@@ -232,7 +249,7 @@ def tune_recommendation(result: TuneResult, config: Path | None) -> str:
     if winner.gains():
         how = f" (--config {config})" if config is not None else ""
         return _use(winner, how)
-    said = _keep_plain(winner, "configuration", "chosen")
+    said = _keep_plain([winner], "configuration", "the chosen one")
     return said + (" No config written." if config is None else "")
 
 
@@ -450,13 +467,29 @@ def tune_choice(result: TuneResult) -> str:
     simplest within ``--tolerance`` of the best is chosen."""
     w, best = result.winner, result.best
     said = f"Chosen: `{w.label}` ({w.verdict})"
+    if not w.measured:
+        return (
+            f"No configuration was measured: each fell back on more than a tenth of its "
+            f"queries; none is chosen. Of the highest-scoring, `{w.label}`: {w.fell_back}."
+        )
+    skipped = _unmeasured_note(result)
     if w is best:
-        return f"{said}, the best-scoring configuration."
+        return f"{said}, the best-scoring configuration.{skipped}"
     gap = (best.scores["nDCG@10"] - w.scores["nDCG@10"]) * 100
     return (
         f"{said}, not the best-scoring `{best.label}` ({best.scores['nDCG@10']:.4f}, "
         f"{gap:.1f} points higher): the simplest configuration within "
-        f"{result.tolerance * 100:.1f} points (--tolerance) of the best is chosen."
+        f"{result.tolerance * 100:.1f} points (--tolerance) of the best is chosen.{skipped}"
+    )
+
+
+def _unmeasured_note(result: TuneResult) -> str:
+    count = result.unmeasured
+    if not count:
+        return ""
+    return (
+        f" {count} of {len(result.reports)} configurations are not measured (they fell "
+        "back on more than a tenth of their queries) and never chosen."
     )
 
 

@@ -104,8 +104,14 @@ class TuneResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def ranked(self) -> list[TransformReport]:
-        """The configurations' reports, best nDCG@10 first."""
-        return sorted(self.reports, key=lambda r: -r.scores["nDCG@10"])
+        """The configurations' reports, best nDCG@10 first; those not measured (more
+        than a tenth of their queries fell back, `TransformReport.measured`) last."""
+        return sorted(self.reports, key=lambda r: (not r.measured, -r.scores["nDCG@10"]))
+
+    @property
+    def unmeasured(self) -> int:
+        """How many configurations fell back on more than a tenth of their queries."""
+        return sum(not r.measured for r in self.reports)
 
 
 def pick_winner(
@@ -113,9 +119,11 @@ def pick_winner(
 ) -> TransformReport:
     """The simplest report within ``tolerance`` nDCG@10 of the best (the best among
     equally simple ones). Where a knob makes no measurable difference, the simpler
-    value wins."""
+    value wins. A report that is not measured (more than a tenth of its queries fell
+    back: its score is mostly plain search's) is chosen only when none is."""
     if not reports:
         raise ValueError("no configurations to choose from")
+    reports = [r for r in reports if r.measured] or list(reports)
     best = max(r.scores["nDCG@10"] for r in reports)
     close = [r for r in reports if r.scores["nDCG@10"] >= best - tolerance - 1e-12]
     return min(close, key=lambda r: (complexity(transform, r.options), -r.scores["nDCG@10"]))
@@ -162,7 +170,7 @@ def run_tune(
             )
     finally:
         session.close()
-    best = max(reports, key=lambda r: r.scores["nDCG@10"])
+    best = max([r for r in reports if r.measured] or reports, key=lambda r: r.scores["nDCG@10"])
     return TuneResult(
         transform=name,
         dataset=ds.name,
@@ -251,6 +259,9 @@ def config_payload(result: TuneResult) -> dict[str, Any]:
             "best_ndcg@10": round(result.best.scores["nDCG@10"], 5),
             "tolerance_points": round(result.tolerance * 100, 4),
             "fallbacks": w.fallbacks,
+            "measured": w.measured,
+            "configurations": len(result.reports),
+            "configurations_not_measured": result.unmeasured,
             **result.extra,
         },
     }
