@@ -183,18 +183,20 @@ class Slots:
         """A slot for the call made inside, taken before its clock starts (`RESERVED`
         tells the worker that makes it)."""
         self.acquire(wait)
-        reservation = Reservation(self)
-        told = RESERVED.set(reservation)
-        try:
+        with self._reserved() as reservation:
             yield reservation
-        finally:
-            RESERVED.reset(told)
-            self._caller_left(reservation)
 
     @asynccontextmanager
     async def areserve(self, wait: float | None) -> AsyncIterator[Reservation]:
         """`reserve` on the async path."""
         await self.aacquire(wait)
+        with self._reserved() as reservation:
+            yield reservation
+
+    @contextmanager
+    def _reserved(self) -> Iterator[Reservation]:
+        """The slot just taken, told to the worker through `RESERVED` while the caller
+        is inside, given back once the caller and every call on it have left."""
         reservation = Reservation(self)
         told = RESERVED.set(reservation)
         try:
