@@ -414,11 +414,11 @@ def test_eval_tune_and_query_run_on_your_own_model(
     queried = runner.invoke(
         app,
         [
-            *("query", "what is measured?", "--index", str(index), "-t", "multi-query"),
+            *("query", "what is measured?", "--index", str(index), "-t", "hyde"),
             *("--json", "--llm", llm, "--timeout", "120"),
             *(["--llm-model", "SmolLM2-135M-Instruct.Q4_1.gguf"] if which == "server" else []),
         ],
     )
     assert queried.exit_code == 0, queried.output
-    shown = json.loads(queried.output)
+    shown = json.loads(queried.stdout)
     assert shown["transform"]["fallback"] is False, shown["transform"]
