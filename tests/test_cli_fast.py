@@ -282,8 +282,8 @@ def test_the_early_checks_give_the_library_s_messages(tmp_path: Path) -> None:
 
 
 def test_every_command_sets_up_logging_before_anything_else() -> None:
-    """The group no longer does (its callback runs before a command's ``--help``): a
-    library that logs on import must find our quiet handler in place."""
+    """Each command, not the group (whose callback runs before a command's ``--help``),
+    sets up logging: a library that logs on import must find our quiet handler in place."""
     commands = [*app.registered_commands, *models_app.registered_commands]
     assert len(commands) >= 9
     for command in commands:

@@ -51,8 +51,8 @@ def test_non_finite_weights_are_rejected(bad: float) -> None:
 
 @pytest.mark.parametrize("extreme", [1e200, 1e308, 1e-320, 1e-7, 1e7])
 def test_extreme_weights_are_refused_by_the_constructor(extreme: float) -> None:
-    """alpha = beta = 1e200 used to overflow to a zero search vector: every score 0.0,
-    in arbitrary order, with no fallback."""
+    """Weights this extreme would overflow (or underflow) the search vector to zero:
+    every score 0.0, in arbitrary order, with no fallback."""
     with pytest.raises(ValueError, match=r"alpha must .*between .*1e\+06"):
         Rocchio(alpha=extreme, beta=extreme)
     with pytest.raises(ValueError, match="feedback_beta"):

@@ -1,6 +1,6 @@
 """The LLM call layer under load: threads that only wait take no slot of the process's
 thread cap and a burst past it waits in line; a streamed reply keeps the overall
-deadline on the sync path and an abandoned one is no longer read; a generation stopped
+deadline on the sync path and an abandoned one is not read further; a generation stopped
 early is counted by the host's token counter; an async LLM that swallows its
 cancellation is never waited for; a sync `HANG` frees its thread once abandoned."""
 

@@ -182,8 +182,8 @@ async def test_a_timed_out_local_call_stops_generating(use_async: bool) -> None:
 
 
 def test_a_generation_that_outlives_its_timeout_does_not_crash_the_exit() -> None:
-    """The interpreter used to be torn down under the abandoned generation, which then
-    called back into Python: ``FATAL: exception not rethrown`` (SIGABRT, exit 134)."""
+    """Exiting while an abandoned generation still runs must not tear the interpreter down
+    under it (it would call back into Python: ``FATAL: exception not rethrown``, SIGABRT)."""
     script = Path(__file__).with_name("_exit_after_timeout.py")
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600
