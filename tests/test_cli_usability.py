@@ -259,7 +259,7 @@ def test_the_local_models_speed_line_wraps_at_80_columns(
 
     line = (
         "Local model: 25.8 tokens/s with 1 llama.cpp thread (2 threads: under 1), measured "
-        "now. This run may take up to about 15 min (60 generations of up to 160 tokens); "
+        "now. Generating may take up to about 15 min (60 generations of up to 160 tokens); "
         "--questions 25 shortens it."
     )
     models = SimpleNamespace(speed_line=lambda *work: line)

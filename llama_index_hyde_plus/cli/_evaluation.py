@@ -100,7 +100,7 @@ class ModelChoice:
         if seconds <= LONG_RUN_S:
             return said
         return (
-            f"{said} This run may take up to about {seconds / 60:.0f} min ({generations} "
+            f"{said} Generating may take up to about {seconds / 60:.0f} min ({generations} "
             f"generations of up to {self.max_tokens} tokens); {shorten} shortens it."
         )
 

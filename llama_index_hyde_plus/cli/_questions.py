@@ -237,12 +237,15 @@ class DataChoice:
 
     def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int | None, str]:
         """``(generations, option)``: at most how many LLM calls a run makes (for
-        ``--docs``, writing questions, up to 1.5 a question; then one per question per
-        transform that calls the LLM, ``queries`` of a loaded ``--dataset``; None when
-        that is not known yet) and the one option that shortens it."""
+        ``--docs``, writing questions, up to `CALLS_PER_QUESTION` a question; then one
+        per question per transform that calls the LLM, ``queries`` of a loaded
+        ``--dataset``; None when that is not known yet) and the one option that
+        shortens it."""
         if self.docs is not None:
+            from ..evaluation.questions import CALLS_PER_QUESTION
+
             n = self.docs.questions
-            writing = 0 if self.docs.qrels is not None else n * 3 // 2
+            writing = 0 if self.docs.qrels is not None else n * CALLS_PER_QUESTION
             return writing + llm_transforms * n, f"--questions {max(1, n // 4)}"
         if queries is None:
             return None, "--limit"
