@@ -779,6 +779,50 @@ def test_query_shows_a_gate_s_skip_and_every_generated_query_of_each_stage(
     assert "step-back: step-back question • What drives [bold]revenue?" in shown
 
 
+def test_query_shows_a_multi_query_reply_with_nothing_new_as_a_fallback_saying_why(
+    built_index: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index_hyde_plus.cli._options import LlmFlags
+    from llama_index_hyde_plus.testing import ScriptedLLM
+
+    question = "Why did revenue drop?"
+    reply = f"1. {question}\n2. {question.lower()}"
+    monkeypatch.setattr(
+        LlmFlags, "resolve", lambda self, **_: ScriptedLLM(respond=lambda prompt: reply)
+    )
+    argv = ["query", question, "--index", str(built_index), "-t", "multi-query"]
+    table = runner.invoke(app, argv, env={"COLUMNS": "80"})
+    assert table.exit_code == 0, table.output
+    shown = " ".join(table.stdout.split())
+    assert (
+        "multi-query fell back to the original query: UnusableReplyError: no query could "
+        "be parsed from the reply (left out: 2 repeating the question)"
+    ) in shown
+    assert "generated queries" not in shown and f"• {question}" not in shown
+    listed = runner.invoke(app, [*argv, "--json"])
+    transform = json.loads(listed.stdout)["transform"]
+    assert transform["fallback"] is True and transform["queries"] == []
+    assert transform["error"].startswith("UnusableReplyError: no query could be parsed")
+    assert transform["parsed"] == {
+        "asked": 3,
+        "kept": 0,
+        "dropped": {"duplicate_of_question": 2},
+        "trimmed": 0,
+    }
+
+
+def test_query_json_lists_the_generated_queries_only_for_hyde_and_multi_query(
+    built_index: Path,
+) -> None:
+    question = "Why did revenue drop?"
+    argv = ["query", question, "--index", str(built_index), "--llm", "scripted", "--json"]
+    hyde = json.loads(runner.invoke(app, [*argv, "-t", "hyde"]).stdout)["transform"]
+    assert hyde["queries"] == [] and hyde["hypothetical"]  # passages, no query
+    fan = json.loads(runner.invoke(app, [*argv, "-t", "multi-query"]).stdout)["transform"]
+    assert len(fan["queries"]) == 3 and question not in fan["queries"]
+    assert fan["include_query"] is True  # the question is searched, not listed
+
+
 def test_a_config_or_transform_option_gives_any_llm_the_small_model_defaults(
     built_index: Path, tmp_path: Path
 ) -> None:
