@@ -823,6 +823,22 @@ def test_query_json_lists_the_generated_queries_only_for_hyde_and_multi_query(
     assert fan["include_query"] is True  # the question is searched, not listed
 
 
+def test_query_heads_fused_scores_as_such_and_says_under_the_table_how_they_are_made(
+    built_index: Path,
+) -> None:
+    argv = ["query", "Why did revenue drop?", "--index", str(built_index), "--llm", "scripted"]
+    fan = runner.invoke(app, [*argv, "-t", "multi-query"], env={"COLUMNS": "80"})
+    assert fan.exit_code == 0, fan.output
+    lines = fan.stdout.splitlines()
+    header = next(line for line in lines if "source" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == ["#", "fused", "source", "text"]
+    note = "fused = sum of weight/(10+rank) over 4 searches (question x5, rest x1)"
+    assert note in lines and max(len(line) for line in lines) <= 80
+    one = runner.invoke(app, [*argv, "-t", "hyde"], env={"COLUMNS": "80"})
+    header = next(line for line in one.stdout.splitlines() if "source" in line)
+    assert "score" in header and "fused" not in one.stdout  # one list: its own scores
+
+
 def test_a_config_or_transform_option_gives_any_llm_the_small_model_defaults(
     built_index: Path, tmp_path: Path
 ) -> None:
