@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,23 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
                 assert param.help, f"{name} {param.opts} has no help"
             help_text = runner.invoke(app, [*name.split(), "--help"]).output
             assert "<bool>" not in help_text, name
+
+
+def test_no_help_or_note_points_to_a_file_an_installed_user_does_not_have() -> None:
+    import typer.main
+
+    from llama_index_hyde_plus.cli.demo import DEMO_READING
+
+    group: Any = typer.main.get_command(app)
+    names = [[]] + [[n] for n in group.commands]
+    names += [["models", n] for n in group.commands["models"].commands]
+    # the repository's own files ("README", "BENCHMARKS.md"), not a file type (".md")
+    repository_file = re.compile(r"README|BENCHMARKS|CONTRIBUTING|CHANGELOG|\w\.md\b")
+    for name in names:
+        shown = runner.invoke(app, [*name, "--help"], env={"COLUMNS": "300"}).output
+        found = repository_file.findall(shown)
+        assert not found, f"hyde-plus {' '.join(name)} --help names {found}"
+    assert not repository_file.findall(DEMO_READING)
 
 
 def test_index_writes_metadata(built_index: Path) -> None:

@@ -249,7 +249,8 @@ that ``--top-k`` distinct files are usually among them."""
 
 TRANSFORM_HELP = (
     f"One of: {', '.join(TRANSFORMS)} (default: hyde). Its shipped options depend on the "
-    "LLM: conservative for the bundled local model, stronger for any other (README)."
+    "LLM: conservative for the bundled local model, stronger for any other (see the "
+    "docs' page The guards)."
 )
 
 
