@@ -339,10 +339,10 @@ def test_the_rcp_pages_curl_example_works_against_the_server(reader: Reader) -> 
 API_PAGES = sorted((DOCS / "api").glob("*.md"))
 
 
-def documented_names() -> set[str]:
-    """Every ``::: llama_index_hyde_plus.NAME`` of the API reference pages."""
+def documented_names(pages: list[Path] = API_PAGES) -> set[str]:
+    """Every ``::: llama_index_hyde_plus.NAME`` of the API reference ``pages``."""
     found: set[str] = set()
-    for page in API_PAGES:
+    for page in pages:
         found |= set(re.findall(r"^::: llama_index_hyde_plus\.(\S+)", page.read_text(), re.M))
     return found
 
@@ -358,11 +358,15 @@ def own_docstring(obj: Any) -> str:
     return inspect.getdoc(obj) or ""
 
 
-def test_every_public_name_is_in_the_api_reference() -> None:
+def test_every_public_name_is_in_the_api_reference_and_on_its_top_level_page() -> None:
     import llama_index_hyde_plus as package
 
     missing = sorted(set(package.__all__) - documented_names())
     assert not missing, f"add `::: llama_index_hyde_plus.NAME` to docs/api/: {missing}"
+    top = DOCS / "api" / "index.md"
+    assert "Everything in `llama_index_hyde_plus.__all__`" in top.read_text()
+    elsewhere = sorted(set(package.__all__) - documented_names([top]))
+    assert not elsewhere, f"the top-level page claims all of __all__; move there: {elsewhere}"
 
 
 API_SECTIONS = {
@@ -372,6 +376,7 @@ API_SECTIONS = {
     "Usage and cost": ("usage",),
     "Two-stage RAG": ("pipeline",),
     "Indexes": ("stores",),
+    "Chunking": ("chunking",),
     "Version": ("_version",),
 }
 """Each heading of the top-level API reference and the modules its names come from."""
