@@ -431,3 +431,24 @@ def test_own_docstring_ignores_inherited_and_generated_ones() -> None:
 
     assert own_docstring(Base) == "Base."
     assert [own_docstring(o) for o in (Child, Point, Colour, bare)] == ["", "", "", ""]
+
+
+def test_the_install_section_says_which_extras_bring_the_command() -> None:
+    """Each extra of pyproject.toml has a row in the home page's install table, whose
+    last column says "yes" for `cli` and for the extras that include it, and says so."""
+    import tomllib
+
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    text = (DOCS / "index.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "\n| extra |" in text, "the install section has no table of the extras"
+    table = text.split("\n| extra |", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in table.splitlines()[2:]:  # after the header's end and the rule
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[2]
+    assert set(rows) == set(extras), rows
+    for extra, command in rows.items():
+        includes = "llama-index-hyde-plus[cli]" in extras[extra]
+        expected = "yes: includes `cli`" if includes else "yes" if extra == "cli" else "no"
+        assert command == expected, (extra, command)
