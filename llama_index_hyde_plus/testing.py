@@ -216,8 +216,10 @@ class ScriptedLLM(_CountsCalls, CustomLLM):
 
 def echo_llm(delay: float = 0.0, **kwargs: Any) -> ScriptedLLM:
     """A `ScriptedLLM` that answers every prompt with three numbered variations of the
-    question it finds in it, after ``delay`` seconds, keeping no history: a stand-in
-    for load tests."""
+    question it finds in it (`echo.echo_reply`: a chat's last user message, a
+    ``Question:`` or ``Query:`` line, the last line of text), after ``delay`` seconds,
+    keeping no history: a stand-in for load tests and the docs' examples. A prompt with
+    no question in it raises a `ValueError` quoting it."""
     kwargs.setdefault("record", False)
     return ScriptedLLM(respond=echo_reply, delay=delay, **kwargs)
 

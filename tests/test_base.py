@@ -72,7 +72,8 @@ def test_raising_custom_transformer_is_logged_and_falls_back(
 
     caplog.set_level(logging.ERROR, logger="llama_index_hyde_plus")
     result = Broken().transform_safe("q")
-    assert result.fallback and result.queries == ("q",) and "KeyError" in (result.error or "")
+    assert result.fallback and result.queries == () and "KeyError" in (result.error or "")
+    assert result.search_queries == ("q",)
     assert any("Broken" in r.getMessage() for r in caplog.records)
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,23 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
                 assert param.help, f"{name} {param.opts} has no help"
             help_text = runner.invoke(app, [*name.split(), "--help"]).output
             assert "<bool>" not in help_text, name
+
+
+def test_no_help_or_note_points_to_a_file_an_installed_user_does_not_have() -> None:
+    import typer.main
+
+    from llama_index_hyde_plus.cli.demo import DEMO_READING
+
+    group: Any = typer.main.get_command(app)
+    names = [[]] + [[n] for n in group.commands]
+    names += [["models", n] for n in group.commands["models"].commands]
+    # the repository's own files ("README", "BENCHMARKS.md"), not a file type (".md")
+    repository_file = re.compile(r"README|BENCHMARKS|CONTRIBUTING|CHANGELOG|\w\.md\b")
+    for name in names:
+        shown = runner.invoke(app, [*name, "--help"], env={"COLUMNS": "300"}).output
+        found = repository_file.findall(shown)
+        assert not found, f"hyde-plus {' '.join(name)} --help names {found}"
+    assert not repository_file.findall(DEMO_READING)
 
 
 def test_index_writes_metadata(built_index: Path) -> None:
@@ -777,6 +795,66 @@ def test_query_shows_a_gate_s_skip_and_every_generated_query_of_each_stage(
     assert "multi-query: generated queries • revenue decline causes • Q3 renewals slipped" in shown
     assert "step-back: the gate kept the question's own search: similarity 0.41" in shown
     assert "step-back: step-back question • What drives [bold]revenue?" in shown
+
+
+def test_query_shows_a_multi_query_reply_with_nothing_new_as_a_fallback_saying_why(
+    built_index: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index_hyde_plus.cli._options import LlmFlags
+    from llama_index_hyde_plus.testing import ScriptedLLM
+
+    question = "Why did revenue drop?"
+    reply = f"1. {question}\n2. {question.lower()}"
+    monkeypatch.setattr(
+        LlmFlags, "resolve", lambda self, **_: ScriptedLLM(respond=lambda prompt: reply)
+    )
+    argv = ["query", question, "--index", str(built_index), "-t", "multi-query"]
+    table = runner.invoke(app, argv, env={"COLUMNS": "80"})
+    assert table.exit_code == 0, table.output
+    shown = " ".join(table.stdout.split())
+    assert (
+        "multi-query fell back to the original query: UnusableReplyError: no query could "
+        "be parsed from the reply (left out: 2 repeating the question)"
+    ) in shown
+    assert "generated queries" not in shown and f"• {question}" not in shown
+    listed = runner.invoke(app, [*argv, "--json"])
+    transform = json.loads(listed.stdout)["transform"]
+    assert transform["fallback"] is True and transform["queries"] == []
+    assert transform["error"].startswith("UnusableReplyError: no query could be parsed")
+    assert transform["parsed"] == {
+        "asked": 3,
+        "kept": 0,
+        "dropped": {"duplicate_of_question": 2},
+        "trimmed": 0,
+    }
+
+
+def test_query_json_lists_the_generated_queries_only_for_hyde_and_multi_query(
+    built_index: Path,
+) -> None:
+    question = "Why did revenue drop?"
+    argv = ["query", question, "--index", str(built_index), "--llm", "scripted", "--json"]
+    hyde = json.loads(runner.invoke(app, [*argv, "-t", "hyde"]).stdout)["transform"]
+    assert hyde["queries"] == [] and hyde["hypothetical"]  # passages, no query
+    fan = json.loads(runner.invoke(app, [*argv, "-t", "multi-query"]).stdout)["transform"]
+    assert len(fan["queries"]) == 3 and question not in fan["queries"]
+    assert fan["include_query"] is True  # the question is searched, not listed
+
+
+def test_query_heads_fused_scores_as_such_and_says_under_the_table_how_they_are_made(
+    built_index: Path,
+) -> None:
+    argv = ["query", "Why did revenue drop?", "--index", str(built_index), "--llm", "scripted"]
+    fan = runner.invoke(app, [*argv, "-t", "multi-query"], env={"COLUMNS": "80"})
+    assert fan.exit_code == 0, fan.output
+    lines = fan.stdout.splitlines()
+    header = next(line for line in lines if "source" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == ["#", "fused", "source", "text"]
+    note = "fused = sum of weight/(10+rank) over 4 searches (question x5, rest x1)"
+    assert note in lines and max(len(line) for line in lines) <= 80
+    one = runner.invoke(app, [*argv, "-t", "hyde"], env={"COLUMNS": "80"})
+    header = next(line for line in one.stdout.splitlines() if "source" in line)
+    assert "score" in header and "fused" not in one.stdout  # one list: its own scores
 
 
 def test_a_config_or_transform_option_gives_any_llm_the_small_model_defaults(

@@ -339,10 +339,10 @@ def test_the_rcp_pages_curl_example_works_against_the_server(reader: Reader) -> 
 API_PAGES = sorted((DOCS / "api").glob("*.md"))
 
 
-def documented_names() -> set[str]:
-    """Every ``::: llama_index_hyde_plus.NAME`` of the API reference pages."""
+def documented_names(pages: list[Path] = API_PAGES) -> set[str]:
+    """Every ``::: llama_index_hyde_plus.NAME`` of the API reference ``pages``."""
     found: set[str] = set()
-    for page in API_PAGES:
+    for page in pages:
         found |= set(re.findall(r"^::: llama_index_hyde_plus\.(\S+)", page.read_text(), re.M))
     return found
 
@@ -358,11 +358,15 @@ def own_docstring(obj: Any) -> str:
     return inspect.getdoc(obj) or ""
 
 
-def test_every_public_name_is_in_the_api_reference() -> None:
+def test_every_public_name_is_in_the_api_reference_and_on_its_top_level_page() -> None:
     import llama_index_hyde_plus as package
 
     missing = sorted(set(package.__all__) - documented_names())
     assert not missing, f"add `::: llama_index_hyde_plus.NAME` to docs/api/: {missing}"
+    top = DOCS / "api" / "index.md"
+    assert "Everything in `llama_index_hyde_plus.__all__`" in top.read_text()
+    elsewhere = sorted(set(package.__all__) - documented_names([top]))
+    assert not elsewhere, f"the top-level page claims all of __all__; move there: {elsewhere}"
 
 
 API_SECTIONS = {
@@ -372,6 +376,7 @@ API_SECTIONS = {
     "Usage and cost": ("usage",),
     "Two-stage RAG": ("pipeline",),
     "Indexes": ("stores",),
+    "Chunking": ("chunking",),
     "Version": ("_version",),
 }
 """Each heading of the top-level API reference and the modules its names come from."""
@@ -426,3 +431,24 @@ def test_own_docstring_ignores_inherited_and_generated_ones() -> None:
 
     assert own_docstring(Base) == "Base."
     assert [own_docstring(o) for o in (Child, Point, Colour, bare)] == ["", "", "", ""]
+
+
+def test_the_install_section_says_which_extras_bring_the_command() -> None:
+    """Each extra of pyproject.toml has a row in the home page's install table, whose
+    last column says "yes" for `cli` and for the extras that include it, and says so."""
+    import tomllib
+
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    text = (DOCS / "index.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert "\n| extra |" in text, "the install section has no table of the extras"
+    table = text.split("\n| extra |", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in table.splitlines()[2:]:  # after the header's end and the rule
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[2]
+    assert set(rows) == set(extras), rows
+    for extra, command in rows.items():
+        includes = "llama-index-hyde-plus[cli]" in extras[extra]
+        expected = "yes: includes `cli`" if includes else "yes" if extra == "cli" else "no"
+        assert command == expected, (extra, command)

@@ -80,7 +80,7 @@ def test_defaults_and_guards() -> None:
 
 async def test_on_its_own_the_question_is_unchanged() -> None:
     for result in (Rocchio().transform(Q), await Rocchio().atransform(Q)):
-        assert result.queries == (Q,) and result.search_queries == (Q,)
+        assert result.queries == () and result.search_queries == (Q,)  # nothing generated
         assert result.method == "rocchio" and not result.fallback
     with pytest.raises(ValueError):
         Rocchio().transform(" ")

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from llama_index_hyde_plus import FusionMode, fuse
+from llama_index_hyde_plus.search.fusion import explain
 
 
 def ranked(*pairs: tuple[str, float | None]) -> list[NodeWithScore]:
@@ -145,3 +146,24 @@ def test_fusion_dedupes_and_is_deterministic(raw: list, mode: FusionMode) -> Non
     assert ids(out1) == ids(out2)
     assert len(ids(out1)) == len(set(ids(out1)))
     assert set(ids(out1)) == {i for items in raw for i, _ in items}
+
+
+@pytest.mark.parametrize("mode", list(FusionMode))
+@pytest.mark.parametrize(
+    "weights", [[100.0, 1.0, 1.0], [100.0] + [1.0] * 10, [2.0, 2.0], [5.0, 2.0, 1.0, 1.0]]
+)
+def test_explain_says_what_a_fused_score_is_within_80_columns(
+    mode: FusionMode, weights: list[float]
+) -> None:
+    line = explain(mode, weights, k=1000, first="question")
+    assert line.startswith("fused = ") and f"over {len(weights)} searches" in line
+    assert len(line) <= 80, line
+
+
+def test_explain_names_the_weights_the_ranks_were_summed_with() -> None:
+    assert explain(FusionMode.RRF, [100.0, 1.0, 1.0], first="question") == (
+        "fused = sum of weight/(60+rank) over 3 searches (question x100, rest x1)"
+    )
+    assert explain(FusionMode.RRF, [1.0, 1.0]) == "fused = sum of weight/(60+rank) over 2 searches"
+    assert explain(FusionMode.MAX, [2.0, 2.0]).endswith("over 2 searches (each x2)")
+    assert explain(FusionMode.RRF, [3.0, 2.0, 1.0]).endswith("(weights 3, 2, 1)")

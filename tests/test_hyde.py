@@ -18,7 +18,7 @@ def test_generates_a_passage_from_the_default_prompt() -> None:
     llm = ScriptedLLM([PASSAGE])
     result = HyDE(llm).transform(Q)
     assert result.hypothetical == (PASSAGE,)
-    assert result.queries == (Q,)
+    assert result.queries == () and result.search_queries == (Q,)  # passages, no queries
     assert result.method == "hyde"
     assert not result.fallback
     assert Q in llm.prompts[0]
@@ -114,7 +114,8 @@ def test_failure_falls_back_to_the_original_query_with_one_warning(
     result = HyDE(ScriptedLLM([reply])).transform(Q)  # type: ignore[list-item]
     assert result.fallback is True
     assert result.error
-    assert result.queries == (Q,) and result.hypothetical == ()
+    assert result.queries == () and result.hypothetical == ()
+    assert result.search_queries == (Q,)
     assert result.searches()[0].text == Q
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "original query" in warnings[0].getMessage()

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from llama_index_hyde_plus import MultiQuery
+from llama_index_hyde_plus import MultiQuery, TransformResult
 from llama_index_hyde_plus.testing import ScriptedLLM
+from llama_index_hyde_plus.transforms.parsing import QueryCount
 
 REPLY = (
     "Here are 3 queries:\n1. revenue decline causes\n2. why sales fell\n3. why did revenue drop?"
@@ -40,6 +43,52 @@ def test_prompt_may_use_n_and_is_swappable() -> None:
 def test_unparseable_reply_falls_back() -> None:
     result = MultiQuery(ScriptedLLM(["\n\n"])).transform("q")
     assert result.fallback and result.search_queries == ("q",)
+
+
+def test_a_reply_that_only_repeats_the_question_falls_back_and_says_why() -> None:
+    q = "Why did revenue drop?"
+    llm = ScriptedLLM([f"1. {q}\n2. {q.lower()}\n3.  {q.upper()}"])
+    result = MultiQuery(llm, n=3).transform(q)
+    assert result.fallback and result.search_queries == (q,)
+    assert result.queries == ()  # the question is never listed as a generated query
+    assert result.error == (
+        "UnusableReplyError: no query could be parsed from the reply "
+        "(left out: 3 repeating the question)"
+    )
+    assert result.parsed == QueryCount(asked=3, kept=0, dropped=(("duplicate_of_question", 3),))
+
+
+def test_a_short_reply_says_how_many_queries_were_kept_and_why_the_rest_were_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="llama_index_hyde_plus")
+    reply = (
+        "Here are 3 queries:\n1. Why did revenue drop?\n2. revenue decline causes\n"
+        "3. Revenue decline causes\n4. [Insert query 3]"
+    )
+    result = MultiQuery(ScriptedLLM([reply]), n=3).transform("Why did revenue drop?")
+    assert not result.fallback and result.error is None
+    assert result.queries == ("revenue decline causes",)
+    assert result.to_dict()["parsed"] == {
+        "asked": 3,
+        "kept": 1,
+        "dropped": {"duplicate_of_question": 1, "duplicate_of_another": 1, "not_a_query": 2},
+        "trimmed": 0,
+    }
+    said = (
+        "kept 1 of the 3 queries asked for; left out: 1 repeating the question, "
+        "1 repeating another query, 2 holding no query"
+    )
+    assert result.parsed is not None and result.parsed.summary() == said
+    assert f"multi-query {said}" in caplog.text  # what -v shows
+    assert TransformResult.from_dict(result.to_dict()).parsed == result.parsed  # cached
+
+
+def test_a_full_reply_counts_what_it_left_out_past_n_and_what_it_cut() -> None:
+    reply = "1. " + "long " * 200 + "\n2. b2\n3. c3"
+    result = MultiQuery(ScriptedLLM([reply]), n=2, max_characters=50).transform("q")
+    assert result.parsed == QueryCount(asked=2, kept=2, dropped=(("beyond_n", 1),), trimmed=1)
+    assert not result.parsed.short
 
 
 @pytest.mark.parametrize("n", [0, 11])

@@ -9,6 +9,7 @@ from llama_index_hyde_plus.transforms.parsing import (
     is_echo,
     parse_queries,
     parse_single,
+    read_queries,
     trim_passage,
 )
 from llama_index_hyde_plus.transforms.prompts import (
@@ -285,3 +286,22 @@ class TestParseSingle:
     def test_never_raises_and_returns_at_most_one(self, text: str) -> None:
         out = parse_single(text)
         assert len(out) <= 1 and all(x.strip() for x in out)
+
+
+def test_read_queries_counts_each_item_left_out_under_its_reason() -> None:
+    reply = (
+        "```\nSure!\n1. Why did revenue drop?\n2. revenue decline causes\n"
+        "3. Reply with one query per line, numbered 1 to 3\n4. revenue decline causes\n"
+        "5. why sales fell\n6. lost renewals\n```"
+    )
+    read = read_queries(reply, 2, exclude=("why did revenue drop?",))
+    assert read.queries == ("revenue decline causes", "why sales fell")
+    assert dict(read.count.dropped) == {
+        "duplicate_of_question": 1,
+        "duplicate_of_another": 1,
+        "echo_of_prompt": 1,
+        "not_a_query": 1,  # "Sure!" beside the numbered lines; the fences are not counted
+        "beyond_n": 1,
+    }
+    assert read.count.asked == 2 and read.count.kept == 2 and not read.count.short
+    assert list(read.queries) == parse_queries(reply, 2, exclude=("why did revenue drop?",))

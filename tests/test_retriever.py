@@ -273,6 +273,26 @@ async def test_one_failing_sub_search_is_logged_and_the_others_return(
     assert any("sub-search" in r.getMessage() for r in caplog.records)
 
 
+def test_explain_scores_says_how_a_fan_out_fused_its_lists_and_nothing_for_one_list() -> None:
+    base = StaticRetriever(DOCS, results={"q": ["pto"], "good": ["hiring"]}, fail_on=["bad"])
+    fan = TransformRetriever(
+        base, MultiQuery(ScriptedLLM(["1. good\n2. other"]), n=2, original_weight=100)
+    )
+    found = fan.search("q")
+    assert max(n.score or 0 for n in found.nodes) > 1  # 100/11: a rank score, not a cosine
+    assert fan.explain_scores(found) == (
+        "fused = sum of weight/(10+rank) over 3 searches (question x100, rest x1)"
+    )
+    one_failed = TransformRetriever(base, MultiQuery(ScriptedLLM(["1. good\n2. bad"]), n=2))
+    assert one_failed.explain_scores(one_failed.search("q")) == (
+        "fused = sum of weight/(10+rank) over 2 searches"  # which one failed is not known
+    )
+    fell_back = fan.search("q")  # no reply left: a fallback searches the question alone
+    assert fell_back.transform.fallback and fan.explain_scores(fell_back) is None
+    passage = TransformRetriever(base, HyDE(ScriptedLLM(["a passage"])))
+    assert passage.explain_scores(passage.search("q")) is None
+
+
 def test_all_sub_searches_failing_raises_the_retriever_error() -> None:
     base = StaticRetriever(DOCS, fail_on=["q", "a"])
     retriever = TransformRetriever(base, MultiQuery(ScriptedLLM(["1. a"]), n=1))

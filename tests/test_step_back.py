@@ -12,9 +12,14 @@ def test_one_general_question_searched_with_the_original() -> None:
     assert set(StepBack(llm).get_prompts()) == {"step_back_prompt"}
 
 
-def test_repeating_the_question_is_not_a_failure() -> None:
+def test_repeating_the_question_falls_back_and_says_why() -> None:
     result = StepBack(ScriptedLLM(["Why did revenue drop?"])).transform("Why did revenue drop?")
-    assert not result.fallback and result.search_queries == ("Why did revenue drop?",)
+    assert result.fallback and result.search_queries == ("Why did revenue drop?",)
+    assert result.queries == ()  # the question is never listed as the step-back question
+    assert result.error == (
+        "UnusableReplyError: no query could be parsed from the reply "
+        "(left out: 1 repeating the question)"
+    )
 
 
 def test_error_falls_back() -> None:

@@ -12,6 +12,7 @@ from llama_index_hyde_plus.testing import (
     SyncCallError,
     echo_llm,
 )
+from llama_index_hyde_plus.transforms.prompts import CONDENSE_PROMPT
 
 
 def test_scripted_llm_replies_in_order_and_records() -> None:
@@ -43,6 +44,50 @@ def test_echo_llm_keeps_no_history() -> None:
     llm = echo_llm()
     text = llm.complete("Question: why?\nPassage:").text
     assert text.startswith("1. why? explained") and llm.prompts == []
+
+
+def test_echo_llm_answers_a_chat_engine_about_the_users_message() -> None:
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core.chat_engine import ContextChatEngine
+
+    embed = DeterministicEmbedding()
+    index = VectorStoreIndex.from_documents(
+        [Document(text="The pro plan costs 20 dollars.")], embed_model=embed
+    )
+    engine = ContextChatEngine.from_defaults(
+        retriever=index.as_retriever(similarity_top_k=1), llm=echo_llm()
+    )
+    reply = str(engine.chat("How much is the pro plan?"))
+    assert reply.startswith("1. How much is the pro plan? explained"), reply
+    again = str(engine.chat("and the enterprise plan?"))  # history before it
+    assert again.startswith("1. and the enterprise plan? explained"), again
+
+
+@pytest.mark.parametrize(
+    ("prompt", "question"),
+    [
+        (CONDENSE_PROMPT.format(history="User: Hi", query="and for it?"), "and for it?"),
+        (
+            "Please write a passage to answer the question\nTry to include as many key "
+            'details as possible.\n\n\nWhy did revenue drop?\n\n\nPassage:"""\n',
+            "Why did revenue drop?",
+        ),
+        ("Context: a\nQuery: Why did revenue drop?\nAnswer: ", "Why did revenue drop?"),
+        ("Write a counter argument.\nPassage: cats are best\nCounter Argument:", "cats are best"),
+    ],
+    ids=["condense", "core-hyde", "answer", "labelled-passage"],
+)
+def test_echo_llm_finds_the_question_of_the_prompts_the_docs_send(
+    prompt: str, question: str
+) -> None:
+    assert echo_llm().complete(prompt).text.startswith(f"1. {question} explained\n")
+
+
+def test_echo_llm_raises_saying_what_it_was_asked_when_the_prompt_holds_no_question() -> None:
+    with pytest.raises(ValueError, match=r"found no question in the prompt.*'Answer:\\n'"):
+        echo_llm().complete("Answer:\n")
+    with pytest.raises(ValueError, match="found no question"):
+        echo_llm().complete("system: be brief\nassistant: ")  # a chat with no user message
 
 
 def test_deterministic_embedding_is_meaningful() -> None:

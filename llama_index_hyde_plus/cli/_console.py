@@ -236,9 +236,11 @@ GENERATED = {
 
 
 def print_transform(result: SearchResult) -> None:
-    """What the transform did: why it fell back, or why a gate kept the question's own
-    search, and everything it wrote (passages as panels, every generated query, step-back
-    question or sub-question as bullets), for each stage of a composed transform."""
+    """What the transform did: why it fell back, how many of the queries asked for it
+    kept and why it left the rest out (`QueryCount`, when fewer), or why a gate kept
+    the question's own search, and everything it wrote (passages as panels, every
+    generated query, step-back question or sub-question as bullets), for each stage of
+    a composed transform."""
     _print_result(_made_console(False), result.transform)
 
 
@@ -248,6 +250,8 @@ def _print_result(out: Console, t: Any) -> None:
 
     if t.fallback:
         out.print(f"[yellow]{t.method} fell back to the original query:[/] {escape(t.error or '')}")
+    elif t.parsed is not None and (t.parsed.short or t.parsed.trimmed):
+        out.print(f"[yellow]{t.method}:[/] {escape(t.parsed.summary())}")
     if t.skipped:
         out.print(f"[yellow]{t.method}: the gate kept the question's own search:[/] {t.skipped}")
     for i, passage in enumerate(t.hypothetical, 1):

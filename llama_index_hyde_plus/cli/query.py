@@ -110,10 +110,12 @@ def _search(
     llm: LlmFlags,
     open_retriever: Callable[[int], Any],
     top_k: int,
-) -> tuple[str, SearchResult]:
+) -> tuple[str, SearchResult, str | None]:
     """Build the transform, open the store at the depth its guards need
     (`retriever.candidate_depth`: a reranking config reorders as many candidates here
-    as in ``eval`` and ``from_index``), search, and keep ``top_k``."""
+    as in ``eval`` and ``from_index``), search, and keep ``top_k``. Returns the
+    method, the search, and what its scores are when they are fused
+    (`TransformRetriever.explain_scores`)."""
     from ..models import describe_llm
     from ..search.retriever import TransformRetriever, candidate_depth
     from ..transforms.config import load_config
@@ -135,9 +137,11 @@ def _search(
     retriever = open_retriever(candidate_depth(transformer.guards, top_k))
     searcher = TransformRetriever(retriever, transformer, top_k=top_k)
     if model is None:
-        return method, searcher.search(question)
-    with working(f"{method}: {describe_llm(model)} is writing"):
-        return method, searcher.search(question)
+        found = searcher.search(question)
+    else:
+        with working(f"{method}: {describe_llm(model)} is writing"):
+            found = searcher.search(question)
+    return method, found, searcher.explain_scores(found)
 
 
 def _open_store(store: Any, embed: str | None, depth: int) -> Any:
@@ -194,15 +198,18 @@ TEXT_LINES = 3
 """Lines of text each result may take in the table."""
 
 
-def _results_table(title: str, rows: list[Row], group_by_file: bool, width: int) -> Table:
-    """Rank, score, source and as much text as ``width`` columns leave room for (the
-    source takes at most a third of them)."""
+def _results_table(
+    title: str, rows: list[Row], group_by_file: bool, width: int, fused: bool = False
+) -> Table:
+    """Rank, score (headed ``fused`` when the scores fuse several searches' lists),
+    source and as much text as ``width`` columns leave room for (the source takes at
+    most a third of them)."""
     from rich.table import Table
 
     sources = [file_of(row.item) if group_by_file else source_of(row.item) for row in rows]
     source_width = min(max((len(x) for x in sources), default=6), max(12, width // 3))
     table = Table(title=title, title_justify="left", expand=True)
-    for name in ("#", "score"):
+    for name in ("#", "fused" if fused else "score"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("source", overflow="fold", max_width=source_width)
     if group_by_file:
@@ -242,7 +249,8 @@ that ``--top-k`` distinct files are usually among them."""
 
 TRANSFORM_HELP = (
     f"One of: {', '.join(TRANSFORMS)} (default: hyde). Its shipped options depend on the "
-    "LLM: conservative for the bundled local model, stronger for any other (README)."
+    "LLM: conservative for the bundled local model, stronger for any other (see the "
+    "docs' page The guards)."
 )
 
 
@@ -302,30 +310,37 @@ def query(
         )
         depth = top_k * GROUP_POOL if group_by_file else top_k
         opener = partial(_open_store, store, embed)
-        transform, result = _search(
+        transform, result, scores = _search(
             question, transform, options, config_file, llm_flags, opener, depth
         )
-    _show(question, transform, result, top_k, group_by_file=group_by_file, as_json=as_json)
+    _show(Shown(question, transform, top_k, scores), result, group_by_file, as_json)
 
 
-def _show(
-    question: str,
-    transform: str,
-    result: SearchResult,
-    top_k: int,
-    *,
-    group_by_file: bool,
-    as_json: bool,
-) -> None:
-    """The results of `query`: JSON, or the transform's output and a table."""
-    rows = result_rows(result.nodes, group_by_file, top_k)
+@dataclass(frozen=True)
+class Shown:
+    """What `query` shows a search under: the question, the transform's name, how many
+    results, and what the scores are when they are fused (None: a store's own)."""
+
+    question: str
+    transform: str
+    top_k: int
+    scores: str | None = None
+
+
+def _show(shown: Shown, result: SearchResult, group_by_file: bool, as_json: bool) -> None:
+    """The results of `query`: JSON, or the transform's output and a table, the line
+    saying what a fused score is under it."""
+    rows = result_rows(result.nodes, group_by_file, shown.top_k)
     if as_json:
         _print_json(result, rows, group_by_file)
         return
     print_transform(result)
     what = " files" if group_by_file else ""
-    title = f"Top {top_k}{what} for {question!r} ({transform})"
-    ui.console.print(_results_table(title, rows, group_by_file, ui.console.width))
+    title = f"Top {shown.top_k}{what} for {shown.question!r} ({shown.transform})"
+    fused = shown.scores is not None
+    ui.console.print(_results_table(title, rows, group_by_file, ui.console.width, fused))
+    if shown.scores is not None:
+        ui.console.print(f"[dim]{shown.scores}[/]")
     cost = f"{usage_line(result.transform.usage)}; " if result.transform.usage.calls else ""
     ui.console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
 

@@ -183,6 +183,43 @@ def _interleave(lists: Lists, weights: list[float], top_k: int | None) -> list[N
     return [scored(item.node, 1.0 / pos) for pos, item in enumerate(out, 1)]
 
 
+def fusion_mode(mode: FusionMode, weights: Sequence[float]) -> FusionMode:
+    """The mode a fan-out's lists with ``weights`` are fused by: ``mode``, or RRF when
+    it is interleaving and the weights differ (interleaving cannot weigh lists)."""
+    if mode is FusionMode.INTERLEAVE and len(set(weights)) > 1:
+        return FusionMode.RRF
+    return mode
+
+
+_HOW = {
+    FusionMode.RRF: "sum of weight/({k}+rank)",
+    FusionMode.RELATIVE_SCORE: "sum of weight x min-max score",
+    FusionMode.DIST_BASED_SCORE: "sum of weight x mean±3sd score",
+    FusionMode.MAX: "best weight x score",
+    FusionMode.INTERLEAVE: "1/position, lists in turn,",
+}
+"""What a fused score is in each mode, for `explain`."""
+
+
+def explain(
+    mode: FusionMode, weights: Sequence[float], k: int = RRF_K, first: str = "first"
+) -> str:
+    """One line within 80 columns saying what the scores of lists fused by ``mode``
+    with ``weights`` are: ``"fused = sum of weight/(60+rank) over 3 searches
+    (question x100, rest x1)"``. ``first`` names the first list, when its weight is
+    the one that differs (the question's own search)."""
+    line = f"fused = {_HOW[mode].format(k=k)} over {len(weights)} searches"
+    if mode is FusionMode.INTERLEAVE or set(weights) == {1.0}:
+        return line
+    if len(set(weights)) == 1:
+        return f"{line} (each x{weights[0]:g})"
+    rest = set(weights[1:])
+    if len(rest) == 1:
+        return f"{line} ({first} x{weights[0]:g}, rest x{rest.pop():g})"
+    listed = f"{line} (weights {', '.join(f'{w:g}' for w in weights)})"
+    return listed if len(listed) <= 80 else f"{line} (weights differ)"
+
+
 def fuse(
     lists: Lists,
     mode: FusionMode | str = FusionMode.RRF,

@@ -386,6 +386,15 @@ class TransformRetriever(BaseRetriever):
         found = await self._async.run(steps.search(self, question, transformed))
         return self._finish(found, start)
 
+    def explain_scores(self, found: SearchResult) -> str | None:
+        """What the scores of ``found``, a search of this retriever, are, in one line
+        within 80 columns, when they fuse several ranked lists: ``"fused = sum of
+        weight/(60+rank) over 3 searches (question x100, rest x1)"`` (RRF's sums are
+        ranks, not similarities: a question weight of 100 puts its top hit at
+        100/61 = 1.64); None when they are one list's own (the store's similarity, a
+        rerank's blend, a reranker's score)."""
+        return steps.scoring(self, found.transform, len(found.failed_searches))
+
     def close(self) -> None:
         """Stop the worker threads of the sync fan-out (they restart if needed)."""
         self._blocking.close()

@@ -44,7 +44,7 @@ from ..transforms.base import (
 )
 from ..usage import Usage
 from . import expansion, plan
-from .fusion import FusionMode, fuse, scored, unique_nodes
+from .fusion import explain, fuse, fusion_mode, scored, unique_nodes
 from .requests import (
     Cancel,
     EmbedSteps,
@@ -507,10 +507,31 @@ def _combine(
 ) -> list[NodeWithScore]:
     if len(lists) == 1:  # copied only for a reranker (`reranked_or_kept`)
         return unique_nodes(lists[0])
-    mode = r.fusion or r.transformer.default_fusion
-    if mode is FusionMode.INTERLEAVE and len(set(weights)) > 1:
-        mode = FusionMode.RRF  # interleaving cannot weigh lists; RRF can
+    mode = fusion_mode(r.fusion or r.transformer.default_fusion, weights)
     return fuse(lists, mode, weights=weights, k=r.transformer.rrf_k)
+
+
+def scoring(r: Searcher, result: TransformResult, failed: int = 0) -> str | None:
+    """What the scores of a search that ``result`` shaped are, in one line, when
+    `_combine` fused several ranked lists (`fusion.explain`: the mode, its ``k``, the
+    lists' weights); None when the scores are one list's own (the store's, a rerank's
+    blend, a reranker's). The searches are those `plan.plan` chooses for ``result``,
+    less the ``failed`` ones (their weights are then left out, as it is not known
+    which failed)."""
+    guards = r.transformer.guards
+    hits: Hits = [] if guards.needs_question_hits or plan.question_first(guards) else None
+    step = plan.plan(result, guards, hits, have_embedder=r.embedder is not None).step
+    if r.reranker is not None or not isinstance(step, plan.Fanout):
+        return None
+    weights = [spec.weight for spec in step.specs if spec.weight > 0]
+    count = len(weights) - failed
+    if count < 2:
+        return None
+    mode = fusion_mode(r.fusion or r.transformer.default_fusion, weights)
+    own = result.include_query and plan.is_question(step.specs[0], result.query)
+    if failed:
+        weights = weights[:count] if len(set(weights)) == 1 else [1.0] * count
+    return explain(mode, weights, r.transformer.rrf_k, "question" if own else "first")
 
 
 def _copy(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:

@@ -404,7 +404,9 @@ def _transform(service: TransformService, params: dict[str, Any]) -> dict[str, A
     start = time.perf_counter()
     result = service.transform(query, method, _given_count(params), history)
     out: dict[str, Any] = {
-        "queries": list(result.queries),
+        # never empty over RCP: where nothing was generated (HyDE, a fallback, a
+        # message searched as written) the query to search is the question itself
+        "queries": list(result.queries) or [result.query],
         "usage": _usage(result.usage, time.perf_counter() - start, result.cached),
     }
     if result.hypothetical and not result.fallback:

@@ -9,10 +9,10 @@ from llama_index.core.llms import LLM
 
 from .._checks import check_int, is_number
 from ..usage import Usage
-from .base import MAX_N, TransformResult
+from .base import MAX_N, TransformResult, logger
 from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
-from .parsing import MAX_QUERY_CHARACTERS, parse_queries, parse_single
+from .parsing import MAX_QUERY_CHARACTERS, ReadQueries, parse_single, read_queries
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -133,19 +133,22 @@ class QueryListTransform(LLMTransform):
     def _format_vars(self) -> dict[str, Any]:
         return {"n": self.n} if "n" in self._prompt.template_vars else {}
 
-    def _parse(self, reply: str, query: str, exclude: tuple[str, ...]) -> list[str]:
-        """The queries of ``reply``: a list for ``n``-query transforms, the first
-        question-like line for single-query ones (`parse_single`). Lines that echo this
-        transform's prompt (rendered without the question) are dropped."""
+    def _parse(self, reply: str, query: str, exclude: tuple[str, ...]) -> ReadQueries:
+        """The queries of ``reply`` and what became of the rest of it: a list for
+        ``n``-query transforms (`read_queries`), the first question-like line for
+        single-query ones (`parse_single`; the count is the list reading's, which
+        holds the same items). Lines that echo this transform's prompt (rendered
+        without the question) are dropped."""
         options: dict[str, Any] = {
             "exclude": exclude,
             "max_characters": self.max_characters,
             "instruction": self._instruction(),
             "question": query,
         }
+        read = read_queries(reply, self.n, **options)
         if self.DEFAULT_N is None:
-            return parse_single(reply, **options)
-        return parse_queries(reply, self.n, **options)
+            return ReadQueries(tuple(parse_single(reply, **options)), read.count)
+        return read
 
     def _instruction(self) -> str:
         """The prompt rendered without the question (what an echo repeats), rendered
@@ -158,18 +161,27 @@ class QueryListTransform(LLMTransform):
         return known[2]
 
     def _build(self, query: str, replies: list[str], usage: Usage) -> TransformResult:
+        """The queries of the reply; an `UnusableReplyError` saying why when it holds
+        none, the question itself excepted where the class drops it
+        (`parse_excludes_query`): the question is then searched alone, as for any
+        reply with nothing to use, and the result is a fallback that says so. A list
+        transform's result carries the count of its reply (`QueryCount`), and one
+        that kept fewer queries than asked for is logged (at INFO) with the reasons."""
         exclude = (query,) if self.parse_excludes_query else ()
-        queries = self._parse(replies[0], query, exclude)
-        if not queries:
-            if self._parse(replies[0], query, ()):
-                # the model only repeated the question: nothing new, but not a failure
-                queries = [query]
-            else:
-                raise UnusableReplyError("no query could be parsed from the reply")
+        read = self._parse(replies[0], query, exclude)
+        listed = self.DEFAULT_N is not None
+        if not read.queries:
+            raise UnusableReplyError(
+                f"no query could be parsed from the reply ({read.count.reasons()})",
+                count=read.count if listed else None,
+            )
+        if listed and read.count.short:
+            logger.info("%s %s", self.method, read.count.summary())
         return TransformResult(
             query=query,
             method=self.method,
-            queries=tuple(queries),
+            queries=read.queries,
             usage=usage,
+            parsed=read.count if listed else None,
             **self._search_fields(),
         )

@@ -21,6 +21,7 @@ from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatche
 from ..search.expansion import check_weight
 from ..search.fusion import RRF_K, FusionMode
 from ..usage import Usage, sum_usage
+from .parsing import QueryCount
 
 logger = logging.getLogger(__name__)
 
@@ -156,9 +157,13 @@ class TransformResult:
 
     - ``query``: the question as asked; ``method``: the transform's name (``"hyde"``,
       ``"multi-query"``, ``"a+b"`` for ``a.then(b)``, or your class's).
-    - ``queries``: the generated queries (HyDE: the question itself); ``hypothetical``:
-      HyDE's passages after trimming; ``include_query``: whether the question is
-      searched too; `search_queries`: what is searched, in order.
+    - ``queries``: the generated queries only, never the question as asked (empty
+      for HyDE, which writes passages, for a fallback and for a transform that
+      generates nothing); ``hypothetical``: HyDE's passages after trimming;
+      ``include_query``: whether the question is searched too; `search_queries`: what
+      is searched, in order (the question first when it is).
+    - ``parsed``: for a list transform, the queries asked for, those kept and why the
+      rest of the reply was left out (`QueryCount`).
     - ``usage``: the LLM calls' `Usage` (zero for a cache hit); ``cached`` and
       ``generation_usage``: a cache hit and what the original call cost;
       ``latency_s``: the transform's wall time.
@@ -183,7 +188,10 @@ class TransformResult:
     method: str
     """The transform's name, as `eval --transforms` and RCP spell it."""
     queries: tuple[str, ...]
-    """The generated queries, trimmed to ``max_characters`` (HyDE: the question)."""
+    """The generated queries, trimmed to ``max_characters``; never the question as asked
+    unless a transform wrote it as its output (a rewrite or sub-question equal to it).
+    Empty when nothing was generated: HyDE (its passages are ``hypothetical``), a
+    fallback, plain search."""
     hypothetical: tuple[str, ...] = ()
     """HyDE's passages, each trimmed to ``max_characters`` at a sentence end (else a
     word break), without repeats."""
@@ -222,6 +230,11 @@ class TransformResult:
     defaults: str | None = None
     """Which shipped defaults chose the search options: ``"small"`` (the bundled
     SmolLM2-135M) or ``"capable"`` (any other LLM); None when the caller chose them."""
+    parsed: QueryCount | None = None
+    """What a list transform (`MultiQuery`, `Decompose`) made of its reply: the queries
+    asked for, those kept, and why the other items were left out (the question
+    repeated, a repeat, an echo of the prompt, no query...). Set on its fallback too
+    when the reply held no usable query; None for the other transforms."""
 
     @classmethod
     def fallback_for(
@@ -238,7 +251,7 @@ class TransformResult:
         return cls(
             query=query,
             method=method,
-            queries=(query,),
+            queries=(),
             include_query=True,
             usage=usage or Usage(),
             fallback=True,
@@ -311,8 +324,8 @@ class TransformResult:
         """The JSON-able record (what ``query --json`` shows and a cache of JSON
         stores, read back by `from_dict`): the fields, with ``search_options`` merged in at the
         top level; ``specs`` are left out, and ``children``, ``cached``,
-        ``generation_usage``, ``original_weight``, ``skipped`` and ``defaults`` only
-        appear when set."""
+        ``generation_usage``, ``original_weight``, ``skipped``, ``defaults`` and
+        ``parsed`` only appear when set."""
         out: dict[str, Any] = {
             "query": self.query,
             "method": self.method,
@@ -337,6 +350,8 @@ class TransformResult:
             out["skipped"] = self.skipped
         if self.defaults:
             out["defaults"] = self.defaults
+        if self.parsed is not None:
+            out["parsed"] = self.parsed.to_dict()
         return out
 
     @classmethod
@@ -363,6 +378,7 @@ class TransformResult:
             original_weight=float(data.get("original_weight", 1.0)),
             skipped=data.get("skipped"),
             defaults=data.get("defaults"),
+            parsed=QueryCount.from_dict(data["parsed"]) if "parsed" in data else None,
         )
 
 
@@ -406,6 +422,7 @@ _RECORD_FIELDS: dict[str, tuple[bool, Any]] = {
     "original_weight": (False, _number),
     "skipped": (False, _optional_str),
     "defaults": (False, _optional_str),
+    "parsed": (False, QueryCount.valid),
 }
 """Each field of a `TransformResult.to_dict` record: whether it is always written, and
 what its value must be (``queries`` a list of strings, ``usage`` a usage record...)."""
@@ -432,7 +449,7 @@ _GENERIC_KEYS = frozenset(
     (
         *("query", "method", "queries", "hypothetical", "include_query", "usage"),
         *("fallback", "error", "latency_s", "children", "cached", "generation_usage"),
-        *("original_weight", "skipped", "defaults"),
+        *("original_weight", "skipped", "defaults", "parsed"),
     )
 )
 """The keys `TransformResult.to_dict` writes for its own fields; any other key is one
@@ -728,6 +745,7 @@ class ChainTransform(QueryTransformer):
             latency_s=time.perf_counter() - start,
             children=tuple(children),
             original_weight=head.original_weight,
+            parsed=head.parsed,
         )
 
     def transform(self, query: str) -> TransformResult:

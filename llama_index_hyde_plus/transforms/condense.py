@@ -325,7 +325,7 @@ class Condense(QueryListTransform):
         return TransformResult(
             query=query,
             method=self.method,
-            queries=(query,),
+            queries=(),
             skipped=reason,
             latency_s=time.perf_counter() - start,
             **self._search_fields(),

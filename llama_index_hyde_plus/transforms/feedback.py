@@ -52,7 +52,7 @@ class Rocchio(QueryTransformer):
         """The question itself: `TransformRetriever` does the feedback, from the question's
         own top ``k`` hits (the transform's `guards`)."""
         validate_query(query)
-        return TransformResult(query=query, method=self.method, queries=(query,))
+        return TransformResult(query=query, method=self.method, queries=())
 
     async def atransform(self, query: str) -> TransformResult:
         """`transform`: no I/O, so it runs on the event loop."""

@@ -342,7 +342,7 @@ class HyDE(LLMTransform):
             TransformResult(
                 query=query,
                 method=self.method,
-                queries=(query,),
+                queries=(),
                 hypothetical=tuple(passages),
                 usage=usage,
             )

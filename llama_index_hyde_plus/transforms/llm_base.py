@@ -45,7 +45,7 @@ from ..calls.timeouts import timeout_for, with_slot_wait
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
 from .options import LLMOptions, breaker_from, check_options, generation_options
-from .parsing import clean_reply
+from .parsing import QueryCount, clean_reply
 from .templates import checked_template, render_template
 
 if TYPE_CHECKING:
@@ -53,7 +53,13 @@ if TYPE_CHECKING:
 
 
 class UnusableReplyError(ValueError):
-    """The LLM answered, but nothing usable could be parsed from the reply."""
+    """The LLM answered, but nothing usable could be parsed from the reply; ``count``
+    is what a list transform made of it (`QueryCount`: asked for, kept, why the rest
+    was left out), carried into the fallback's ``parsed``."""
+
+    def __init__(self, message: str, *, count: QueryCount | None = None) -> None:
+        super().__init__(message)
+        self.count = count
 
 
 class LLMTransform(QueryTransformer):
@@ -507,7 +513,7 @@ class LLMTransform(QueryTransformer):
         try:
             result = self._build(query, texts, usage)
         except UnusableReplyError as exc:
-            return self._fallback(query, [exc], start, usage)
+            return revised(self._fallback(query, [exc], start, usage), parsed=exc.count)
         return revised(
             result,
             usage=usage,

@@ -14,6 +14,8 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 _SENTENCE_END = ".!?"
 _CLOSERS = "\"'”’)]"
@@ -248,6 +250,112 @@ def dedupe(items: list[str], *, exclude: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
+REPEATED_QUESTION = "duplicate_of_question"
+REPEATED_QUERY = "duplicate_of_another"
+ECHOED_PROMPT = "echo_of_prompt"
+NOT_A_QUERY = "not_a_query"
+BEYOND_N = "beyond_n"
+DROP_REASONS = (REPEATED_QUESTION, REPEATED_QUERY, ECHOED_PROMPT, NOT_A_QUERY, BEYOND_N)
+"""Why an item of a reply is not one of its queries, in the order `QueryCount` lists
+them: the question itself, a repeat of an earlier query, an echo of the prompt, a line
+that holds no query (a preamble or sign-off such as "Here are 3 queries:", a heading, a
+placeholder such as "[Insert query 2]", a bare number, a line without the list marker
+the other lines have), a query past the ``n`` asked for. Fences and blank lines are not
+counted."""
+
+_SAID = {
+    REPEATED_QUESTION: "repeating the question",
+    REPEATED_QUERY: "repeating another query",
+    ECHOED_PROMPT: "echoing the prompt",
+    NOT_A_QUERY: "holding no query",
+    BEYOND_N: "past the number asked for",
+}
+"""Each of `DROP_REASONS` in words, after a count ("2 repeating the question")."""
+
+Tally = dict[str, int]
+
+
+def _count(tally: Tally, reason: str, count: int) -> None:
+    if count:
+        tally[reason] = tally.get(reason, 0) + count
+
+
+@dataclass(frozen=True)
+class QueryCount:
+    """What a reply to a list transform (`MultiQuery`, `Decompose`) gave: how many
+    queries were ``asked`` for, how many were ``kept``, and why the other items of the
+    reply were left out (``dropped``: ``(reason, count)`` pairs, reasons from
+    `DROP_REASONS`); ``trimmed`` of the kept ones were cut to the length limit.
+    ``TransformResult.parsed`` holds it, what ``query`` shows and ``--json`` writes."""
+
+    asked: int
+    kept: int
+    dropped: tuple[tuple[str, int], ...] = ()
+    trimmed: int = 0
+
+    @property
+    def short(self) -> bool:
+        """Fewer queries kept than asked for."""
+        return self.kept < self.asked
+
+    def reasons(self) -> str:
+        """The items left out, in words: ``"left out: 2 repeating the question, 1
+        holding no query"``; ``"the reply held no more"`` when none was."""
+        if not self.dropped:
+            return "the reply held no more" if self.kept else "the reply held none"
+        said = (f"{count} {_SAID.get(reason, reason)}" for reason, count in self.dropped)
+        return "left out: " + ", ".join(said)
+
+    def summary(self) -> str:
+        """One line for a person: ``"kept 1 of the 3 queries asked for; left out: 2
+        repeating the question"``, and how many were cut to the length limit."""
+        line = f"kept {self.kept} of the {self.asked} queries asked for; {self.reasons()}"
+        if self.trimmed:
+            line += f"; {self.trimmed} cut to the length limit"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"asked": 3, "kept": 1, "dropped": {"duplicate_of_question": 2},
+        "trimmed": 0}``: what ``query --json`` shows and a cache stores."""
+        return {
+            "asked": self.asked,
+            "kept": self.kept,
+            "dropped": dict(self.dropped),
+            "trimmed": self.trimmed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QueryCount:
+        """Inverse of `to_dict` (the record is checked by ``check_record`` first)."""
+        return cls(
+            asked=data["asked"],
+            kept=data["kept"],
+            dropped=tuple((str(k), int(v)) for k, v in data["dropped"].items()),
+            trimmed=data["trimmed"],
+        )
+
+    @staticmethod
+    def valid(data: object) -> bool:
+        """Whether ``data`` has the shape `to_dict` writes."""
+        if not isinstance(data, dict) or set(data) != {"asked", "kept", "dropped", "trimmed"}:
+            return False
+        counts = [data["asked"], data["kept"], data["trimmed"]]
+        dropped = data["dropped"]
+        return (
+            all(type(c) is int and c >= 0 for c in counts)
+            and isinstance(dropped, dict)
+            and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in dropped.items())
+        )
+
+
+@dataclass(frozen=True)
+class ReadQueries:
+    """`read_queries`' answer: the queries kept, and the `QueryCount` of the reply."""
+
+    queries: tuple[str, ...]
+    count: QueryCount
+
+
 MAX_QUERY_CHARACTERS = 500
 """Default cap on one generated query (characters): a runaway reply must not become a
 megabyte-long search query and cache entry."""
@@ -285,8 +393,13 @@ def _echo_test(instruction: str, question: str) -> Callable[[str], bool]:
     return test
 
 
-def _candidates(text: str, instruction: str, question: str) -> list[str]:
-    """The reply's items in order, cleaned, without fences, preambles and echoes."""
+def _candidates(
+    text: str, instruction: str, question: str, dropped: Tally | None = None
+) -> list[str]:
+    """The reply's items in order, cleaned, without fences, preambles and echoes;
+    each item left out (a fence or a blank line excepted) is counted in ``dropped``
+    under its reason (`NOT_A_QUERY`, `ECHOED_PROMPT`)."""
+    dropped = {} if dropped is None else dropped
     text = clean_reply(text)
     if not text:
         return []
@@ -295,15 +408,19 @@ def _candidates(text: str, instruction: str, question: str) -> list[str]:
         lines = [ln for ln in text.splitlines() if ln.strip() and not _FENCE.match(ln.strip())]
         marked = [ln for ln in lines if _MARKER.match(ln)]
         if marked:
-            lines = marked
+            kept = marked
         else:
-            lines = [
+            kept = [
                 ln for ln in lines if not (_PREAMBLE.match(ln) or ln.rstrip().endswith(":"))
             ] or lines
-        items = lines
+        _count(dropped, NOT_A_QUERY, len(lines) - len(kept))
+        items = kept
     cleaned = [_clean_item(x) for x in items]
+    _count(dropped, NOT_A_QUERY, cleaned.count(""))
     echo = _echo_test(instruction, question)
-    return [x for x in cleaned if x and not echo(x)]
+    out = [x for x in cleaned if x and not echo(x)]
+    _count(dropped, ECHOED_PROMPT, len(cleaned) - cleaned.count("") - len(out))
+    return out
 
 
 def _check_limits(n: int, max_characters: int) -> None:
@@ -331,12 +448,61 @@ def parse_queries(
     echoes of any prompt). Items equal to one in ``exclude`` (the original query, say)
     are dropped. Each query is trimmed to ``max_characters`` like a HyDE passage (at a
     sentence end, else a word break). Never raises on odd input; returns ``[]`` for
-    nothing.
+    nothing. `read_queries` says, besides, why the other items were left out.
     """
+    return list(
+        read_queries(
+            text,
+            n,
+            exclude=exclude,
+            max_characters=max_characters,
+            instruction=instruction,
+            question=question,
+        ).queries
+    )
+
+
+def read_queries(
+    text: str,
+    n: int,
+    *,
+    exclude: tuple[str, ...] = (),
+    max_characters: int = MAX_QUERY_CHARACTERS,
+    instruction: str = "",
+    question: str = "",
+) -> ReadQueries:
+    """`parse_queries`, with what became of the rest of the reply: how many queries
+    were asked for (``n``), how many were kept, how many were cut to
+    ``max_characters``, and each item left out counted under its reason
+    (`DROP_REASONS`: the question itself when it is in ``exclude``, a repeat of an
+    earlier query, an echo of the prompt, a line that is no query, one past ``n``)."""
     _check_limits(n, max_characters)
-    items = _candidates(text, instruction, question)
-    trimmed = [trim_passage(x, max_characters) for x in items]
-    return dedupe([x for x in trimmed if x], exclude=exclude)[:n]
+    dropped: Tally = {}
+    items = _candidates(text, instruction, question, dropped)
+    asked = {_key(x) for x in exclude}
+    seen: set[str] = set()
+    kept: list[str] = []
+    trimmed = 0
+    for item in items:
+        query = trim_passage(item, max_characters)
+        key = _key(query)
+        if key in asked:
+            _count(dropped, REPEATED_QUESTION, 1)
+        elif key in seen:
+            _count(dropped, REPEATED_QUERY, 1)
+        elif len(kept) == n:
+            _count(dropped, BEYOND_N, 1)
+        else:
+            seen.add(key)
+            kept.append(query)
+            trimmed += len(query) < len(item.strip())
+    report = QueryCount(
+        asked=n,
+        kept=len(kept),
+        dropped=tuple((r, dropped[r]) for r in DROP_REASONS if dropped.get(r)),
+        trimmed=trimmed,
+    )
+    return ReadQueries(tuple(kept), report)
 
 
 def _question_like(item: str) -> bool:

@@ -35,7 +35,7 @@ class Identity(QueryTransformer):
 
     def transform(self, query: str) -> TransformResult:
         """The question as asked: plain search (``none``), the baseline of `eval`."""
-        return TransformResult(query=query, method="none", queries=(query,), include_query=True)
+        return TransformResult(query=query, method="none", queries=(), include_query=True)
 
     async def atransform(self, query: str) -> TransformResult:
         """`transform`: no I/O, so it runs on the event loop."""
