@@ -287,3 +287,22 @@ def test_a_recommendation_never_calls_a_loss_or_an_unmeasured_row_the_best(
     assert "-0.3 [-19.0,+18.0] nDCG@10 points" in said
     hyde.delta_vs_none = 0.02  # a gain that could be chance says so
     assert "which could be chance (p = 0.970)" in recommendation(res)
+
+
+@pytest.mark.parametrize(
+    ("fallbacks", "timeouts", "why"),
+    [
+        (1, 1, "fell back on 1 of 7: a timeout"),
+        (1, 0, "fell back on 1 of 7: a failure"),
+        (2, 1, "fell back on 2 of 7: 1 timeout, 1 failure"),
+        (5, 4, "fell back on 5 of 7: 4 timeouts, 1 failure"),
+        (5, 1, "fell back on 5 of 7: 1 timeout, 4 failures"),
+        (3, 3, "fell back on 3 of 7: timeouts"),
+    ],
+)
+def test_a_fallback_reason_counts_in_words_that_agree_with_the_count(
+    tmp_path: Path, fallbacks: int, timeouts: int, why: str
+) -> None:
+    hyde = result(tmp_path).reports[1]
+    hyde.queries, hyde.fallbacks, hyde.timeouts = 7, fallbacks, timeouts
+    assert hyde.fell_back == why

@@ -13,9 +13,14 @@ from rich import box
 from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
+from .._plural import counted
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult
+
+
+def _queries(n: int) -> str:
+    return counted(n, "query", "queries")
 
 
 def _latency(seconds: float) -> str:
@@ -150,7 +155,7 @@ def rich_table(result: EvalResult) -> Table:
     Args:
         result: the run.
     """
-    title = f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}"
+    title = f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}"
     table = _narrow_table(title, TERMINAL_HEADERS)
     best = max(r.scores["nDCG@10"] for r in result.reports)
     for report in result.reports:
@@ -267,7 +272,7 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     if result.config.get("stand_in"):
         lines += [f"**Not a real model.** {result.config['stand_in']}.", ""]
     lines += [
-        f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}. "
+        f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}. "
         "Best value per column in bold; Δ is nDCG@10 minus `none`'s in points; wins/ties/"
         "losses count queries whose nDCG@10 is above/equal to/below `none`'s; p is a paired "
         "t-test of per-query nDCG@10 against `none` (* below 0.05), and the 95% interval "
@@ -394,7 +399,7 @@ def chart(result: EvalResult) -> Any:
     _scores_panel(axes[0][0], result)
     if compared:
         _delta_panel(axes[0][1], compared)
-    fig.suptitle(f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}")
+    fig.suptitle(f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}")
     fig.tight_layout()
     return fig
 
@@ -487,9 +492,14 @@ def _unmeasured_note(result: TuneResult) -> str:
     count = result.unmeasured
     if not count:
         return ""
+    if count == 1:
+        return (
+            f" 1 of {len(result.reports)} configurations is not measured (it fell back on "
+            "more than a tenth of its queries) and is never chosen."
+        )
     return (
         f" {count} of {len(result.reports)} configurations are not measured (they fell "
-        "back on more than a tenth of their queries) and never chosen."
+        "back on more than a tenth of their queries) and are never chosen."
     )
 
 
@@ -503,7 +513,7 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
     """
     title = (
         f"tune {result.transform} on {result.dataset} {result.split} "
-        f"({result.queries} queries, {len(result.reports)} configurations)"
+        f"({_queries(result.queries)}, {len(result.reports)} configurations)"
     )
     rows = tune_rows(result, top)
     labels, legend = short_labels([row[0] for row in rows], result.transform)
