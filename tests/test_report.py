@@ -289,6 +289,73 @@ def test_a_recommendation_never_calls_a_loss_or_an_unmeasured_row_the_best(
     assert "which could be chance (p = 0.970)" in recommendation(res)
 
 
+def _two_unmeasured(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The tiny run with `hyde` and a `multi-query` copy of it both falling back on
+    4 of 7 queries, each scoring above `none` on every measure."""
+    import copy
+
+    res = result(tmp_path)
+    none, hyde = res.reports
+    multi = copy.deepcopy(hyde)
+    multi.label = "multi-query"
+    res.reports.append(multi)
+    for report, timeouts in ((hyde, 4), (multi, 3)):
+        report.queries, report.fallbacks, report.timeouts = 7, 4, timeouts
+        report.scores = {m: v + 0.01 for m, v in none.scores.items()}
+        report.delta_vs_none, report.p_value_vs_none = 0.01, 0.36
+        report.wins, report.ties, report.losses = 1, 6, 0
+    return res
+
+
+def test_results_md_says_not_measured_where_the_terminal_does_and_never_bolds_it(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.report import recommendation
+
+    res = _two_unmeasured(tmp_path)
+    data = json.loads(write_outputs(res, tmp_path / "out")[0].read_text())
+    md = (tmp_path / "out" / "results.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in md.splitlines() if line.startswith("| ")}
+    hyde, multi = rows["hyde"], rows["multi-query"]
+    assert "| not measured (fell back on 4 of 7: timeouts) | - | - |" in hyde
+    assert "| not measured (fell back on 4 of 7: 3 timeouts, 1 failure) | - | - |" in multi
+    for row in (hyde, multi):
+        assert "**" not in row and "+1.0" not in row and "1/6/0" not in row
+        assert "0.360" not in row
+    assert f"**{res.reports[0].scores['nDCG@10']:.4f}**" in rows["none"]  # the best measured
+    console = Console(width=80, record=True, force_terminal=True)
+    console.print(rich_table(res))
+    terminal = console.export_text(styles=True).splitlines()
+    styled = [line for line in terminal if "not measured" in line]
+    assert len(styled) == 2 and not any("\x1b[1;32m" in line for line in styled)
+    assert any("\x1b[1;32m" in line for line in terminal if " none " in line)
+    said = recommendation(res)
+    assert "`hyde` fell back on 4 of 7: timeouts" in said
+    assert "`multi-query` fell back on 4 of 7: 3 timeouts, 1 failure " in said
+    assert said in md
+    for record in data["results"][1:]:  # the raw numbers, and the same verdict
+        assert record["measured"] is False and record["fallbacks"] == 4
+        assert record["p_value_vs_none"] == 0.36 and record["wins"] == 1
+        assert record["verdict"].startswith("not measured: fell back on 4 of 7: ")
+        assert f"- {record['transform']}: {record['verdict']}" in md
+
+
+def test_a_recommendation_names_a_transform_not_measured_beside_a_measured_one(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.report import recommendation
+
+    res = _two_unmeasured(tmp_path)
+    hyde = res.reports[1]
+    hyde.fallbacks = hyde.timeouts = 0  # measured: no gain that is not chance
+    said = recommendation(res)
+    assert "no transform gains significantly here; the highest-scoring, `hyde`" in said
+    assert said.endswith("Not measured: `multi-query` fell back on 4 of 7: 3 timeouts, 1 failure.")
+    hyde.p_value_vs_none = 0.01  # a significant gain: used, and the other still named
+    said = recommendation(res)
+    assert said.startswith("Recommendation: use `hyde`") and "Not measured: `multi-query`" in said
+
+
 @pytest.mark.parametrize(
     ("fallbacks", "timeouts", "why"),
     [
