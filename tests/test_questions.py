@@ -518,3 +518,37 @@ def test_every_set_under_ten_questions_is_warned_about_a_dataset_as_a_generated_
     assert "a larger --limit or set" in said and "--questions" not in said
     many = CliRunner().invoke(app, [*args[:-2], "--out", str(tmp_path / "2"), "--limit", "2"])
     assert "ONLY 2 QUESTIONS" in " ".join(many.output.split())
+
+
+@pytest.mark.parametrize("command", ["eval", "tune"])
+def test_a_labelled_run_plans_its_labelled_questions_and_the_option_that_shortens_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+    from llama_index_hyde_plus.local.speed import SpeedPlan
+
+    def slow_model(self: ModelChoice) -> ScriptedLLM:  # 1 token/s: any run is long
+        self.planned.append(SpeedPlan(1, 1.0, {1: 1.0, 2: 0.5}))
+        return ScriptedLLM(respond=lambda p: "Team 1 owns service 7.")
+
+    monkeypatch.setattr(ModelChoice, "make_llm", slow_model)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Team 1 owns service 7.")
+    (docs / "b.txt").write_text("Team 2 owns service 14.")
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("".join(f"Who owns service {7 * i}?\ta.txt\t1\n" for i in range(1, 6)))
+    args = ["--docs", str(docs), "--qrels", str(labels), "--embed", "local"]
+    args += ["--questions-dir", str(tmp_path / "set"), "--cache-dir", str(tmp_path / "c")]
+    if command == "eval":
+        args += ["--transforms", "none,hyde", "--out", str(tmp_path / "out")]
+    else:
+        args += ["-t", "hyde", "--grid", "query_weight=0.8", "--out", str(tmp_path / "t.json")]
+    result = CliRunner().invoke(app, [command, *args])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "(5 generations of up to 160 tokens); --limit 1 shortens it." in said
+    assert "--questions 25" not in said and said.count("Local model:") == 1

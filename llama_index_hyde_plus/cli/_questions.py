@@ -236,17 +236,19 @@ class DataChoice:
             self.docs.check(max_length, outputs)
 
     def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int | None, str]:
-        """``(generations, option)``: at most how many LLM calls a run makes (for
-        ``--docs``, writing questions, up to `CALLS_PER_QUESTION` a question; then one
-        per question per transform that calls the LLM, ``queries`` of a loaded
-        ``--dataset``; None when that is not known yet) and the one option that
-        shortens it."""
-        if self.docs is not None:
+        """``(generations, option)``: at most how many LLM calls a run makes and the
+        one option that shortens it. Questions written from ``--docs`` (`needs_llm`)
+        are planned before they are written: up to `CALLS_PER_QUESTION` a question,
+        then one per question per transform that calls the LLM (``--questions``).
+        Any other set (a ``--dataset``, or ``--docs`` with ``--qrels``: its labelled
+        queries) is planned once loaded, with its ``queries`` (``--limit``); None
+        before, when its size is not known."""
+        if self.needs_llm:
             from ..evaluation.questions import CALLS_PER_QUESTION
 
+            assert self.docs is not None
             n = self.docs.questions
-            writing = 0 if self.docs.qrels is not None else n * CALLS_PER_QUESTION
-            return writing + llm_transforms * n, f"--questions {max(1, n // 4)}"
+            return (CALLS_PER_QUESTION + llm_transforms) * n, f"--questions {max(1, n // 4)}"
         if queries is None:
             return None, "--limit"
         return llm_transforms * queries, f"--limit {max(1, queries // 4)}"

@@ -117,10 +117,10 @@ def timed(specs: list[Any], timeout: float | None) -> list[Any]:
 
 
 def show_plan(models: Any, source: Any, llm_transforms: int, queries: int | None = None) -> None:
-    """Print `ModelChoice.speed_line` before the generating starts: for ``--docs``
-    before the questions are written (``queries`` None), for ``--dataset`` once it is
-    loaded (``queries``: its size)."""
-    if (source.docs is None) == (queries is None):
+    """Print `ModelChoice.speed_line` before the generating starts: before questions
+    are written from ``--docs`` (``queries`` None), for any other set (``--dataset``,
+    or ``--docs`` with ``--qrels``) once it is loaded (``queries``: its size)."""
+    if source.needs_llm != (queries is None):
         return
     line = models.speed_line(*source.planned_work(llm_transforms, queries))
     if line is not None:
