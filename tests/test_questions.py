@@ -174,10 +174,48 @@ async def test_generation_stops_at_its_budget_and_says_what_failed() -> None:
 def test_too_few_questions_say_the_verdict_cannot_be_trusted() -> None:
     from llama_index_hyde_plus.evaluation.questions import too_few
 
-    assert MIN_TRUSTED == 10 and too_few(10) is None
-    warning = too_few(7)
+    assert MIN_TRUSTED == 10 and too_few(10, "Label more.") is None
+    warning = too_few(7, "Label more.")
     assert warning is not None and "ONLY 7 QUESTIONS" in warning
-    assert "cannot be trusted" in warning
+    assert "cannot be trusted" in warning and warning.endswith(" Label more.")
+
+
+@pytest.mark.parametrize(
+    ("kept", "written", "reasons", "chunks", "said"),
+    [
+        (
+            7, 30, {"names too little of its chunk": 15, "too long": 8}, 573,
+            "7 of the 30 questions written were kept (23 rejected): ask for --questions 15 "
+            "to keep about 10.",
+        ),
+        (
+            5, 5, {}, 573,
+            "5 of the 5 questions written were kept: ask for --questions 10 to keep about 10.",
+        ),
+        (
+            2, 30, {"the LLM call failed": 20, "too long": 8}, 573,
+            "2 of the 30 questions written were kept (8 rejected, 20 failed LLM calls): check "
+            "that --llm answers, or use a faster one (set/rejected.jsonl has the errors).",
+        ),
+        (
+            8, 30, {"the LLM call failed": 1, "too long": 21}, 573,
+            "8 of the 30 questions written were kept (21 rejected, 1 failed LLM call): ask for "
+            "--questions 13 to keep about 10.",
+        ),
+        (
+            4, 12, {"too long": 8}, 12,
+            "4 of the 12 questions written were kept (8 rejected); all 12 chunks were tried: "
+            "add documents to write more.",
+        ),
+    ],
+)  # fmt: skip
+def test_a_small_generated_set_says_how_many_were_lost_to_what_and_what_writes_more(
+    kept: int, written: int, reasons: dict[str, int], chunks: int, said: str
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import more_generated
+
+    manifest = {"kept": kept, "sampled": written, "rejected": reasons, "questions": 10}
+    assert more_generated(manifest, chunks, Path("set")) == said
 
 
 async def test_a_saved_set_is_a_beir_folder_that_eval_can_load(tmp_path: Path) -> None:
@@ -515,9 +553,11 @@ def test_every_set_under_ten_questions_is_warned_about_a_dataset_as_a_generated_
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "warning: ONLY 3 QUESTIONS: the verdict cannot be trusted" in said
-    assert "a larger --limit or set" in said and "--questions" not in said
+    assert "The test split has no more: score a larger set." in said
+    assert "--questions" not in said and "--timeout" not in said
     many = CliRunner().invoke(app, [*args[:-2], "--out", str(tmp_path / "2"), "--limit", "2"])
-    assert "ONLY 2 QUESTIONS" in " ".join(many.output.split())
+    cut = " ".join(many.output.split())
+    assert "ONLY 2 QUESTIONS" in cut and "--limit 2 kept 2: a larger --limit scores more." in cut
 
 
 @pytest.mark.parametrize("command", ["eval", "tune"])
@@ -551,4 +591,43 @@ def test_a_labelled_run_plans_its_labelled_questions_and_the_option_that_shorten
     said = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
     assert "(5 generations of up to 160 tokens); --limit 1 shortens it." in said
-    assert "--questions 25" not in said and said.count("Local model:") == 1
+    assert "--questions" not in said and said.count("Local model:") == 1
+    assert "ONLY 5 QUESTIONS: the verdict cannot be trusted (at least 10 are needed; one " in said
+    assert f"Label at least 10 questions in {labels} (each with a chunk or file graded" in said
+    assert "--timeout" not in said
+
+
+def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+
+    def ask(prompt: str) -> str:  # a fair question for an even team's chunk only
+        team = int(re.findall(r"Team (\d+)", prompt)[0])
+        return f"Which team owns service {team * 7}?" if team % 2 == 0 else "Tell me."
+
+    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for team in range(1, 13):
+        (docs / f"t{team}.txt").write_text(f"Team {team} owns service {team * 7}.")
+    args = ["eval", "--docs", str(docs), "--questions", "4", "--transforms", "none"]
+    args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
+    args += ["--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    why = re.search(r"(\d+) of the (\d+) questions written were kept \((\d+) rejected\): ", said)
+    assert why is not None, said
+    kept, written, rejected = (int(n) for n in why.groups())
+    assert kept == 4 and written == kept + rejected and rejected > 0
+    assert "warning: ONLY 4 QUESTIONS" in said and "--timeout" not in said
+    assert "ask for --questions 10 to keep about 10." in said  # half kept: 3 chunks each
+    md = " ".join((tmp_path / "out" / "results.md").read_text().split())
+    assert "About these questions: ONLY 4 QUESTIONS" in md and why.group(0) in md
+    assert f"Rejected: {rejected} too short. These questions were written" in md

@@ -198,20 +198,24 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     return write_question_set(qset, nodes, choice.folder, wanted)
 
 
-def caveat(folder: Path) -> str | None:
-    """What the set can and cannot tell, for the report (None for the user's labels)."""
-    from ..evaluation.questions import read_manifest, too_few
+def caveat(folder: Path, warning: str | None = None) -> str | None:
+    """What the set can and cannot tell, for the report: how many questions were
+    kept and why the others were rejected, or the ``warning`` that the set is too
+    small (`DataChoice.too_few`, which counts them) and the reasons; None for the
+    user's labels."""
+    from ..evaluation.questions import read_manifest
 
     manifest = read_manifest(folder) or {}
     if "labels" in manifest:
         return None
     rejected = manifest.get("rejected") or {}
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items())) or "none"
+    if warning is not None:
+        return f"{warning} Rejected: {why}. {manifest.get('caveat', '')}"
     kept = manifest.get("kept")
-    warning = too_few(kept) if isinstance(kept, int) else None
     return (
-        f"{warning + ' ' if warning else ''}{kept} of {manifest.get('sampled')} generated "
-        f"questions kept (rejected: {why}). {manifest.get('caveat', '')}"
+        f"{kept} of {manifest.get('sampled')} generated questions kept (rejected: {why}). "
+        f"{manifest.get('caveat', '')}"
     )
 
 
@@ -291,20 +295,43 @@ class DataChoice:
                 ds = load_conversations(self.dataset, split, limit=limit)
             else:
                 ds = load_beir(self.dataset, split, limit=limit)
-            _warn_too_few(len(ds.queries), "Score more: a larger --limit or set.")
+            _warn(self.too_few(ds, limit, split))
             return ds, None
         folder = question_set(self.docs, embed_model, llm, max_length)
         ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
-        _warn_too_few(len(ds.queries))
+        warning = self.too_few(ds, limit, folder=folder)
+        _warn(warning)
         named = replace(ds, name=self.docs.docs.resolve().name, unit="chunks")
-        return named, caveat(folder)
+        return named, caveat(folder, warning)
+
+    def too_few(
+        self, ds: Any, limit: int | None, split: str = "test", folder: Path | None = None
+    ) -> str | None:
+        """`too_few` for the questions of ``ds``, the same rule for a set just
+        written, one reused and a ``--dataset``, with what cut it short and how to
+        score more: the ``--limit`` when it kept no more; else for ``--qrels``, more
+        labels; for generated questions (the set at ``folder``), `more_generated`;
+        for a ``--dataset``, a larger set."""
+        from ..evaluation.questions import MIN_TRUSTED, more_generated, read_manifest, too_few
+
+        count = len(ds.queries)
+        if count >= MIN_TRUSTED:
+            return None
+        if limit is not None and count >= limit:
+            more = f"--limit {limit} kept {count}: a larger --limit scores more."
+        elif self.docs is None or folder is None:
+            more = f"The {split} split has no more: score a larger set."
+        elif self.docs.qrels is not None:
+            more = (
+                f"Label at least {MIN_TRUSTED} questions in {self.docs.qrels} (each with "
+                "a chunk or file graded above 0)."
+            )
+        else:
+            more = more_generated(read_manifest(folder) or {}, len(ds.corpus), folder)
+        return too_few(count, more)
 
 
-def _warn_too_few(count: int, more: str | None = None) -> None:
-    """Warn when ``count`` questions are too few for a verdict (`too_few`), the same
-    rule for a set just written, one reused and a ``--dataset``."""
-    from ..evaluation.questions import too_few
-
-    warning = too_few(count) if more is None else too_few(count, more)
+def _warn(warning: str | None) -> None:
+    """Print ``warning`` (`DataChoice.too_few`), if there is one."""
     if warning is not None:
         ui.err.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=False)
