@@ -321,16 +321,6 @@ async def test_a_set_is_replaced_by_the_next_run_which_says_so_in_one_line(
     assert corpus[0]["title"].startswith("doc")  # the chunk's source file
 
 
-def test_a_set_marked_tuned_is_replaced_like_any_other(tmp_path: Path) -> None:
-    from llama_index_hyde_plus.evaluation.questions import mark_tuned
-
-    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
-    mark_tuned(folder)
-    assert read_manifest(folder)["tuned"] is True  # type: ignore[index]
-    write_question_set(_one_question_set(), chunks(), folder, {"docs": "y"})
-    assert read_manifest(folder)["docs"] == "y"  # type: ignore[index]
-
-
 def _one_question_set() -> QuestionSet:
     from llama_index_hyde_plus.evaluation.questions import GeneratedQuestion
 

@@ -180,12 +180,6 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
             f"Reusing the question set in {choice.folder} ({found.get('kept')} questions): "
             "eval and tune on these documents with these options score this same set"
         )
-        if found.get("tuned"):
-            ui.err.print(
-                "[yellow]warning:[/] `hyde-plus tune` chose its settings on this very set; "
-                "scores of a tuned config here are optimistic (use another --seed or "
-                "--questions-dir to evaluate it)"
-            )
         return choice.folder
     import asyncio
 
@@ -266,6 +260,30 @@ class DataChoice:
         if self.docs is not None:
             wanted = set_identity(self.docs, llm)
             refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
+
+    def scored_set(self) -> dict[str, Any] | None:
+        """What the question set this run scores is made from (`made_from`: the
+        ``--questions-dir`` of ``--docs``, or a ``--dataset`` that is such a set), once
+        loaded; None for a dataset that is no question set."""
+        from ..evaluation.questions import made_from
+
+        folder = self.docs.folder if self.docs is not None else self.dataset
+        return None if folder is None else made_from(folder)
+
+    def warn_tuned_here(self, configs: list[Path]) -> None:
+        """Warn for each of the ``--config`` files `tune` wrote from the very question
+        set this run scores (its ``tuned_on`` names the set): its scores here are
+        optimistic. No config tuned on this set, no warning."""
+        from ..transforms.config import load_config
+
+        scored = self.scored_set()
+        for path in configs if scored is not None else []:
+            if load_config(path).tuned_on.get("question_set") == scored:
+                ui.err.print(
+                    f"[yellow]warning:[/] {path} was tuned on this very question set: its "
+                    "scores here are optimistic (score it on questions it was not tuned "
+                    "on: another --seed, with its own --questions-dir)"
+                )
 
     @property
     def conversational(self) -> bool:

@@ -287,6 +287,7 @@ def _prepare(
         show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
+        source.warn_tuned_here(config_files or [])
         show_plan(models, source, llm_specs, len(ds.queries))
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded

@@ -139,9 +139,11 @@ def tune(
     configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model))
+    if (scored := source.scored_set()) is not None:  # `eval` of this set with it warns
+        result.extra["question_set"] = scored
     path = _write(result, out) if result.winner.gains() or write_anyway else None
     show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
-    _show(result, (path, out), report, questions_dir if docs is not None else None)
+    _show(result, (path, out), report)
 
 
 def _write(result: Any, out: Path) -> Path:
@@ -237,12 +239,9 @@ def _whole_table(result: Any, out: Path) -> Path | None:
         return None
 
 
-def _show(
-    result: Any, paths: tuple[Path | None, Path], report: Path | None, question_set: Path | None
-) -> None:
+def _show(result: Any, paths: tuple[Path | None, Path], report: Path | None) -> None:
     """The sweep, the choice and where it was written (``paths``: the config written
-    or None, and ``--out``); a question set it was tuned on is marked so (``eval`` on
-    it then warns)."""
+    or None, and ``--out``)."""
     path, out = paths
     from ..evaluation.report import (
         is_tune_report,
@@ -253,10 +252,6 @@ def _show(
     )
     from ..evaluation.tune import check_writable, write_output
 
-    if question_set is not None:
-        from ..evaluation.questions import mark_tuned
-
-        mark_tuned(question_set)
     if result.extra.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
     ui.console.print(tune_table(result, TABLE_ROWS))

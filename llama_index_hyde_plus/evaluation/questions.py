@@ -501,15 +501,6 @@ def _jsonl(rows: Sequence[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def mark_tuned(folder: Path) -> None:
-    """Record in the set's manifest that `tune` chose settings on it (so `eval` on the
-    same set can warn that the scores are optimistic)."""
-    manifest = read_manifest(folder)
-    if manifest is not None:
-        text = json.dumps({**manifest, "tuned": True}, indent=2) + "\n"
-        write_all_atomic([(folder.expanduser() / "manifest.json", text)])
-
-
 SET_IDENTITY = (
     "docs",
     "chunks_sha256",
@@ -523,6 +514,17 @@ SET_IDENTITY = (
 """What a question set is made from, as its manifest records it: the documents (and
 their chunks), the chunking, and either the user's labels file or the generation's
 options (questions asked for, model, seed). Two sets that agree on all are the same."""
+
+
+def made_from(folder: Path) -> dict[str, Any] | None:
+    """What the question set at ``folder`` is made from (`SET_IDENTITY`, as its
+    manifest records it); None when ``folder`` holds no set hyde-plus wrote. `tune`
+    records it in the config it writes, and `eval` scoring the same set with that
+    config warns that its scores are optimistic."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    return {k: manifest[k] for k in SET_IDENTITY if k in manifest}
 
 
 def describe_set(manifest: dict[str, Any]) -> str:
