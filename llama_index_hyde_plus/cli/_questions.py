@@ -274,15 +274,17 @@ class DataChoice:
         """Warn for each of the ``--config`` files `tune` wrote from the very question
         set this run scores (its ``tuned_on`` names the set): its scores here are
         optimistic. No config tuned on this set, no warning."""
+        from rich.markup import escape
+
         from ..transforms.config import load_config
 
         scored = self.scored_set()
         for path in configs if scored is not None else []:
             if load_config(path).tuned_on.get("question_set") == scored:
                 ui.err.print(
-                    f"[yellow]warning:[/] {path} was tuned on this very question set: its "
-                    "scores here are optimistic (score it on questions it was not tuned "
-                    "on: another --seed, with its own --questions-dir)"
+                    f"[yellow]warning:[/] {escape(str(path))} was tuned on this very "
+                    "question set: its scores here are optimistic (score it on questions "
+                    "it was not tuned on: another --seed, with its own --questions-dir)"
                 )
 
     @property
