@@ -158,6 +158,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     """The BEIR folder to score: from ``--qrels``, reused, or written now."""
     from ..evaluation.questions import (
         generate_questions,
+        questions_count,
         read_labels,
         read_manifest,
         refuse_other_set,
@@ -170,14 +171,14 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     refuse_other_set(choice.folder, made_from)
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
-        ui.err.print(f"{len(queries)} labelled questions from {choice.qrels}")
+        ui.err.print(f"{questions_count(len(queries), 'labelled question')} from {choice.qrels}")
         manifest = {**made_from, "kept": len(queries)}
         return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
     wanted = {k: v for k, v in made_from.items() if k != "seed"}
     found = read_manifest(choice.folder)
     if found is not None:  # the same documents, chunking, model and options
         ui.err.print(
-            f"Reusing the question set in {choice.folder} ({found.get('kept')} questions): "
+            f"Reusing the question set in {choice.folder} ({questions_count(found.get('kept'))}): "
             "eval and tune on these documents with these options score this same set"
         )
         return choice.folder
