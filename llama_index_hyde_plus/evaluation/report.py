@@ -70,7 +70,7 @@ def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
     for m in MEASURES:
         value = report.scores[m]
         text = f"{value:.4f}"
-        cells.append(f"**{text}**" if abs(value - best[m]) < 1e-12 else text)
+        cells.append(f"**{text}**" if _is_best(report, m, best[m]) else text)
     if _unmeasured(report):  # mostly plain search's score: no comparison is drawn
         compared = [f"not measured ({report.fell_back})", "-", "-"]
     else:
@@ -99,6 +99,13 @@ HEADERS = [
     "cost",
     "fallbacks",
 ]
+
+
+def _is_best(report: TransformReport, measure: str, best: float) -> bool:
+    """Whether ``report``'s ``measure`` is shown as the best: it equals ``best``
+    (`_best`) and the report is measured (a score that is mostly plain search's is
+    never the best, even where it equals it)."""
+    return report.measured and abs(report.scores[measure] - best) < 1e-12
 
 
 def _best(result: EvalResult) -> dict[str, float]:
@@ -139,7 +146,7 @@ def _terminal_row(report: TransformReport, best: float) -> list[str]:
         compared = [_interval(report), _wtl(report), p, _share(report.changed, report)]
     return [
         report.label,
-        f"[bold green]{score}[/]" if abs(report.scores["nDCG@10"] - best) < 1e-12 else score,
+        f"[bold green]{score}[/]" if _is_best(report, "nDCG@10", best) else score,
         *compared,
         f"{report.skipped}/{report.fallbacks}",
         _latency(report.latency_p50_s),
