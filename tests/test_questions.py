@@ -621,3 +621,42 @@ def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
     md = " ".join((tmp_path / "out" / "results.md").read_text().split())
     assert "About these questions: ONLY 4 QUESTIONS" in md and why.group(0) in md
     assert f"Rejected: {rejected} too short. These questions were written" in md
+
+
+def test_a_reused_set_plans_its_questions_not_writing_them_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+    from llama_index_hyde_plus.local.speed import SpeedPlan
+
+    def ask(prompt: str) -> str:  # a fair question for a chunk, a passage for HyDE
+        teams = re.findall(r"Team (\d+) owns", prompt)
+        return f"Which team owns service {int(teams[0]) * 7}?" if teams else "Nothing."
+
+    def slow_model(self: ModelChoice) -> ScriptedLLM:  # 1 token/s: any run is long
+        self.planned.append(SpeedPlan(1, 1.0, {1: 1.0, 2: 0.5}))
+        return ScriptedLLM(respond=ask)
+
+    monkeypatch.setattr(ModelChoice, "make_llm", slow_model)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for team in range(1, 13):
+        (docs / f"t{team}.txt").write_text(f"Team {team} owns service {team * 7}.")
+    args = ["eval", "--docs", str(docs), "--questions", "4", "--transforms", "none,hyde"]
+    args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
+    args += ["--cache-dir", str(tmp_path / "c")]
+    first = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o1")])
+    assert first.exit_code == 0, first.output
+    said = " ".join(first.output.split())
+    assert "(16 generations of up to 160 tokens); --questions 1 shortens it." in said
+    again = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o2")])
+    assert again.exit_code == 0, again.output
+    said = " ".join(again.output.split())
+    assert "Reusing the question set" in said and said.count("Local model:") == 1
+    assert "(4 generations of up to 160 tokens); --limit 1 shortens it." in said
+    assert "--questions 1 shortens it" not in said

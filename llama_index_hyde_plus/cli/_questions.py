@@ -234,23 +234,21 @@ class DataChoice:
         if self.docs is not None:
             self.docs.check(max_length, outputs)
 
-    def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int | None, str]:
+    def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int, str]:
         """``(generations, option)``: at most how many LLM calls a run makes and the
-        one option that shortens it. Questions written from ``--docs`` (`needs_llm`)
-        are planned before they are written: up to `CALLS_PER_QUESTION` a question,
-        then one per question per transform that calls the LLM (``--questions``).
-        Any other set (a ``--dataset``, or ``--docs`` with ``--qrels``: its labelled
-        queries) is planned once loaded, with its ``queries`` (``--limit``); None
-        before, when its size is not known."""
-        if self.needs_llm:
-            from ..evaluation.questions import CALLS_PER_QUESTION
+        one option that shortens it. A loaded set of ``queries`` (a ``--dataset``,
+        ``--qrels``, a set reused from ``--questions-dir``): one call per question
+        per transform that calls the LLM (``--limit``). Before questions are
+        written from ``--docs`` (``queries`` None, `writes_questions`): up to
+        `CALLS_PER_QUESTION` a question to write them, then as many per transform
+        as ``--questions`` (which shortens it)."""
+        if queries is not None:
+            return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
+        from ..evaluation.questions import CALLS_PER_QUESTION
 
-            assert self.docs is not None
-            n = self.docs.questions
-            return (CALLS_PER_QUESTION + llm_transforms) * n, f"--questions {max(1, n // 4)}"
-        if queries is None:
-            return None, "--limit"
-        return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
+        assert self.docs is not None
+        n = self.docs.questions
+        return (CALLS_PER_QUESTION + llm_transforms) * n, f"--questions {max(1, n // 4)}"
 
     def refuse_other_set(self, llm: Any) -> None:
         """Refuse before any work (the model's speed measured, questions written) when
@@ -294,6 +292,15 @@ class DataChoice:
         from ..evaluation.conversational import is_conversational
 
         return self.dataset is not None and is_conversational(self.dataset)
+
+    @property
+    def writes_questions(self) -> bool:
+        """Whether this run writes its questions: ``--docs`` without ``--qrels``, and
+        no set in ``--questions-dir`` yet (a set there is this run's, to reuse:
+        `refuse_other_set` refuses any other before)."""
+        from ..evaluation.questions import read_manifest
+
+        return self.docs is not None and self.needs_llm and read_manifest(self.docs.folder) is None
 
     @property
     def needs_llm(self) -> bool:

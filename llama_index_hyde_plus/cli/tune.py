@@ -211,9 +211,10 @@ def _load(
         where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
         source.refuse_other_set(model)
-        show_plan(models, source, int(needs_llm(name)))
+        planned = show_plan(models, source, int(needs_llm(name)))
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
-        show_plan(models, source, int(needs_llm(name)), len(ds.queries))
+        if not planned:
+            show_plan(models, source, int(needs_llm(name)), len(ds.queries))
     what = split if note is None else "generated questions"
     ui.err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
     return configs, ds, embed_model, model if needs_llm(name) else None
