@@ -185,27 +185,29 @@ def test_too_few_questions_say_the_verdict_cannot_be_trusted() -> None:
     [
         (
             7, 30, {"names too little of its chunk": 15, "too long": 8}, 573,
-            "7 of the 30 questions written were kept (23 rejected): ask for --questions 15 "
-            "to keep about 10.",
+            "7 of the 30 questions written were kept (23 rejected): to keep about 10, ask "
+            "for --questions 15 with a new --questions-dir.",
         ),
         (
             5, 5, {}, 573,
-            "5 of the 5 questions written were kept: ask for --questions 10 to keep about 10.",
+            "5 of the 5 questions written were kept: to keep about 10, ask for --questions "
+            "10 with a new --questions-dir.",
         ),
         (
             2, 30, {"the LLM call failed": 20, "too long": 8}, 573,
             "2 of the 30 questions written were kept (8 rejected, 20 failed LLM calls): check "
-            "that --llm answers, or use a faster one (set/rejected.jsonl has the errors).",
+            "that --llm answers, or use a faster one, with a new --questions-dir "
+            "(set/rejected.jsonl has the errors).",
         ),
         (
             8, 30, {"the LLM call failed": 1, "too long": 21}, 573,
-            "8 of the 30 questions written were kept (21 rejected, 1 failed LLM call): ask for "
-            "--questions 13 to keep about 10.",
+            "8 of the 30 questions written were kept (21 rejected, 1 failed LLM call): to keep "
+            "about 10, ask for --questions 13 with a new --questions-dir.",
         ),
         (
             4, 12, {"too long": 8}, 12,
             "4 of the 12 questions written were kept (8 rejected); all 12 chunks were tried: "
-            "add documents to write more.",
+            "add documents, with a new --questions-dir.",
         ),
     ],
 )  # fmt: skip
@@ -617,7 +619,7 @@ def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
     kept, written, rejected = (int(n) for n in why.groups())
     assert kept == 4 and written == kept + rejected and rejected > 0
     assert "warning: ONLY 4 QUESTIONS" in said and "--timeout" not in said
-    assert "ask for --questions 10 to keep about 10." in said  # half kept: 3 chunks each
+    assert "to keep about 10, ask for --questions 10 with a new --questions-dir." in said
     md = " ".join((tmp_path / "out" / "results.md").read_text().split())
     assert "About these questions: ONLY 4 QUESTIONS" in md and why.group(0) in md
     assert f"Rejected: {rejected} too short. These questions were written" in md

@@ -309,7 +309,8 @@ def more_generated(manifest: dict[str, Any], chunks: int, folder: Path) -> str:
     lost to failed LLM calls; then, when failed calls lost the most, a working or
     faster ``--llm``; when every one of the ``chunks`` was tried, more documents; else
     the ``--questions`` that keeps about `MIN_TRUSTED` at this set's keep rate (each
-    question asked may try `CALLS_PER_QUESTION` chunks)."""
+    question asked may try `CALLS_PER_QUESTION` chunks). Each writes a new set, so
+    each says to give it a new ``--questions-dir`` (``folder`` keeps this one)."""
     kept, written = manifest.get("kept"), manifest.get("sampled")
     if not (type(kept) is int and type(written) is int and 0 < kept <= written):
         return "Ask for more with --questions."  # a manifest edited by hand
@@ -321,13 +322,17 @@ def more_generated(manifest: dict[str, Any], chunks: int, folder: Path) -> str:
     lost += [counted(failed, "failed LLM call")] if failed else []
     said = f"{kept} of the {written} questions written were kept"
     said += f" ({', '.join(lost)})" if lost else ""
+    new = "with a new --questions-dir"
     if failed > rejected:
         errors = folder / "rejected.jsonl"
-        return f"{said}: check that --llm answers, or use a faster one ({errors} has the errors)."
+        return (
+            f"{said}: check that --llm answers, or use a faster one, {new} ({errors} has "
+            "the errors)."
+        )
     if written >= chunks:
-        return f"{said}; all {chunks} chunks were tried: add documents to write more."
+        return f"{said}; all {chunks} chunks were tried: add documents, {new}."
     asked = math.ceil(MIN_TRUSTED / min(1.0, CALLS_PER_QUESTION * kept / written) - 1e-9)
-    return f"{said}: ask for --questions {asked} to keep about {MIN_TRUSTED}."
+    return f"{said}: to keep about {MIN_TRUSTED}, ask for --questions {asked} {new}."
 
 
 @dataclass
