@@ -139,17 +139,20 @@ def tune(
     configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model))
-    if (scored := source.scored_set()) is not None:  # `eval` of this set with it warns
-        result.extra["question_set"] = scored
-    path = _write(result, out) if result.winner.gains() or write_anyway else None
+    path = _write(result, out, source) if result.winner.gains() or write_anyway else None
     show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
     _show(result, (path, out), report)
 
 
-def _write(result: Any, out: Path) -> Path:
-    """Write the chosen configuration to ``out`` (`evaluation.tune.write_config`)."""
+def _write(result: Any, out: Path, source: q.DataChoice) -> Path:
+    """Write the chosen configuration to ``out`` (`evaluation.tune.write_config`),
+    with the question set it was tuned on (`DataChoice.scored_set`), if any, in its
+    ``tuned_on``: `eval` scoring that set with it warns that its scores are
+    optimistic."""
     from ..evaluation.tune import write_config
 
+    if (scored := source.scored_set()) is not None:
+        result.extra["question_set"] = scored
     with reported():
         return write_config(result, out)
 
