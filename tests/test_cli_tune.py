@@ -438,3 +438,56 @@ def test_progress_bars_keep_the_count_elapsed_and_eta_whole_at_80_columns() -> N
     assert len(lines) == 2 and all(len(line) <= 80 for line in lines)
     assert "30/74" in lines[0] and "━" in lines[0]
     assert all(line.rstrip().endswith("eta -:--:--") and "0:00:00" in line for line in lines)
+
+
+def _docs_run(tmp_path: Path, command: str, *args: str, seed: int = 0) -> str:
+    """``command`` on questions a scripted model writes from 12 one-line documents
+    (the set in ``set<seed>``); its output, whitespace folded."""
+    docs = tmp_path / "docs"
+    if not docs.exists():
+        docs.mkdir()
+        for team in range(1, 13):
+            (docs / f"t{team}.txt").write_text(f"Team {team} owns service {team * 7}.")
+    common = ["--docs", str(docs), "--questions", "6", "--seed", str(seed), "--embed", "local"]
+    common += ["--questions-dir", str(tmp_path / f"set{seed}"), "--cache-dir", str(tmp_path / "c")]
+    result = runner.invoke(app, [command, *common, *args])
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def _scripted_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model `eval` and `tune` load writes a fair question for a chunk, and a
+    passage that names nothing for HyDE."""
+    import re
+
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+    from llama_index_hyde_plus.testing import ScriptedLLM
+
+    def reply(prompt: str) -> str:
+        teams = re.findall(r"Team (\d+) owns", prompt)
+        return f"Which team owns service {int(teams[0]) * 7}?" if teams else "Nothing."
+
+    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=reply))
+
+
+def test_eval_warns_of_optimistic_scores_only_with_a_config_tuned_on_the_same_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _scripted_writer(monkeypatch)
+    warned = "was tuned on this very question set: its scores here are optimistic"
+    sweep = ["-t", "hyde", "--grid", "query_weight=0.5", "--report", str(tmp_path / "t.md")]
+    said = _docs_run(tmp_path, "tune", *sweep, "--out", str(tmp_path / "none.json"))
+    assert "No config written" in said and not (tmp_path / "none.json").exists()
+    plain = ["--transforms", "none,hyde", "--out", str(tmp_path / "e1")]
+    assert "are optimistic" not in _docs_run(tmp_path, "eval", *plain)  # no tuned config in use
+
+    from llama_index_hyde_plus.evaluation.questions import made_from
+
+    tuned = tmp_path / "tuned.json"
+    _docs_run(tmp_path, "tune", *sweep, "--out", str(tuned), "--write-anyway")
+    recorded = json.loads(tuned.read_text())["tuned_on"]["question_set"]
+    assert recorded == made_from(tmp_path / "set0") and recorded["seed"] == 0
+    scored = ["--transforms", "none", "--config", str(tuned), "--out", str(tmp_path / "e2")]
+    assert f"warning: {tuned} {warned}" in _docs_run(tmp_path, "eval", *scored)
+    other = ["--transforms", "none", "--config", str(tuned), "--out", str(tmp_path / "e3")]
+    assert "are optimistic" not in _docs_run(tmp_path, "eval", *other, seed=1)  # another set

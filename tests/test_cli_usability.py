@@ -263,7 +263,7 @@ def test_the_local_models_speed_line_wraps_at_80_columns(
         "--questions 25 shortens it."
     )
     models = SimpleNamespace(speed_line=lambda *work: line)
-    source = SimpleNamespace(docs="docs", planned_work=lambda *args: (60, "--questions 25"))
+    source = SimpleNamespace(writes_questions=True, planned_work=lambda *a: (60, "--questions 25"))
     monkeypatch.setenv("COLUMNS", "80")
     ui.setup_logging(verbose=False)
     show_plan(models, source, 1)

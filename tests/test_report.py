@@ -287,3 +287,90 @@ def test_a_recommendation_never_calls_a_loss_or_an_unmeasured_row_the_best(
     assert "-0.3 [-19.0,+18.0] nDCG@10 points" in said
     hyde.delta_vs_none = 0.02  # a gain that could be chance says so
     assert "which could be chance (p = 0.970)" in recommendation(res)
+
+
+def _two_unmeasured(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The tiny run with `hyde` and a `multi-query` copy of it both falling back on
+    4 of 7 queries, as in a user's run: `hyde` scoring above `none` on every measure,
+    `multi-query` the same as `none`."""
+    import copy
+
+    res = result(tmp_path)
+    none, hyde = res.reports
+    multi = copy.deepcopy(hyde)
+    multi.label = "multi-query"
+    res.reports.append(multi)
+    for report, timeouts, gain in ((hyde, 4, 0.01), (multi, 3, 0.0)):
+        report.queries, report.fallbacks, report.timeouts = 7, 4, timeouts
+        report.scores = {m: v + gain for m, v in none.scores.items()}
+        report.delta_vs_none, report.p_value_vs_none = gain, 0.36
+        report.wins, report.ties, report.losses = 1, 6, 0
+    return res
+
+
+def test_results_md_says_not_measured_where_the_terminal_does_and_never_bolds_it(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.report import recommendation
+
+    res = _two_unmeasured(tmp_path)
+    data = json.loads(write_outputs(res, tmp_path / "out")[0].read_text())
+    md = (tmp_path / "out" / "results.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in md.splitlines() if line.startswith("| ")}
+    hyde, multi = rows["hyde"], rows["multi-query"]
+    assert "| not measured (fell back on 4 of 7: timeouts) | - | - |" in hyde
+    assert "| not measured (fell back on 4 of 7: 3 timeouts, 1 failure) | - | - |" in multi
+    for row in (hyde, multi):  # not bold, even where it equals the best (`none`'s)
+        assert "**" not in row and "1/6/0" not in row and "0.360" not in row
+    assert "+1.0" not in hyde and "+0.0" not in multi
+    assert f"**{res.reports[0].scores['nDCG@10']:.4f}**" in rows["none"]  # the best measured
+    console = Console(width=80, record=True, force_terminal=True)
+    console.print(rich_table(res))
+    terminal = console.export_text(styles=True).splitlines()
+    styled = [line for line in terminal if "not measured" in line]
+    assert len(styled) == 2 and not any("\x1b[1;32m" in line for line in styled)
+    assert any("\x1b[1;32m" in line for line in terminal if " none " in line)
+    said = recommendation(res)
+    assert "`hyde` fell back on 4 of 7: timeouts" in said
+    assert "`multi-query` fell back on 4 of 7: 3 timeouts, 1 failure " in said
+    assert said in md
+    for record in data["results"][1:]:  # the raw numbers, and the same verdict
+        assert record["measured"] is False and record["fallbacks"] == 4
+        assert record["p_value_vs_none"] == 0.36 and record["wins"] == 1
+        assert record["verdict"].startswith("not measured: fell back on 4 of 7: ")
+        assert f"- {record['transform']}: {record['verdict']}" in md
+
+
+def test_a_recommendation_names_a_transform_not_measured_beside_a_measured_one(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.report import recommendation
+
+    res = _two_unmeasured(tmp_path)
+    hyde = res.reports[1]
+    hyde.fallbacks = hyde.timeouts = 0  # measured: no gain that is not chance
+    said = recommendation(res)
+    assert "no transform gains significantly here; the highest-scoring, `hyde`" in said
+    assert said.endswith("Not measured: `multi-query` fell back on 4 of 7: 3 timeouts, 1 failure.")
+    hyde.p_value_vs_none = 0.01  # a significant gain: used, and the other still named
+    said = recommendation(res)
+    assert said.startswith("Recommendation: use `hyde`") and "Not measured: `multi-query`" in said
+
+
+@pytest.mark.parametrize(
+    ("fallbacks", "timeouts", "why"),
+    [
+        (1, 1, "fell back on 1 of 7: a timeout"),
+        (1, 0, "fell back on 1 of 7: a failure"),
+        (2, 1, "fell back on 2 of 7: 1 timeout, 1 failure"),
+        (5, 4, "fell back on 5 of 7: 4 timeouts, 1 failure"),
+        (5, 1, "fell back on 5 of 7: 1 timeout, 4 failures"),
+        (3, 3, "fell back on 3 of 7: timeouts"),
+    ],
+)
+def test_a_fallback_reason_counts_in_words_that_agree_with_the_count(
+    tmp_path: Path, fallbacks: int, timeouts: int, why: str
+) -> None:
+    hyde = result(tmp_path).reports[1]
+    hyde.queries, hyde.fallbacks, hyde.timeouts = 7, fallbacks, timeouts
+    assert hyde.fell_back == why

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._plural import counted
 from . import _console as ui
 from . import _early as early
 from ._console import fail, task
@@ -100,8 +101,9 @@ class ModelChoice:
         if seconds <= LONG_RUN_S:
             return said
         return (
-            f"{said} Generating may take up to about {seconds / 60:.0f} min ({generations} "
-            f"generations of up to {self.max_tokens} tokens); {shorten} shortens it."
+            f"{said} Generating may take up to about {seconds / 60:.0f} min "
+            f"({counted(generations, 'generation')} of up to {self.max_tokens} tokens); "
+            f"{shorten} shortens it."
         )
 
     def load(self, needs_llm: bool) -> tuple[Any, Any]:

@@ -158,6 +158,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     """The BEIR folder to score: from ``--qrels``, reused, or written now."""
     from ..evaluation.questions import (
         generate_questions,
+        questions_count,
         read_labels,
         read_manifest,
         refuse_other_set,
@@ -170,22 +171,16 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     refuse_other_set(choice.folder, made_from)
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
-        ui.err.print(f"{len(queries)} labelled questions from {choice.qrels}")
+        ui.err.print(f"{questions_count(len(queries), 'labelled question')} from {choice.qrels}")
         manifest = {**made_from, "kept": len(queries)}
         return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
     wanted = {k: v for k, v in made_from.items() if k != "seed"}
     found = read_manifest(choice.folder)
     if found is not None:  # the same documents, chunking, model and options
         ui.err.print(
-            f"Reusing the question set in {choice.folder} ({found.get('kept')} questions): "
+            f"Reusing the question set in {choice.folder} ({questions_count(found.get('kept'))}): "
             "eval and tune on these documents with these options score this same set"
         )
-        if found.get("tuned"):
-            ui.err.print(
-                "[yellow]warning:[/] `hyde-plus tune` chose its settings on this very set; "
-                "scores of a tuned config here are optimistic (use another --seed or "
-                "--questions-dir to evaluate it)"
-            )
         return choice.folder
     import asyncio
 
@@ -198,20 +193,24 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     return write_question_set(qset, nodes, choice.folder, wanted)
 
 
-def caveat(folder: Path) -> str | None:
-    """What the set can and cannot tell, for the report (None for the user's labels)."""
-    from ..evaluation.questions import read_manifest, too_few
+def caveat(folder: Path, warning: str | None = None) -> str | None:
+    """What the set can and cannot tell, for the report: how many questions were
+    kept and why the others were rejected, or the ``warning`` that the set is too
+    small (`DataChoice.too_few`, which counts them) and the reasons; None for the
+    user's labels."""
+    from ..evaluation.questions import read_manifest
 
     manifest = read_manifest(folder) or {}
     if "labels" in manifest:
         return None
     rejected = manifest.get("rejected") or {}
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items())) or "none"
+    if warning is not None:
+        return f"{warning} Rejected: {why}. {manifest.get('caveat', '')}"
     kept = manifest.get("kept")
-    warning = too_few(kept) if isinstance(kept, int) else None
     return (
-        f"{warning + ' ' if warning else ''}{kept} of {manifest.get('sampled')} generated "
-        f"questions kept (rejected: {why}). {manifest.get('caveat', '')}"
+        f"{kept} of {manifest.get('sampled')} generated questions kept (rejected: {why}). "
+        f"{manifest.get('caveat', '')}"
     )
 
 
@@ -235,21 +234,21 @@ class DataChoice:
         if self.docs is not None:
             self.docs.check(max_length, outputs)
 
-    def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int | None, str]:
-        """``(generations, option)``: at most how many LLM calls a run makes (for
-        ``--docs``, writing questions, up to `CALLS_PER_QUESTION` a question; then one
-        per question per transform that calls the LLM, ``queries`` of a loaded
-        ``--dataset``; None when that is not known yet) and the one option that
-        shortens it."""
-        if self.docs is not None:
-            from ..evaluation.questions import CALLS_PER_QUESTION
+    def planned_work(self, llm_transforms: int, queries: int | None) -> tuple[int, str]:
+        """``(generations, option)``: at most how many LLM calls a run makes and the
+        one option that shortens it. A loaded set of ``queries`` (a ``--dataset``,
+        ``--qrels``, a set reused from ``--questions-dir``): one call per question
+        per transform that calls the LLM (``--limit``). Before questions are
+        written from ``--docs`` (``queries`` None, `writes_questions`): up to
+        `CALLS_PER_QUESTION` a question to write them, then as many per transform
+        as ``--questions`` (which shortens it)."""
+        if queries is not None:
+            return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
+        from ..evaluation.questions import CALLS_PER_QUESTION
 
-            n = self.docs.questions
-            writing = 0 if self.docs.qrels is not None else n * CALLS_PER_QUESTION
-            return writing + llm_transforms * n, f"--questions {max(1, n // 4)}"
-        if queries is None:
-            return None, "--limit"
-        return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
+        assert self.docs is not None
+        n = self.docs.questions
+        return (CALLS_PER_QUESTION + llm_transforms) * n, f"--questions {max(1, n // 4)}"
 
     def refuse_other_set(self, llm: Any) -> None:
         """Refuse before any work (the model's speed measured, questions written) when
@@ -261,12 +260,47 @@ class DataChoice:
             wanted = set_identity(self.docs, llm)
             refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
 
+    def scored_set(self) -> dict[str, Any] | None:
+        """What the question set this run scores is made from (`made_from`: the
+        ``--questions-dir`` of ``--docs``, or a ``--dataset`` that is such a set), once
+        loaded; None for a dataset that is no question set."""
+        from ..evaluation.questions import made_from
+
+        folder = self.docs.folder if self.docs is not None else self.dataset
+        return None if folder is None else made_from(folder)
+
+    def warn_tuned_here(self, configs: list[Path]) -> None:
+        """Warn for each of the ``--config`` files `tune` wrote from the very question
+        set this run scores (its ``tuned_on`` names the set): its scores here are
+        optimistic. No config tuned on this set, no warning."""
+        from rich.markup import escape
+
+        from ..transforms.config import load_config
+
+        scored = self.scored_set()
+        for path in configs if scored is not None else []:
+            if load_config(path).tuned_on.get("question_set") == scored:
+                ui.err.print(
+                    f"[yellow]warning:[/] {escape(str(path))} was tuned on this very "
+                    "question set: its scores here are optimistic (score it on questions "
+                    "it was not tuned on: another --seed, with its own --questions-dir)"
+                )
+
     @property
     def conversational(self) -> bool:
         """Whether ``--dataset`` is a conversational set (a ``turns`` folder)."""
         from ..evaluation.conversational import is_conversational
 
         return self.dataset is not None and is_conversational(self.dataset)
+
+    @property
+    def writes_questions(self) -> bool:
+        """Whether this run writes its questions: ``--docs`` without ``--qrels``, and
+        no set in ``--questions-dir`` yet (a set there is this run's, to reuse:
+        `refuse_other_set` refuses any other before)."""
+        from ..evaluation.questions import read_manifest
+
+        return self.docs is not None and self.needs_llm and read_manifest(self.docs.folder) is None
 
     @property
     def needs_llm(self) -> bool:
@@ -289,20 +323,43 @@ class DataChoice:
                 ds = load_conversations(self.dataset, split, limit=limit)
             else:
                 ds = load_beir(self.dataset, split, limit=limit)
-            _warn_too_few(len(ds.queries), "Score more: a larger --limit or set.")
+            _warn(self.too_few(ds, limit, split))
             return ds, None
         folder = question_set(self.docs, embed_model, llm, max_length)
         ds = load_beir(folder, "test", limit=limit)  # named for the documents, not the set
-        _warn_too_few(len(ds.queries))
+        warning = self.too_few(ds, limit, folder=folder)
+        _warn(warning)
         named = replace(ds, name=self.docs.docs.resolve().name, unit="chunks")
-        return named, caveat(folder)
+        return named, caveat(folder, warning)
+
+    def too_few(
+        self, ds: Any, limit: int | None, split: str = "test", folder: Path | None = None
+    ) -> str | None:
+        """`too_few` for the questions of ``ds``, the same rule for a set just
+        written, one reused and a ``--dataset``, with what cut it short and how to
+        score more: the ``--limit`` when it kept no more; else for ``--qrels``, more
+        labels; for generated questions (the set at ``folder``), `more_generated`;
+        for a ``--dataset``, a larger set."""
+        from ..evaluation.questions import MIN_TRUSTED, more_generated, read_manifest, too_few
+
+        count = len(ds.queries)
+        if count >= MIN_TRUSTED:
+            return None
+        if limit is not None and count >= limit:
+            more = f"--limit {limit} kept {count}: a larger --limit scores more."
+        elif self.docs is None or folder is None:
+            more = f"The {split} split has no more: score a larger set."
+        elif self.docs.qrels is not None:
+            more = (
+                f"Label at least {MIN_TRUSTED} questions in {self.docs.qrels} (each with "
+                "a chunk or file graded above 0)."
+            )
+        else:
+            more = more_generated(read_manifest(folder) or {}, len(ds.corpus), folder)
+        return too_few(count, more)
 
 
-def _warn_too_few(count: int, more: str | None = None) -> None:
-    """Warn when ``count`` questions are too few for a verdict (`too_few`), the same
-    rule for a set just written, one reused and a ``--dataset``."""
-    from ..evaluation.questions import too_few
-
-    warning = too_few(count) if more is None else too_few(count, more)
+def _warn(warning: str | None) -> None:
+    """Print ``warning`` (`DataChoice.too_few`), if there is one."""
     if warning is not None:
         ui.err.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=False)

@@ -116,15 +116,18 @@ def timed(specs: list[Any], timeout: float | None) -> list[Any]:
     return [replace(s, options=with_timeout(s.options, s.name, timeout)) for s in specs]
 
 
-def show_plan(models: Any, source: Any, llm_transforms: int, queries: int | None = None) -> None:
-    """Print `ModelChoice.speed_line` before the generating starts: for ``--docs``
-    before the questions are written (``queries`` None), for ``--dataset`` once it is
-    loaded (``queries``: its size)."""
-    if (source.docs is None) == (queries is None):
-        return
+def show_plan(models: Any, source: Any, llm_transforms: int, queries: int | None = None) -> bool:
+    """Print `ModelChoice.speed_line` before the generating starts: before this run
+    writes questions from ``--docs`` (``queries`` None, `DataChoice.writes_questions`),
+    else once the set is loaded (``queries``: its size; a ``--dataset``, ``--qrels``
+    or a set reused from ``--questions-dir``). Whether it was planned: False before
+    a set that is loaded first, to plan once it is."""
+    if queries is None and not source.writes_questions:
+        return False
     line = models.speed_line(*source.planned_work(llm_transforms, queries))
     if line is not None:
         ui.err.print(f"[yellow]{line}[/]" if "shortens it" in line else line)
+    return True
 
 
 def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
@@ -284,10 +287,12 @@ def _prepare(
         start = time.perf_counter()
         embed_model, model = models.load(needs)
         source.refuse_other_set(model)
-        show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
+        planned = show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
-        show_plan(models, source, llm_specs, len(ds.queries))
+        source.warn_tuned_here(config_files or [])
+        if not planned:
+            show_plan(models, source, llm_specs, len(ds.queries))
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
     ui.err.print(

@@ -139,15 +139,20 @@ def tune(
     configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model))
-    path = _write(result, out) if result.winner.gains() or write_anyway else None
+    path = _write(result, out, source) if result.winner.gains() or write_anyway else None
     show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
-    _show(result, (path, out), report, questions_dir if docs is not None else None)
+    _show(result, (path, out), report)
 
 
-def _write(result: Any, out: Path) -> Path:
-    """Write the chosen configuration to ``out`` (`evaluation.tune.write_config`)."""
+def _write(result: Any, out: Path, source: q.DataChoice) -> Path:
+    """Write the chosen configuration to ``out`` (`evaluation.tune.write_config`),
+    with the question set it was tuned on (`DataChoice.scored_set`), if any, in its
+    ``tuned_on``: `eval` scoring that set with it warns that its scores are
+    optimistic."""
     from ..evaluation.tune import write_config
 
+    if (scored := source.scored_set()) is not None:
+        result.extra["question_set"] = scored
     with reported():
         return write_config(result, out)
 
@@ -209,9 +214,10 @@ def _load(
         where.check_index(source.docs, models)
         embed_model, model = models.load(needs_llm(name) or source.needs_llm)
         source.refuse_other_set(model)
-        show_plan(models, source, int(needs_llm(name)))
+        planned = show_plan(models, source, int(needs_llm(name)))
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
-        show_plan(models, source, int(needs_llm(name)), len(ds.queries))
+        if not planned:
+            show_plan(models, source, int(needs_llm(name)), len(ds.queries))
     what = split if note is None else "generated questions"
     ui.err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
     return configs, ds, embed_model, model if needs_llm(name) else None
@@ -237,12 +243,9 @@ def _whole_table(result: Any, out: Path) -> Path | None:
         return None
 
 
-def _show(
-    result: Any, paths: tuple[Path | None, Path], report: Path | None, question_set: Path | None
-) -> None:
+def _show(result: Any, paths: tuple[Path | None, Path], report: Path | None) -> None:
     """The sweep, the choice and where it was written (``paths``: the config written
-    or None, and ``--out``); a question set it was tuned on is marked so (``eval`` on
-    it then warns)."""
+    or None, and ``--out``)."""
     path, out = paths
     from ..evaluation.report import (
         is_tune_report,
@@ -253,10 +256,6 @@ def _show(
     )
     from ..evaluation.tune import check_writable, write_output
 
-    if question_set is not None:
-        from ..evaluation.questions import mark_tuned
-
-        mark_tuned(question_set)
     if result.extra.get("stand_in"):
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.extra['stand_in']}.")
     ui.console.print(tune_table(result, TABLE_ROWS))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import re
 from collections import Counter, deque
@@ -39,6 +40,7 @@ from .._owned import (
     say_replacing,
     write_all_atomic,
 )
+from .._plural import counted
 from ..calls import llm as _llm
 
 QUESTION_PROMPT = (
@@ -215,6 +217,8 @@ MIN_TRUSTED = 10
 """Fewer kept questions than this and an evaluation's verdict cannot be trusted."""
 CALLS_PER_QUESTION = 3
 """LLM calls `generate_questions` may spend per wanted question (retries, top-ups)."""
+CALL_FAILED = "the LLM call failed"
+"""The reason of a question lost to its LLM call failing twice (a timeout, an error)."""
 
 
 async def generate_questions(
@@ -282,24 +286,53 @@ async def _rounds(
             if kept.judge(chunk, reply) and progress is not None:
                 progress(1)
     for chunk in again:  # the budget ran out before their second try
-        kept.rejected.append(RejectedQuestion(chunk.node_id, "", "the LLM call failed"))
+        kept.rejected.append(RejectedQuestion(chunk.node_id, "", CALL_FAILED))
     return kept, len(order) - len(fresh)
 
 
-MORE_GENERATED = "Ask for more with --questions, or use a faster --llm or a longer --timeout."
-"""How to get more questions written from ``--docs`` (`too_few`'s default advice)."""
-
-
-def too_few(kept: int, more: str = MORE_GENERATED) -> str | None:
+def too_few(kept: int, more: str) -> str | None:
     """What to say when ``kept`` questions are too few for a verdict (None when
-    enough), ending with ``more``: how to score more. Every set under `MIN_TRUSTED` is
-    told so, generated, reused or a ``--dataset``."""
+    enough), ending with ``more``: why the set is small and how to score more
+    (`more_generated` for questions written from ``--docs``). Every set under
+    `MIN_TRUSTED` is told so, generated, reused or a ``--dataset``."""
     if kept >= MIN_TRUSTED:
         return None
     return (
         f"ONLY {kept} QUESTION{'S' if kept != 1 else ''}: the verdict cannot be trusted "
         f"(at least {MIN_TRUSTED} are needed; one question more or less flips it). {more}"
     )
+
+
+def more_generated(manifest: dict[str, Any], chunks: int, folder: Path) -> str:
+    """Why the set written from ``--docs`` at ``folder`` (its ``manifest``) holds few
+    questions, and what writes more: how many of those written were kept, rejected or
+    lost to failed LLM calls; then, when failed calls lost the most, a working or
+    faster ``--llm``; when every one of the ``chunks`` was tried, more documents; else
+    the ``--questions`` that keeps about `MIN_TRUSTED` at this set's keep rate (each
+    question asked may try `CALLS_PER_QUESTION` chunks). Each writes a new set, so
+    each says to give it a new ``--questions-dir`` (``folder`` keeps this one)."""
+    kept, written = manifest.get("kept"), manifest.get("sampled")
+    if not (type(kept) is int and type(written) is int and 0 < kept <= written):
+        return "Ask for more with --questions."  # a manifest edited by hand
+    reasons = manifest.get("rejected")
+    failed = reasons.get(CALL_FAILED) if isinstance(reasons, dict) else None
+    failed = failed if type(failed) is int and 0 <= failed <= written - kept else 0
+    rejected = written - kept - failed
+    lost = [f"{rejected} rejected"] if rejected else []
+    lost += [counted(failed, "failed LLM call")] if failed else []
+    said = f"{kept} of the {written} questions written were kept"
+    said += f" ({', '.join(lost)})" if lost else ""
+    new = "with a new --questions-dir"
+    if failed > rejected:
+        errors = folder / "rejected.jsonl"
+        return (
+            f"{said}: check that --llm answers, or use a faster one, {new} ({errors} has "
+            "the errors)."
+        )
+    if written >= chunks:
+        return f"{said}; all {chunks} chunks were tried: add documents, {new}."
+    asked = math.ceil(MIN_TRUSTED / min(1.0, CALLS_PER_QUESTION * kept / written) - 1e-9)
+    return f"{said}: to keep about {MIN_TRUSTED}, ask for --questions {asked} {new}."
 
 
 @dataclass
@@ -316,7 +349,7 @@ class _Kept:
         text, tokens = reply
         self.tokens += tokens
         if text.startswith("\x00"):
-            self.rejected.append(RejectedQuestion(chunk.node_id, text[1:], "the LLM call failed"))
+            self.rejected.append(RejectedQuestion(chunk.node_id, text[1:], CALL_FAILED))
             return False
         question = clean_question(text)
         reason = check_question(question, chunk.get_content())
@@ -473,15 +506,6 @@ def _jsonl(rows: Sequence[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def mark_tuned(folder: Path) -> None:
-    """Record in the set's manifest that `tune` chose settings on it (so `eval` on the
-    same set can warn that the scores are optimistic)."""
-    manifest = read_manifest(folder)
-    if manifest is not None:
-        text = json.dumps({**manifest, "tuned": True}, indent=2) + "\n"
-        write_all_atomic([(folder.expanduser() / "manifest.json", text)])
-
-
 SET_IDENTITY = (
     "docs",
     "chunks_sha256",
@@ -497,13 +521,31 @@ their chunks), the chunking, and either the user's labels file or the generation
 options (questions asked for, model, seed). Two sets that agree on all are the same."""
 
 
+def made_from(folder: Path) -> dict[str, Any] | None:
+    """What the question set at ``folder`` is made from (`SET_IDENTITY`, as its
+    manifest records it); None when ``folder`` holds no set hyde-plus wrote. `tune`
+    records it in the config it writes, and `eval` scoring the same set with that
+    config warns that its scores are optimistic."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    return {k: manifest[k] for k in SET_IDENTITY if k in manifest}
+
+
 def describe_set(manifest: dict[str, Any]) -> str:
     """``"8 questions generated by SmolLM2-135M-Instruct-Q4_1 from /docs"`` or
     ``"3 labelled questions from /labels.tsv"``: what a set's manifest says it is."""
     kept = manifest.get("kept")
     if manifest.get("labels"):
-        return f"{kept} labelled questions from {manifest['labels']}"
-    return f"{kept} questions generated by {manifest.get('llm')} from {manifest.get('docs')}"
+        return f"{questions_count(kept, 'labelled question')} from {manifest['labels']}"
+    made = f"generated by {manifest.get('llm')} from {manifest.get('docs')}"
+    return f"{questions_count(kept)} {made}"
+
+
+def questions_count(kept: Any, noun: str = "question") -> str:
+    """``"1 question"``, ``"3 questions"``: a manifest's count with its noun (a count
+    edited into something else than a number is shown as it is, the noun plural)."""
+    return counted(kept, noun) if type(kept) is int else f"{kept} {noun}s"
 
 
 SET_FLAGS = {

@@ -13,9 +13,14 @@ from rich import box
 from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
+from .._plural import counted
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult
+
+
+def _queries(n: int) -> str:
+    return counted(n, "query", "queries")
 
 
 def _latency(seconds: float) -> str:
@@ -51,18 +56,29 @@ def _tokens(report: TransformReport) -> str:
     return f"{per_query:.0f}"
 
 
+def _unmeasured(report: TransformReport) -> bool:
+    """Whether a table row says "not measured" instead of comparing with `none`: `none`
+    ran beside it, and more than a tenth of its queries fell back
+    (`TransformReport.measured`)."""
+    return report.delta_vs_none is not None and not report.measured
+
+
 def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
+    """A row of ``results.md``: every measure (the best of each in bold, `_best`), and
+    the comparison with `none`, or "not measured" and its fallbacks (`_unmeasured`)."""
     cells = []
     for m in MEASURES:
         value = report.scores[m]
         text = f"{value:.4f}"
-        cells.append(f"**{text}**" if abs(value - best[m]) < 1e-12 else text)
+        cells.append(f"**{text}**" if _is_best(report, m, best[m]) else text)
+    if _unmeasured(report):  # mostly plain search's score: no comparison is drawn
+        compared = [f"not measured ({report.fell_back})", "-", "-"]
+    else:
+        compared = [_delta(report), _wtl(report), _p(report)]
     return [
         report.label,
         *cells,
-        _delta(report),
-        _wtl(report),
-        _p(report),
+        *compared,
         _latency(report.latency_p50_s),
         _latency(report.latency_p95_s),
         _tokens(report),
@@ -85,8 +101,19 @@ HEADERS = [
 ]
 
 
+def _is_best(report: TransformReport, measure: str, best: float) -> bool:
+    """Whether ``report``'s ``measure`` is shown as the best: it equals ``best``
+    (`_best`) and the report is measured (a score that is mostly plain search's is
+    never the best, even where it equals it)."""
+    return report.measured and abs(report.scores[measure] - best) < 1e-12
+
+
 def _best(result: EvalResult) -> dict[str, float]:
-    return {m: max(r.scores[m] for r in result.reports) for m in MEASURES}
+    """The best value of each measure among the transforms measured (a score that is
+    mostly plain search's is never the best); NaN, which no value equals, when none
+    was."""
+    measured = [r for r in result.reports if r.measured]
+    return {m: max((r.scores[m] for r in measured), default=math.nan) for m in MEASURES}
 
 
 TERMINAL_HEADERS = ["transform", "nDCG@10", "Δ pts [95% CI]", "W/T/L", "p", "chg", "skip/fb", "p50"]
@@ -112,14 +139,14 @@ def _terminal_row(report: TransformReport, best: float) -> list[str]:
     """A row of the terminal tables; a row not measured (more than a tenth of its
     queries fell back) says so instead of a difference with `none`."""
     score = f"{report.scores['nDCG@10']:.3f}"
-    if report.delta_vs_none is not None and not report.measured:
+    if _unmeasured(report):
         compared = ["not measured", "-", "-", "-"]  # mostly plain search's: no comparison
     else:
         p = "-" if report.p_value_vs_none is None else f"{report.p_value_vs_none:.2f}"
         compared = [_interval(report), _wtl(report), p, _share(report.changed, report)]
     return [
         report.label,
-        f"[bold green]{score}[/]" if abs(report.scores["nDCG@10"] - best) < 1e-12 else score,
+        f"[bold green]{score}[/]" if _is_best(report, "nDCG@10", best) else score,
         *compared,
         f"{report.skipped}/{report.fallbacks}",
         _latency(report.latency_p50_s),
@@ -141,8 +168,9 @@ def _narrow_table(title: str, headers: list[str]) -> Table:
 
 def rich_table(result: EvalResult) -> Table:
     """The terminal table of an `eval` run, within 80 columns: one row per transform
-    with nDCG@10 (the best in bold green), its difference from `none` in points with
-    the 95% interval, wins/ties/losses and p, the share of queries whose ranking it
+    with nDCG@10 (the best of those measured in bold green, `_best`), its difference
+    from `none` in points with the 95% interval, wins/ties/losses and p ("not
+    measured" instead when too many fell back), the share of queries whose ranking it
     changed (``chg``), how many a gate skipped and how many fell back to plain search
     (``skip/fb``; a fallback is a timeout or a failure), and the median latency.
     ``results.md`` has every measure.
@@ -150,9 +178,9 @@ def rich_table(result: EvalResult) -> Table:
     Args:
         result: the run.
     """
-    title = f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}"
+    title = f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}"
     table = _narrow_table(title, TERMINAL_HEADERS)
-    best = max(r.scores["nDCG@10"] for r in result.reports)
+    best = _best(result)["nDCG@10"]
     for report in result.reports:
         table.add_row(*_terminal_row(report, best))
     return table
@@ -189,7 +217,8 @@ def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
     `none` is significant (p < ``alpha`` and a positive difference), with its options;
     else keep plain search, naming the best candidate and why it is not enough. A
     transform that fell back on more than a tenth of its queries is never recommended
-    (its score is partly plain search's): the reason says so.
+    (its score is partly plain search's): every such transform is named, with its
+    fallbacks.
 
     Args:
         result: the run.
@@ -200,8 +229,18 @@ def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
         return "Recommendation: nothing to compare (run `none` beside a transform)."
     gaining = [r for r in rows if r.gains(alpha)]
     if gaining:
-        return _use(max(gaining, key=lambda r: r.scores["nDCG@10"]))
-    return _keep_plain(rows, "transform", "the highest-scoring")
+        said = _use(max(gaining, key=lambda r: r.scores["nDCG@10"]))
+    else:
+        said = _keep_plain(rows, "transform", "the highest-scoring")
+    unmeasured = [r for r in rows if not r.measured]
+    if unmeasured and len(unmeasured) < len(rows):  # else `_keep_plain` named them all
+        said += f" Not measured: {_fell_back(unmeasured)}."
+    return said
+
+
+def _fell_back(rows: list[TransformReport]) -> str:
+    """``"`hyde` fell back on 4 of 7: timeouts; `step-back` fell back on ..."``."""
+    return "; ".join(f"`{r.label}` {r.fell_back}" for r in rows)
 
 
 def _use(report: TransformReport, how: str = "") -> str:
@@ -218,10 +257,10 @@ def _keep_plain(rows: list[TransformReport], what: str, role: str) -> str:
     keep = "Recommendation: keep plain search (`none`)"
     measured = [r for r in rows if r.measured]
     if not measured:
-        top = max(rows, key=lambda r: r.scores["nDCG@10"])
+        whose = "its score is" if len(rows) == 1 else "each score is"
         return (
-            f"{keep}: no {what} was measured here: `{top.label}` {top.fell_back} "
-            "(more than a tenth of its queries, so its score is mostly plain search's)."
+            f"{keep}: no {what} was measured here: {_fell_back(rows)} (more than a "
+            f"tenth of the queries, so {whose} mostly plain search's)."
         )
     top = max(measured, key=lambda r: r.scores["nDCG@10"])
     p = _p(top).rstrip(" *")
@@ -267,8 +306,10 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     if result.config.get("stand_in"):
         lines += [f"**Not a real model.** {result.config['stand_in']}.", ""]
     lines += [
-        f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}. "
-        "Best value per column in bold; Δ is nDCG@10 minus `none`'s in points; wins/ties/"
+        f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}. "
+        "Best value per column in bold; a transform that fell back to plain search on "
+        "more than a tenth of its queries is not measured: never bold, nor compared with "
+        "`none`. Δ is nDCG@10 minus `none`'s in points; wins/ties/"
         "losses count queries whose nDCG@10 is above/equal to/below `none`'s; p is a paired "
         "t-test of per-query nDCG@10 against `none` (* below 0.05), and the 95% interval "
         "of Δ under the table comes from the same test (results.png draws it). Latency is "
@@ -394,7 +435,7 @@ def chart(result: EvalResult) -> Any:
     _scores_panel(axes[0][0], result)
     if compared:
         _delta_panel(axes[0][1], compared)
-    fig.suptitle(f"{result.dataset}: {result.queries} queries, {result.documents} {result.unit}")
+    fig.suptitle(f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}")
     fig.tight_layout()
     return fig
 
@@ -487,9 +528,14 @@ def _unmeasured_note(result: TuneResult) -> str:
     count = result.unmeasured
     if not count:
         return ""
+    if count == 1:
+        return (
+            f" 1 of {len(result.reports)} configurations is not measured (it fell back on "
+            "more than a tenth of its queries) and is never chosen."
+        )
     return (
         f" {count} of {len(result.reports)} configurations are not measured (they fell "
-        "back on more than a tenth of their queries) and never chosen."
+        "back on more than a tenth of their queries) and are never chosen."
     )
 
 
@@ -503,7 +549,7 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
     """
     title = (
         f"tune {result.transform} on {result.dataset} {result.split} "
-        f"({result.queries} queries, {len(result.reports)} configurations)"
+        f"({_queries(result.queries)}, {len(result.reports)} configurations)"
     )
     rows = tune_rows(result, top)
     labels, legend = short_labels([row[0] for row in rows], result.transform)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._plural import counted
 from ..usage import Usage
 from .metrics import paired_interval, paired_t_test
 
@@ -58,17 +59,16 @@ class TransformReport:
     @property
     def fell_back(self) -> str:
         """``"fell back on 11 of 15: timeouts"``: the fallback count and why (timeouts,
-        failures, or both counted), the one wording every output uses; empty when none
-        fell back."""
+        failures, or both counted: ``3 timeouts, 1 failure``; ``a timeout`` for one),
+        the one wording every output uses; empty when none fell back."""
         if not self.fallbacks:
             return ""
         failures = self.fallbacks - self.timeouts
-        if not failures:
-            why = "timeouts"
-        elif not self.timeouts:
-            why = "failures"
+        if failures and self.timeouts:
+            why = f"{counted(self.timeouts, 'timeout')}, {counted(failures, 'failure')}"
         else:
-            why = f"{self.timeouts} timeouts, {failures} failures"
+            kind = "timeout" if self.timeouts else "failure"
+            why = f"a {kind}" if self.fallbacks == 1 else f"{kind}s"
         return f"fell back on {self.fallbacks} of {self.queries}: {why}"
 
     @property

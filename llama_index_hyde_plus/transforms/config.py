@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,10 @@ class TransformConfig:
 
     transform: str
     options: dict[str, Any]
+    tuned_on: dict[str, Any] = field(default_factory=dict, compare=False)
+    """How the options were chosen, as `tune` records it (free-form; empty when the
+    file says nothing): its ``question_set`` is what the set it was tuned on is made
+    from (`evaluation.questions.SET_IDENTITY`), so `eval` can tell that set."""
 
     @property
     def label(self) -> str:
@@ -73,4 +77,5 @@ def load_config(path: Path | str) -> TransformConfig:
         check_options(name, options)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"{p}: {exc}") from exc
-    return TransformConfig(name, dict(options))
+    tuned_on = data.get("tuned_on")
+    return TransformConfig(name, dict(options), tuned_on if isinstance(tuned_on, dict) else {})
