@@ -878,3 +878,44 @@ def test_a_config_or_transform_option_gives_any_llm_the_small_model_defaults(
     assert parse_transform_spec("hyde:profile=small").options == {"profile": "small"}
     with pytest.raises(ValueError, match="profile"):
         parse_transform_spec("hyde:profile=tiny")
+
+
+def test_query_prints_markup_and_control_characters_of_any_text_as_written(
+    built_index: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index_hyde_plus.cli._options import LlmFlags
+    from llama_index_hyde_plus.testing import ScriptedLLM
+
+    reply = "1. revenue [red]fell[/] [/]\n2. sales \x1b[31mred\x1b]0;title\x07 fell"
+    monkeypatch.setattr(
+        LlmFlags, "resolve", lambda self, **_: ScriptedLLM(respond=lambda prompt: reply)
+    )
+    question = "Why did [bold]revenue[/] drop [/]?"
+    argv = ["query", question, "--index", str(built_index), "-t", "multi-query"]
+    table = runner.invoke(app, argv, env={"COLUMNS": "80"})
+    assert table.exit_code == 0, table.output
+    shown = " ".join(table.stdout.split())
+    assert "[red]fell[/] [/]" in shown and "[bold]revenue[/] drop [/]?" in shown
+    assert "\x1b" not in table.stdout and "\x07" not in table.stdout
+    assert "sales [31mred]0;title fell" in shown  # control characters never reach a query
+    assert all(len(line) <= 80 for line in table.stdout.splitlines())
+
+
+def test_the_results_table_shows_a_documents_markup_and_escapes_as_written() -> None:
+    from llama_index.core.schema import NodeWithScore, TextNode
+    from rich.console import Console
+
+    from llama_index_hyde_plus.cli._console import literal
+    from llama_index_hyde_plus.cli.query import Row, _results_table
+
+    node = TextNode(
+        id_="x[/]", text="text [red]x[/] then [/] \x1b[31mRED\x1b]0;pwned\x07 \ud800 end"
+    )
+    node.metadata = {"source": "[red]evil[/]x.md"}
+    table = _results_table("Top 1 for '[/]'", [Row(NodeWithScore(node=node, score=0.5))], False, 80)
+    out = Console(width=80, record=True, force_terminal=False)
+    out.print(table)
+    text = " ".join(out.export_text().split())
+    assert "[red]x[/] then [/]" in text and "[red]evil[/]x.md" in text.replace(" ", "")
+    assert "\\x1b[31mRED" in text and "\\x07" in text and "\\ud800" in text
+    assert literal("a\x1bb[/]") == "a\\x1bb\\[/]"

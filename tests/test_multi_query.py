@@ -136,3 +136,61 @@ def test_the_shipped_question_weight_depends_on_the_generator(
     assert result.defaults == generator and result.searches()[0].weight == weight
     chosen = MultiQuery(ScriptedLLM(["1. a\n2. b"], model_name=model_name), original_weight=3.0)
     assert chosen.transform("Why did revenue drop?").defaults is None
+
+
+@pytest.mark.parametrize(
+    "copy",
+    [
+        "Why did revenue drop",
+        "Why did revenue drop ?",
+        "Why did revenue drop?.",
+        "why  did REVENUE drop？",
+        "Ｗｈｙ ｄｉｄ ｒｅｖｅｎｕｅ ｄｒｏｐ？",
+    ],
+)
+def test_a_near_copy_of_the_question_is_a_repeat_of_it(copy: str) -> None:
+    reply = f"1. {copy}\n2. {copy}\n3. {copy}"
+    result = MultiQuery(ScriptedLLM([reply]), n=3).transform("Why did revenue drop?")
+    assert result.fallback and result.queries == ()
+    assert result.parsed == QueryCount(asked=3, kept=0, dropped=(("duplicate_of_question", 3),))
+
+
+def test_control_characters_and_lone_surrogates_never_reach_a_query() -> None:
+    reply = "1. a\x01b\x1b[31mc\n2. \x7fdel query\n3. bad \ud800 query\r4. next\u20285. line"
+    result = MultiQuery(ScriptedLLM([reply]), n=5).transform("q")
+    assert result.queries == ("ab[31mc", "del query", "bad  query", "next", "line")
+    assert all(ch.isprintable() for query in result.queries for ch in query)
+
+
+@pytest.mark.parametrize(
+    "reply", [REPLY, "1. why sales fell", "1. Why did revenue drop?", "", "1.\n2.\n3."]
+)
+def test_every_result_a_list_transform_writes_is_one_its_cache_reads_back(reply: str) -> None:
+    from llama_index_hyde_plus import Decompose
+    from llama_index_hyde_plus.transforms.base import check_record
+
+    for transform in (MultiQuery(ScriptedLLM([reply]), n=3), Decompose(ScriptedLLM([reply]))):
+        check_record(transform.transform("Why did revenue drop?").to_dict())
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"kept": 4}, "parsed"),
+        ({"trimmed": 3}, "parsed"),
+        ({"dropped": {"\x1b[31m" + "A" * 5000: 1}}, "parsed"),
+        ({"dropped": {"not_a_query": 10**400}}, "parsed"),
+        ({"kept": 1}, "kept"),
+    ],
+)
+def test_a_cached_count_that_cannot_be_true_is_refused(
+    change: dict[str, object], field: str
+) -> None:
+    from llama_index_hyde_plus.transforms.base import check_record
+
+    record = MultiQuery(ScriptedLLM([REPLY]), n=3).transform("Why did revenue drop?").to_dict()
+    record["parsed"] = {**record["parsed"], **change}
+    if field == "kept":
+        record["parsed"]["kept"] = 1  # two queries are listed
+    with pytest.raises(ValueError, match=field):
+        check_record(record)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -203,6 +204,23 @@ def task(progress: Progress, description: str, total: int, unit: str) -> Advance
     return advance
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _spelled(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def literal(text: str) -> str:
+    """``text`` (a document's, a model's or the user's) to print as it is: Rich markup
+    escaped, and control characters and lone surrogates spelled as escapes (``\\x1b``),
+    so no text styles, moves or retitles the terminal, or stops the print."""
+    from rich.markup import escape
+
+    return escape(_UNPRINTABLE.sub(_spelled, text))
+
+
 def usage_line(usage: Usage) -> str:
     return (
         f"{usage.calls} LLM call(s), {usage.input_tokens} in / {usage.output_tokens} out "
@@ -213,7 +231,7 @@ def usage_line(usage: Usage) -> str:
 def results_table(title: str, result: SearchResult, highlight: str | None = None) -> Table:
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", expand=False)
+    table = Table(title=literal(title), title_justify="left", expand=False)
     table.add_column("#", justify="right")
     table.add_column("score", justify="right")
     table.add_column("id")
@@ -222,7 +240,9 @@ def results_table(title: str, result: SearchResult, highlight: str | None = None
         style = "bold green" if highlight and item.node.node_id == highlight else None
         text = item.node.get_content().replace("\n", " ")
         score = f"{item.score:.3f}" if item.score is not None else "-"
-        table.add_row(str(rank), score, item.node.node_id, text[:200], style=style)
+        table.add_row(
+            str(rank), score, literal(item.node.node_id), literal(text[:200]), style=style
+        )
     return table
 
 
@@ -245,21 +265,22 @@ def print_transform(result: SearchResult) -> None:
 
 
 def _print_result(out: Console, t: Any) -> None:
-    from rich.markup import escape
     from rich.panel import Panel
 
+    method = literal(t.method)
     if t.fallback:
-        out.print(f"[yellow]{t.method} fell back to the original query:[/] {escape(t.error or '')}")
+        out.print(f"[yellow]{method} fell back to the original query:[/] {literal(t.error or '')}")
     elif t.parsed is not None and (t.parsed.short or t.parsed.trimmed):
-        out.print(f"[yellow]{t.method}:[/] {escape(t.parsed.summary())}")
+        out.print(f"[yellow]{method}:[/] {literal(t.parsed.summary())}")
     if t.skipped:
-        out.print(f"[yellow]{t.method}: the gate kept the question's own search:[/] {t.skipped}")
+        said = literal(t.skipped)
+        out.print(f"[yellow]{method}: the gate kept the question's own search:[/] {said}")
     for i, passage in enumerate(t.hypothetical, 1):
-        out.print(Panel(escape(passage), title=f"hypothetical passage {i}", title_align="left"))
+        out.print(Panel(literal(passage), title=f"hypothetical passage {i}", title_align="left"))
     if t.queries and not t.hypothetical:
-        out.print(f"[bold]{t.method}: {GENERATED.get(t.method, 'generated queries')}[/]")
+        out.print(f"[bold]{method}: {GENERATED.get(t.method, 'generated queries')}[/]")
         for q in t.queries:
-            out.print(f"  • {escape(q)}")
+            out.print(f"  • {literal(q)}")
     for child in t.children:
         _print_result(out, child)
 

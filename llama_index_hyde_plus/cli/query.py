@@ -17,6 +17,7 @@ from . import _early as early
 from ._console import (
     check_choice,
     fail,
+    literal,
     print_transform,
     reported,
     setup_logging,
@@ -207,8 +208,8 @@ def _results_table(
     from rich.table import Table
 
     sources = [file_of(row.item) if group_by_file else source_of(row.item) for row in rows]
-    source_width = min(max((len(x) for x in sources), default=6), max(12, width // 3))
-    table = Table(title=title, title_justify="left", expand=True)
+    source_width = min(max([len("source"), *map(len, sources)]), max(12, width // 3))
+    table = Table(title=literal(title), title_justify="left", expand=True)
     for name in ("#", "fused" if fused else "score"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("source", overflow="fold", max_width=source_width)
@@ -222,7 +223,7 @@ def _results_table(
         text = " ".join(item.node.get_content().split())
         text = text if len(text) <= room else text[: room - 3] + "..."
         hits = [str(row.hits)] if group_by_file else []
-        table.add_row(str(rank), score, source, *hits, text)
+        table.add_row(str(rank), score, literal(source), *hits, literal(text))
     return table
 
 

@@ -443,6 +443,12 @@ def check_record(data: object) -> None:
                 raise ValueError(f"the result record has no {name!r}")
         elif not valid(data[name]):
             raise ValueError(f"the result record's {name!r} is malformed: {data[name]!r:.80}")
+    parsed = data.get("parsed")
+    if parsed is not None and parsed["kept"] != len(data["queries"]):
+        raise ValueError(
+            f"the result record's 'parsed' counts {parsed['kept']} queries kept, "
+            f"its 'queries' hold {len(data['queries'])}"
+        )
 
 
 _GENERIC_KEYS = frozenset(

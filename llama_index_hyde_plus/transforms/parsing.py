@@ -109,12 +109,23 @@ def clean_reply(text: str) -> str:
     follows the first end-of-turn token after some content (another turn). Stripped;
     ``""`` for a reply with no content, which no transform can use. Cleaning again
     changes nothing (a token spelled around another, ``<|im_<|x|>end|>``, goes too)."""
-    cleaned = _clean_once(_visible(text))
+    cleaned = _clean_once(_visible(_printable(text)))
     while True:
         again = _clean_once(cleaned)
         if again == cleaned:
             return cleaned
         cleaned = again
+
+
+_LINE_BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x85]")
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with every line break as ``\\n`` and without control characters
+    (escape sequences lose their ESC) or lone surrogates: nothing a query, a cache
+    entry or a terminal cannot hold."""
+    return _UNPRINTABLE.sub("", _LINE_BREAKS.sub("\n", text))
 
 
 def _clean_once(text: str) -> str:
@@ -234,8 +245,16 @@ def _json_items(text: str) -> list[str] | None:
     return None
 
 
+_SPACE_BEFORE_MARK = re.compile(r"\s+(?=[?.!,;:])")
+_END_MARKS = " \t?.!\u2026"
+
+
 def _key(item: str) -> str:
-    return " ".join(item.casefold().split())
+    """What two items must share to be the same query: compatibility-normalised
+    (full-width letters and marks as ASCII), case-folded, one space between words,
+    none before a punctuation mark, without closing marks ("Why X ?." is "why x")."""
+    text = unicodedata.normalize("NFKC", _visible(item)).casefold()
+    return " ".join(_SPACE_BEFORE_MARK.sub("", text).rstrip(_END_MARKS).split())
 
 
 def dedupe(items: list[str], *, exclude: tuple[str, ...] = ()) -> list[str]:
@@ -273,6 +292,10 @@ _SAID = {
 """Each of `DROP_REASONS` in words, after a count ("2 repeating the question")."""
 
 Tally = dict[str, int]
+
+MAX_COUNT = 1_000_000
+"""The most items of one reply a `QueryCount` may count (a cache entry beyond it is
+not one this package wrote)."""
 
 
 def _count(tally: Tally, reason: str, count: int) -> None:
@@ -339,12 +362,16 @@ class QueryCount:
         """Whether ``data`` has the shape `to_dict` writes."""
         if not isinstance(data, dict) or set(data) != {"asked", "kept", "dropped", "trimmed"}:
             return False
-        counts = [data["asked"], data["kept"], data["trimmed"]]
+        asked, kept, trimmed = data["asked"], data["kept"], data["trimmed"]
         dropped = data["dropped"]
         return (
-            all(type(c) is int and c >= 0 for c in counts)
+            all(type(c) is int and 0 <= c <= MAX_COUNT for c in (asked, kept, trimmed))
+            and trimmed <= kept <= asked
             and isinstance(dropped, dict)
-            and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in dropped.items())
+            and all(
+                k in DROP_REASONS and type(v) is int and 0 < v <= MAX_COUNT
+                for k, v in dropped.items()
+            )
         )
 
 
