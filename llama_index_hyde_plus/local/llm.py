@@ -84,7 +84,9 @@ class _InFlight:
     never exits under one: a call abandoned on timeout (in a daemon worker) that calls
     back into Python while the interpreter is being torn down crashes the process
     (``FATAL: exception not rethrown``, SIGABRT; or SIGSEGV). At exit `stop` tells every
-    call to stop at its next token and waits for them to return."""
+    call to stop at its next token and waits for them to return; a call that comes to
+    llama.cpp after that (a worker that had not started yet) is refused, never let in
+    under the teardown."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -93,6 +95,8 @@ class _InFlight:
 
     def __enter__(self) -> None:
         with self._cond:
+            if self.exiting.is_set():
+                raise LocalLLMCancelledError("the interpreter is exiting: no local call starts")
             self.count += 1
 
     def __exit__(self, *exc: object) -> None:
