@@ -920,3 +920,4 @@ def test_the_results_table_shows_a_documents_markup_and_escapes_as_written() -> 
     assert "[red]x[/] then [/]" in text and "[red]evil[/]x.md" in text.replace(" ", "")
     assert "\\x1b[31mRED" in text and "\\x07" in text and "\\ud800" in text
     assert literal("a\x1bb[/]") == "a\\x1bb\\[/]"
+    assert literal("line\nnext\tcell\rover") == "line\nnext\tcell\\x0dover"

@@ -204,7 +204,7 @@ def task(progress: Progress, description: str, total: int, unit: str) -> Advance
     return advance
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _spelled(found: re.Match[str]) -> str:
@@ -214,8 +214,9 @@ def _spelled(found: re.Match[str]) -> str:
 
 def literal(text: str) -> str:
     """``text`` (a document's, a model's or the user's) to print as it is: Rich markup
-    escaped, and control characters and lone surrogates spelled as escapes (``\\x1b``),
-    so no text styles, moves or retitles the terminal, or stops the print."""
+    escaped; control characters other than line breaks and tabs, and lone surrogates,
+    spelled as escapes (``\\x1b``): no text styles, moves or retitles the terminal,
+    or stops the print."""
     from rich.markup import escape
 
     return escape(_UNPRINTABLE.sub(_spelled, text))
