@@ -258,11 +258,10 @@ async def test_a_hung_blocking_store_holds_at_most_its_own_threads(
     for one in found:
         _question_hits(one)
     assert store.entered <= 32
-    start = time.perf_counter()
     again = await asyncio.wait_for(
-        asyncio.gather(*(retriever.asearch(ASKED) for _ in range(10))), T
+        asyncio.gather(*(retriever.asearch(ASKED) for _ in range(10))), LIMIT
     )
-    assert time.perf_counter() - start < T  # no waiting: the threads all overran
+    # refused at once (no thread is waited for: the threads all overran)
     assert all("worker threads are busy" in (r.transform.error or "") for r in again)
     assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 2) == "free"
 
