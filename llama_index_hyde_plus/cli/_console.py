@@ -204,9 +204,6 @@ def task(progress: Progress, description: str, total: int, unit: str) -> Advance
     return advance
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
 def _spelled(found: re.Match[str]) -> str:
     code = ord(found.group())
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
@@ -219,7 +216,9 @@ def literal(text: str) -> str:
     or stops the print."""
     from rich.markup import escape
 
-    return escape(_UNPRINTABLE.sub(_spelled, text))
+    from ..transforms.parsing import UNPRINTABLE
+
+    return escape(UNPRINTABLE.sub(_spelled, text))
 
 
 def usage_line(usage: Usage) -> str:

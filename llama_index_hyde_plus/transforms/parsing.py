@@ -118,14 +118,16 @@ def clean_reply(text: str) -> str:
 
 
 _LINE_BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x85]")
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+"""Control characters other than tab and line feed, and lone surrogates: what no
+query, cache entry or terminal should hold (the CLI prints them spelled out)."""
 
 
 def _printable(text: str) -> str:
     """``text`` with every line break as ``\\n`` and without control characters
     (escape sequences lose their ESC) or lone surrogates: nothing a query, a cache
     entry or a terminal cannot hold."""
-    return _UNPRINTABLE.sub("", _LINE_BREAKS.sub("\n", text))
+    return UNPRINTABLE.sub("", _LINE_BREAKS.sub("\n", text))
 
 
 def _clean_once(text: str) -> str:
