@@ -15,10 +15,11 @@ import asyncio
 import contextvars
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from types import TracebackType
+from typing import Any, Generic
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -132,6 +133,42 @@ def _native_embed(model: Any, kind: str) -> bool:
     return any(overrides(model, name, BaseEmbedding) for name in _TEXT_ASYNC)
 
 
+class _Drive(Generic[T]):
+    """What the two loops share, none of it I/O: the requests of ``todo`` in turn, each
+    once the answer to the one before is sent back in (set as `answer`), or what its
+    call raised is thrown in (the call is made under ``with drive:``, which keeps what
+    it raises for that); once ``todo`` returns, what it returned (`value`)."""
+
+    __slots__ = ("_thrown", "_todo", "answer", "value")
+
+    def __init__(self, todo: Steps[T]) -> None:
+        self._todo = todo
+        self._thrown: BaseException | None = None
+        self.answer: Any = None
+        self.value: T
+
+    def __iter__(self) -> Iterator[Any]:
+        todo = self._todo
+        while True:
+            try:
+                op = todo.send(self.answer) if self._thrown is None else todo.throw(self._thrown)
+            except StopIteration as stop:
+                self.value = stop.value
+                return
+            self.answer = self._thrown = None
+            yield op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        """Keep what the call raised (an interrupt or a cancellation too) to throw in."""
+        self._thrown = exc
+        return True
+
+
 class Blocking:
     """The sync loop: blocking calls, the fan-out on worker threads."""
 
@@ -143,18 +180,11 @@ class Blocking:
 
     def run(self, todo: Steps[T]) -> T:
         """Carry out ``todo`` to its end; what it returns (or raises)."""
-        send: Any = None
-        thrown: BaseException | None = None
-        handlers = _BLOCKING
-        while True:
-            try:
-                op = todo.send(send) if thrown is None else todo.throw(thrown)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            try:
-                send, thrown = handlers[type(op)](self, op), None
-            except BaseException as exc:
-                send, thrown = None, exc
+        drive = _Drive(todo)
+        for op in drive:
+            with drive:
+                drive.answer = _BLOCKING[type(op)](self, op)
+        return drive.value
 
     def thread_pool(self) -> ThreadPoolExecutor:
         """Worker threads for the fan-out and the question's search beside the LLM,
@@ -291,18 +321,11 @@ class Async:
 
     async def run(self, todo: Steps[T]) -> T:
         """Carry out ``todo`` to its end; what it returns (or raises)."""
-        send: Any = None
-        thrown: BaseException | None = None
-        handlers = _ASYNC
-        while True:
-            try:
-                op = todo.send(send) if thrown is None else todo.throw(thrown)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            try:
-                send, thrown = await handlers[type(op)](self, op), None
-            except BaseException as exc:
-                send, thrown = None, exc
+        drive = _Drive(todo)
+        for op in drive:
+            with drive:
+                drive.answer = await _ASYNC[type(op)](self, op)
+        return drive.value
 
     async def _embed(self, op: ask.Embed) -> Any:
         """The model's own async method when it has one (under asyncio's timeout),
