@@ -12,7 +12,13 @@ from ..usage import Usage
 from .base import MAX_N, TransformResult, logger
 from .llm_base import LLMTransform, UnusableReplyError
 from .options import LLMOptions
-from .parsing import MAX_QUERY_CHARACTERS, ReadQueries, parse_single, read_queries
+from .parsing import (
+    MAX_QUERY_CHARACTERS,
+    ReadOptions,
+    ReadQueries,
+    parse_single,
+    read_queries,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -139,7 +145,7 @@ class QueryListTransform(LLMTransform):
         single-query ones (`parse_single`; the count is the list reading's, which
         holds the same items). Lines that echo this transform's prompt (rendered
         without the question) are dropped."""
-        options: dict[str, Any] = {
+        options: ReadOptions = {
             "exclude": exclude,
             "max_characters": self.max_characters,
             "instruction": self._instruction(),

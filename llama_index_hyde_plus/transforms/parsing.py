@@ -15,7 +15,10 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _SENTENCE_END = ".!?"
 _CLOSERS = "\"'”’)]"
@@ -390,6 +393,16 @@ MAX_QUERY_CHARACTERS = 500
 megabyte-long search query and cache entry."""
 
 
+class ReadOptions(TypedDict, total=False):
+    """The keyword options of `read_queries` (and so of `parse_queries`) and of
+    `parse_single`: how a reply is read."""
+
+    exclude: tuple[str, ...]
+    max_characters: int
+    instruction: str
+    question: str
+
+
 def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.casefold()) if w not in _STOPWORDS}
 
@@ -459,15 +472,7 @@ def _check_limits(n: int, max_characters: int) -> None:
         raise ValueError("max_characters must be >= 1")
 
 
-def parse_queries(
-    text: str,
-    n: int,
-    *,
-    exclude: tuple[str, ...] = (),
-    max_characters: int = MAX_QUERY_CHARACTERS,
-    instruction: str = "",
-    question: str = "",
-) -> list[str]:
+def parse_queries(text: str, n: int, **options: Unpack[ReadOptions]) -> list[str]:
     """Parse an LLM's list of queries into at most ``n`` distinct strings.
 
     Accepts JSON arrays (or an object holding one), numbered and bulleted lists, plain
@@ -477,18 +482,10 @@ def parse_queries(
     echoes of any prompt). Items equal to one in ``exclude`` (the original query, say)
     are dropped. Each query is trimmed to ``max_characters`` like a HyDE passage (at a
     sentence end, else a word break). Never raises on odd input; returns ``[]`` for
-    nothing. `read_queries` says, besides, why the other items were left out.
+    nothing. The ``options`` (`ReadOptions`) are those of `read_queries`, which says,
+    besides, why the other items were left out.
     """
-    return list(
-        read_queries(
-            text,
-            n,
-            exclude=exclude,
-            max_characters=max_characters,
-            instruction=instruction,
-            question=question,
-        ).queries
-    )
+    return list(read_queries(text, n, **options).queries)
 
 
 def read_queries(
