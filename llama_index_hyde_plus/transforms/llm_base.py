@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from llama_index.core.callbacks import CallbackManager
@@ -23,29 +24,25 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.settings import Settings
 
-from ..caching.cache import answers_in_process, holds_objects
 from ..caching.keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
 from ..caching.keys import (
     Unkeyable as Unkeyable,  # re-exported: what a key that cannot be built raises
 )
 from ..caching.keys import option_value, transform_key
-from ..calls import door, timeouts
 from ..calls import llm as _llm
-from ..calls.door import Deadline, DependencyDownError, ModelTimeoutError
 from ..calls.reliability import (
     CircuitOpenError,
-    LLMNotCalledError,
     LLMTimeoutError,
     RetryPolicy,
     describe,
     failure,
 )
-from ..calls.singleflight import SingleFlight, WaitExpired
 from ..calls.timeouts import timeout_for, with_slot_wait
 from ..usage import Usage, sum_usage
 from .base import QueryTransformer, TransformResult, logger, revised, validate_query
 from .options import LLMOptions, breaker_from, check_options, generation_options
 from .parsing import QueryCount, clean_reply
+from .reuse import Reuse
 from .templates import checked_template, render_template
 
 if TYPE_CHECKING:
@@ -101,7 +98,7 @@ class LLMTransform(QueryTransformer):
         self.cache = cache
         self.retry = retry if retry is not None else RetryPolicy()
         self.breaker = breaker_from(options, self.method)
-        self._flights: SingleFlight[TransformResult] = SingleFlight()
+        self._reuse = Reuse(self)
         self._kind_of: tuple[object, str] | None = None  # (llm, generator kind), see generator
         self._warned_unkeyable = False  # the cache-off warning is given once
 
@@ -248,86 +245,10 @@ class LLMTransform(QueryTransformer):
         llm, prompt = prepared
         return transform_key(self.method, llm, prompt, self._params(), query, context)
 
-    def _lookup(self, key: str, query: str, start: float) -> TransformResult | None:
-        """The cached result under ``key`` as this call's hit, or None: a miss, an entry
-        that does not serve ``query`` (`_serves`), one of another shape than a result
-        record (`TransformResult.from_dict` refuses it: the generation made instead
-        overwrites it), or a cache that failed."""
-        assert self.cache is not None
-        try:
-            data = self.cache.get(key)
-            if data is None:
-                return None
-            # an in-process cache holds the (immutable) result itself: no decoding
-            try:
-                stored = (
-                    data if isinstance(data, TransformResult) else TransformResult.from_dict(data)
-                )
-            except ValueError as exc:
-                logger.warning("transform cache entry unusable (%s); calling the LLM", exc)
-                return None
-            if not _serves(stored, query, self.method):
-                return None  # another question's, empty, or partial (an older version's)
-            return self._with_search_options(
-                stored,
-                usage=Usage(cached=True),
-                cached=True,
-                generation_usage=stored.generation_usage or stored.usage,
-                latency_s=time.perf_counter() - start,
-            )
-        except BaseException as exc:
-            said = describe(failure(exc))
-            logger.warning("transform cache read failed (%s); calling the LLM", said)
-            return None
-
-    def _store(self, key: str, result: TransformResult) -> None:
-        assert self.cache is not None
-        if not _shareable(result):
-            return  # never cache an outage, nor a generation some of whose calls failed
-        try:
-            # a hit's searches are rebuilt (`_with_search_options`): `to_dict` leaves them out
-            value: Any = (
-                replace(result, specs=()) if holds_objects(self.cache) else result.to_dict()
-            )
-            self.cache.set(key, value)
-        except BaseException as exc:
-            logger.warning("transform cache write failed (%s)", describe(failure(exc)))
-
     def _with_search_options(self, result: TransformResult, **changes: Any) -> TransformResult:
         """A cached result with this instance's search options (they do not change
         what the LLM wrote, so they are not in the cache key), and ``changes``."""
         return revised(result, include_query=self.include_query, **changes)
-
-    def _cache_io_is_blocking(self) -> bool:
-        return self.cache is not None and not answers_in_process(self.cache)
-
-    def _cache_call(self, what: str) -> dict[str, Any]:
-        """How `door.run` makes ``call`` on the cache: on its own worker threads (a store
-        that hangs holds only those, never the caller nor the loop's executor), within
-        `timeouts.CACHE_TIMEOUT_S`, skipped while it is down (`outage.Outage`)."""
-        deadline = Deadline.start(timeouts.CACHE_TIMEOUT_S)
-        return {"on": self.cache, "kind": "store", "deadline": deadline,
-                "what": f"transform cache {what}", "skip_when_down": True}  # fmt: skip
-
-    def _cache_io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
-        """``(value, answered)`` of ``call`` on the cache: in place for an in-process
-        cache, else through `door.run` (past its bound, or with the cache skipped,
-        ``(None, False)``: a read is a miss and a write is dropped)."""
-        if not self._cache_io_is_blocking():
-            return call(), True
-        try:
-            return door.run(call, **self._cache_call(what)), True
-        except (ModelTimeoutError, LLMNotCalledError) as exc:
-            return _cache_skipped(exc, what)
-
-    async def _acache_io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
-        """Async twin of `_cache_io`: cancelling the await abandons the call."""
-        if not self._cache_io_is_blocking():
-            return call(), True
-        try:
-            return await door.arun(call, **self._cache_call(what)), True
-        except (ModelTimeoutError, LLMNotCalledError) as exc:
-            return _cache_skipped(exc, what)
 
     def _key(self, query: str, context: Sequence[str] | None, prepared: _Prepared) -> str | None:
         """The cache key, or None when there is no cache (or no LLM to key on: the
@@ -356,53 +277,24 @@ class LLMTransform(QueryTransformer):
         key = self._key(query, context, prepared)
         if key is None:
             return self._generate(query, prepared, None)
-        start = time.perf_counter()
-        hit, answered = self._cache_io(lambda: self._lookup(key, query, start), "read")
-        if hit is not None:
-            return hit
-
-        def write(result: TransformResult) -> None:
-            if answered:  # a cache whose read overran gets no write: one bound, not two
-                self._cache_io(lambda: self._store(key, result), "write")
-
-        def work(budget: float | None) -> TransformResult:
-            return self._generate(query, prepared, budget)
-
-        try:  # waiters have the generation before it is written (`after`)
-            result, shared = self._flights.run(key, work, self._flight_wait(), after=write)
-        except WaitExpired:
-            return self._overdue(query, start)
-        return self._as_waiter(result, start) if shared else result
+        generate = partial(self._generate, query, prepared)
+        overdue = partial(self._overdue, query)
+        return self._reuse.get(key, query, generate, self._flight_wait(), overdue)
 
     async def atransform(
         self, query: str, *, context: Sequence[str] | None = None
     ) -> TransformResult:
         """Async twin of `transform`: native ``acomplete``, never a blocking call (a
-        cache on disk or a network is read and written on its own worker threads,
-        `_acache_io`)."""
+        cache on disk or a network is read and written on its own worker threads)."""
         validate_query(query)
         context = self._context(context)
         prepared = self._prepared(query, context)
         key = self._key(query, context, prepared)
         if key is None:
             return await self._agenerate(query, prepared, None)
-        start = time.perf_counter()
-        hit, answered = await self._acache_io(lambda: self._lookup(key, query, start), "read")
-        if hit is not None:
-            return hit
-
-        async def write(result: TransformResult) -> None:
-            if answered:  # see transform
-                await self._acache_io(lambda: self._store(key, result), "write")
-
-        async def work(budget: float | None) -> TransformResult:
-            return await self._agenerate(query, prepared, budget)
-
-        try:
-            result, shared = await self._flights.arun(key, work, self._flight_wait(), after=write)
-        except WaitExpired:
-            return self._overdue(query, start)
-        return self._as_waiter(result, start) if shared else result
+        generate = partial(self._agenerate, query, prepared)
+        overdue = partial(self._overdue, query)
+        return await self._reuse.aget(key, query, generate, self._flight_wait(), overdue)
 
     def _flight_wait(self) -> float | None:
         """How long a caller waits on an identical generation: its timeout, plus the
@@ -410,20 +302,6 @@ class LLMTransform(QueryTransformer):
         the generation's clock starts once it has one. The leader's work gets it as its
         budget too, which never lengthens its calls' own timeout."""
         return with_slot_wait(self.llm, self.timeout)
-
-    def _as_waiter(self, result: TransformResult, start: float) -> TransformResult:
-        """What an identical concurrent call's ``result`` is to a caller that waited for
-        it: a complete generation as a cache hit; a failure (a fallback, or some calls
-        failed) as this caller's own, with its own latency and no usage (it made no
-        call, and asking the provider again would wait out its timeout once more)."""
-        if _shareable(result):
-            return _as_cached(result, start)
-        return replace(
-            result,
-            usage=Usage(),
-            generation_usage=None,
-            latency_s=time.perf_counter() - start,
-        )
 
     def _overdue(self, query: str, start: float) -> TransformResult:
         """The fallback of a caller whose own timeout ran out while it waited on an
@@ -558,45 +436,3 @@ async def _aoutcome(call: Awaitable[_T]) -> _T | Exception:
         return await call
     except Exception as exc:
         return exc
-
-
-def _cache_skipped(exc: Exception, what: str) -> tuple[None, bool]:
-    """A cache call that overran (say so) or was not made: a miss, or no write."""
-    if isinstance(exc, ModelTimeoutError):
-        then = "not cached" if what == "write" else "calling the LLM"
-        logger.warning("%s; %s", exc, then)
-    elif not isinstance(exc, DependencyDownError):  # said when it overran
-        logger.warning("the transform cache is not answering; skipping it")
-    return None, False
-
-
-def _serves(stored: TransformResult, query: str, method: str) -> bool:
-    """Whether a cached ``stored`` may answer ``query``: a complete generation
-    (`_shareable`) of this very question by this method, with something generated in
-    it (passages, or a query other than the question)."""
-    return (
-        stored.query == query
-        and stored.method == method
-        and _shareable(stored)
-        and bool(stored.hypothetical or any(q != query for q in stored.queries))
-    )
-
-
-def _shareable(result: TransformResult) -> bool:
-    """The one rule for reusing a generation, from a cache (`_store`, `_lookup`) or by
-    identical concurrent calls (`SingleFlight`): only a complete success, no call of
-    which failed. A fallback is an outage; a result with ``error`` set (HyDE with one
-    of three calls failed) holds fewer passages and an old error, and reusing it would
-    keep the healthy provider from ever being asked again."""
-    return not result.fallback and result.error is None
-
-
-def _as_cached(result: TransformResult, start: float) -> TransformResult:
-    """``result`` as served without an LLM call: zero usage, original usage kept."""
-    return revised(
-        result,
-        usage=Usage(cached=True),
-        cached=True,
-        generation_usage=result.generation_usage or result.usage,
-        latency_s=time.perf_counter() - start,
-    )
