@@ -120,9 +120,8 @@ def prompt_cost(llm: LocalLLM, messages: list[ChatMessage]) -> int:
     return int(llm.chat(messages, max_tokens=1).raw["usage"]["prompt_tokens"])
 
 
-@pytest.mark.parametrize("marker", ["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
 def test_chat_markers_in_user_or_document_text_cost_as_much_as_ordinary_text(
-    real_llm: LocalLLM, marker: str
+    real_llm: LocalLLM,
 ) -> None:
     """40 markers pasted into a question or a retrieved document must be read as text
     (several tokens each, like ``<|im_begin|>``, which is no token of the model), never
@@ -133,9 +132,11 @@ def test_chat_markers_in_user_or_document_text_cost_as_much_as_ordinary_text(
             return prompt_cost(real_llm, [ChatMessage(role=role, content=text)])
 
         base = cost(Q)
-        injected = cost(Q + marker * 40) - base
         ordinary = cost(Q + "<|im_begin|>" * 40) - base
-        assert injected >= ordinary >= 4 * 40, (role, injected, ordinary)
+        assert ordinary >= 4 * 40, (role, ordinary)
+        for marker in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+            injected = cost(Q + marker * 40) - base
+            assert injected >= ordinary, (role, marker, injected, ordinary)
 
 
 def test_the_bundled_model_names_its_chat_markers_as_control_tokens(real_llm: LocalLLM) -> None:
