@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,9 @@ from llama_index_hyde_plus import (
     StepBack,
     TransformRetriever,
 )
+from llama_index_hyde_plus.calls.reliability import NO_RETRY
+from llama_index_hyde_plus.search import loops
+from llama_index_hyde_plus.search.requests import Failed
 from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM, StaticRetriever
 from llama_index_hyde_plus.transforms.base import Guards, SearchSpec, TransformResult
 
@@ -636,3 +640,116 @@ async def test_llm_embedder_and_retriever_behind_a_transparent_proxy_run_nativel
     assert found.transform.hypothetical == (P1,) and llm.async_calls == 1
     assert embed.async_calls > 0 and embed.sync_calls == 0
     assert base.native == 1 and base.blocking == 0
+
+
+class _Fatal:
+    """Raises ``raised`` (a ``fatal``) at the first call of the component ``where``."""
+
+    def __init__(self, where: str, fatal: type[BaseException]) -> None:
+        self.where, self.raised, self.done = where, fatal(), False
+
+    def check(self, component: str) -> None:
+        if component == self.where and not self.done:
+            self.done = True
+            raise self.raised
+
+
+class _FatalStore(StaticRetriever):
+    fatal: _Fatal
+
+    def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        self.fatal.check("retriever")
+        return super()._answer(bundle)
+
+
+class _FatalEmbedding(DeterministicEmbedding):
+    fatal: Any = None
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        self.fatal.check("embedder")
+        return super()._get_text_embedding(text)
+
+
+class _FatalReranker(BaseNodePostprocessor):
+    fatal: Any = None
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        self.fatal.check("reranker")
+        return list(reversed(nodes))
+
+
+def _fatal_retriever(fatal: _Fatal) -> TransformRetriever:
+    """A remote store (its searches on worker threads), a blocking embedder and reranker,
+    and an LLM whose first reply may be ``fatal``'s."""
+    store = _FatalStore(DOCS, default=["renewals", "pto", "hiring"], delay=0.01)
+    store.fatal = fatal
+    first = [fatal.raised] if fatal.where == "llm" else []
+    llm = ScriptedLLM([*first, P1, P1])
+    return TransformRetriever(
+        store,
+        HyDE(llm, retry=NO_RETRY),
+        embed_model=_FatalEmbedding(dim=64, fatal=fatal),
+        reranker=_FatalReranker(fatal=fatal),
+    )
+
+
+@pytest.mark.parametrize("fatal", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("where", ["llm", "embedder", "retriever", "reranker"])
+def test_an_interrupt_or_exit_from_any_component_reaches_the_sync_caller_unchanged(
+    where: str, fatal: type[BaseException]
+) -> None:
+    """Raised in the caller's thread or a worker's, it is the very exception the
+    component raised (not a fallback, not a wrapper), and the next search works."""
+    expected = _fatal_retriever(_Fatal("nowhere", fatal)).search(Q)
+    thrown = _Fatal(where, fatal)
+    retriever = _fatal_retriever(thrown)
+    with pytest.raises(fatal) as raised:
+        retriever.search(Q)
+    assert raised.value is thrown.raised
+    found = retriever.search(Q)
+    assert not found.transform.fallback and not found.failed_searches
+    assert [n.node.node_id for n in found.nodes] == [n.node.node_id for n in expected.nodes]
+
+
+_STOP = KeyboardInterrupt("stop")
+
+
+def _at_once(value: str | None) -> Generator[Any, Any, str | None]:
+    """Steps that ask for nothing."""
+    return value
+    yield  # a generator
+
+
+def _catching(seen: list[Any]) -> Generator[Any, Any, str]:
+    """Steps that catch an interrupt their call raised, are answered a failure, and raise
+    an error of their own on an exit."""
+    try:
+        yield Failed(_STOP)  # a call that raises the interrupt
+    except KeyboardInterrupt as exc:
+        seen.append(exc)
+    seen.append((yield Failed(ValueError("a failure"))))  # answered, not raised
+    try:
+        yield Failed(SystemExit(3))
+    except SystemExit:
+        raise LookupError("the steps' own error") from None
+    return "not reached"
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_both_loops_throw_in_what_a_call_raised_and_return_what_the_steps_return(
+    use_async: bool,
+) -> None:
+    async def run(todo: Generator[Any, Any, Any]) -> Any:
+        return await loops.ASYNC.run(todo) if use_async else loops.BLOCKING.run(todo)
+
+    assert await run(_at_once("done")) == "done"
+    assert await run(_at_once(None)) is None
+    seen: list[Any] = []
+    todo = _catching(seen)
+    with pytest.raises(LookupError, match="the steps' own error"):
+        await run(todo)
+    assert seen[0] is _STOP  # thrown in at the yield, the very exception
+    assert isinstance(seen[1], ValueError) and str(seen[1]) == "a failure"
+    assert todo.gi_frame is None  # the steps ended
