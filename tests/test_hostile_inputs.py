@@ -65,6 +65,44 @@ async def test_a_store_raising_a_non_exception_on_generated_text_serves_the_ques
     assert len(found.failed_searches) == 2 and type(error).__name__ in found.failed_searches[0]
 
 
+class RejectsQuestion(StaticRetriever):
+    """Raises ``error`` when the question itself is searched."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(DOCS, default=["renewals", "pto"])
+        self.error = error
+
+    def _answer(self, bundle: QueryBundle) -> list[NodeWithScore]:
+        if bundle.query_str == Q:
+            raise self.error
+        return super()._answer(bundle)
+
+
+@pytest.mark.parametrize("error", [Timeout("store"), asyncio.CancelledError("stray")])
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_non_exception_from_the_question_searched_first_is_raised_as_a_call_error(
+    error: BaseException, use_async: bool
+) -> None:
+    """Grounded HyDE searches the question before the LLM writes: what that search
+    raises is raised, as a plain retriever would, but a stray ``CancelledError`` from a
+    store's client is a failure (`CallError`), never the task's own cancellation."""
+    from llama_index_hyde_plus.calls.reliability import CallError
+
+    retriever = TransformRetriever(
+        RejectsQuestion(error),
+        HyDE(ScriptedLLM(respond=lambda p: "Renewals slipped."), grounded=2),
+        search_type="keyword",
+    )
+    if not use_async:
+        with pytest.raises(CallError, match=type(error).__name__):
+            retriever.search(Q)
+        return
+    task = asyncio.ensure_future(retriever.asearch(Q))
+    with pytest.raises(CallError, match=type(error).__name__):
+        await task
+    assert not task.cancelled()
+
+
 class TimeoutEmbedding(DeterministicEmbedding):
     """Embeds the question; raises gevent-style Timeout on generated passages."""
 

@@ -146,13 +146,13 @@ def search(r: Searcher, question: Question, transformed: TransformResult | None)
     what is done is decided by `plan`. ``transformed`` is a rewrite already made (the
     transform is not called again)."""
     if not question.text:  # an embedding-only bundle: searched as given
-        found = unique_nodes((yield SearchQuestion(question.bundle())))
+        found = unique_nodes((yield from _question_first(r, question, question.bundle())))
         nodes = yield from reranked_or_kept(r, found, question)
         return nodes, question.untransformed(method_of(r.transformer)), []
     guards = r.transformer.guards
     hits: Hits = None
     if plan.question_first(guards):
-        hits = yield SearchQuestion((yield from question_bundle(r, question)))
+        hits = yield from _question_first(r, question)
     searching = None  # the question's own search, while the LLM writes
     if plan.overlaps(guards, r.transformer.searches_question):
         searching = yield Start(question_hits(r, question))
@@ -280,11 +280,29 @@ def question_bundle(r: Searcher, question: Question) -> Steps[QueryBundle]:
     return question.bundle()
 
 
-def question_hits(r: Searcher, question: Question) -> Steps[list[NodeWithScore] | Exception]:
-    """The question's own hits, or what its search raised (returned, so that the
-    caller decides once the transform is done: `_after_overlap`)."""
+def _question_first(
+    r: Searcher, question: Question, bundle: QueryBundle | None = None
+) -> Steps[list[NodeWithScore]]:
+    """The question's own hits, searched before anything else; what its search raised
+    is raised, as a plain retriever would, once `Failed` has made it a failure (a
+    stray ``CancelledError`` from a store's client is a `CallError`, never taken for
+    the caller's own cancellation, which propagates as itself)."""
+    hits = yield from question_hits(r, question, bundle)
+    if isinstance(hits, Exception):
+        raise hits
+    return hits
+
+
+def question_hits(
+    r: Searcher, question: Question, bundle: QueryBundle | None = None
+) -> Steps[list[NodeWithScore] | Exception]:
+    """The question's own hits (of ``bundle``, else of the question's bundle), or what
+    its search raised (returned, so that the caller decides once the transform is
+    done: `_after_overlap`)."""
     try:
-        hits: list[NodeWithScore] = yield SearchQuestion((yield from question_bundle(r, question)))
+        if bundle is None:
+            bundle = yield from question_bundle(r, question)
+        hits: list[NodeWithScore] = yield SearchQuestion(bundle)
         return hits
     except GeneratorExit:  # a generator being closed must not yield again
         raise
