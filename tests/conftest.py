@@ -63,6 +63,13 @@ async def search(retriever: TransformRetriever, query: str, use_async: bool) -> 
     return await retriever.asearch(query) if use_async else retriever.search(query)
 
 
+def says(output: str, text: str) -> bool:
+    """Whether ``output`` holds ``text`` however the terminal wrapped it: a long path
+    (a test's temporary folder) may break anywhere, so both are compared without
+    whitespace."""
+    return "".join(text.split()) in "".join(output.split())
+
+
 @pytest.fixture
 def embed_model() -> DeterministicEmbedding:
     return DeterministicEmbedding(dim=256)
@@ -231,3 +238,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        # Under ``-n 2`` (pyproject's addopts) the tests that keep a core busy (the local
+        # models, subprocesses, servers) run one at a time on one worker, beside the
+        # others, which mostly wait on timeouts; never two local models at once.
+        if item.get_closest_marker("slow") or item.get_closest_marker("local"):
+            item.add_marker(pytest.mark.xdist_group("busy"))

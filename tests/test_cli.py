@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus.cli import app
 
+from .conftest import says
+
 runner = CliRunner()
 
 
@@ -620,7 +622,7 @@ def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
     assert scored["queries"] == 1 and scored["results"][0]["nDCG@10"] == 1.0
     assert scored["dataset"] == docs.name  # the chart's title names the documents folder
     assert "About these questions" not in result.output  # the user's own labels
-    assert f"1 labelled question from {labels}" in " ".join(result.output.split())
+    assert says(result.output, f"1 labelled question from {labels}")
 
 
 def test_eval_docs_refuses_a_questions_dir_that_is_not_a_set_before_any_work(

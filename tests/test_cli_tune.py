@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus.cli import app
 
+from .conftest import says
+
 runner = CliRunner()
 TINY = Path(__file__).parent / "data" / "tiny-beir"
 
@@ -488,6 +490,6 @@ def test_eval_warns_of_optimistic_scores_only_with_a_config_tuned_on_the_same_se
     recorded = json.loads(tuned.read_text())["tuned_on"]["question_set"]
     assert recorded == made_from(tmp_path / "set0") and recorded["seed"] == 0
     scored = ["--transforms", "none", "--config", str(tuned), "--out", str(tmp_path / "e2")]
-    assert f"warning: {tuned} {warned}" in _docs_run(tmp_path, "eval", *scored)
+    assert says(_docs_run(tmp_path, "eval", *scored), f"warning: {tuned} {warned}")
     other = ["--transforms", "none", "--config", str(tuned), "--out", str(tmp_path / "e3")]
     assert "are optimistic" not in _docs_run(tmp_path, "eval", *other, seed=1)  # another set

@@ -140,7 +140,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "param", "value"), CASES, ids=lambda v: repr(v)[:24])
+@pytest.mark.parametrize(
+    ("name", "param", "value"), CASES, ids=lambda v: re.sub(r" at 0x[0-9a-f]+", "", repr(v))[:24]
+)
 def test_a_bad_parameter_is_refused_up_front_naming_it(
     name: str, param: str, value: Any, tmp_path: Path
 ) -> None:
