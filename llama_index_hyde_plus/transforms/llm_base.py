@@ -279,7 +279,7 @@ class LLMTransform(QueryTransformer):
             return self._generate(query, prepared, None)
         generate = partial(self._generate, query, prepared)
         overdue = partial(self._overdue, query)
-        return self._reuse.get(key, query, generate, self._flight_wait(), overdue)
+        return self._reuse.get(key, query, generate, self._flight_wait, overdue)
 
     async def atransform(
         self, query: str, *, context: Sequence[str] | None = None
@@ -294,7 +294,7 @@ class LLMTransform(QueryTransformer):
             return await self._agenerate(query, prepared, None)
         generate = partial(self._agenerate, query, prepared)
         overdue = partial(self._overdue, query)
-        return await self._reuse.aget(key, query, generate, self._flight_wait(), overdue)
+        return await self._reuse.aget(key, query, generate, self._flight_wait, overdue)
 
     def _flight_wait(self) -> float | None:
         """How long a caller waits on an identical generation: its timeout, plus the

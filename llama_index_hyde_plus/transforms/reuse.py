@@ -45,6 +45,9 @@ Generate = Callable[[float | None], TransformResult]
 """Makes the generation within the seconds given (None: no bound)."""
 Overdue = Callable[[float], TransformResult]
 """The fallback of a caller whose own time ran out while it waited (given its start)."""
+Wait = Callable[[], float | None]
+"""How long a caller waits on an identical generation (asked on a miss only: a hit
+reads no timeout)."""
 
 
 class Reuse:
@@ -55,10 +58,10 @@ class Reuse:
         self._flights: SingleFlight[TransformResult] = SingleFlight()
 
     def get(
-        self, key: str, query: str, generate: Generate, wait: float | None, overdue: Overdue
+        self, key: str, query: str, generate: Generate, wait: Wait, overdue: Overdue
     ) -> TransformResult:
         """The result for ``key``: a cache hit, an identical call's generation (waited
-        for at most ``wait`` seconds, else ``overdue``), or ``generate``'s, written to
+        for at most ``wait()`` seconds, else ``overdue``), or ``generate``'s, written to
         the cache once the callers waiting on it have it."""
         start = time.perf_counter()
         hit, answered = self._io(lambda: self._lookup(key, query, start), "read")
@@ -70,7 +73,7 @@ class Reuse:
                 self._io(lambda: self._store(key, result), "write")
 
         try:
-            result, shared = self._flights.run(key, generate, wait, after=write)
+            result, shared = self._flights.run(key, generate, wait(), after=write)
         except WaitExpired:
             return overdue(start)
         return as_waiter(result, start) if shared else result
@@ -80,7 +83,7 @@ class Reuse:
         key: str,
         query: str,
         generate: Callable[[float | None], Awaitable[TransformResult]],
-        wait: float | None,
+        wait: Wait,
         overdue: Overdue,
     ) -> TransformResult:
         """`get` on the async path: cache calls never block the loop, and cancelling
@@ -95,7 +98,7 @@ class Reuse:
                 await self._aio(lambda: self._store(key, result), "write")
 
         try:
-            result, shared = await self._flights.arun(key, generate, wait, after=write)
+            result, shared = await self._flights.arun(key, generate, wait(), after=write)
         except WaitExpired:
             return overdue(start)
         return as_waiter(result, start) if shared else result
