@@ -123,6 +123,26 @@ async def test_a_partly_failed_generation_is_not_cached(use_async: bool) -> None
     assert hit.cached and hit.hypothetical == again.hypothetical and hit.error is None
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("swap_to", ["none", "another"])
+@pytest.mark.parametrize("first", ["memory", "sqlite"])
+async def test_a_cache_replaced_during_a_generation_leaves_that_call_on_the_cache_it_read(
+    tmp_path: Path, first: str, swap_to: str, use_async: bool
+) -> None:
+    read_from: Any = MemoryCache() if first == "memory" else SQLiteCache(tmp_path / "c.sqlite")
+    other = None if swap_to == "none" else MemoryCache()
+
+    def reply(prompt: str) -> str:
+        hyde.cache = other  # replaced while this call's generation runs
+        return "Revenue fell as prices rose."
+
+    hyde = HyDE(ScriptedLLM([reply], forbid_sync=use_async), cache=read_from)
+    result = await _run(hyde, use_async)
+    assert not result.fallback and result.hypothetical == ("Revenue fell as prices rose.",)
+    assert read_from.get(hyde.cache_key_for(Q)) is not None  # written where it was read
+    assert other is None or len(other) == 0
+
+
 def test_a_partly_failed_generation_is_not_written_to_sqlite(tmp_path: Path) -> None:
     llm = ScriptedLLM(["First one.", RuntimeError("down"), "Fresh one.", "Fresh two."])
     path = tmp_path / "c.sqlite"

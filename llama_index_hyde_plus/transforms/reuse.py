@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from ..caching.cache import TransformCache, answers_in_process, holds_objects
@@ -29,7 +30,8 @@ _T = TypeVar("_T")
 
 
 class Owner(Protocol):
-    """What `Reuse` reads of its transform, at each call (``cache`` may be replaced)."""
+    """What `Reuse` reads of its transform, at each call: ``cache`` may be replaced
+    (or set to None) at any time, and a call keeps the one it read first."""
 
     cache: TransformCache | None
 
@@ -64,13 +66,16 @@ class Reuse:
         for at most ``wait()`` seconds, else ``overdue``), or ``generate``'s, written to
         the cache once the callers waiting on it have it."""
         start = time.perf_counter()
-        hit, answered = self._io(lambda: self._lookup(key, query, start), "read")
+        cache = self._owner.cache  # this call's, whatever the transform holds meanwhile
+        hit, answered = None, False
+        if cache is not None:
+            hit, answered = self._io(cache, lambda: self._lookup(cache, key, query, start), "read")
         if hit is not None:
             return hit
 
         def write(result: TransformResult) -> None:
-            if answered:  # a cache whose read overran gets no write: one bound, not two
-                self._io(lambda: self._store(key, result), "write")
+            if answered and cache is not None:  # one whose read overran: no write either
+                self._io(cache, lambda: self._store(cache, key, result), "write")
 
         try:
             result, shared = self._flights.run(key, generate, wait(), after=write)
@@ -89,13 +94,17 @@ class Reuse:
         """`get` on the async path: cache calls never block the loop, and cancelling
         the await abandons them."""
         start = time.perf_counter()
-        hit, answered = await self._aio(lambda: self._lookup(key, query, start), "read")
+        cache = self._owner.cache  # see get
+        hit, answered = None, False
+        if cache is not None:
+            read = partial(self._lookup, cache, key, query, start)
+            hit, answered = await self._aio(cache, read, "read")
         if hit is not None:
             return hit
 
         async def write(result: TransformResult) -> None:
-            if answered:  # see get
-                await self._aio(lambda: self._store(key, result), "write")
+            if answered and cache is not None:  # see get
+                await self._aio(cache, lambda: self._store(cache, key, result), "write")
 
         try:
             result, shared = await self._flights.arun(key, generate, wait(), after=write)
@@ -103,13 +112,13 @@ class Reuse:
             return overdue(start)
         return as_waiter(result, start) if shared else result
 
-    def _lookup(self, key: str, query: str, start: float) -> TransformResult | None:
+    def _lookup(
+        self, cache: TransformCache, key: str, query: str, start: float
+    ) -> TransformResult | None:
         """The cached result under ``key`` as this call's hit, or None: a miss, an entry
         that does not serve ``query`` (`serves`), one of another shape than a result
         record (`TransformResult.from_dict` refuses it: the generation made instead
         overwrites it), or a cache that failed."""
-        cache = self._owner.cache
-        assert cache is not None
         try:
             data = cache.get(key)
             if data is None:
@@ -136,9 +145,7 @@ class Reuse:
             logger.warning("transform cache read failed (%s); calling the LLM", said)
             return None
 
-    def _store(self, key: str, result: TransformResult) -> None:
-        cache = self._owner.cache
-        assert cache is not None
+    def _store(self, cache: TransformCache, key: str, result: TransformResult) -> None:
         if not shareable(result):
             return  # never cache an outage, nor a generation some of whose calls failed
         try:
@@ -148,23 +155,25 @@ class Reuse:
         except BaseException as exc:
             logger.warning("transform cache write failed (%s)", describe(failure(exc)))
 
-    def _on_threads(self, what: str) -> dict[str, Any] | None:
+    @staticmethod
+    def _on_threads(cache: TransformCache, what: str) -> dict[str, Any] | None:
         """How `door.run` makes a call on the cache: on its own worker threads (a store
         that hangs holds only those, never the caller nor the loop's executor), within
         `timeouts.CACHE_TIMEOUT_S`, skipped while it is down (`outage.Outage`); None for
         a cache that answers in this process (called in place)."""
-        cache = self._owner.cache
-        if cache is None or answers_in_process(cache):
+        if answers_in_process(cache):
             return None
         deadline = Deadline.start(timeouts.CACHE_TIMEOUT_S)
         return {"on": cache, "kind": "store", "deadline": deadline,
                 "what": f"transform cache {what}", "skip_when_down": True}  # fmt: skip
 
-    def _io(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
+    def _io(
+        self, cache: TransformCache, call: Callable[[], _T | None], what: str
+    ) -> tuple[_T | None, bool]:
         """``(value, answered)`` of ``call`` on the cache: in place for an in-process
         cache, else through `door.run` (past its bound, or with the cache skipped,
         ``(None, False)``: a read is a miss and a write is dropped)."""
-        how = self._on_threads(what)
+        how = self._on_threads(cache, what)
         if how is None:
             return call(), True
         try:
@@ -172,9 +181,11 @@ class Reuse:
         except (ModelTimeoutError, LLMNotCalledError) as exc:
             return _skipped(exc, what)
 
-    async def _aio(self, call: Callable[[], _T | None], what: str) -> tuple[_T | None, bool]:
+    async def _aio(
+        self, cache: TransformCache, call: Callable[[], _T | None], what: str
+    ) -> tuple[_T | None, bool]:
         """`_io` on the async path: cancelling the await abandons the call."""
-        how = self._on_threads(what)
+        how = self._on_threads(cache, what)
         if how is None:
             return call(), True
         try:
