@@ -625,6 +625,27 @@ def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
     assert says(result.output, f"1 labelled question from {labels}")
 
 
+def test_eval_docs_prints_paths_with_brackets_as_they_are(tmp_path: Path) -> None:
+    """A folder or labels file whose name reads as Rich markup is printed as named."""
+    where = tmp_path / "[bold]team"
+    where.mkdir()
+    docs = _docs(where)
+    labels = where / "[red]labels.tsv"
+    labels.write_text("How much paid time off is there?\ta.txt\t1\n")
+    result = runner.invoke(
+        app,
+        [
+            *("eval", "--docs", str(docs), "--qrels", str(labels), "--transforms", "none"),
+            *("--questions-dir", str(where / "set"), "--embed", "local"),
+            *("--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert says(result.output, f"{docs}: 1 documents, 1 chunks")
+    assert says(result.output, f"1 labelled question from {labels}")
+    assert says(result.output, f"Label at least 10 questions in {labels} (each")
+
+
 def test_eval_docs_refuses_a_questions_dir_that_is_not_a_set_before_any_work(
     tmp_path: Path,
 ) -> None:

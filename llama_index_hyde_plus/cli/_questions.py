@@ -120,7 +120,9 @@ def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
     nodes, _ = prepare_nodes(contents.documents, embed_model, chunking, max_length)
     if not nodes:
         raise ValueError(f"{choice.docs} has no text to write questions from")
-    ui.err.print(f"{choice.docs}: {len(contents.documents)} documents, {len(nodes)} chunks")
+    ui.err.print(
+        f"{ui.literal(str(choice.docs))}: {len(contents.documents)} documents, {len(nodes)} chunks"
+    )
     return nodes
 
 
@@ -171,14 +173,16 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     refuse_other_set(choice.folder, made_from)
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
-        ui.err.print(f"{questions_count(len(queries), 'labelled question')} from {choice.qrels}")
+        labelled = questions_count(len(queries), "labelled question")
+        ui.err.print(f"{labelled} from {ui.literal(str(choice.qrels))}")
         manifest = {**made_from, "kept": len(queries)}
         return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
     wanted = {k: v for k, v in made_from.items() if k != "seed"}
     found = read_manifest(choice.folder)
     if found is not None:  # the same documents, chunking, model and options
         ui.err.print(
-            f"Reusing the question set in {choice.folder} ({questions_count(found.get('kept'))}): "
+            f"Reusing the question set in {ui.literal(str(choice.folder))} "
+            f"({questions_count(found.get('kept'))}): "
             "eval and tune on these documents with these options score this same set"
         )
         return choice.folder
@@ -273,15 +277,13 @@ class DataChoice:
         """Warn for each of the ``--config`` files `tune` wrote from the very question
         set this run scores (its ``tuned_on`` names the set): its scores here are
         optimistic. No config tuned on this set, no warning."""
-        from rich.markup import escape
-
         from ..transforms.config import load_config
 
         scored = self.scored_set()
         for path in configs if scored is not None else []:
             if load_config(path).tuned_on.get("question_set") == scored:
                 ui.err.print(
-                    f"[yellow]warning:[/] {escape(str(path))} was tuned on this very "
+                    f"[yellow]warning:[/] {ui.literal(str(path))} was tuned on this very "
                     "question set: its scores here are optimistic (score it on questions "
                     "it was not tuned on: another --seed, with its own --questions-dir)"
                 )
@@ -362,4 +364,4 @@ class DataChoice:
 def _warn(warning: str | None) -> None:
     """Print ``warning`` (`DataChoice.too_few`), if there is one."""
     if warning is not None:
-        ui.err.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=False)
+        ui.err.print(f"[bold yellow]warning:[/] {ui.literal(warning)}", soft_wrap=False)
