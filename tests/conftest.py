@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import faiss
@@ -68,6 +69,16 @@ def says(output: str, text: str) -> bool:
     (a test's temporary folder) may break anywhere, so both are compared without
     whitespace."""
     return "".join(text.split()) in "".join(output.split())
+
+
+def team_docs(folder: Path) -> Path:
+    """``folder/docs``: 12 one-line documents, ``Team N owns service 7N.``, the corpus
+    the question-writing tests' scripted models read their team from."""
+    docs = folder / "docs"
+    docs.mkdir()
+    for team in range(1, 13):
+        (docs / f"t{team}.txt").write_text(f"Team {team} owns service {team * 7}.")
+    return docs
 
 
 @pytest.fixture

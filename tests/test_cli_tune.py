@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from llama_index_hyde_plus.cli import app
 
-from .conftest import says
+from .conftest import says, team_docs
 
 runner = CliRunner()
 TINY = Path(__file__).parent / "data" / "tiny-beir"
@@ -447,9 +447,7 @@ def _docs_run(tmp_path: Path, command: str, *args: str, seed: int = 0) -> str:
     (the set in ``set<seed>``); its output, whitespace folded."""
     docs = tmp_path / "docs"
     if not docs.exists():
-        docs.mkdir()
-        for team in range(1, 13):
-            (docs / f"t{team}.txt").write_text(f"Team {team} owns service {team * 7}.")
+        team_docs(tmp_path)
     common = ["--docs", str(docs), "--questions", "6", "--seed", str(seed), "--embed", "local"]
     common += ["--questions-dir", str(tmp_path / f"set{seed}"), "--cache-dir", str(tmp_path / "c")]
     result = runner.invoke(app, [command, *common, *args])

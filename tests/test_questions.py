@@ -21,7 +21,7 @@ from llama_index_hyde_plus.evaluation.questions import (
 )
 from llama_index_hyde_plus.testing import ScriptedLLM
 
-from .conftest import says
+from .conftest import says, team_docs
 
 PASSAGE = (
     "The Kestrel backup window closes at 03:40 UTC on Sundays, after the weekly "
@@ -606,10 +606,7 @@ def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
         return f"Which team owns service {team * 7}?" if team % 2 == 0 else "Tell me."
 
     monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for team in range(1, 13):
-        (docs / f"t{team}.txt").write_text(f"Team {team} owns service {team * 7}.")
+    docs = team_docs(tmp_path)
     args = ["eval", "--docs", str(docs), "--questions", "4", "--transforms", "none"]
     args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
     args += ["--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c")]
@@ -647,10 +644,7 @@ def test_a_reused_set_plans_its_questions_not_writing_them_again(
         return ScriptedLLM(respond=ask)
 
     monkeypatch.setattr(ModelChoice, "make_llm", slow_model)
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for team in range(1, 13):
-        (docs / f"t{team}.txt").write_text(f"Team {team} owns service {team * 7}.")
+    docs = team_docs(tmp_path)
     args = ["eval", "--docs", str(docs), "--questions", "4", "--transforms", "none,hyde"]
     args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
     args += ["--cache-dir", str(tmp_path / "c")]
