@@ -185,9 +185,8 @@ def _show(
 
 DEMO_READING = (
     "[dim]What to expect (SciFact; the docs' page Benchmarks): a model whose passages are "
-    "right, as a "
-    "strong LLM's usually are, gains about +6 nDCG@10 with the capable-model defaults; "
-    "the bundled 135M model gains nothing significant, so its defaults stay close to "
-    "plain search. Measure your own model on your data: `hyde-plus tune` then "
+    "right, as a strong LLM's usually are, gains about +6 nDCG@10 with the capable-model "
+    "defaults; the bundled 135M model gains nothing significant, so its defaults stay "
+    "close to plain search. Measure your own model on your data: `hyde-plus tune` then "
     "`hyde-plus eval`.[/]"
 )
