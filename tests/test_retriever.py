@@ -289,12 +289,32 @@ def test_explain_scores_says_how_a_fan_out_fused_its_lists_and_nothing_for_one_l
     )
     one_failed = TransformRetriever(base, MultiQuery(ScriptedLLM(["1. good\n2. bad"]), n=2))
     assert one_failed.explain_scores(one_failed.search("q")) == (
-        "fused = sum of weight/(10+rank) over 2 searches"  # which one failed is not known
+        "fused = sum of weight/(10+rank) over 2 searches (question x5, rest x1)"
     )
     fell_back = fan.search("q")  # no reply left: a fallback searches the question alone
     assert fell_back.transform.fallback and fan.explain_scores(fell_back) is None
     passage = TransformRetriever(base, HyDE(ScriptedLLM(["a passage"])))
     assert passage.explain_scores(passage.search("q")) is None
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_explain_scores_weighs_only_the_searches_that_answered(use_async: bool) -> None:
+    base = StaticRetriever(
+        DOCS, results={"q": ["pto"], "good": ["hiring"], "more": ["pto"]}, fail_on=["bad", "q"]
+    )
+    weighted = MultiQuery(ScriptedLLM(["1. good\n2. bad\n3. more"]), n=3, original_weight=100)
+    retriever = TransformRetriever(base, weighted)
+    found = await retriever.asearch("x q") if use_async else retriever.search("x q")
+    assert found.failed_positions == (2,) and len(found.failed_searches) == 1
+    assert retriever.explain_scores(found) == (
+        "fused = sum of weight/(10+rank) over 3 searches (question x100, rest x1)"
+    )
+    asked_q = MultiQuery(ScriptedLLM(["1. good\n2. more"]), n=2, original_weight=100)
+    without_own = TransformRetriever(base, asked_q)
+    found = await without_own.asearch("q") if use_async else without_own.search("q")
+    assert found.failed_positions == (0,)
+    weights_alike = "fused = sum of weight/(10+rank) over 2 searches"
+    assert without_own.explain_scores(found) == weights_alike
 
 
 def test_all_sub_searches_failing_raises_the_retriever_error() -> None:

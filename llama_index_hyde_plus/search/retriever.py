@@ -77,13 +77,16 @@ class SearchResult:
     """Nodes of one search, the transform that shaped it, and its wall time.
 
     ``failed_searches`` lists the sub-searches of a fan-out that raised (their error
-    text); the nodes come from the others.
+    text); the nodes come from the others. ``failed_positions`` says which they were:
+    their places among the searches the transform planned (0: the first, the
+    question's own when it is searched).
     """
 
     nodes: list[NodeWithScore]
     transform: TransformResult
     latency_s: float
     failed_searches: tuple[str, ...] = ()
+    failed_positions: tuple[int, ...] = ()
 
 
 def detect_search_type(retriever: BaseRetriever) -> Literal["dense", "keyword", "hybrid"]:
@@ -393,7 +396,7 @@ class TransformRetriever(BaseRetriever):
         ranks, not similarities: a question weight of 100 puts its top hit at
         100/61 = 1.64); None when they are one list's own (the store's similarity, a
         rerank's blend, a reranker's score)."""
-        return steps.scoring(self, found.transform, len(found.failed_searches))
+        return steps.scoring(self, found.transform, found.failed_positions)
 
     def close(self) -> None:
         """Stop the worker threads of the sync fan-out (they restart if needed)."""
@@ -420,7 +423,8 @@ class TransformRetriever(BaseRetriever):
             nodes=nodes,
             transform=result,
             latency_s=time.perf_counter() - start,
-            failed_searches=tuple(errors),
+            failed_searches=tuple(text for _, text in errors),
+            failed_positions=tuple(i for i, _ in errors),
         )
 
 

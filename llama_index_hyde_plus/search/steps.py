@@ -65,11 +65,14 @@ logger = logging.getLogger(__name__)
 Vec = list[float]
 Hits = list[NodeWithScore] | None
 """The question's own hits, when it was searched first."""
-Carried = tuple[list[NodeWithScore], list[str]]
+Failures = list[tuple[int, str]]
+"""The failed sub-searches of a fan-out: each one's position among the step's
+searches and its error text."""
+Carried = tuple[list[NodeWithScore], Failures]
 """A step's nodes and the failed sub-searches of a fan-out."""
 Dense = tuple[Vec, list[Vec]]
 """A search's own question vector and its passages' vectors."""
-Found = tuple[list[NodeWithScore], "TransformResult", list[str]]
+Found = tuple[list[NodeWithScore], "TransformResult", Failures]
 """A search's nodes, the transform that shaped them, the failed sub-searches."""
 
 RERANK_CANDIDATES = 50
@@ -183,7 +186,7 @@ def _expanded(
     guards: Guards,
     hits: Hits,
     pending: Any,
-) -> Steps[tuple[TransformResult, list[NodeWithScore], list[str]]]:
+) -> Steps[tuple[TransformResult, list[NodeWithScore], Failures]]:
     """The gate, then the planned step: ``(result, nodes, errors)``. Whatever fails or
     overruns ``model_timeout`` after the LLM (the gate, embedding the generated text,
     searching with it, fusing) falls back to the question's own search (`fell_back`);
@@ -496,21 +499,21 @@ def _query_str(r: Searcher, spec: SearchSpec) -> str:
 
 def split(
     specs: Sequence[SearchSpec], outcomes: list[Any]
-) -> tuple[list[list[NodeWithScore]], list[float], list[str]]:
+) -> tuple[list[list[NodeWithScore]], list[float], Failures]:
     """A fan-out's ``outcomes`` as the ranked lists, their fusion weights and the
     failed searches (logged); what the first failure raised when every search failed."""
     lists: list[list[NodeWithScore]] = []
     weights: list[float] = []
-    errors: list[str] = []
+    errors: Failures = []
     first_error: Exception | None = None
-    for spec, outcome in zip(specs, outcomes):
+    for i, (spec, outcome) in enumerate(zip(specs, outcomes)):
         if isinstance(outcome, Exception):
             logger.warning(
                 "sub-search %r failed (%s); using the other searches",
                 spec.text[:80],
                 describe(outcome),
             )
-            errors.append(describe(outcome))
+            errors.append((i, describe(outcome)))
             first_error = first_error or outcome
         else:
             lists.append(list(outcome))
@@ -529,26 +532,24 @@ def _combine(
     return fuse(lists, mode, weights=weights, k=r.transformer.rrf_k)
 
 
-def scoring(r: Searcher, result: TransformResult, failed: int = 0) -> str | None:
+def scoring(r: Searcher, result: TransformResult, failed: Sequence[int] = ()) -> str | None:
     """What the scores of a search that ``result`` shaped are, in one line, when
     `_combine` fused several ranked lists (`fusion.explain`: the mode, its ``k``, the
     lists' weights); None when the scores are one list's own (the store's, a rerank's
     blend, a reranker's). The searches are those `plan.plan` chooses for ``result``,
-    less the ``failed`` ones (their weights are then left out, as it is not known
-    which failed)."""
+    less the ``failed`` ones (their positions among them)."""
     guards = r.transformer.guards
     hits: Hits = [] if guards.needs_question_hits or plan.question_first(guards) else None
     step = plan.plan(result, guards, hits, have_embedder=r.embedder is not None).step
     if r.reranker is not None or not isinstance(step, plan.Fanout):
         return None
-    weights = [spec.weight for spec in step.specs if spec.weight > 0]
-    count = len(weights) - failed
-    if count < 2:
+    kept = [(i, spec) for i, spec in enumerate(step.specs) if i not in failed]
+    weights = [spec.weight for _, spec in kept if spec.weight > 0]
+    if len(weights) < 2:
         return None
     mode = fusion_mode(r.fusion or r.transformer.default_fusion, weights)
-    own = result.include_query and plan.is_question(step.specs[0], result.query)
-    if failed:
-        weights = weights[:count] if len(set(weights)) == 1 else [1.0] * count
+    first, spec = kept[0]
+    own = first == 0 and result.include_query and plan.is_question(spec, result.query)
     return explain(mode, weights, r.transformer.rrf_k, "question" if own else "first")
 
 
