@@ -295,3 +295,35 @@ def test_a_plain_prompt_keeps_its_key_and_equal_mappings_share_one() -> None:
     one = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), prompt=_mapped("English"))
     two = HyDE(llm=ScriptedLLM(respond=lambda p: "x"), prompt=_mapped("English"))
     assert one.cache_key_for(Q) == two.cache_key_for(Q) != plain.cache_key_for(Q)
+
+
+# -- the prompt is rendered once per call: what is keyed is what is sent --
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_rotating_mapping_never_stores_one_renderings_passage_under_anothers_key(
+    use_async: bool,
+) -> None:
+    import asyncio
+    import itertools
+
+    from llama_index.core.prompts import PromptTemplate
+
+    from llama_index_hyde_plus import HyDE, MemoryCache
+    from llama_index_hyde_plus.testing import ScriptedLLM
+
+    examples = itertools.cycle(["EXAMPLE-A", "EXAMPLE-B"])
+    renders: list[str] = []
+
+    def example(**kwargs: Any) -> str:
+        renders.append(next(examples))  # a few-shot example rotated per rendering
+        return f"{renders[-1]}\nQuestion: {kwargs['query']}"
+
+    prompt = PromptTemplate("{query}\nPassage:", function_mappings={"query": example})
+    llm = ScriptedLLM(respond=lambda p: "passage " + ("A" if "EXAMPLE-A" in p else "B"))
+    hyde = HyDE(llm, prompt=prompt, cache=MemoryCache())
+    q = "Why did revenue drop?"
+    results = [
+        asyncio.run(hyde.atransform(q)) if use_async else hyde.transform(q) for _ in range(4)
+    ]
+    assert len(renders) == 4  # once per call, not once for the key and again to send
+    assert [r.hypothetical[0] for r in results] == ["passage A", "passage B"] * 2
+    assert [r.cached for r in results] == [False, False, True, True]

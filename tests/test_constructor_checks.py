@@ -270,3 +270,17 @@ def test_a_nan_cooldown_no_longer_leaves_rewriting_off_for_good() -> None:
     time.sleep(0.06)  # the cooldown passes
     assert sum(hyde.transform(f"q{i}").fallback for i in range(1, 11)) == 0
     assert breaker.state == "closed"
+
+
+@pytest.mark.parametrize("bad", [0, False, [], "filters", {1: 2}])
+def test_from_index_refuses_retriever_kwargs_that_are_not_options(bad: Any) -> None:
+    from llama_index.core import Document, VectorStoreIndex
+
+    from llama_index_hyde_plus import HyDE, TransformRetriever
+    from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
+
+    index = VectorStoreIndex.from_documents(
+        [Document(text="Renewals slipped.")], embed_model=DeterministicEmbedding()
+    )
+    with pytest.raises(TypeError, match="retriever_kwargs"):
+        TransformRetriever.from_index(index, HyDE(ScriptedLLM(replies=["x"])), retriever_kwargs=bad)

@@ -340,3 +340,66 @@ async def test_an_embedder_hung_on_the_question_leaves_in_process_searches_unbou
     assert found.failed_searches == ("RuntimeError: search failed for 'fails'",)
     assert not found.transform.fallback
     assert sorted(n.node.node_id for n in found.nodes) == sorted([*HITS, "office"])
+
+
+# -- a reranker that overruns model_timeout --------------------
+def _rerank_retriever(reranker: object, model_timeout: float) -> object:
+    from llama_index.core import Document, VectorStoreIndex
+
+    from llama_index_hyde_plus import HyDE, TransformRetriever
+    from llama_index_hyde_plus.testing import DeterministicEmbedding, ScriptedLLM
+
+    index = VectorStoreIndex.from_documents(
+        [
+            Document(text="Enterprise renewals slipped last quarter."),
+            Document(text="Office moved."),
+        ],
+        embed_model=DeterministicEmbedding(),
+    )
+    llm = ScriptedLLM(respond=lambda p: "Renewals slipped last quarter.")
+    return TransformRetriever.from_index(
+        index, HyDE(llm), reranker=reranker, model_timeout=model_timeout
+    )
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_reranker_that_overran_never_changes_the_nodes_already_returned(
+    use_async: bool,
+) -> None:
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    class LateMutator(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes, query_bundle=None):  # type: ignore[no-untyped-def]
+            time.sleep(0.6)
+            for n in nodes:
+                n.score = -999.0
+            del nodes[1:]
+            return nodes
+
+    retriever: Any = _rerank_retriever(LateMutator(), 0.2)
+    q = "Why did revenue drop?"
+    found = asyncio.run(retriever.asearch(q)) if use_async else retriever.search(q)
+    before = [(n.node.node_id, n.score) for n in found.nodes]
+    time.sleep(0.9)  # the abandoned reranker has rewritten what it was handed by now
+    assert [(n.node.node_id, n.score) for n in found.nodes] == before
+    assert len(before) == 2 and all(score != -999.0 for _, score in before)
+
+
+async def test_an_async_reranker_that_swallows_its_cancellation_costs_model_timeout() -> None:
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    class Swallower(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes, query_bundle=None):  # type: ignore[no-untyped-def]
+            return nodes
+
+        async def _apostprocess_nodes(self, nodes, query_bundle=None):  # type: ignore[no-untyped-def]
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                await asyncio.sleep(3)  # a cleanup that ignores the deadline
+            return nodes
+
+    retriever: Any = _rerank_retriever(Swallower(), 0.3)
+    start = time.monotonic()
+    found = await retriever.asearch("Why did revenue drop?")
+    assert time.monotonic() - start < 2.0 and len(found.nodes) == 2  # was 3.3 s

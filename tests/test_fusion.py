@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -167,3 +168,20 @@ def test_explain_names_the_weights_the_ranks_were_summed_with() -> None:
     assert explain(FusionMode.RRF, [1.0, 1.0]) == "fused = sum of weight/(60+rank) over 2 searches"
     assert explain(FusionMode.MAX, [2.0, 2.0]).endswith("over 2 searches (each x2)")
     assert explain(FusionMode.RRF, [3.0, 2.0, 1.0]).endswith("(weights 3, 2, 1)")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"k": float("nan")}, "k"),
+        ({"k": 0}, "k"),
+        ({"top_k": float("nan")}, "top_k"),
+        ({"weights": "ab"}, "weights"),
+        ({"weights": ["x", 1.0]}, "weights"),
+        ({"mode": "best"}, "mode"),
+    ],
+)
+def test_fuse_refuses_bad_arguments_naming_them(kwargs: dict[str, Any], name: str) -> None:
+    lists = [[NodeWithScore(node=TextNode(id_="a", text="a"), score=1.0)]] * 2
+    with pytest.raises((TypeError, ValueError), match=name):
+        fuse(lists, **kwargs)

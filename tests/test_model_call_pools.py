@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -296,3 +297,28 @@ async def test_cancelled_transforms_never_make_their_pool_look_hung(
     gate.set()
     result = await asyncio.wait_for(later, 10)
     assert not result.fallback, result.error
+
+
+# -- a call whose caller went away is not a hung call ------------------
+def test_calls_abandoned_by_cancelled_callers_do_not_make_a_provider_look_hung() -> None:
+    release = threading.Event()
+    pool = _workers.DaemonWorkers(max_busy=2, name="cancelled")
+    gone = [pool.submit(lambda: release.wait(0.5), budget=10.0) for _ in range(2)]
+    for job in gone:
+        job.abandon()  # their callers were cancelled long before their own 10 s ran out
+    late = pool.submit(lambda: "answered", budget=10.0)  # waits for a worker: no refusal
+    assert late.done.wait(5) and late.result() == "answered"
+
+
+def test_calls_past_their_own_time_still_make_a_provider_look_hung() -> None:
+    release = threading.Event()
+    pool = _workers.DaemonWorkers(max_busy=2, name="hung")
+    try:
+        hung = [pool.submit(lambda: release.wait(30), budget=0.05) for _ in range(2)]
+        time.sleep(0.1)
+        for job in hung:
+            job.abandon()
+        with pytest.raises(_workers.WorkersBusyError):
+            pool.submit(lambda: "never", budget=10.0)
+    finally:
+        release.set()

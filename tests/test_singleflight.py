@@ -348,3 +348,108 @@ async def test_a_cancelled_waiter_on_a_hung_provider_raises_its_cancellation() -
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await leader
+
+
+# -- single-flight: a slow cache write and a cancelled leader -----
+def test_waiters_have_the_leaders_value_before_its_cache_write_ends() -> None:
+    flights: SingleFlight[str] = SingleFlight()
+    writing, calls, got = threading.Event(), [], []
+
+    def work(budget: float | None) -> str:
+        calls.append(1)
+        time.sleep(0.2)
+        return "passage"
+
+    def slow_write(value: str) -> None:
+        writing.set()
+        time.sleep(1.5)  # a slow store, within the cache's own bound
+
+    def waiter() -> None:
+        got.append(flights.run("k", work, timeout=1.0))
+
+    leader = threading.Thread(target=lambda: flights.run("k", work, 1.0, after=slow_write))
+    leader.start()
+    time.sleep(0.05)
+    early = [threading.Thread(target=waiter) for _ in range(4)]
+    for t in early:
+        t.start()
+    assert writing.wait(5)
+    late = threading.Thread(target=waiter)  # comes while the value is being written
+    late.start()
+    for t in [*early, late]:
+        t.join(5)
+    leader.join(5)
+    assert got == [("passage", True)] * 5 and len(calls) == 1  # none timed out at 1 s
+
+
+async def test_an_async_waiter_has_the_value_before_the_write_ends() -> None:
+    flights: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+
+    async def work(budget: float | None) -> str:
+        calls.append(1)
+        await asyncio.sleep(0.2)
+        return "passage"
+
+    async def slow_write(value: str) -> None:
+        await asyncio.sleep(1.5)
+
+    leader = asyncio.ensure_future(flights.arun("k", work, 1.0, after=slow_write))
+    await asyncio.sleep(0.05)
+    waiters = [flights.arun("k", work, 1.0) for _ in range(4)]
+    assert await asyncio.gather(*waiters) == [("passage", True)] * 4
+    await asyncio.sleep(0.2)  # the leader still writes: a newcomer is handed the value
+    assert await flights.arun("k", work, 1.0) == ("passage", True)
+    assert await leader == ("passage", False) and len(calls) == 1
+
+
+async def test_when_the_leader_is_cancelled_one_waiter_leads_and_the_rest_wait() -> None:
+    flights: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+
+    async def work(budget: float | None) -> str:
+        calls.append(1)
+        await asyncio.sleep(0.3)
+        return "passage"
+
+    leader = asyncio.ensure_future(flights.arun("k", work, 5.0))
+    await asyncio.sleep(0.05)
+    waiters = [asyncio.ensure_future(flights.arun("k", work, 5.0)) for _ in range(19)]
+    await asyncio.sleep(0.05)
+    leader.cancel()
+    results = await asyncio.gather(*waiters)
+    assert all(value == "passage" for value, _ in results)
+    assert len(calls) == 2  # the cancelled leader's and one waiter's: not 20
+
+
+def test_when_the_sync_leader_is_interrupted_one_waiter_leads() -> None:
+    flights: SingleFlight[str] = SingleFlight()
+    calls: list[int] = []
+    got: list[tuple[str, bool]] = []
+
+    def interrupted(budget: float | None) -> str:
+        calls.append(1)
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    def work(budget: float | None) -> str:
+        calls.append(1)
+        time.sleep(0.2)
+        return "passage"
+
+    def lead() -> None:
+        with pytest.raises(KeyboardInterrupt):
+            flights.run("k", interrupted, 5.0)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    time.sleep(0.05)
+    waiters = [
+        threading.Thread(target=lambda: got.append(flights.run("k", work, 5.0))) for _ in range(10)
+    ]
+    for t in waiters:
+        t.start()
+    for t in [leader, *waiters]:
+        t.join(5)
+    assert len(got) == 10 and all(value == "passage" for value, _ in got)
+    assert len(calls) == 2

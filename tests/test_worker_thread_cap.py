@@ -5,6 +5,7 @@ never lock another pool out, and past the cap a hung provider falls back at once
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -138,3 +139,25 @@ async def test_past_the_thread_cap_a_hung_provider_falls_back_at_once_uncounted(
     assert "WorkersBusyError" in (results[-1].error or "")
     breaker = transforms[-1].breaker
     assert breaker is None or breaker.state == "closed"
+
+
+def test_a_long_line_for_slots_behind_a_full_pool_never_deepens_the_stack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 1,500 calls waiting for a slot behind a full pool: each freed slot goes to the
+    # next in a loop (no recursion), they all run in order, and every slot comes back
+    cap = workers.Cap(2)
+    monkeypatch.setitem(workers.CAPS, "llm", cap)
+    release = threading.Event()
+    hogs = workers.DaemonWorkers(max_busy=2, name="hog")
+    held = [hogs.submit(lambda: release.wait(30)) for _ in range(2)]
+    pool = workers.DaemonWorkers(max_busy=1, name="p")
+    jobs = [pool.submit(lambda i=i: i) for i in range(1500)]
+    assert cap.waiting() == 1500
+    release.set()
+    deadline = time.monotonic() + 60
+    for job in held + jobs:
+        assert job.done.wait(max(0.0, deadline - time.monotonic()))
+    assert [job.result() for job in jobs] == list(range(1500))
+    time.sleep(0.2)
+    assert not cap.holders and cap.waiting() == 0
