@@ -78,8 +78,8 @@ class SearchResult:
 
     ``failed_searches`` lists the sub-searches of a fan-out that raised (their error
     text); the nodes come from the others. ``failed_positions`` says which they were:
-    their places among the searches the transform planned (0: the first, the
-    question's own when it is searched).
+    their places, from 0, among the searches the transform planned (the question's
+    own comes first when the transform plans it).
     """
 
     nodes: list[NodeWithScore]
