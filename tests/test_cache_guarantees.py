@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ from llama_index_hyde_plus import (
     Rewrite,
     SQLiteCache,
     StepBack,
+    TransformRetriever,
 )
+from llama_index_hyde_plus.calls.reliability import NO_RETRY
 from llama_index_hyde_plus.search.vectors import DocVectors, Embedder
 from llama_index_hyde_plus.stores.row_keys import key_of
 from llama_index_hyde_plus.testing import ScriptedLLM, StaticRetriever
@@ -540,3 +543,102 @@ def test_doc_vectors_evict_beyond_their_byte_budget() -> None:
     assert store.calls == calls
     docs.get(_nodes(0, 1))
     assert store.calls == calls + 1
+
+
+class _KeepingMemoryCache(MemoryCache):
+    keeps_unusable_replies = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[str] = []
+
+    def set(self, key: str, value: Any) -> None:
+        self.keys.append(key)
+        super().set(key, value)
+
+
+class _KeepingSQLiteCache(SQLiteCache):
+    keeps_unusable_replies = True
+
+
+def _keeping_caches(tmp_path: Path) -> list[Any]:
+    return [_KeepingMemoryCache(), _KeepingSQLiteCache(tmp_path / "keeping.sqlite")]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("kind", [0, 1])
+def test_a_cache_that_keeps_unusable_replies_serves_the_same_fallback_again(
+    tmp_path: Path, kind: int, use_async: bool
+) -> None:
+    cache = _keeping_caches(tmp_path)[kind]
+    llm = ScriptedLLM(["Sure! Here are some queries:", "1. renewals slipped"])
+    base = StaticRetriever({"a": "x", "b": "y"}, results={Q: ["a"], "renewals slipped": ["b"]})
+    retriever = TransformRetriever(base, MultiQuery(llm, n=1, cache=cache))
+
+    def search() -> Any:
+        return asyncio.run(retriever.asearch(Q)) if use_async else retriever.search(Q)
+
+    first, second = search(), search()
+    assert first.transform.fallback and not first.transform.cached
+    assert second.transform.fallback and second.transform.cached
+    assert second.transform.error == first.transform.error
+    assert second.transform.usage.cached and second.transform.generation_usage is not None
+    assert [n.node.node_id for n in second.nodes] == [n.node.node_id for n in first.nodes] == ["a"]
+    assert len(llm.prompts) == 1  # the unusable reply was not asked for again
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_cache_that_keeps_unusable_replies_serves_a_partial_generation_as_it_was(
+    tmp_path: Path, use_async: bool
+) -> None:
+    cache = _KeepingSQLiteCache(tmp_path / "keeping.sqlite")
+    llm = ScriptedLLM(["A passage about renewals.", "   ", "Another passage."] * 2)
+    hyde = HyDE(llm, num_passages=3, cache=cache, breaker=None)
+
+    def transform() -> TransformResult:
+        return asyncio.run(hyde.atransform(Q)) if use_async else hyde.transform(Q)
+
+    first, second = transform(), transform()
+    assert not first.fallback and (first.error or "").startswith("UnusableReplyError")
+    assert second.cached and second.hypothetical == first.hypothetical
+    assert second.error == first.error and len(llm.prompts) == 3
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_cache_that_keeps_unusable_replies_never_keeps_a_failed_call(
+    tmp_path: Path, use_async: bool
+) -> None:
+    cache = _KeepingSQLiteCache(tmp_path / "keeping.sqlite")
+    llm = ScriptedLLM([ConnectionError("refused"), "1. renewals slipped"])
+    mq = MultiQuery(llm, n=1, cache=cache, retry=NO_RETRY, breaker=None)
+
+    def transform() -> TransformResult:
+        return asyncio.run(mq.atransform(Q)) if use_async else mq.transform(Q)
+
+    first, second = transform(), transform()
+    assert first.fallback and "ConnectionError" in (first.error or "")
+    assert not second.fallback and not second.cached and second.queries[-1] == "renewals slipped"
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_other_caches_ask_again_after_an_unusable_reply(tmp_path: Path, use_async: bool) -> None:
+    for cache in (MemoryCache(), SQLiteCache(tmp_path / f"plain-{use_async}.sqlite")):
+        llm = ScriptedLLM(["Sure! Here are some queries:", "1. renewals slipped"])
+        mq = MultiQuery(llm, n=1, cache=cache)
+        first, second = [
+            asyncio.run(mq.atransform(Q)) if use_async else mq.transform(Q) for _ in range(2)
+        ]
+        assert first.fallback and not second.fallback and len(llm.prompts) == 2
+
+
+def test_a_kept_unusable_reply_serves_only_its_own_question_and_method(tmp_path: Path) -> None:
+    cache = _KeepingMemoryCache()
+    llm = ScriptedLLM(respond=lambda p: "Sure! Here are some queries:")
+    MultiQuery(llm, n=1, cache=cache).transform(Q)
+    key = cache.keys[0]  # the one entry, stored again as another question's or method's
+    stored = cache.get(key)
+    others = [replace(stored, query="Another question?"), replace(stored, method="x")]
+    for asked, other in enumerate(others, start=2):
+        cache.set(key, other)
+        again = MultiQuery(llm, n=1, cache=cache).transform(Q)
+        assert not again.cached and len(llm.prompts) == asked

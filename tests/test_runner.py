@@ -180,3 +180,46 @@ def test_a_cached_index_that_cannot_be_read_is_built_again(
         again = run_eval(ds, ["none"], llm=None, cache_root=tmp_path, **kwargs)  # type: ignore[arg-type]
     assert not again.index_cached and "building it again" in caplog.text
     assert again.reports[0].scores == first.reports[0].scores
+
+
+def test_configurations_sharing_a_generation_are_scored_on_the_same_unusable_replies(
+    tmp_path: Path,
+) -> None:
+    # the model's first reply to each question cannot be read, its next ones can: every
+    # configuration that shares the generation, in this run and the next, falls back
+    ds = load_beir(TINY)
+    asked: dict[str, int] = {}
+
+    def respond(prompt: str) -> str:
+        question = next(q for q in ANSWERS if q in prompt)
+        asked[question] = asked.get(question, 0) + 1
+        return "Sure, here you are:" if asked[question] == 1 else f"1. {ANSWERS[question]}"
+
+    llm = ScriptedLLM(respond=respond, model_name="gpt-4o-mini")
+    configs = [
+        "multi-query:n=1",
+        "multi-query:n=1,original_weight=10",
+        "multi-query:n=1,original_weight=1",
+    ]
+    kwargs = dict(embed_model=DeterministicEmbedding(dim=256), embed_label="det-256",
+                  cache_root=tmp_path, top_k=5)  # fmt: skip
+    first = run_eval(ds, configs, llm=llm, **kwargs)  # type: ignore[arg-type]
+    assert [r.fallbacks for r in first.reports] == [3, 3, 3]
+    assert [r.cached for r in first.reports] == [0, 3, 3]
+    assert set(asked.values()) == {1}  # each question asked once in all
+    again = run_eval(ds, configs[:1], llm=llm, **kwargs)  # type: ignore[arg-type]
+    assert again.reports[0].fallbacks == 3 and again.reports[0].cached == 3
+    assert set(asked.values()) == {1}
+    fresh = run_eval(ds, configs[:1], llm=llm, **{**kwargs, "use_cache": False})  # type: ignore[arg-type]
+    assert fresh.reports[0].fallbacks == 0  # without the cache, asked again
+
+
+def test_a_generation_whose_call_failed_is_asked_again_in_the_next_configuration(
+    tmp_path: Path,
+) -> None:
+    ds = load_beir(TINY, limit=1)
+    llm = ScriptedLLM([RuntimeError("down"), "1. Enterprise renewals slipped."])
+    configs = ["multi-query:n=1", "multi-query:n=1,original_weight=10"]
+    result = run_eval(ds, configs, llm=llm, embed_model=DeterministicEmbedding(),
+                      embed_label="det", cache_root=tmp_path)  # fmt: skip
+    assert [r.fallbacks for r in result.reports] == [1, 0]

@@ -43,7 +43,9 @@ class TransformCache(Protocol):
     it says it only computes (`answers_in_process`). A cache whose class sets
     ``holds_objects = True`` (like `MemoryCache`) receives the immutable
     `TransformResult` itself, must return the very object, and must never block (it is
-    called on the event loop)."""
+    called on the event loop). A cache whose class sets ``keeps_unusable_replies =
+    True`` also keeps a generation whose replies could not be used
+    (`keeps_unusable_replies`)."""
 
     def get(self, key: str) -> Any:
         """The value stored under ``key``, or None for a miss.
@@ -68,6 +70,16 @@ def holds_objects(cache: TransformCache) -> bool:
     """Whether ``cache`` keeps `TransformResult` objects in process (see
     `TransformCache`): no encoding, and no worker thread for its calls."""
     return getattr(cache, "holds_objects", False) is True
+
+
+def keeps_unusable_replies(cache: TransformCache) -> bool:
+    """Whether ``cache`` also keeps a generation the model answered but the transform
+    could not use (an ``UnusableReplyError``: an empty or unparseable reply), serving it
+    again as the same fallback or partial result. An evaluation's cache does, so that
+    every configuration sharing a generation, in a run and in later runs, is scored on
+    the same replies; other caches do not, so a model asked again may answer better.
+    A timeout or a failed call is never kept."""
+    return getattr(cache, "keeps_unusable_replies", False) is True
 
 
 def answers_in_process(cache: TransformCache) -> bool:

@@ -124,6 +124,15 @@ async def _run_one(
     return run, records
 
 
+class EvalCache(SQLiteCache):
+    """The evaluation's transform cache: a `SQLiteCache` that also keeps generations
+    whose replies could not be used (`keeps_unusable_replies`), so every configuration
+    sharing a generation is scored on the same replies, in a run and when it is run
+    again. A generation that timed out or whose call failed is asked again."""
+
+    keeps_unusable_replies = True
+
+
 class SessionOptions(TypedDict, total=False):
     """The options of an `EvalSession`, which `run_eval` and `run_tune` pass on:
     ``embed_model``, ``embed_label`` (recorded with the index) and ``cache_root`` are
@@ -195,7 +204,7 @@ class EvalSession:
         self._options = o
         embed_model.get_query_embedding("warm up")  # load the model outside the timings
         self.embedder = Embedder(embed_model, max_entries=200_000, max_bytes=1 << 30)
-        self.cache = SQLiteCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
+        self.cache = EvalCache(root / "eval" / "transforms.sqlite") if o["use_cache"] else None
         self._retriever: Any = None
 
     def derived(self, ds: BeirDataset, vectors: Mapping[str, Sequence[float]]) -> EvalSession:

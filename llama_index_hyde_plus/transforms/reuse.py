@@ -7,7 +7,9 @@ identical generation already running (`SingleFlight`: the provider is asked once
 else generates and writes what it made. A cache outside the process is read and
 written on its own worker threads (`door`, ``kind="store"``) within
 `timeouts.CACHE_TIMEOUT_S`, skipped while it is down: a cache that fails or hangs is a
-miss, never an error. Only a complete success is reused (`shareable`).
+miss, never an error. Only a complete success is reused (`shareable`), and, by a
+cache that keeps them (an evaluation's), a generation whose replies could not be used
+(`unusable`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from ..caching.cache import TransformCache, answers_in_process, holds_objects
+from ..caching.cache import (
+    TransformCache,
+    answers_in_process,
+    holds_objects,
+    keeps_unusable_replies,
+)
 from ..calls import door, timeouts
 from ..calls.door import Deadline, DependencyDownError, ModelTimeoutError
 from ..calls.reliability import LLMNotCalledError, describe, failure
@@ -131,22 +138,31 @@ class Reuse:
             except ValueError as exc:
                 logger.warning("transform cache entry unusable (%s); calling the LLM", exc)
                 return None
-            if not serves(stored, query, self._owner.method):
-                return None  # another question's, empty, or partial (an older version's)
-            return self._owner._with_search_options(
-                stored,
-                usage=Usage(cached=True),
-                cached=True,
-                generation_usage=stored.generation_usage or stored.usage,
-                latency_s=time.perf_counter() - start,
-            )
+            method = self._owner.method
+            if not serves(stored, query, method):
+                if not (keeps_unusable_replies(cache) and replays(stored, query, method)):
+                    return None  # another question's, empty, or partial
+                if stored.fallback:  # searched as the question: no options to apply
+                    return revised(stored, **self._hit(stored, start))
+            return self._owner._with_search_options(stored, **self._hit(stored, start))
         except BaseException as exc:
             said = describe(failure(exc))
             logger.warning("transform cache read failed (%s); calling the LLM", said)
             return None
 
+    @staticmethod
+    def _hit(stored: TransformResult, start: float) -> dict[str, Any]:
+        """What a cache hit changes in the stored result: no usage of its own (the
+        generation's is kept), marked cached, with this call's latency."""
+        return {
+            "usage": Usage(cached=True),
+            "cached": True,
+            "generation_usage": stored.generation_usage or stored.usage,
+            "latency_s": time.perf_counter() - start,
+        }
+
     def _store(self, cache: TransformCache, key: str, result: TransformResult) -> None:
-        if not shareable(result):
+        if not (shareable(result) or (keeps_unusable_replies(cache) and unusable(result))):
             return  # never cache an outage, nor a generation some of whose calls failed
         try:
             # a hit's searches are rebuilt (`_with_search_options`): `to_dict` leaves them out
@@ -214,6 +230,20 @@ def serves(stored: TransformResult, query: str, method: str) -> bool:
         and shareable(stored)
         and bool(stored.hypothetical or any(q != query for q in stored.queries))
     )
+
+
+def unusable(result: TransformResult) -> bool:
+    """Whether ``result`` is a generation the model answered, some or all of it
+    unusable (its error an ``UnusableReplyError``: an empty or unparseable reply, not
+    a failed call): what a cache that `keeps_unusable_replies` also keeps."""
+    return (result.error or "").startswith("UnusableReplyError")
+
+
+def replays(stored: TransformResult, query: str, method: str) -> bool:
+    """Whether a cache that `keeps_unusable_replies` serves ``stored``, which `serves`
+    refused, to ``query``: an `unusable` generation of this question by this method,
+    served again as it was (a fallback, or the part that could be used)."""
+    return stored.query == query and stored.method == method and unusable(stored)
 
 
 def shareable(result: TransformResult) -> bool:
