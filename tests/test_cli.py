@@ -944,3 +944,28 @@ def test_the_results_table_shows_a_documents_markup_and_escapes_as_written() -> 
     assert "\\x1b[31mRED" in text and "\\x07" in text and "\\ud800" in text
     assert literal("a\x1bb[/]") == "a\\x1bb\\[/]"
     assert literal("line\nnext\tcell\rover") == "line\nnext\tcell\\x0dover"
+
+
+@pytest.mark.parametrize(
+    ("changes", "found", "title"),
+    [
+        ({}, 10, "Top 5 for 'q' (hyde)"),
+        ({}, 3, "Top 3 for 'q' (hyde)"),
+        (
+            {"fallback": True, "error": "x"},
+            5,
+            "Top 5 for 'q' (hyde, fell back: the question alone)",
+        ),
+        ({"skipped": "gate"}, 5, "Top 5 for 'q' (hyde, skipped: the question alone)"),
+    ],
+)
+def test_the_results_title_says_how_many_are_shown_and_when_the_question_searched_alone(
+    changes: dict[str, Any], found: int, title: str
+) -> None:
+    from llama_index_hyde_plus.cli.query import Shown, _title
+    from llama_index_hyde_plus.search.retriever import SearchResult
+    from llama_index_hyde_plus.transforms.base import TransformResult
+
+    result = TransformResult(query="q", method="hyde", queries=(), **changes)
+    shown = SearchResult(nodes=[], transform=result, latency_s=0.0)
+    assert _title(Shown("q", "hyde", 5), shown, found, False) == title

@@ -336,14 +336,26 @@ def _show(shown: Shown, result: SearchResult, group_by_file: bool, as_json: bool
         _print_json(result, rows, group_by_file)
         return
     print_transform(result)
-    what = " files" if group_by_file else ""
-    title = f"Top {shown.top_k}{what} for {shown.question!r} ({shown.transform})"
+    title = _title(shown, result, len(rows), group_by_file)
     fused = shown.scores is not None
     ui.console.print(_results_table(title, rows, group_by_file, ui.console.width, fused))
     if shown.scores is not None:
         ui.console.print(f"[dim]{shown.scores}[/]")
     cost = f"{usage_line(result.transform.usage)}; " if result.transform.usage.calls else ""
     ui.console.print(f"[dim]{cost}search took {result.latency_s:.2f}s[/]")
+
+
+def _title(shown: Shown, result: SearchResult, found: int, group_by_file: bool) -> str:
+    """``Top 5 for 'question' (hyde)``: as many as are shown (fewer than ``--top-k``
+    when the index holds fewer), and whether the transform searched with the question
+    alone (it fell back, or a guard skipped it)."""
+    what = " files" if group_by_file else ""
+    how = shown.transform
+    if result.transform.fallback:
+        how += ", fell back: the question alone"
+    elif result.transform.skipped:
+        how += ", skipped: the question alone"
+    return f"Top {min(shown.top_k, found)}{what} for {shown.question!r} ({how})"
 
 
 def transform_cmd(
