@@ -1,5 +1,6 @@
-"""Checks of numeric arguments, written once: a ``bool`` is never a number here
-(``True`` is an ``int`` to Python, but ``top_k=True`` is a mistake, not 1)."""
+"""Checks of arguments, written once and light enough for the command line's early
+checks: a question's text, and numbers (a ``bool`` is never a number here: ``True``
+is an ``int`` to Python, but ``top_k=True`` is a mistake, not 1)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,19 @@ def check_folder(path: Any, name: str) -> None:
     if not path.exists():
         raise ValueError(f"{name} does not exist: {path}")
     raise ValueError(f"{name} must be a folder, not a file: {path}")
+
+
+def validate_query(query: Any) -> str:
+    """``query`` if it is a non-empty string, else a `TypeError`/`ValueError`."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str, not {type(query).__name__}")
+    if not query.strip():
+        raise ValueError("query must be a non-empty string")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            "query must be valid Unicode text: it holds a lone surrogate (bytes that were "
+            "not UTF-8)"
+        ) from None
+    return query

@@ -254,14 +254,17 @@ def test_a_transform_name_is_read_as_the_registry_reads_it(spelling: str) -> Non
 
 
 def test_the_early_checks_give_the_library_s_messages(tmp_path: Path) -> None:
+    from llama_index_hyde_plus import Rocchio, TransformRetriever
     from llama_index_hyde_plus.evaluation.beir import load_beir
     from llama_index_hyde_plus.models import MissingExtraError, require_extra
     from llama_index_hyde_plus.readers import read_folder
     from llama_index_hyde_plus.stores import open_store
     from llama_index_hyde_plus.stores.faiss import read_meta
+    from llama_index_hyde_plus.testing import StaticRetriever
     from llama_index_hyde_plus.transforms.config import load_config
 
     missing, folder = tmp_path / "missing", tmp_path
+    retriever = StaticRetriever({"a": "text"})
     pairs: list[tuple[Callable[[], Any], Callable[[], Any]]] = [
         (lambda: early.store_address(None, None), lambda: open_store()),
         (lambda: early.store_address(folder, "x"), lambda: open_store(index=folder, uri="x")),
@@ -270,6 +273,11 @@ def test_the_early_checks_give_the_library_s_messages(tmp_path: Path) -> None:
         (lambda: early.config_file(missing), lambda: load_config(missing)),
         (lambda: early.config_file(folder), lambda: load_config(folder)),
         (lambda: early.dataset_folder(missing), lambda: load_beir(missing)),
+        (
+            lambda: early.question(" \n"),
+            lambda: TransformRetriever(retriever, Rocchio()).search(" "),
+        ),
+        (lambda: early.question("a\ud800"), lambda: Rocchio().transform("a\ud800")),
     ]
     for light, heavy in pairs:
         assert _outcome(light)[0] == "error"

@@ -12,7 +12,7 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._checks import check_folder
+from .._checks import check_folder, validate_query
 from .._model_spec import check_server_options, read_llm_spec
 from ._console import fail
 from ._options import LlmFlags
@@ -25,6 +25,14 @@ def refused() -> Iterator[None]:
         yield
     except ValueError as exc:
         raise fail(str(exc)) from None
+
+
+def question(text: str, top_k: int = 1) -> None:
+    """As the search (`validate_query`): a question with text, valid Unicode; and at
+    least one result to show (``--top-k``)."""
+    validate_query(text)
+    if top_k < 1:
+        raise ValueError(f"--top-k must be at least 1, not {top_k}")
 
 
 def store_address(index: Path | None, uri: str | None) -> None:

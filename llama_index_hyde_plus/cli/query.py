@@ -16,7 +16,6 @@ from . import _console as ui
 from . import _early as early
 from ._console import (
     check_choice,
-    fail,
     literal,
     print_transform,
     reported,
@@ -291,14 +290,13 @@ def query(
 ) -> None:
     """Search a FAISS --index or Milvus --uri with a transformed query; show what was made."""
     setup_logging(verbose)
-    if top_k < 1:
-        raise fail(f"--top-k must be at least 1, not {top_k}")
     if transform is not None:
         try:
             transform = transform_name(transform)  # "HyDE", "multiquery" forgiven
         except ValueError:
             check_choice("--transform", transform, TRANSFORMS)
     with early.refused():
+        early.question(question, top_k)
         early.llm_choice(llm, flags=(llm_flags := LlmFlags(llm, llm_model, llm_key)))
         early.store_address(index_path, uri)
         early.config_file(config_file)
@@ -379,6 +377,7 @@ def transform_cmd(
     check_choice("--method", method, METHODS)
     llm_flags = LlmFlags(llm, llm_model, llm_key)
     with early.refused():
+        early.question(question)
         early.llm_choice(llm, flags=llm_flags)
     from ..models import describe_llm
     from ..transforms.factory import build

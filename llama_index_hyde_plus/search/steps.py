@@ -32,6 +32,7 @@ from typing import Any
 
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from .._checks import validate_query
 from ..calls.door import Deadline
 from ..calls.reliability import describe
 from ..transforms.base import (
@@ -40,7 +41,6 @@ from ..transforms.base import (
     SearchSpec,
     TransformResult,
     revised,
-    validate_query,
 )
 from ..usage import Usage
 from . import expansion, plan

@@ -14,7 +14,7 @@ from llama_index.core.indices.query.query_transform.base import BaseQueryTransfo
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import QueryBundle
 
-from .._checks import check_int, check_number, is_number
+from .._checks import check_int, check_number, is_number, validate_query
 from ..calls import door
 from ..calls.reliability import describe, failure
 from ..events import QueryTransformEndEvent, QueryTransformStartEvent, dispatcher, listening
@@ -489,22 +489,6 @@ def _method_name(obj: QueryTransformer) -> str:
 
 MAX_N = 10
 """The most queries (``n``) or passages a transform writes per question."""
-
-
-def validate_query(query: Any) -> str:
-    """``query`` if it is a non-empty string, else a `TypeError`/`ValueError`."""
-    if not isinstance(query, str):
-        raise TypeError(f"query must be a str, not {type(query).__name__}")
-    if not query.strip():
-        raise ValueError("query must be a non-empty string")
-    try:
-        query.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(
-            "query must be valid Unicode text: it holds a lone surrogate (bytes that were "
-            "not UTF-8)"
-        ) from None
-    return query
 
 
 def _emit_start(transformer: QueryTransformer, query: str) -> bool:

@@ -13,12 +13,12 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.llms import LLM
 from llama_index.core.memory.types import BaseMemory
 
-from .._checks import check_int
+from .._checks import check_int, validate_query
 from ..calls import door
 from ..calls.door import Deadline, await_within
 from ..calls.reliability import describe
 from ._listing import QueryListTransform
-from .base import TransformResult, validate_query
+from .base import TransformResult
 from .options import LLMOptions
 from .parsing import MAX_QUERY_CHARACTERS
 from .prompts import CONDENSE_PROMPT

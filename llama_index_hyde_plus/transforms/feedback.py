@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .._checks import check_int
+from .._checks import check_int, validate_query
 from .base import (
     Guards,
     QueryTransformer,
     TransformResult,
     check_feedback_weight,
-    validate_query,
 )
 
 

@@ -24,6 +24,7 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.settings import Settings
 
+from .._checks import validate_query
 from ..caching.keys import NOT_GENERATION_OPTIONS as NOT_GENERATION_OPTIONS  # re-exported
 from ..caching.keys import (
     Unkeyable as Unkeyable,  # re-exported: what a key that cannot be built raises
@@ -39,7 +40,7 @@ from ..calls.reliability import (
 )
 from ..calls.timeouts import timeout_for, with_slot_wait
 from ..usage import Usage, sum_usage
-from .base import QueryTransformer, TransformResult, logger, revised, validate_query
+from .base import QueryTransformer, TransformResult, logger, revised
 from .options import LLMOptions, breaker_from, check_options, generation_options
 from .parsing import QueryCount, clean_reply
 from .reuse import Reuse
