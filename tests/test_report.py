@@ -285,6 +285,8 @@ def test_a_recommendation_never_calls_a_loss_or_an_unmeasured_row_the_best(
     said = recommendation(res)
     assert "the best" not in said and "no transform scores above plain search" in said
     assert "-0.3 [-19.0,+18.0] nDCG@10 points" in said
+    assert "the closest of the transforms, `hyde`, is -0.3" in said
+    assert "highest" not in said  # a transform below plain search scores highest of none
     hyde.delta_vs_none = 0.02  # a gain that could be chance says so
     assert "which could be chance (p = 0.970)" in recommendation(res)
 

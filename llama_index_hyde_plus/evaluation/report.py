@@ -231,7 +231,9 @@ def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
     if gaining:
         said = _use(max(gaining, key=lambda r: r.scores["nDCG@10"]))
     else:
-        said = _keep_plain(rows, "transform", "the highest-scoring")
+        said = _keep_plain(
+            rows, "transform", "the highest-scoring", "the closest of the transforms"
+        )
     unmeasured = [r for r in rows if not r.measured]
     if unmeasured and len(unmeasured) < len(rows):  # else `_keep_plain` named them all
         said += f" Not measured: {_fell_back(unmeasured)}."
@@ -250,10 +252,14 @@ def _use(report: TransformReport, how: str = "") -> str:
     )
 
 
-def _keep_plain(rows: list[TransformReport], what: str, role: str) -> str:
+def _keep_plain(
+    rows: list[TransformReport], what: str, role: str, behind: str | None = None
+) -> str:
     """Why plain search stays, for a person: no row was measured (each fell back on
     more than a tenth of its queries), or the ``role`` row (the highest-scoring
-    measured one, or the chosen one) gains nothing that could not be chance."""
+    measured one, or the chosen one) gains nothing that could not be chance. When that
+    row scores no higher than plain search it is named as ``behind`` says (``role``
+    when None): a row below plain search is the closest to it, not the highest."""
     keep = "Recommendation: keep plain search (`none`)"
     measured = [r for r in rows if r.measured]
     if not measured:
@@ -270,7 +276,7 @@ def _keep_plain(rows: list[TransformReport], what: str, role: str) -> str:
             f"{_interval(top)} nDCG@10 points, which could be chance (p = {p})."
         )
     return (
-        f"{keep}: no {what} scores above plain search here; {role}, `{top.label}`, is "
+        f"{keep}: no {what} scores above plain search here; {behind or role}, `{top.label}`, is "
         f"{_interval(top)} nDCG@10 points (p = {p})."
     )
 
