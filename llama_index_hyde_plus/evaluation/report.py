@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
+from ..transforms.parsing import UNPRINTABLE
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult
@@ -172,7 +174,7 @@ def rich_table(result: EvalResult) -> Table:
     from `none` in points with the 95% interval, wins/ties/losses and p ("not
     measured" instead when too many fell back), the share of queries whose ranking it
     changed (``chg``), how many a gate skipped and how many fell back to plain search
-    (``skip/fb``; a fallback is a timeout or a failure), and the median latency.
+    (``skip/fb``; a fallback is a timeout, an unusable reply or an error), and the median latency.
     ``results.md`` has every measure.
 
     Args:
@@ -333,6 +335,7 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     said = verdicts(result)
     if said:
         lines += [f"- {line}" for line in said] + [""]
+    lines += fallback_reasons(result)
     lines += [f"**{recommendation(result)}**", ""]
     note = result.config.get("questions")
     if isinstance(note, str):  # generated questions: what to know about them, in words
@@ -343,6 +346,57 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     lines.append(f"Config: {config}.")
     lines += ["", timing_line(result)]
     return "\n".join(lines) + "\n"
+
+
+REASONS_SHOWN = 3
+"""How many fallbacks' reasons ``results.md`` shows per transform (``results.json``
+keeps every one, in ``fallback_reasons``)."""
+
+MAX_REASON_CHARS = 300
+"""The most characters of one fallback's reason ``results.md`` shows."""
+
+
+def fallback_reasons(result: EvalResult) -> list[str]:
+    """``results.md``'s lines saying why queries fell back: for each transform, the
+    first `REASONS_SHOWN` of its fallbacks (query id and reason, on one line each), and
+    how many more ``results.json`` has; no lines when none fell back."""
+    lines = []
+    for report in result.reports:
+        reasons = sorted(report.fallback_reasons.items())
+        for qid, reason in reasons[:REASONS_SHOWN]:
+            lines.append(f"- {_md_text(report.label)}, query {_md_text(qid)}: {_md_text(reason)}")
+        if len(reasons) > REASONS_SHOWN:
+            more = len(reasons) - REASONS_SHOWN
+            lines.append(f"- {_md_text(report.label)}: {more} more in results.json")
+    if not lines:
+        return []
+    return [
+        "Why queries fell back (every reason is in results.json's `fallback_reasons`):",
+        "",
+        *lines,
+        "",
+    ]
+
+
+def _md_text(text: str) -> str:
+    """``text`` (a model's reply or error, a query id) as one line of Markdown that
+    shows it as written: cut at `MAX_REASON_CHARS`, line breaks and tabs as spaces,
+    other control characters and bidirectional marks spelled (``\\x1b``, ``\\u202e``),
+    Markdown's marks escaped."""
+    if len(text) > MAX_REASON_CHARS:
+        text = f"{text[:MAX_REASON_CHARS]}... ({len(text) - MAX_REASON_CHARS:,} more characters)"
+    text = re.sub(r"[\r\n\t\x0b\x0c\x85\u2028\u2029]+", " ", text)
+    text = _BIDI.sub(_spelled, UNPRINTABLE.sub(_spelled, text))
+    return re.sub(r"([\\`*_{}\[\]<>|~])", r"\\\1", text)
+
+
+_BIDI = re.compile(r"[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Marks that reorder the text after them on screen: spelled, as control characters."""
+
+
+def _spelled(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def timing_line(result: EvalResult) -> str:
