@@ -453,3 +453,36 @@ def test_results_md_shows_a_few_reasons_per_transform_and_counts_the_rest(
     hyde.fallbacks = hyde.unusable = 0
     hyde.fallback_reasons = {}
     assert "Why queries fell back" not in markdown(res)
+
+
+def test_the_chart_shows_no_difference_for_a_transform_not_measured(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from llama_index_hyde_plus.evaluation.report import chart, delta_label
+
+    res = _two_unmeasured(tmp_path)  # hyde +1.0 and multi-query +0.0, both not measured
+    res.reports[1].interval_vs_none = (-0.05, 0.07)
+    res.reports[2].interval_vs_none = (0.0, 0.0)
+    for report in res.reports[1:]:
+        label = delta_label(report)
+        assert label.startswith("not measured\nfell back on 4 of 7:")
+        assert "+" not in label and "95% CI" not in label
+    fig = chart(res)
+    try:
+        deltas = fig.axes[1]
+        assert [bar.get_height() for bar in deltas.patches] == [0.0, 0.0]
+        assert len(deltas.lines) == 1 and not deltas.collections  # the 0 line: no interval
+        texts = " ".join(t.get_text() for t in deltas.texts)
+        assert "not measured" in texts and "+0.0" not in texts and "+1.0" not in texts
+    finally:
+        plt.close(fig)
+    res.reports[2].fallbacks = res.reports[2].timeouts = 0  # measured: its bar and interval
+    res.reports[2].delta_vs_none, res.reports[2].interval_vs_none = 0.02, (-0.01, 0.05)
+    fig = chart(res)
+    try:
+        deltas = fig.axes[1]
+        assert [round(bar.get_height(), 6) for bar in deltas.patches] == [0.0, 2.0]
+        assert deltas.collections  # the measured row's interval
+        assert "+2.0\n95% CI -1.0 to +5.0" in " ".join(t.get_text() for t in deltas.texts)
+    finally:
+        plt.close(fig)

@@ -424,7 +424,11 @@ CHART_COLOURS = {
 
 def delta_label(report: TransformReport) -> str:
     """``+7.0 (-5.1 to +19.1)``, the verdict's first words, and how many queries fell
-    back, were skipped or had their ranking changed, for the Δ chart."""
+    back, were skipped or had their ranking changed, for the Δ chart; for a row not
+    measured (`_unmeasured`), "not measured" and its fallbacks alone: no difference."""
+    if _unmeasured(report):
+        count, _, why = report.fell_back.partition(": ")
+        return f"not measured\n{count}:\n{why}"
     delta = (report.delta_vs_none or 0.0) * 100
     low, high = report.interval_vs_none or (math.nan, math.nan)
     interval = "" if math.isnan(low) else f"\n95% CI {low * 100:+.1f} to {high * 100:+.1f}"
@@ -455,14 +459,27 @@ def _scores_panel(ax: Any, result: EvalResult) -> None:
 
 def _delta_panel(ax: Any, compared: list[TransformReport]) -> None:
     """Δ nDCG@10 vs `none` in points, with the 95% interval as error bars, coloured by
-    verdict; an interval that crosses 0 is "no clear difference"."""
+    verdict; an interval that crosses 0 is "no clear difference". A row not measured
+    (`_unmeasured`) has no bar nor interval: its label says so."""
     xs = list(range(len(compared)))
-    deltas = [(r.delta_vs_none or 0.0) * 100 for r in compared]
-    low = [d - (r.interval_vs_none or (0, 0))[0] * 100 for d, r in zip(deltas, compared)]
-    high = [(r.interval_vs_none or (0, 0))[1] * 100 - d for d, r in zip(deltas, compared)]
+    shown = [r.delta_vs_none is not None and not _unmeasured(r) for r in compared]
+    deltas = [(r.delta_vs_none or 0.0) * 100 if s else 0.0 for r, s in zip(compared, shown)]
+    spans = [(r.interval_vs_none or (0, 0)) if s else (0, 0) for r, s in zip(compared, shown)]
+    low = [d - span[0] * 100 for d, span in zip(deltas, spans)]
+    high = [span[1] * 100 - d for d, span in zip(deltas, spans)]
     errors = [[0.0 if math.isnan(v) else max(v, 0.0) for v in side] for side in (low, high)]
     colours = [CHART_COLOURS.get(r.verdict.split(":")[0], "#9e9e9e") for r in compared]
-    bars = ax.bar(xs, deltas, 0.55, color=colours, yerr=errors, capsize=6, ecolor="#333333")
+    bars = ax.bar(xs, deltas, 0.55, color=colours)
+    drawn = [i for i, s in enumerate(shown) if s]
+    if drawn:  # the intervals of the rows measured only: no cap drawn at 0 for the others
+        ax.errorbar(
+            [xs[i] for i in drawn],
+            [deltas[i] for i in drawn],
+            yerr=[[side[i] for i in drawn] for side in errors],
+            fmt="none",
+            capsize=6,
+            ecolor="#333333",
+        )
     for bar, report in zip(bars, compared):
         if report.verdict.startswith("no clear difference"):
             bar.set_hatch("//")
