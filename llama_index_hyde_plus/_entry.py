@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
+from ._extras import install_hint
 from ._keys import missing_openai_key
 
 #: The flags that name a model, as ``auto``, ``local`` or ``openai[:MODEL]``.
@@ -52,7 +53,7 @@ def missing_cli() -> str | None:
         return None
     return (
         f"the hyde-plus command needs the 'cli' extra ({', '.join(missing)} not installed): "
-        'pip install "llama-index-hyde-plus[cli]"'
+        f"{install_hint('cli')}"
     )
 
 

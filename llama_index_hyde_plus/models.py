@@ -15,6 +15,7 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
+from ._extras import install_hint
 from ._keys import require_openai_key
 from ._model_spec import LLM_MODEL_ENV, check_server_options, read_llm_spec
 from ._redact import redact_uri
@@ -37,7 +38,7 @@ def require_extra(extra: str, modules: Sequence[str], what: str) -> None:
         except ImportError as exc:
             raise MissingExtraError(
                 f"{what} needs the '{extra}' extra ({module} is not installed): "
-                f'pip install "llama-index-hyde-plus[{extra}]"'
+                f"{install_hint(extra)}"
             ) from exc
 
 

@@ -21,6 +21,7 @@ from llama_index.core import Document
 from llama_index.core.readers.base import BaseReader
 
 from ._checks import check_folder, is_int
+from ._extras import install_hint
 from ._files import json_lines, not_regular_reason, read_regular_bytes
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
@@ -128,8 +129,7 @@ class _Guarded(BaseReader):
         except ImportError as exc:
             self.fatal.append(
                 MissingExtraError(
-                    f"reading {rel} needs the 'docs' extra ({exc}): "
-                    'pip install "llama-index-hyde-plus[docs]"'
+                    f"reading {rel} needs the 'docs' extra ({exc}): {install_hint('docs')}"
                 )
             )
         except Exception as exc:  # a damaged or encrypted file: skip it, say why

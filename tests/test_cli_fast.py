@@ -289,6 +289,20 @@ def test_the_early_checks_give_the_library_s_messages(tmp_path: Path) -> None:
     assert str(early_raised.value) == str(raised.value)
 
 
+def test_a_missing_extra_says_how_to_add_it_installed_and_in_a_clone() -> None:
+    from llama_index_hyde_plus.models import MissingExtraError, require_extra
+
+    with pytest.raises(MissingExtraError) as raised:
+        require_extra("eval", ("no_such_module_here",), "hyde-plus eval")
+    said = str(raised.value)
+    assert said.startswith("hyde-plus eval needs the 'eval' extra")
+    assert 'pip install "llama-index-hyde-plus[eval]"' in said  # installed
+    assert "uv run --frozen --extra local --extra eval hyde-plus ..." in said  # the README's clone
+    with pytest.raises(ValueError) as local:
+        early.extra("local", ("no_such_module_here",), "--llm local")
+    assert "(uv run --frozen --extra local hyde-plus ...)" in str(local.value)  # named once
+
+
 def test_every_command_sets_up_logging_before_anything_else() -> None:
     """Each command, not the group (whose callback runs before a command's ``--help``),
     sets up logging: a library that logs on import must find our quiet handler in place."""

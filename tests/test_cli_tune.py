@@ -491,3 +491,14 @@ def test_eval_warns_of_optimistic_scores_only_with_a_config_tuned_on_the_same_se
     assert says(_docs_run(tmp_path, "eval", *scored), f"warning: {tuned} {warned}")
     other = ["--transforms", "none", "--config", str(tuned), "--out", str(tmp_path / "e3")]
     assert "are optimistic" not in _docs_run(tmp_path, "eval", *other, seed=1)  # another set
+
+
+def test_tune_help_describes_its_own_dataset_and_eval_help_the_conversational_one() -> None:
+    def flat(command: str) -> str:
+        shown = runner.invoke(app, [command, "--help"], env={"COLUMNS": "300"}).output
+        return " ".join(shown.replace("│", " ").split())
+
+    tune = flat("tune")
+    assert "--dataset <path> BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)." in tune
+    assert "for eval" not in tune and "conversational" not in tune  # tune refuses one
+    assert "or a conversational set (corpus.jsonl, turns/SPLIT.jsonl)" in flat("eval")

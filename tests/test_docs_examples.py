@@ -452,3 +452,83 @@ def test_the_install_section_says_which_extras_bring_the_command() -> None:
         includes = "llama-index-hyde-plus[cli]" in extras[extra]
         expected = "yes: includes `cli`" if includes else "yes" if extra == "cli" else "no"
         assert command == expected, (extra, command)
+
+
+# -- the shell commands the pages show ---------------------------------------------------
+
+
+def shown_commands(text: str) -> list[str]:
+    """Every ``hyde-plus ...`` command a page shows: each line of its non-Python code
+    blocks (a line ending in ``\\`` joined with the next) and each inline code span
+    that holds one, from the command's name on, up to a pipe, ``&&``, ``;`` or a comment
+    (``cd hyde-plus`` is a folder, not the command)."""
+    shown: list[str] = []
+    text = text.replace("\r\n", "\n")
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
+    for language, body in blocks:
+        if language != "python":
+            shown += re.sub(r"\\\n\s*", " ", body).splitlines()
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    shown += re.findall(r"`([^`\n]*hyde-plus [^`\n]*)`", prose)
+    commands = []
+    for line in shown:
+        line = re.split(r"(?:^|\s)#", line)[0]  # a shell comment
+        found = re.search(r"(?:^|[\s/])hyde-plus\s+(.*)", line)
+        if found and not re.search(r"\bcd\s+$", line[: found.start() + 1]):
+            commands.append(re.split(r"\s(?:\||&&|;)(?:\s|$)", found.group(1))[0].strip())
+    return [command for command in commands if command]
+
+
+def unknown_options(command: str) -> list[str]:
+    """The options ``command`` (``eval --docs d -t none``, what follows ``hyde-plus``)
+    gives that its command does not have (``["-t"]``); the command itself when there is
+    no such command. ``...`` (a placeholder) has none."""
+    import shlex
+
+    import typer.main
+
+    from llama_index_hyde_plus.cli import app
+
+    group: Any = typer.main.get_command(app)
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:  # an unclosed quote: no shell would run it either
+        return [f"({exc})"]
+    if not words or words[0] in ("...", "…") or words[0].startswith("-"):
+        return []
+    if words[0] not in group.commands:
+        return [words[0]]
+    found, rest = group.commands[words[0]], words[1:]
+    if hasattr(found, "commands") and rest and rest[0] in found.commands:
+        found, rest = found.commands[rest[0]], rest[1:]
+    known = {"--help"}
+    for param in found.params:
+        known.update([*param.opts, *param.secondary_opts])
+    given = [w.split("=", 1)[0] for w in rest if re.match(r"--?[A-Za-z]", w)]
+    return [option for option in given if option not in known]
+
+
+def test_every_command_the_pages_show_uses_only_that_commands_options() -> None:
+    pages = [DOCS.parent / "README.md", *PAGES]
+    checked, wrong = 0, []
+    for page in pages:
+        for command in shown_commands(page.read_text()):
+            checked += 1
+            wrong += [f"{page.name}: `hyde-plus {command}`: {o}" for o in unknown_options(command)]
+    assert checked >= 50, checked  # the pages show commands: the parser found them
+    assert not wrong, wrong
+
+
+def test_a_shown_command_with_an_option_its_command_lacks_is_caught() -> None:
+    page = (
+        "Score it:\n\n```bash\nhyde-plus eval --docs ./docs \\\n    -t none,hyde\n```\n\n"
+        "or `hyde-plus eval --docs d --transforms none,hyde:profile=small --nope 1`.\n"
+    )
+    found = [unknown_options(c) for c in shown_commands(page)]
+    assert found == [["-t"], ["--nope"]]
+    assert unknown_options("query 'q' --index my-index -t hyde") == []
+    assert unknown_options("models pull --help") == []
+    assert unknown_options("evaluate --docs d") == ["evaluate"]
+    assert unknown_options('query "why --index i') == ["(No closing quotation)"]
+    [crlf] = shown_commands("```bash\r\nhyde-plus eval \\\r\n  -t x\r\n```\r\n")
+    assert unknown_options(crlf) == ["-t"]

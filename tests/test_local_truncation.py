@@ -31,6 +31,29 @@ def test_the_local_embedder_warns_once_when_it_cuts_a_text(
     assert "splitter_for(embed_model)" in message  # the advice that fits this model
 
 
+def test_a_question_cut_at_the_limit_is_called_a_question_not_a_document(
+    real_embedding: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from llama_index_hyde_plus.local import local_embedding
+
+    embedder = local_embedding()  # a fresh instance: it has warned nobody yet
+    question = "Why did " + "the quarterly enterprise renewals slip " * 50 + "?"
+    with caplog.at_level(logging.WARNING, logger="llama_index_hyde_plus.local.embedding"):
+        embedder.get_query_embedding("Why did revenue drop?")
+        assert not caplog.records  # nothing was cut
+        embedder.get_query_embedding(question)
+        asyncio.run(embedder.aget_query_embedding(question))
+        (record,) = caplog.records  # once
+        message = record.getMessage()
+        assert "cut a question at its 256-token limit" in message
+        assert "Ask a shorter question" in message
+        assert "node_parser" not in message and "Split documents" not in message
+        embedder.get_text_embedding_batch(["word " * 600])  # a document: its own warning
+    assert len(caplog.records) == 2 and "splitter_for" in caplog.records[1].getMessage()
+
+
 DOCS = Path(__file__).parent.parent / "docs"
 
 

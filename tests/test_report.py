@@ -261,13 +261,23 @@ def test_a_transform_that_mostly_fell_back_is_not_measured_with_one_count_everyw
     assert hint is not None and f"hyde {said}" in hint
 
 
-def test_fallbacks_say_how_many_timed_out_and_how_many_failed(tmp_path: Path) -> None:
+def test_fallbacks_say_how_many_timed_out_had_unusable_replies_and_raised(
+    tmp_path: Path,
+) -> None:
     hyde = result(tmp_path).reports[1]
     hyde.queries, hyde.fallbacks, hyde.timeouts = 50, 5, 3
-    assert hyde.fell_back == "fell back on 5 of 50: 3 timeouts, 2 failures"
+    assert hyde.fell_back == "fell back on 5 of 50: 3 timeouts, 2 errors"
     assert hyde.measured  # a tenth: still its own score
     hyde.timeouts = 0
-    assert hyde.fell_back == "fell back on 5 of 50: failures"
+    assert hyde.fell_back == "fell back on 5 of 50: errors"
+    hyde.unusable = 5  # the model answered with nothing that could be parsed
+    assert hyde.fell_back == "fell back on 5 of 50: unusable replies"
+    hyde.unusable, hyde.timeouts = 1, 3
+    assert hyde.fell_back == "fell back on 5 of 50: 3 timeouts, 1 unusable reply, 1 error"
+    hyde.fallbacks, hyde.timeouts, hyde.unusable = 1, 0, 1
+    assert hyde.fell_back == "fell back on 1 of 50: an unusable reply"
+    hyde.unusable = 0
+    assert hyde.fell_back == "fell back on 1 of 50: an error"
     hyde.fallbacks = 6
     assert not hyde.measured and hyde.verdict.startswith("not measured")
 
@@ -285,6 +295,8 @@ def test_a_recommendation_never_calls_a_loss_or_an_unmeasured_row_the_best(
     said = recommendation(res)
     assert "the best" not in said and "no transform scores above plain search" in said
     assert "-0.3 [-19.0,+18.0] nDCG@10 points" in said
+    assert "the closest of the transforms, `hyde`, is -0.3" in said
+    assert "highest" not in said  # a transform below plain search scores highest of none
     hyde.delta_vs_none = 0.02  # a gain that could be chance says so
     assert "which could be chance (p = 0.970)" in recommendation(res)
 
@@ -319,7 +331,7 @@ def test_results_md_says_not_measured_where_the_terminal_does_and_never_bolds_it
     rows = {line.split(" | ")[0][2:]: line for line in md.splitlines() if line.startswith("| ")}
     hyde, multi = rows["hyde"], rows["multi-query"]
     assert "| not measured (fell back on 4 of 7: timeouts) | - | - |" in hyde
-    assert "| not measured (fell back on 4 of 7: 3 timeouts, 1 failure) | - | - |" in multi
+    assert "| not measured (fell back on 4 of 7: 3 timeouts, 1 error) | - | - |" in multi
     for row in (hyde, multi):  # not bold, even where it equals the best (`none`'s)
         assert "**" not in row and "1/6/0" not in row and "0.360" not in row
     assert "+1.0" not in hyde and "+0.0" not in multi
@@ -332,7 +344,7 @@ def test_results_md_says_not_measured_where_the_terminal_does_and_never_bolds_it
     assert any("\x1b[1;32m" in line for line in terminal if " none " in line)
     said = recommendation(res)
     assert "`hyde` fell back on 4 of 7: timeouts" in said
-    assert "`multi-query` fell back on 4 of 7: 3 timeouts, 1 failure " in said
+    assert "`multi-query` fell back on 4 of 7: 3 timeouts, 1 error " in said
     assert said in md
     for record in data["results"][1:]:  # the raw numbers, and the same verdict
         assert record["measured"] is False and record["fallbacks"] == 4
@@ -351,7 +363,7 @@ def test_a_recommendation_names_a_transform_not_measured_beside_a_measured_one(
     hyde.fallbacks = hyde.timeouts = 0  # measured: no gain that is not chance
     said = recommendation(res)
     assert "no transform gains significantly here; the highest-scoring, `hyde`" in said
-    assert said.endswith("Not measured: `multi-query` fell back on 4 of 7: 3 timeouts, 1 failure.")
+    assert said.endswith("Not measured: `multi-query` fell back on 4 of 7: 3 timeouts, 1 error.")
     hyde.p_value_vs_none = 0.01  # a significant gain: used, and the other still named
     said = recommendation(res)
     assert said.startswith("Recommendation: use `hyde`") and "Not measured: `multi-query`" in said
@@ -361,10 +373,10 @@ def test_a_recommendation_names_a_transform_not_measured_beside_a_measured_one(
     ("fallbacks", "timeouts", "why"),
     [
         (1, 1, "fell back on 1 of 7: a timeout"),
-        (1, 0, "fell back on 1 of 7: a failure"),
-        (2, 1, "fell back on 2 of 7: 1 timeout, 1 failure"),
-        (5, 4, "fell back on 5 of 7: 4 timeouts, 1 failure"),
-        (5, 1, "fell back on 5 of 7: 1 timeout, 4 failures"),
+        (1, 0, "fell back on 1 of 7: an error"),
+        (2, 1, "fell back on 2 of 7: 1 timeout, 1 error"),
+        (5, 4, "fell back on 5 of 7: 4 timeouts, 1 error"),
+        (5, 1, "fell back on 5 of 7: 1 timeout, 4 errors"),
         (3, 3, "fell back on 3 of 7: timeouts"),
     ],
 )
@@ -374,3 +386,103 @@ def test_a_fallback_reason_counts_in_words_that_agree_with_the_count(
     hyde = result(tmp_path).reports[1]
     hyde.queries, hyde.fallbacks, hyde.timeouts = 7, fallbacks, timeouts
     assert hyde.fell_back == why
+
+
+def _three_kinds_of_reply(prompt: str) -> str:
+    """multi-query's replies for the tiny set: an error for the revenue question, the
+    question repeated (nothing usable) for the vacation one, usable queries otherwise."""
+    if "revenue" in prompt:
+        raise RuntimeError("the server said [bold]no[/] | \x1b[31m" + "x" * 500)
+    if "vacation" in prompt:
+        return "1. How many vacation days do staff get?"
+    return "1. laptop encryption policy\n2. device security controls\n3. endpoint protection"
+
+
+def test_each_fallback_keeps_its_kind_and_reason_in_every_output(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.cli.eval import fallback_hints
+    from llama_index_hyde_plus.evaluation.report import recommendation
+
+    res = run_eval(
+        load_beir(TINY),
+        ["none", "multi-query"],
+        llm=ScriptedLLM(respond=_three_kinds_of_reply),
+        embed_model=DeterministicEmbedding(),
+        embed_label="det",
+        cache_root=tmp_path,
+        config={"concurrency": 1},
+    )
+    multi = res.reports[1]
+    assert (multi.fallbacks, multi.timeouts, multi.unusable, multi.errors) == (2, 0, 1, 1)
+    said = "fell back on 2 of 3: 1 unusable reply, 1 error"
+    assert multi.verdict == f"not measured: {said}"
+    assert said in recommendation(res)
+    reasons = multi.fallback_reasons
+    assert sorted(reasons) == ["q1", "q2"]
+    assert reasons["q1"].startswith("RuntimeError: the server said [bold]no[/]")
+    assert reasons["q2"].startswith("UnusableReplyError: no query could be parsed")
+    data = json.loads(write_outputs(res, tmp_path / "out")[0].read_text())
+    record = data["results"][1]
+    assert record["fallback_reasons"] == reasons
+    assert (record["fallback_unusable_replies"], record["fallback_errors"]) == (1, 1)
+    examples = {e["qid"]: e for e in record["examples"]}
+    assert examples["q1"]["fallback_reason"] == reasons["q1"]
+    assert examples["q3"]["fallback"] is False and examples["q3"]["fallback_reason"] is None
+    md = (tmp_path / "out" / "results.md").read_text()
+    [q1] = [line for line in md.splitlines() if "query q1:" in line]
+    assert "RuntimeError: the server said \\[bold\\]no\\[/\\] \\| \\\\x1b\\[31m" in q1
+    assert q1.endswith("more characters)") and "\x1b" not in md
+    [q2] = [line for line in md.splitlines() if "query q2:" in line]
+    assert "UnusableReplyError: no query could be parsed from the reply" in q2
+    unusable, errors = fallback_hints(res.reports)
+    assert unusable.startswith("multi-query: the model's replies held nothing usable")
+    assert "larger --llm" in unusable and "check that --llm answers" in errors
+    assert fallback_hints(res.reports[:1]) == []
+
+
+def test_results_md_shows_a_few_reasons_per_transform_and_counts_the_rest(
+    tmp_path: Path,
+) -> None:
+    res = result(tmp_path)
+    hyde = res.reports[1]
+    hyde.fallbacks = hyde.unusable = 5
+    hyde.fallback_reasons = {f"q{i}": f"UnusableReplyError: reply {i}" for i in range(5)}
+    hyde.fallback_reasons["q0"] = "RuntimeError: \u202edesrever\u202c\u2028\ud800"
+    md = markdown(res)
+    assert "RuntimeError: \\\\u202edesrever\\\\u202c \\\\ud800" in md
+    assert md.count("- hyde, query q") == 3 and "- hyde: 2 more in results.json" in md
+    hyde.fallbacks = hyde.unusable = 0
+    hyde.fallback_reasons = {}
+    assert "Why queries fell back" not in markdown(res)
+
+
+def test_the_chart_shows_no_difference_for_a_transform_not_measured(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from llama_index_hyde_plus.evaluation.report import chart, delta_label
+
+    res = _two_unmeasured(tmp_path)  # hyde +1.0 and multi-query +0.0, both not measured
+    res.reports[1].interval_vs_none = (-0.05, 0.07)
+    res.reports[2].interval_vs_none = (0.0, 0.0)
+    for report in res.reports[1:]:
+        label = delta_label(report)
+        assert label.startswith("not measured\nfell back on 4 of 7:")
+        assert "+" not in label and "95% CI" not in label
+    fig = chart(res)
+    try:
+        deltas = fig.axes[1]
+        assert [bar.get_height() for bar in deltas.patches] == [0.0, 0.0]
+        assert len(deltas.lines) == 1 and not deltas.collections  # the 0 line: no interval
+        texts = " ".join(t.get_text() for t in deltas.texts)
+        assert "not measured" in texts and "+0.0" not in texts and "+1.0" not in texts
+    finally:
+        plt.close(fig)
+    res.reports[2].fallbacks = res.reports[2].timeouts = 0  # measured: its bar and interval
+    res.reports[2].delta_vs_none, res.reports[2].interval_vs_none = 0.02, (-0.01, 0.05)
+    fig = chart(res)
+    try:
+        deltas = fig.axes[1]
+        assert [round(bar.get_height(), 6) for bar in deltas.patches] == [0.0, 2.0]
+        assert deltas.collections  # the measured row's interval
+        assert "+2.0\n95% CI -1.0 to +5.0" in " ".join(t.get_text() for t in deltas.texts)
+    finally:
+        plt.close(fig)

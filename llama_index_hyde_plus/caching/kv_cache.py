@@ -23,6 +23,7 @@ from typing import Any
 from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
 from llama_index.core.storage.kvstore.types import BaseKVStore
 
+from .._extras import install_hint
 from ..calls.outage import Outage
 from ..calls.reliability import describe, failure
 from ..calls.timeouts import CACHE_TIMEOUT_S
@@ -114,7 +115,7 @@ class KVStoreCache:
             from llama_index.storage.kvstore.redis import RedisKVStore
         except ImportError as exc:
             raise ImportError(
-                'a Redis cache needs the redis extra: pip install "llama-index-hyde-plus[redis]"'
+                f"a Redis cache needs the redis extra: {install_hint('redis')}"
             ) from exc
         store = RedisKVStore(
             redis_uri=uri, socket_timeout=timeout_s, socket_connect_timeout=timeout_s

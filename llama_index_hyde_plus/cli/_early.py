@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._checks import check_folder, validate_query
+from .._extras import install_hint
 from .._model_spec import check_server_options, read_llm_spec
 from ._console import fail
 from ._options import LlmFlags
@@ -74,7 +75,7 @@ def extra(extra: str, modules: tuple[str, ...], what: str) -> None:
         if importlib.util.find_spec(module) is None:
             raise ValueError(
                 f"{what} needs the '{extra}' extra ({module} is not installed): "
-                f'pip install "llama-index-hyde-plus[{extra}]"'
+                f"{install_hint(extra)}"
             )
 
 

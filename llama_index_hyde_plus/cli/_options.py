@@ -95,10 +95,16 @@ Dataset = Annotated[
 OptDataset = Annotated[
     Path | None,
     typer.Option(
-        help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv); for eval also "
-        "a conversational set (corpus.jsonl, turns/SPLIT.jsonl)."
+        help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv), or a "
+        "conversational set (corpus.jsonl, turns/SPLIT.jsonl)."
     ),
 ]
+"""eval's ``--dataset``: a BEIR folder or a conversational set."""
+TuneDataset = Annotated[
+    Path | None,
+    typer.Option(help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)."),
+]
+"""tune's ``--dataset``: a BEIR folder (a conversational set is refused)."""
 Limit = Annotated[int | None, typer.Option(help="Only the first N judged queries.")]
 HydePrompt = Annotated[
     str | None,

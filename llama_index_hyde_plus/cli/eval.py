@@ -131,10 +131,33 @@ def show_plan(models: Any, source: Any, llm_transforms: int, queries: int | None
 
 
 def show_timeout_hint(reports: list[Any], concurrency: int) -> None:
-    """Print `timeout_hint` when there is one."""
+    """Print `timeout_hint` and `fallback_hints`, what to do about each kind of
+    fallback that happened."""
     hint = timeout_hint(reports, concurrency)
-    if hint is not None:
-        ui.err.print(f"[yellow]{hint}[/]")
+    for line in ([hint] if hint is not None else []) + fallback_hints(reports):
+        ui.err.print(f"[yellow]{ui.literal(line)}[/]")
+
+
+def fallback_hints(reports: list[Any]) -> list[str]:
+    """What to do when queries fell back for another reason than time, one line per
+    kind (`TransformReport.unusable`, `TransformReport.errors`): replies that held
+    nothing usable call for a model that follows the prompt; errors, for a model that
+    answers. Empty when none did."""
+    hints = []
+    unusable = [r.label for r in reports if r.unusable]
+    if unusable:
+        hints.append(
+            f"{', '.join(unusable)}: the model's replies held nothing usable (the warnings "
+            "say what was left out of each): a model that follows the prompt better (a "
+            "larger --llm) helps; more time or fewer in flight does not"
+        )
+    failed = [r.label for r in reports if r.errors]
+    if failed:
+        hints.append(
+            f"{', '.join(failed)}: calls raised errors (the warnings say which): check "
+            "that --llm answers"
+        )
+    return hints
 
 
 def timeout_hint(reports: list[Any], concurrency: int) -> str | None:

@@ -83,7 +83,7 @@ WriteAnyway = Annotated[
 
 
 def tune(
-    dataset: opt.OptDataset = None,
+    dataset: opt.TuneDataset = None,
     docs: q.Docs = None,
     questions: q.Questions = 100,
     qrels: q.Qrels = None,

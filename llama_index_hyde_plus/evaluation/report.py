@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
+from ..transforms.parsing import UNPRINTABLE
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult
@@ -172,7 +174,7 @@ def rich_table(result: EvalResult) -> Table:
     from `none` in points with the 95% interval, wins/ties/losses and p ("not
     measured" instead when too many fell back), the share of queries whose ranking it
     changed (``chg``), how many a gate skipped and how many fell back to plain search
-    (``skip/fb``; a fallback is a timeout or a failure), and the median latency.
+    (``skip/fb``; a fallback is a timeout, an unusable reply or an error), and the median latency.
     ``results.md`` has every measure.
 
     Args:
@@ -231,7 +233,9 @@ def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
     if gaining:
         said = _use(max(gaining, key=lambda r: r.scores["nDCG@10"]))
     else:
-        said = _keep_plain(rows, "transform", "the highest-scoring")
+        said = _keep_plain(
+            rows, "transform", "the highest-scoring", "the closest of the transforms"
+        )
     unmeasured = [r for r in rows if not r.measured]
     if unmeasured and len(unmeasured) < len(rows):  # else `_keep_plain` named them all
         said += f" Not measured: {_fell_back(unmeasured)}."
@@ -250,10 +254,14 @@ def _use(report: TransformReport, how: str = "") -> str:
     )
 
 
-def _keep_plain(rows: list[TransformReport], what: str, role: str) -> str:
+def _keep_plain(
+    rows: list[TransformReport], what: str, role: str, behind: str | None = None
+) -> str:
     """Why plain search stays, for a person: no row was measured (each fell back on
     more than a tenth of its queries), or the ``role`` row (the highest-scoring
-    measured one, or the chosen one) gains nothing that could not be chance."""
+    measured one, or the chosen one) gains nothing that could not be chance. When that
+    row scores no higher than plain search it is named as ``behind`` says (``role``
+    when None): a row below plain search is the closest to it, not the highest."""
     keep = "Recommendation: keep plain search (`none`)"
     measured = [r for r in rows if r.measured]
     if not measured:
@@ -270,7 +278,7 @@ def _keep_plain(rows: list[TransformReport], what: str, role: str) -> str:
             f"{_interval(top)} nDCG@10 points, which could be chance (p = {p})."
         )
     return (
-        f"{keep}: no {what} scores above plain search here; {role}, `{top.label}`, is "
+        f"{keep}: no {what} scores above plain search here; {behind or role}, `{top.label}`, is "
         f"{_interval(top)} nDCG@10 points (p = {p})."
     )
 
@@ -327,6 +335,7 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     said = verdicts(result)
     if said:
         lines += [f"- {line}" for line in said] + [""]
+    lines += fallback_reasons(result)
     lines += [f"**{recommendation(result)}**", ""]
     note = result.config.get("questions")
     if isinstance(note, str):  # generated questions: what to know about them, in words
@@ -337,6 +346,57 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     lines.append(f"Config: {config}.")
     lines += ["", timing_line(result)]
     return "\n".join(lines) + "\n"
+
+
+REASONS_SHOWN = 3
+"""How many fallbacks' reasons ``results.md`` shows per transform (``results.json``
+keeps every one, in ``fallback_reasons``)."""
+
+MAX_REASON_CHARS = 300
+"""The most characters of one fallback's reason ``results.md`` shows."""
+
+
+def fallback_reasons(result: EvalResult) -> list[str]:
+    """``results.md``'s lines saying why queries fell back: for each transform, the
+    first `REASONS_SHOWN` of its fallbacks (query id and reason, on one line each), and
+    how many more ``results.json`` has; no lines when none fell back."""
+    lines = []
+    for report in result.reports:
+        reasons = sorted(report.fallback_reasons.items())
+        for qid, reason in reasons[:REASONS_SHOWN]:
+            lines.append(f"- {_md_text(report.label)}, query {_md_text(qid)}: {_md_text(reason)}")
+        if len(reasons) > REASONS_SHOWN:
+            more = len(reasons) - REASONS_SHOWN
+            lines.append(f"- {_md_text(report.label)}: {more} more in results.json")
+    if not lines:
+        return []
+    return [
+        "Why queries fell back (every reason is in results.json's `fallback_reasons`):",
+        "",
+        *lines,
+        "",
+    ]
+
+
+def _md_text(text: str) -> str:
+    """``text`` (a model's reply or error, a query id) as one line of Markdown that
+    shows it as written: cut at `MAX_REASON_CHARS`, line breaks and tabs as spaces,
+    other control characters and bidirectional marks spelled (``\\x1b``, ``\\u202e``),
+    Markdown's marks escaped."""
+    if len(text) > MAX_REASON_CHARS:
+        text = f"{text[:MAX_REASON_CHARS]}... ({len(text) - MAX_REASON_CHARS:,} more characters)"
+    text = re.sub(r"[\r\n\t\x0b\x0c\x85\u2028\u2029]+", " ", text)
+    text = _BIDI.sub(_spelled, UNPRINTABLE.sub(_spelled, text))
+    return re.sub(r"([\\`*_{}\[\]<>|~])", r"\\\1", text)
+
+
+_BIDI = re.compile(r"[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Marks that reorder the text after them on screen: spelled, as control characters."""
+
+
+def _spelled(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def timing_line(result: EvalResult) -> str:
@@ -364,7 +424,11 @@ CHART_COLOURS = {
 
 def delta_label(report: TransformReport) -> str:
     """``+7.0 (-5.1 to +19.1)``, the verdict's first words, and how many queries fell
-    back, were skipped or had their ranking changed, for the Δ chart."""
+    back, were skipped or had their ranking changed, for the Δ chart; for a row not
+    measured (`_unmeasured`), "not measured" and its fallbacks alone: no difference."""
+    if _unmeasured(report):
+        count, _, why = report.fell_back.partition(": ")
+        return f"not measured\n{count}:\n{why}"
     delta = (report.delta_vs_none or 0.0) * 100
     low, high = report.interval_vs_none or (math.nan, math.nan)
     interval = "" if math.isnan(low) else f"\n95% CI {low * 100:+.1f} to {high * 100:+.1f}"
@@ -395,14 +459,27 @@ def _scores_panel(ax: Any, result: EvalResult) -> None:
 
 def _delta_panel(ax: Any, compared: list[TransformReport]) -> None:
     """Δ nDCG@10 vs `none` in points, with the 95% interval as error bars, coloured by
-    verdict; an interval that crosses 0 is "no clear difference"."""
+    verdict; an interval that crosses 0 is "no clear difference". A row not measured
+    (`_unmeasured`) has no bar nor interval: its label says so."""
     xs = list(range(len(compared)))
-    deltas = [(r.delta_vs_none or 0.0) * 100 for r in compared]
-    low = [d - (r.interval_vs_none or (0, 0))[0] * 100 for d, r in zip(deltas, compared)]
-    high = [(r.interval_vs_none or (0, 0))[1] * 100 - d for d, r in zip(deltas, compared)]
+    shown = [r.delta_vs_none is not None and not _unmeasured(r) for r in compared]
+    deltas = [(r.delta_vs_none or 0.0) * 100 if s else 0.0 for r, s in zip(compared, shown)]
+    spans = [(r.interval_vs_none or (0, 0)) if s else (0, 0) for r, s in zip(compared, shown)]
+    low = [d - span[0] * 100 for d, span in zip(deltas, spans)]
+    high = [span[1] * 100 - d for d, span in zip(deltas, spans)]
     errors = [[0.0 if math.isnan(v) else max(v, 0.0) for v in side] for side in (low, high)]
     colours = [CHART_COLOURS.get(r.verdict.split(":")[0], "#9e9e9e") for r in compared]
-    bars = ax.bar(xs, deltas, 0.55, color=colours, yerr=errors, capsize=6, ecolor="#333333")
+    bars = ax.bar(xs, deltas, 0.55, color=colours)
+    drawn = [i for i, s in enumerate(shown) if s]
+    if drawn:  # the intervals of the rows measured only: no cap drawn at 0 for the others
+        ax.errorbar(
+            [xs[i] for i in drawn],
+            [deltas[i] for i in drawn],
+            yerr=[[side[i] for i in drawn] for side in errors],
+            fmt="none",
+            capsize=6,
+            ecolor="#333333",
+        )
     for bar, report in zip(bars, compared):
         if report.verdict.startswith("no clear difference"):
             bar.set_hatch("//")

@@ -38,7 +38,13 @@ class TransformReport:
     """Queries whose expansion a gate skipped."""
     timeouts: int = 0
     """Of the ``fallbacks``, those whose generation ran out of time (the LLM's, waiting
-    for a worker, or for a slot of the local model); the others failed."""
+    for a worker, or for a slot of the local model)."""
+    unusable: int = 0
+    """Of the ``fallbacks``, those whose model answered with nothing that could be used
+    (an ``UnusableReplyError``: no query parsed from the reply, an empty passage). The
+    rest (``fallbacks`` minus these and ``timeouts``) are errors: a call that raised."""
+    fallback_reasons: dict[str, str] = field(default_factory=dict)
+    """Each query that fell back, by id: why (its transform's ``error``)."""
     interval_vs_none: tuple[float, float] | None = None
     """95% interval of the mean per-query nDCG@10 difference with `none` (paired t)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -57,18 +63,25 @@ class TransformReport:
         return self.fallbacks <= MAX_FALLBACK_SHARE * max(self.queries, 1)
 
     @property
+    def errors(self) -> int:
+        """Of the ``fallbacks``, those neither timed out nor unusable: a call raised."""
+        return max(self.fallbacks - self.timeouts - self.unusable, 0)
+
+    @property
     def fell_back(self) -> str:
-        """``"fell back on 11 of 15: timeouts"``: the fallback count and why (timeouts,
-        failures, or both counted: ``3 timeouts, 1 failure``; ``a timeout`` for one),
+        """``"fell back on 11 of 15: timeouts"``: the fallback count and why, by kind
+        (`FALLBACK_KINDS`: timeouts, unusable replies, errors), each kind counted when
+        there are several (``3 timeouts, 1 unusable reply``; ``a timeout`` for one),
         the one wording every output uses; empty when none fell back."""
         if not self.fallbacks:
             return ""
-        failures = self.fallbacks - self.timeouts
-        if failures and self.timeouts:
-            why = f"{counted(self.timeouts, 'timeout')}, {counted(failures, 'failure')}"
+        counts = [self.timeouts, self.unusable, self.errors]
+        kinds = [(n, kind) for n, kind in zip(counts, FALLBACK_KINDS) if n]
+        if len(kinds) > 1:
+            why = ", ".join(counted(n, one, many) for n, (one, many, _) in kinds)
         else:
-            kind = "timeout" if self.timeouts else "failure"
-            why = f"a {kind}" if self.fallbacks == 1 else f"{kind}s"
+            [(n, (one, many, article))] = kinds
+            why = f"{article} {one}" if n == 1 else many
         return f"fell back on {self.fallbacks} of {self.queries}: {why}"
 
     @property
@@ -121,6 +134,9 @@ class TransformReport:
             "cost_source": self.usage.cost_source,
             "fallbacks": self.fallbacks,
             "fallback_timeouts": self.timeouts,
+            "fallback_unusable_replies": self.unusable,
+            "fallback_errors": self.errors,
+            "fallback_reasons": dict(sorted(self.fallback_reasons.items())),
             "measured": self.measured,
             "cached_transforms": self.cached,
             "queries": self.queries,
@@ -145,6 +161,14 @@ class TransformReport:
             "examples": self.examples,
         }
 
+
+FALLBACK_KINDS = (
+    ("timeout", "timeouts", "a"),
+    ("unusable reply", "unusable replies", "an"),
+    ("error", "errors", "an"),
+)
+"""Why a query fell back, as `TransformReport.fell_back` words it: its generation ran
+out of time, the model's reply held nothing usable, or a call raised."""
 
 MAX_FALLBACK_SHARE = 0.1
 """The share of a transform's queries that may fall back to plain search before its

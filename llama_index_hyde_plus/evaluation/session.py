@@ -61,6 +61,8 @@ class _QueryRecord:
     skipped: bool
     usage: Usage
     timed_out: bool
+    unusable: bool
+    error: str | None
     queries: list[str]
     hypothetical: list[str]
 
@@ -73,6 +75,12 @@ thread, or waiting for a slot of the local model ("model busy")."""
 def ran_out_of_time(result: TransformResult) -> bool:
     """Whether ``result`` fell back because its generation ran out of time."""
     return result.fallback and (result.error or "").startswith(OUT_OF_TIME)
+
+
+def was_unusable(result: TransformResult) -> bool:
+    """Whether ``result`` fell back because the model's reply held nothing usable (an
+    ``UnusableReplyError``: no query could be parsed from it, an empty passage)."""
+    return result.fallback and (result.error or "").startswith("UnusableReplyError")
 
 
 async def _run_one(
@@ -110,6 +118,8 @@ async def _run_one(
                 skipped=bool(t.skipped),
                 usage=t.generation_usage or t.usage,
                 timed_out=timed_out,
+                unusable=was_unusable(t),
+                error=(t.error or "unknown error") if t.fallback else None,
                 queries=list(t.search_queries),
                 hypothetical=list(t.hypothetical),
             )
@@ -250,6 +260,7 @@ class EvalSession:
                 "queries": r.queries,
                 "hypothetical": r.hypothetical,
                 "fallback": r.fallback,
+                "fallback_reason": r.error,
             }
             for r in sorted(records, key=lambda r: str(r.qid))[:3]
         ]
@@ -267,6 +278,8 @@ class EvalSession:
             examples=examples,
             skipped=sum(1 for r in records if r.skipped),
             timeouts=sum(1 for r in records if r.timed_out),
+            unusable=sum(1 for r in records if r.unusable),
+            fallback_reasons={r.qid: r.error for r in records if r.error is not None},
             options=dict(options or {}),
             rankings={qid: tuple(docs) for qid, docs in run.items()},
         )

@@ -157,6 +157,7 @@ class LocalEmbedding(BaseEmbedding):
     _model: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _warned_cut: bool = PrivateAttr(default=False)
+    _warned_query_cut: bool = PrivateAttr(default=False)
 
     def __init__(self, **kwargs: Any) -> None:
         # LlamaIndex hands `_get_text_embeddings` chunks of `embed_batch_size` texts: give
@@ -185,10 +186,11 @@ class LocalEmbedding(BaseEmbedding):
                     )
         return self._model
 
-    def _embed(self, texts: list[str]) -> list[list[float]]:
+    def _embed(self, texts: list[str], query: bool = False) -> list[list[float]]:
+        """``texts``' vectors; ``query``: ``texts`` is one question (`_warn_if_cut`)."""
         model = self._get_model()
-        if not self._warned_cut:
-            self._warn_if_cut(model, texts)
+        if not (self._warned_query_cut if query else self._warned_cut):
+            self._warn_if_cut(model, texts, query)
         out: list[list[float]] = [[] for _ in texts]
         for batch in length_batches(
             texts, self.batch_size, self.max_batch_chars, sort=self.sort_by_length
@@ -211,11 +213,12 @@ class LocalEmbedding(BaseEmbedding):
         end = max((stop for _, stop in encoding.offsets), default=len(text))
         return text[:end]
 
-    def _warn_if_cut(self, model: Any, texts: list[str]) -> None:
+    def _warn_if_cut(self, model: Any, texts: list[str], query: bool = False) -> None:
         """Warn once when texts are longer than the model's token limit: their ends are
         silently dropped (LlamaIndex's default 1,024-token chunks meet a 256-token
         model). Only texts longer in characters than the limit can be, so short ones
-        cost nothing; the tokenizer says which overflow."""
+        cost nothing; the tokenizer says which overflow. A question (``query``) gets
+        its own warning, once: its end is not searched, and no splitter helps."""
         tokenizer, limit = _window(model)
         if tokenizer is None or not limit:
             return
@@ -224,6 +227,16 @@ class LocalEmbedding(BaseEmbedding):
             return
         cut = sum(1 for enc in tokenizer.encode_batch(long) if enc.overflowing)
         if not cut:
+            return
+        if query:
+            self._warned_query_cut = True
+            logger.warning(
+                "%s cut a question at its %d-token limit: the rest of the question is "
+                "not searched. Ask a shorter question, or put what it asks first; "
+                "warned once",
+                self.model_name,
+                limit,
+            )
             return
         self._warned_cut = True
         logger.warning(
@@ -239,7 +252,7 @@ class LocalEmbedding(BaseEmbedding):
         )
 
     def _get_query_embedding(self, query: str) -> list[float]:
-        return self._embed([query])[0]
+        return self._embed([query], query=True)[0]
 
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._embed([text])[0]
@@ -248,7 +261,7 @@ class LocalEmbedding(BaseEmbedding):
         return self._embed(texts)
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return (await asyncio.to_thread(self._embed, [query]))[0]
+        return (await asyncio.to_thread(self._embed, [query], True))[0]
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
         return (await asyncio.to_thread(self._embed, [text]))[0]
