@@ -485,3 +485,46 @@ def test_a_configuration_that_mostly_fell_back_is_not_measured_and_never_chosen(
     result.reports, result.best, result.winner = [fell], fell_alone, fell_alone
     assert tune_choice(result).startswith("No configuration was measured")
     assert not fell_alone.gains()
+    console = Console(width=80, record=True)
+    console.print(tune_table(result))
+    assert "chosen" not in console.export_text()  # none is: the table agrees
+
+
+def test_tune_and_eval_print_a_label_as_written_never_as_markup_or_control_codes() -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.cli._console import literal
+    from llama_index_hyde_plus.evaluation.metrics import MEASURES
+    from llama_index_hyde_plus.evaluation.report import (
+        recommendation,
+        rich_table,
+        tune_choice,
+        tune_table,
+        verdicts,
+    )
+    from llama_index_hyde_plus.evaluation.results import EvalResult
+
+    base = report("none", 0.40, per_query={f"q{i}": 0.4 for i in range(7)})
+    odd = report(
+        "[bold red]x[/]\x1b]0;t\x07", 0.43, {}, per_query={f"q{i}": 0.43 for i in range(7)}
+    )
+    for r, score in ((base, 0.40), (odd, 0.43)):
+        r.scores = dict.fromkeys(MEASURES, score)
+    odd.compare_with(base)
+    tuned = TuneResult(
+        transform="hyde", dataset="[blink]d", split="train", queries=7, baseline=base,
+        reports=[odd], best=odd, winner=odd, tolerance=DEFAULT_TOLERANCE,
+    )  # fmt: skip
+    run = EvalResult(
+        dataset="[blink]d", queries=7, documents=3, config={}, reports=[base, odd],
+        index_seconds=0.0, index_cached=True,
+    )  # fmt: skip
+    console = Console(width=80, record=True, force_terminal=True)
+    console.print(tune_table(tuned))
+    console.print(rich_table(run))
+    for line in [tune_choice(tuned), *verdicts(run), recommendation(run)]:
+        console.print(literal(line))
+    text = console.export_text(styles=False)
+    assert "\x1b" not in text and "\x07" not in text
+    assert text.count("[bold red]x[/]") >= 3 and "[blink]d" in text  # choice, verdict, advice
+    assert "[boldred]x[/]" in "".join(text.split())  # the tables', folded

@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from .._shown import literal as literal
 from .._suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -202,23 +202,6 @@ def task(progress: Progress, description: str, total: int, unit: str) -> Advance
         progress.update(task_id, advance=n, rate=f"{rate:.1f} {unit}{said}")
 
     return advance
-
-
-def _spelled(found: re.Match[str]) -> str:
-    code = ord(found.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def literal(text: str) -> str:
-    """``text`` (a document's, a model's or the user's) to print as it is: Rich markup
-    escaped; control characters other than line breaks and tabs, and lone surrogates,
-    spelled as escapes (``\\x1b``): no text styles, moves or retitles the terminal,
-    or stops the print."""
-    from rich.markup import escape
-
-    from ..transforms.parsing import UNPRINTABLE
-
-    return escape(UNPRINTABLE.sub(_spelled, text))
 
 
 def usage_line(usage: Usage) -> str:

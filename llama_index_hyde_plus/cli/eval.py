@@ -334,7 +334,7 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
         ui.err.print(f"[bold yellow]Not a real model.[/] {result.config['stand_in']}.")
     ui.console.print(rich_table(result))
     for line in verdicts(result):
-        ui.console.print(f"  {line}")
+        ui.console.print(f"  {ui.literal(line)}")
     if note is not None:
         ui.err.print(f"[yellow]About these questions:[/] {escape(note)}")
     with reported():
@@ -350,4 +350,4 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
 
         ui.err.print(f"{HUMAN_REWRITE}: a person's standalone rewrite, the ceiling to aim at")
         result = replace(result, reports=[r for r in result.reports if r.label != HUMAN_REWRITE])
-    ui.console.print(f"[bold]{recommendation(result)}[/]")
+    ui.console.print(f"[bold]{ui.literal(recommendation(result))}[/]")

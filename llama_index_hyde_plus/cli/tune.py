@@ -264,11 +264,11 @@ def _show(result: Any, paths: tuple[Path | None, Path], report: Path | None) -> 
         where = f"all in {report}" if report is not None else "--report FILE writes them all"
         said = f"{TABLE_ROWS} of {len(result.reports)} shown; {where}"
         ui.console.print(said, markup=False, soft_wrap=True)  # a path is never folded
-    ui.console.print(tune_choice(result), markup=False)
+    ui.console.print(ui.literal(tune_choice(result)))
     if report is not None:
         with reported():
             report = check_writable(report, "--report", "a tune report", is_tune_report)
         write_output(report, tune_markdown(result, command_line("tune"), config=path))
     if path is not None:
         ui.console.print(f"[dim]Wrote {path}[/]")
-    ui.console.print(f"[bold]{tune_recommendation(result, path)}[/]")
+    ui.console.print(f"[bold]{ui.literal(tune_recommendation(result, path))}[/]")

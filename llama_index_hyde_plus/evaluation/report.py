@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
+from .._shown import literal, spelled
 from ..transforms.parsing import UNPRINTABLE
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
@@ -181,10 +182,11 @@ def rich_table(result: EvalResult) -> Table:
         result: the run.
     """
     title = f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}"
-    table = _narrow_table(title, TERMINAL_HEADERS)
+    table = _narrow_table(literal(title), TERMINAL_HEADERS)
     best = _best(result)["nDCG@10"]
     for report in result.reports:
-        table.add_row(*_terminal_row(report, best))
+        label, *row = _terminal_row(report, best)
+        table.add_row(literal(label), *row)
     return table
 
 
@@ -386,17 +388,12 @@ def _md_text(text: str) -> str:
     if len(text) > MAX_REASON_CHARS:
         text = f"{text[:MAX_REASON_CHARS]}... ({len(text) - MAX_REASON_CHARS:,} more characters)"
     text = re.sub(r"[\r\n\t\x0b\x0c\x85\u2028\u2029]+", " ", text)
-    text = _BIDI.sub(_spelled, UNPRINTABLE.sub(_spelled, text))
+    text = _BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text))
     return re.sub(r"([\\`*_{}\[\]<>|~])", r"\\\1", text)
 
 
 _BIDI = re.compile(r"[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Marks that reorder the text after them on screen: spelled, as control characters."""
-
-
-def _spelled(found: re.Match[str]) -> str:
-    code = ord(found.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def timing_line(result: EvalResult) -> str:
@@ -568,7 +565,8 @@ def tune_rows(result: TuneResult, top: int | None = None) -> list[list[str]]:
     shown = ranked if top is None else ranked[:top]
     rows = []
     for report in [*shown, *(r for r in (result.winner,) if r not in shown)]:
-        mark = "chosen" if report is result.winner else ("best" if report is result.best else "")
+        chosen = report is result.winner and report.measured  # else none is chosen
+        mark = "chosen" if chosen else ("best" if report is result.best else "")
         rows.append([*_terminal_row(report, math.nan)[:-1], mark])
     base = result.baseline
     rows.append([*_terminal_row(base, math.nan)[:-1], "baseline"])
@@ -632,11 +630,11 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
     labels, legend = short_labels([row[0] for row in rows], result.transform)
     if legend:
         title += f"\n{legend}"
-    table = _narrow_table(title, TUNE_HEADERS[:-1])
+    table = _narrow_table(literal(title), TUNE_HEADERS[:-1])
     table.add_column(TUNE_HEADERS[-1], no_wrap=True)
     for row, label in zip(rows, labels):
         style = "bold green" if row[-1] == "chosen" else None
-        table.add_row(label, *row[1:], style=style)
+        table.add_row(literal(label), *row[1:], style=style)
     return table
 
 

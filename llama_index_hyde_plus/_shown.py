@@ -1,0 +1,25 @@
+"""Text a person sees as it is written: a user's, a document's or a model's text,
+printed to a terminal (`literal`) with nothing in it read as markup or sent to the
+terminal as a control sequence."""
+
+from __future__ import annotations
+
+import re
+
+
+def spelled(found: re.Match[str]) -> str:
+    """A matched character spelled as its escape: ``\\x1b``, ``\\u202e``."""
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def literal(text: str) -> str:
+    """``text`` (a document's, a model's or the user's) to print as it is: Rich markup
+    escaped; control characters other than line breaks and tabs, and lone surrogates,
+    spelled as escapes (``\\x1b``): no text styles, moves or retitles the terminal,
+    or stops the print."""
+    from rich.markup import escape
+
+    from .transforms.parsing import UNPRINTABLE  # here: the command's start stays light
+
+    return escape(UNPRINTABLE.sub(spelled, text))
