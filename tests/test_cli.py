@@ -839,7 +839,7 @@ def test_query_shows_a_multi_query_reply_with_nothing_new_as_a_fallback_saying_w
     shown = " ".join(table.stdout.split())
     assert (
         "multi-query fell back to the original query: UnusableReplyError: no query could "
-        "be parsed from the reply (left out: 2 repeating the question)"
+        "be parsed from the reply (left out of the reply: 2 repeating the question)"
     ) in shown
     assert "generated queries" not in shown and f"• {question}" not in shown
     listed = runner.invoke(app, [*argv, "--json"])

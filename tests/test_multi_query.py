@@ -53,7 +53,7 @@ def test_a_reply_that_only_repeats_the_question_falls_back_and_says_why() -> Non
     assert result.queries == ()  # the question is never listed as a generated query
     assert result.error == (
         "UnusableReplyError: no query could be parsed from the reply "
-        "(left out: 3 repeating the question)"
+        "(left out of the reply: 3 repeating the question)"
     )
     assert result.parsed == QueryCount(asked=3, kept=0, dropped=(("duplicate_of_question", 3),))
 
@@ -76,7 +76,7 @@ def test_a_short_reply_says_how_many_queries_were_kept_and_why_the_rest_were_lef
         "trimmed": 0,
     }
     said = (
-        "kept 1 of the 3 queries asked for; left out: 1 repeating the question, "
+        "kept 1 of the 3 queries asked for; left out of the reply: 1 repeating the question, "
         "1 repeating another query, 2 holding no query"
     )
     assert result.parsed is not None and result.parsed.summary() == said

@@ -18,7 +18,7 @@ def test_repeating_the_question_falls_back_and_says_why() -> None:
     assert result.queries == ()  # the question is never listed as the step-back question
     assert result.error == (
         "UnusableReplyError: no query could be parsed from the reply "
-        "(left out: 1 repeating the question)"
+        "(left out of the reply: 1 repeating the question)"
     )
 
 

@@ -327,16 +327,17 @@ class QueryCount:
         return self.kept < self.asked
 
     def reasons(self) -> str:
-        """The items left out, in words: ``"left out: 2 repeating the question, 1
+        """The reply's items left out, in words (they are lines of the reply, not
+        queries asked for): ``"left out of the reply: 2 repeating the question, 1
         holding no query"``; ``"the reply held no more"`` when none was."""
         if not self.dropped:
             return "the reply held no more" if self.kept else "the reply held none"
         said = (f"{count} {_SAID.get(reason, reason)}" for reason, count in self.dropped)
-        return "left out: " + ", ".join(said)
+        return "left out of the reply: " + ", ".join(said)
 
     def summary(self) -> str:
-        """One line for a person: ``"kept 1 of the 3 queries asked for; left out: 2
-        repeating the question"``, and how many were cut to the length limit."""
+        """One line for a person: ``"kept 1 of the 3 queries asked for; left out of the
+        reply: 2 repeating the question"``, and how many were cut to the length limit."""
         line = f"kept {self.kept} of the {self.asked} queries asked for; {self.reasons()}"
         if self.trimmed:
             line += f"; {self.trimmed} cut to the length limit"
