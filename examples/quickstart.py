@@ -72,6 +72,12 @@ def main() -> None:
     print("Guarded HyDE:", guarded.nodes[0].node.get_content())
     weight = shipped.search_options["query_weight"]
     print(f"  (the {shipped.defaults} model's defaults: question weight {weight})")
+    if guarded.nodes[0].node.node_id != result.nodes[0].node.node_id:
+        print(
+            "  (the question's own ranking kept first place: the default weighs the question\n"
+            "  above the passage, the safer choice measured across models, and with this toy\n"
+            "  embedding that keeps the word match; `hyde-plus eval` measures it on your data)"
+        )
     if shipped.skipped:
         print("  (" + shipped.skipped + ")")
     usage = result.transform.usage

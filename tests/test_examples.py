@@ -20,3 +20,4 @@ def test_quickstart_runs_as_written_without_a_key(
     # with the toy bag-of-words embedding the question's ranking stays, and it says which
     assert "Guarded HyDE: Revenue team members" in out
     assert "the capable model's defaults: question weight 0.7" in out
+    assert "the question's own ranking kept first place" in out  # said, not left to guess
