@@ -33,8 +33,10 @@ logger = logging.getLogger(__name__)
 
 
 def _corpus_key(ds: BeirDataset, embed_label: str) -> str:
-    """What a cached index depends on: the corpus content and the embedding."""
-    return hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}".encode()).hexdigest()
+    """What a cached index depends on: the corpus content, what of it is embedded
+    (titles or not: `BeirDataset.titled`) and the embedding."""
+    embedded = "" if ds.titled else "|text alone"
+    return hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}{embedded}".encode()).hexdigest()
 
 
 def index_cache_dir(ds: BeirDataset, embed_label: str, root: Path) -> Path:
