@@ -503,21 +503,24 @@ def test_a_refused_set_is_refused_before_the_models_speed_is_measured(
     from llama_index_hyde_plus.cli._evaluation import ModelChoice
     from llama_index_hyde_plus.models import describe_llm
 
-    llm = ScriptedLLM(["Who owns service 7?"])
+    llm = ScriptedLLM(respond=lambda prompt: "Who owns service 7?")
     monkeypatch.setattr(ModelChoice, "make_llm", lambda self: llm)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Team 1 owns service 7.")
+    folder = tmp_path / "set"
+    args = ["--docs", str(docs), "--questions-dir", str(folder), "--embed", "local"]
+    args += ["--cache-dir", str(tmp_path / "cache")]
+    first = ["--questions", "10", "--transforms", "none", "--out", str(tmp_path / "o")]
+    written = CliRunner().invoke(app, ["eval", *args, *first])
+    assert written.exit_code == 0, written.output
+    assert read_manifest(folder)["llm"] == describe_llm(llm)  # type: ignore[index]
 
     def measured(*args: object) -> None:
         raise AssertionError("the speed was measured before the refusal")
 
     monkeypatch.setattr(ModelChoice, "speed_line", measured)
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "a.txt").write_text("Team 1 owns service 7.")
-    identity = {"docs": str(docs.resolve()), "chunks_sha256": "ab", "chunk_size": 200}
-    identity |= {"chunk_overlap": 20, "questions": 10, "llm": describe_llm(llm), "seed": 0}
-    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", identity)
-    args = ["--docs", str(docs), "--questions-dir", str(folder), "--embed", "local"]
-    args += ["--cache-dir", str(tmp_path / "cache"), "--questions", "25"]
+    args += ["--questions", "25"]
     args += ["--out", str(tmp_path / ("out" if command == "eval" else "t.json"))]
     if command == "eval":
         args += ["--transforms", "none,hyde"]

@@ -10,7 +10,7 @@ refused, never written over (`evaluation.questions.refuse_other_set`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeAlias
 
@@ -58,6 +58,15 @@ class DocsChoice:
     chunk_size: int
     chunk_overlap: int
     seed: int
+    read: list[Any] = field(default_factory=list, compare=False, repr=False)
+    """The folder's chunks, once `chunks` has read them."""
+
+    def chunks(self, embed_model: Any, max_length: int) -> list[Any]:
+        """The folder's chunks, read and chunked as ``hyde-plus index`` does (once: a
+        second call returns the same)."""
+        if not self.read:
+            self.read.append(_chunks(self, embed_model, max_length))
+        return list(self.read[0])
 
     def check(self, max_length: int, outputs: Outputs = ()) -> None:
         """Flag errors before anything loads. ``outputs`` (flag, path): what the command
@@ -168,7 +177,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         write_question_set,
     )
 
-    nodes = _chunks(choice, embed_model, max_length)
+    nodes = choice.chunks(embed_model, max_length)
     made_from = {**set_identity(choice, llm), "chunks_sha256": _fingerprint(nodes)}
     refuse_other_set(choice.folder, made_from)
     if choice.qrels is not None:
@@ -254,15 +263,33 @@ class DataChoice:
         n = self.docs.questions
         return (CALLS_PER_QUESTION + llm_transforms) * n, f"--questions {max(1, n // 4)}"
 
+    def read(self, embed_model: Any, max_length: int, index: Path | None = None) -> None:
+        """Read and chunk ``--docs`` (nothing for a ``--dataset``) before the LLM loads
+        or anything is written; with ``index`` (``--index``), a `ValueError` unless
+        that index holds exactly these chunks (it is out of date with the folder)."""
+        if self.docs is None:
+            return
+        nodes = self.docs.chunks(embed_model, max_length)
+        if index is not None:
+            from ..evaluation.index_cache import check_holds
+            from ..stores import open_store
+
+            held = open_store(index=index).load(embed_model)
+            check_holds(held, {n.node_id: n.get_content() for n in nodes}, str(index))
+
     def refuse_other_set(self, llm: Any) -> None:
-        """Refuse before any work (the model's speed measured, questions written) when
-        ``--questions-dir`` holds another set than this run's (`refuse_other_set`); the
-        documents' chunks are compared once they are read (`question_set`)."""
+        """Refuse before any work (the model's speed told, questions written) when
+        ``--questions-dir`` holds another set than this run's (`refuse_other_set`),
+        its documents' chunks included once `read`."""
         from ..evaluation.questions import refuse_other_set
 
         if self.docs is not None:
             wanted = set_identity(self.docs, llm)
-            refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
+            if self.docs.read:
+                wanted["chunks_sha256"] = _fingerprint(self.docs.read[0])
+                refuse_other_set(self.docs.folder, wanted)
+            else:
+                refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
 
     def scored_set(self) -> dict[str, Any] | None:
         """What the question set this run scores is made from (`made_from`: the

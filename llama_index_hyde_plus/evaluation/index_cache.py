@@ -109,17 +109,17 @@ def cached_index(
     return store.load(embed_model), info.seconds, False
 
 
-def check_holds(index: VectorStoreIndex, ds: BeirDataset, where: str) -> None:
-    """A `ValueError` unless ``index`` holds every document of ``ds`` by id with the
-    same text (an index reused for ``--docs`` must be of exactly those chunks)."""
+def check_holds(index: VectorStoreIndex, texts: Mapping[str, str], where: str) -> None:
+    """A `ValueError` unless ``index`` holds every chunk of ``texts`` (id -> text) by id
+    with the same text (an index reused for ``--docs`` must be of exactly those chunks)."""
     differ = []
-    for doc_id, (_, text) in ds.corpus.items():
+    for doc_id, text in texts.items():
         node = index.docstore.get_node(doc_id, raise_error=False)
         if node is None or node.get_content() != text:
             differ.append(doc_id)
     if differ:
         raise ValueError(
             f"--index {where} does not hold the same chunks as the documents "
-            f"({len(differ)} of {len(ds.corpus)} missing or changed, e.g. {differ[0]!r}); "
+            f"({len(differ)} of {len(texts)} missing or changed, e.g. {differ[0]!r}); "
             "rebuild it with `hyde-plus index` on them, or leave out --index"
         )
