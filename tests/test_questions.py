@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -305,8 +306,10 @@ def test_labels_refuse_empty_targets_bad_grades_and_drop_queries_with_nothing_to
 async def test_a_set_is_replaced_by_the_next_run_which_says_so_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A set in a folder hyde-plus owns is its own output, edited or not: regenerating
-    it (another seed, say) replaces its files, and says so."""
+    """A set in a folder hyde-plus owns, as hyde-plus wrote it, is its own output:
+    regenerating it (another seed, say) replaces the files that change, and says so;
+    the files the new set holds as they are stay untouched. (A set edited since is
+    never written over: `test_a_set_edited_since_it_was_written_is_never_written_over`.)"""
     import logging
 
     caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
@@ -315,12 +318,13 @@ async def test_a_set_is_replaced_by_the_next_run_which_says_so_in_one_line(
     qset = await generate_questions(nodes, llm, n=3, seed=1)
     folder = write_question_set(qset, nodes, tmp_path / "set", {})
     assert not caplog.records
-    with (folder / "queries.jsonl").open("a") as f:
-        f.write('{"_id": "mine", "text": "My own question?"}\n')
-    write_question_set(qset, nodes, folder, {"docs": "y"})
-    assert "My own question?" not in (folder / "queries.jsonl").read_text()
+    other = await generate_questions(nodes[:9], llm, n=3, seed=2)
+    write_question_set(other, nodes[:9], folder, {"docs": "y"})
     [line] = [r.getMessage() for r in caplog.records]
-    assert line.startswith("replacing corpus.jsonl, queries.jsonl, test.tsv, rejected.jsonl")
+    assert line.startswith("replacing corpus.jsonl, queries.jsonl, test.tsv, manifest.json")
+    caplog.clear()
+    write_question_set(other, nodes[:9], folder, {"docs": "y"})  # the same set again
+    assert not caplog.records
     corpus = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines()]
     assert corpus[0]["title"].startswith("doc")  # the chunk's source file
 
@@ -661,3 +665,117 @@ def test_a_reused_set_plans_its_questions_not_writing_them_again(
     assert "Reusing the question set" in said and said.count("Local model:") == 1
     assert "(4 generations of up to 160 tokens); --limit 1 shortens it." in said
     assert "--questions 1 shortens it" not in said
+
+
+def test_a_set_edited_since_it_was_written_is_never_written_over(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.questions import write_beir_folder
+
+    queries, judgments = [("l1", "Who owns service 7?")], [("l1", "doc1.md#1", 1)]
+    folder = write_beir_folder(tmp_path / "set", chunks(), queries, judgments, {"labels": "/l"})
+    files = lambda: {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}  # noqa: E731
+    first = files()
+    write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})  # the same set
+    assert files() == first
+    relabelled = [("l1", "doc2.md#2", 1)]  # the labels changed, the set was not edited
+    write_beir_folder(folder, chunks(), queries, relabelled, {"labels": "/l"})
+    assert "doc2.md#2" in (folder / "qrels" / "test.tsv").read_text()
+    for name, edit in (
+        ("queries.jsonl", '{"_id": "l1", "text": "Which team runs service 7?"}\n'),
+        ("queries.jsonl", ""),
+        ("queries.jsonl", "{not json"),
+        ("manifest.json", json.dumps({**read_manifest(folder), "kept": 5})),  # type: ignore[dict-item]
+    ):
+        before = {**files(), name: edit.encode()}
+        (folder / name).write_text(edit)
+        with pytest.raises(ValueError) as refused:
+            write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})
+        said = str(refused.value)
+        assert f"edited since hyde-plus wrote it ({name})" in said, said
+        assert f"`hyde-plus eval --dataset {folder}`" in said and "Nothing was written" in said
+        assert files() == before
+        shutil.rmtree(folder)  # removed by the user: written again
+        write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})
+
+
+def test_a_set_written_before_the_record_is_replaced_only_where_nothing_was_edited(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import write_beir_folder
+
+    queries, judgments = [("l1", "Who owns service 7?")], [("l1", "doc1.md#1", 1)]
+    folder = write_beir_folder(tmp_path / "set", chunks(), queries, judgments, {"labels": "/l"})
+    manifest = read_manifest(folder) or {}
+    old = {k: v for k, v in manifest.items() if k not in ("written", "manifest_sha256")}
+    (folder / "manifest.json").write_text(json.dumps(old, indent=2) + "\n")  # no record
+    write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})  # nothing edited
+    assert "written" in (read_manifest(folder) or {})
+    (folder / "manifest.json").write_text(json.dumps(old, indent=2) + "\n")
+    (folder / "queries.jsonl").write_text('{"_id": "l1", "text": "Mine?"}\n')
+    with pytest.raises(ValueError, match=r"edited since hyde-plus wrote it \(queries.jsonl\)"):
+        write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})
+    assert "Mine?" in (folder / "queries.jsonl").read_text()
+
+
+def test_a_labelled_set_edited_by_the_user_is_refused_and_scored_with_dataset(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
+    docs = team_docs(tmp_path)
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("Who owns service 7?\tt1.txt\t1\nWho owns service 14?\tt2.txt\t1\n")
+    folder = tmp_path / "set"
+    common = ["--transforms", "none", "--embed", "local", "--cache-dir", str(tmp_path / "c")]
+    args = ["eval", "--docs", str(docs), "--qrels", str(labels), "--questions-dir", str(folder)]
+    first = CliRunner().invoke(app, [*args, *common, "--out", str(tmp_path / "o1")])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(app, [*args, *common, "--out", str(tmp_path / "o2")])
+    assert again.exit_code == 0 and "replacing" not in again.output, again.output
+    mine = '{"_id": "l1", "text": "Which team looks after service 7?"}\n'
+    (folder / "queries.jsonl").write_text(mine + '{"_id": "l2", "text": "Who owns 14?"}\n')
+    refused = CliRunner().invoke(app, [*args, *common, "--out", str(tmp_path / "o3")])
+    said = " ".join(refused.output.split())
+    assert refused.exit_code == 2, refused.output
+    assert "edited since hyde-plus wrote it (queries.jsonl)" in said and "replacing" not in said
+    assert says(said, f"`hyde-plus eval --dataset {folder}`")
+    assert (folder / "queries.jsonl").read_text().startswith(mine)
+    assert not (tmp_path / "o3").exists()
+    scored = CliRunner().invoke(
+        app, ["eval", "--dataset", str(folder), *common, "--out", str(tmp_path / "o4")]
+    )
+    assert scored.exit_code == 0, scored.output
+    assert "Which team looks after service 7?" in (tmp_path / "o4" / "results.json").read_text()
+
+
+def test_a_generated_set_edited_by_the_user_is_reused_as_edited_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+
+    def ask(prompt: str) -> str:
+        team = int(re.findall(r"Team (\d+)", prompt)[0])
+        return f"Which team owns service {team * 7}?"
+
+    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    folder = tmp_path / "set"
+    args = ["eval", "--docs", str(team_docs(tmp_path)), "--questions", "3", "--embed", "local"]
+    args += ["--questions-dir", str(folder), "--transforms", "none"]
+    args += ["--cache-dir", str(tmp_path / "c")]
+    first = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o1")])
+    assert first.exit_code == 0, first.output
+    queries = (folder / "queries.jsonl").read_text().splitlines()
+    mine = '{"_id": "g1", "text": "Who looks after that service, then?"}'
+    (folder / "queries.jsonl").write_text("\n".join([mine, *queries[1:]]) + "\n")
+    again = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o2")])
+    said = " ".join(again.output.split())
+    assert again.exit_code == 0, again.output
+    assert "(3 questions; queries.jsonl as you edited it)" in said, said
+    assert (folder / "queries.jsonl").read_text().startswith(mine)
+    assert "Who looks after that service, then?" in (tmp_path / "o2" / "results.json").read_text()

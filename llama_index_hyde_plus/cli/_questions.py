@@ -168,6 +168,7 @@ def set_identity(choice: DocsChoice, llm: Any) -> dict[str, Any]:
 def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int) -> Path:
     """The BEIR folder to score: from ``--qrels``, reused, or written now."""
     from ..evaluation.questions import (
+        edited_files,
         generate_questions,
         questions_count,
         read_labels,
@@ -189,9 +190,11 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     wanted = {k: v for k, v in made_from.items() if k != "seed"}
     found = read_manifest(choice.folder)
     if found is not None:  # the same documents, chunking, model and options
+        edited = edited_files(choice.folder)
+        yours = f"; {', '.join(edited)} as you edited it" if edited else ""
         ui.err.print(
             f"Reusing the question set in {ui.literal(str(choice.folder))} "
-            f"({questions_count(found.get('kept'))}): "
+            f"({questions_count(found.get('kept'))}{ui.literal(yours)}): "
             "eval and tune on these documents with these options score this same set"
         )
         return choice.folder

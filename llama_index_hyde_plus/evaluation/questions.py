@@ -17,6 +17,7 @@ a transform that wins here is likely to win on real questions, one that loses ma
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -465,24 +466,106 @@ def write_beir_folder(
     """Write a BEIR folder of ``chunks`` with ``queries`` and ``judgments`` at
     ``folder`` (new, empty, or a question set hyde-plus wrote: `check_set_folder`),
     every file beside its target then renamed, the manifest last, saying which files
-    of an earlier set it replaces."""
+    of an earlier set it replaces. A file that already holds what would be written is
+    left as it is; one edited since hyde-plus wrote it (`kept_as_written`) is never
+    replaced: a `ValueError` says so, and nothing is written."""
     folder = folder.expanduser()
     check_set_folder(folder)
     paths = [folder / name for name in SET_FILES]
-    say_replacing(check_outputs(paths, "--questions-dir"))
-    claim(folder, SET_KIND)
-    (folder / "qrels").mkdir(exist_ok=True)
+    check_outputs(paths, "--questions-dir")
     corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
-    contents = [
+    data = [
         _jsonl(corpus),
         _jsonl([{"_id": qid, "text": text} for qid, text in queries]),
         "\n".join(lines) + "\n",
         _jsonl(rejected),
-        json.dumps({"format": SET_FORMAT, **manifest}, indent=2) + "\n",
     ]
-    write_all_atomic(list(zip(paths, contents, strict=True)))
+    written = {name: _sha256(text) for name, text in zip(SET_FILES, data, strict=False)}
+    record = {"format": SET_FORMAT, **manifest, WRITTEN: written}
+    contents = [*data, _manifest_text(record)]
+    changed = [
+        (path, text)
+        for path, text in zip(paths, contents, strict=True)
+        if not (path.is_file() and path.read_bytes() == text.encode("utf-8"))
+    ]
+    if not changed:
+        return folder
+    edited = [p for p, _ in changed if p.exists() and not _as_written(folder, p, record)]
+    if edited:
+        names = ", ".join(str(p.relative_to(folder)) for p in edited)
+        raise ValueError(
+            f"--questions-dir {folder} holds a question set edited since hyde-plus wrote it "
+            f"({names}); it is never written over. Nothing was written: score it as it is "
+            f"with `hyde-plus eval --dataset {folder}`, or give this run its own "
+            "--questions-dir, or remove that folder to write the set again"
+        )
+    say_replacing([p for p, _ in changed if p.exists()])
+    claim(folder, SET_KIND)
+    (folder / "qrels").mkdir(exist_ok=True)
+    write_all_atomic(changed)
     return folder
+
+
+WRITTEN = "written"
+"""The manifest's record of what hyde-plus wrote: each data file's SHA-256."""
+MANIFEST_SHA256 = "manifest_sha256"
+"""The manifest's SHA-256 of itself without this field: an edited manifest is told."""
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _manifest_text(record: dict[str, Any]) -> str:
+    """``record`` as ``manifest.json`` holds it, with its own `MANIFEST_SHA256`."""
+    digest = _sha256(json.dumps(record, indent=2))
+    return json.dumps({**record, MANIFEST_SHA256: digest}, indent=2) + "\n"
+
+
+def _written_record(folder: Path) -> dict[str, str] | None:
+    """What the manifest at ``folder`` says hyde-plus wrote (file -> SHA-256), when
+    the manifest itself is as hyde-plus wrote it; else None (edited, unreadable, or
+    written before hyde-plus kept the record)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    claimed = manifest.pop(MANIFEST_SHA256, None)
+    written = manifest.get(WRITTEN)
+    if claimed != _sha256(json.dumps(manifest, indent=2)) or not isinstance(written, dict):
+        return None
+    return {str(k): str(v) for k, v in written.items()}
+
+
+def _as_written(folder: Path, path: Path, record: dict[str, Any]) -> bool:
+    """Whether ``path`` in the set at ``folder`` still holds what hyde-plus wrote: its
+    hash is the one the manifest recorded (the manifest: its own hash holds). A set
+    written before that record counts only a manifest that says no more than
+    ``record`` (this run's) without it: nothing else tells its files from a user's."""
+    name = str(path.relative_to(folder))
+    found = _written_record(folder)
+    if name == "manifest.json":
+        if found is not None:
+            return True
+        old = read_manifest(folder)
+        return old is not None and old == {k: v for k, v in record.items() if k != WRITTEN}
+    if found is None or name not in found:
+        return False
+    try:
+        return _sha256(read_regular_bytes(path).decode("utf-8")) == found[name]
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def edited_files(folder: Path) -> list[str]:
+    """The files of the question set at ``folder`` edited since hyde-plus wrote them
+    (by the record its manifest keeps; none when there is no record to tell)."""
+    found = _written_record(folder) or {}
+    return [
+        name
+        for name in found
+        if (folder / name).exists() and not _as_written(folder, folder / name, {})
+    ]
 
 
 SET_FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "rejected.jsonl", "manifest.json")
