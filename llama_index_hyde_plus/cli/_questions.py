@@ -180,7 +180,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
 
     nodes = choice.chunks(embed_model, max_length)
     made_from = {**set_identity(choice, llm), "chunks_sha256": _fingerprint(nodes)}
-    refuse_other_set(choice.folder, made_from)
+    refuse_other_set(choice.folder, made_from, chunks=nodes)
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
         labelled = questions_count(len(queries), "labelled question")
@@ -289,8 +289,9 @@ class DataChoice:
         if self.docs is not None:
             wanted = set_identity(self.docs, llm)
             if self.docs.read:
-                wanted["chunks_sha256"] = _fingerprint(self.docs.read[0])
-                refuse_other_set(self.docs.folder, wanted)
+                nodes = self.docs.read[0]
+                wanted["chunks_sha256"] = _fingerprint(nodes)
+                refuse_other_set(self.docs.folder, wanted, chunks=nodes)
             else:
                 refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
 

@@ -641,36 +641,109 @@ SET_FLAGS = {
 the set when passed the set's values."""
 
 
-def refuse_other_set(folder: Path, wanted: dict[str, Any], unknown: Sequence[str] = ()) -> None:
+def refuse_other_set(
+    folder: Path,
+    wanted: dict[str, Any],
+    unknown: Sequence[str] = (),
+    chunks: Sequence[TextNode] | None = None,
+) -> None:
     """A `ValueError` naming ``--questions-dir`` when ``folder`` holds a question set
     made from anything else than ``wanted`` (`SET_IDENTITY`, but for the ``unknown``
     fields not known yet): it is never replaced silently, so a later run never scores
-    other questions than the user believes. The message names the fix (`_set_fix`)."""
+    other questions than the user believes. Only what makes each kind of set is
+    compared (a labelled set: its labels file; a generated one: its size, model and
+    seed), and the message says in words what differs (`_differences`; ``chunks``,
+    this run's, name a document that changed) and the fix (`_set_fix`)."""
     found = read_manifest(folder)
     if found is None:
         return
-    differ = [k for k in SET_IDENTITY if k not in unknown and found.get(k) != wanted.get(k)]
-    if not differ:
+    labelled, labels_run = bool(found.get("labels")), bool(wanted.get("labels"))
+    fields = ["docs", "chunks_sha256", "chunk_size", "chunk_overlap"]
+    if labelled == labels_run:
+        fields += ["labels"] if labelled else ["questions", "llm", "seed"]
+    differ = [k for k in fields if k not in unknown and found.get(k) != wanted.get(k)]
+    if not differ and labelled == labels_run:
         return
+    said = _differences(folder, found, wanted, differ, chunks)
     raise ValueError(
-        f"--questions-dir {folder} holds another question set ({describe_set(found)}; "
-        f"this run's differs in {', '.join(differ)}). Nothing was written: "
-        f"{_set_fix(folder, found, differ)}"
+        f"--questions-dir {folder} holds another question set ({describe_set(found)}): "
+        f"{'; '.join(said)}. Nothing was written: {_set_fix(folder, found, wanted, differ)}"
     )
 
 
-def _set_fix(folder: Path, found: dict[str, Any], differ: list[str]) -> str:
+def _differences(
+    folder: Path,
+    found: dict[str, Any],
+    wanted: dict[str, Any],
+    differ: list[str],
+    chunks: Sequence[TextNode] | None,
+) -> list[str]:
+    """What differs between the set ``found`` at ``folder`` and this run's
+    (``wanted``), in words: the kind of set, then each field of ``differ``."""
+    said = []
+    if found.get("labels") and not wanted.get("labels"):
+        said.append("this run has an LLM write questions instead")
+    elif wanted.get("labels") and not found.get("labels"):
+        said.append(f"this run scores your labels in {wanted['labels']} instead")
+    for key in differ:
+        was, now = found.get(key), wanted.get(key)
+        if key == "chunks_sha256":
+            which = _changed_file(folder, chunks) if chunks is not None else None
+            said.append(
+                "the documents changed since it was written" + (f" ({which})" if which else "")
+            )
+        elif key == "docs":
+            said.append(f"it was written from the documents in {was}")
+        elif key == "labels":
+            said.append(f"it holds the labels of {was}")
+        elif key == "llm":
+            said.append(f"its questions were written by {was}; this run's model is {now}")
+        else:
+            flag = SET_FLAGS.get(key, key)
+            said.append(f"it was written with {flag} {was}; this run has {flag} {now}")
+    return said
+
+
+def _changed_file(folder: Path, chunks: Sequence[TextNode]) -> str | None:
+    """A document whose chunks differ between the set at ``folder`` (its
+    ``corpus.jsonl``) and ``chunks``, in words ("'a.md' changed", "is new", "was
+    removed"); None when the corpus cannot be read or holds no difference."""
+    try:
+        text = read_regular_bytes(folder / "corpus.jsonl").decode("utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, ValueError, RecursionError):
+        return None
+    old = {
+        str(r.get("_id")): (str(r.get("title") or ""), r.get("text"))
+        for r in rows
+        if isinstance(r, dict)
+    }
+    new = {c.node_id: (_source(c), c.get_content()) for c in chunks}
+    old_files = {source for source, _ in old.values()}
+    new_files = {source for source, _ in new.values()}
+    for chunk_id, (source, content) in new.items():
+        if old.get(chunk_id, ("", None))[1] != content:
+            return f"{source!r} {'changed' if source in old_files else 'is new'}"
+    for chunk_id, (source, _) in old.items():
+        if chunk_id not in new:
+            return f"{source!r} {'changed' if source in new_files else 'was removed'}"
+    return None
+
+
+def _set_fix(folder: Path, found: dict[str, Any], wanted: dict[str, Any], differ: list[str]) -> str:
     """What to do about a set that differs in ``differ``: the flags that reuse it, or
-    `eval --dataset` on it to compare another model on the same questions, then the
-    other ways out (another --questions-dir, or remove the folder)."""
+    `eval --dataset` on it to compare another model on the same questions (two
+    generated sets), then the other ways out (another --questions-dir, or remove the
+    folder)."""
     fixes = []
+    generated = not found.get("labels") and not wanted.get("labels")
     settable = all(
         k in SET_FLAGS and type(found.get(k)) is int and 0 <= found[k] < 10**9 for k in differ
     )  # a manifest edited by hand suggests no flag from its garbage
-    if settable and not found.get("labels"):
+    if generated and differ and settable:
         flags = " ".join(f"{SET_FLAGS[k]} {found.get(k)}" for k in differ)
         fixes.append(f"pass {flags} to use it")
-    elif "llm" in differ and not found.get("labels"):
+    elif generated and "llm" in differ:
         fixes.append(
             f"to compare another model on the same questions, run `hyde-plus eval --dataset "
             f"{folder}`"
