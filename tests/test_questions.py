@@ -670,6 +670,38 @@ def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
     assert f"Rejected: {rejected} too short. These questions were written" in md
 
 
+def test_the_plan_counts_the_questions_the_chunks_can_give_not_those_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+    from llama_index_hyde_plus.local.speed import SpeedPlan
+
+    def ask(prompt: str) -> str:  # a fair question for a chunk, a passage for HyDE
+        teams = re.findall(r"Team (\d+) owns", prompt)
+        return f"Which team owns service {int(teams[0]) * 7}?" if teams else "Nothing."
+
+    def slow_model(self: ModelChoice) -> ScriptedLLM:  # 1 token/s: any run is long
+        self.planned.append(SpeedPlan(1, 1.0, {1: 1.0, 2: 0.5}))
+        return ScriptedLLM(respond=ask)
+
+    monkeypatch.setattr(ModelChoice, "make_llm", slow_model)
+    docs = team_docs(tmp_path)  # 12 chunks: at most 12 questions, however many are asked
+    args = ["eval", "--docs", str(docs), "--questions", "100", "--transforms", "none,hyde"]
+    args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
+    args += ["--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    # up to 2 calls a chunk to write (a failed call once more), then 1 a question for hyde
+    assert "(36 generations of up to 160 tokens); --questions 3 shortens it." in said, said
+    assert "400 generations" not in said
+
+
 def test_a_reused_set_plans_its_questions_not_writing_them_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -255,16 +255,22 @@ class DataChoice:
         one option that shortens it. A loaded set of ``queries`` (a ``--dataset``,
         ``--qrels``, a set reused from ``--questions-dir``): one call per question
         per transform that calls the LLM (``--limit``). Before questions are
-        written from ``--docs`` (``queries`` None, `writes_questions`): up to
-        `CALLS_PER_QUESTION` a question to write them, then as many per transform
-        as ``--questions`` (which shortens it)."""
+        written from ``--docs`` (``queries`` None, `writes_questions`): as many
+        questions as can be written, ``--questions`` but one per chunk with text at
+        most (the chunks once read); up to `CALLS_PER_QUESTION` calls a question to
+        write them, but no chunk tried more than twice (a failed call once more);
+        then one per question per transform (``--questions`` shortens it)."""
         if queries is not None:
             return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
         from ..evaluation.questions import CALLS_PER_QUESTION
 
         assert self.docs is not None
-        n = self.docs.questions
-        return (CALLS_PER_QUESTION + llm_transforms) * n, f"--questions {max(1, n // 4)}"
+        asked = self.docs.questions
+        writing = CALLS_PER_QUESTION * asked
+        if self.docs.read:
+            usable = sum(1 for c in self.docs.read[0] if c.get_content().strip())
+            asked, writing = min(asked, usable), min(writing, 2 * usable)
+        return writing + llm_transforms * asked, f"--questions {max(1, asked // 4)}"
 
     def read(self, embed_model: Any, max_length: int, index: Path | None = None) -> None:
         """Read and chunk ``--docs`` (nothing for a ``--dataset``) before the LLM loads
