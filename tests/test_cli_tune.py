@@ -491,3 +491,19 @@ def test_eval_warns_of_optimistic_scores_only_with_a_config_tuned_on_the_same_se
     assert says(_docs_run(tmp_path, "eval", *scored), f"warning: {tuned} {warned}")
     other = ["--transforms", "none", "--config", str(tuned), "--out", str(tmp_path / "e3")]
     assert "are optimistic" not in _docs_run(tmp_path, "eval", *other, seed=1)  # another set
+
+
+def test_tune_on_the_users_labels_calls_them_labelled_not_generated(tmp_path: Path) -> None:
+    docs = team_docs(tmp_path)
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("".join(f"Who owns service {7 * t}?\tt{t}.txt\t1\n" for t in (1, 2, 3)))
+    out = tmp_path / "r.json"
+    args = ["tune", "--docs", str(docs), "--qrels", str(labels), "-t", "rocchio"]
+    args += ["--grid", "k=3", "--write-anyway", "--embed", "local", "--out", str(out)]
+    args += ["--questions-dir", str(tmp_path / "set"), "--cache-dir", str(tmp_path / "c")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "docs labelled questions: 3 queries; tuning rocchio" in said
+    assert "tune rocchio on docs labelled (3 queries" in said and "generated" not in said
+    assert json.loads(out.read_text())["tuned_on"]["split"] == "labelled"
