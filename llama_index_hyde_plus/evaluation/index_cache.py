@@ -110,16 +110,23 @@ def cached_index(
 
 
 def check_holds(index: VectorStoreIndex, texts: Mapping[str, str], where: str) -> None:
-    """A `ValueError` unless ``index`` holds every chunk of ``texts`` (id -> text) by id
-    with the same text (an index reused for ``--docs`` must be of exactly those chunks)."""
+    """A `ValueError` unless ``index`` holds exactly the chunks of ``texts`` (id ->
+    text): each by id with the same text, and no other (an index reused for ``--docs``
+    must be of exactly those chunks, none of a document since removed)."""
     differ = []
     for doc_id, text in texts.items():
         node = index.docstore.get_node(doc_id, raise_error=False)
         if node is None or node.get_content() != text:
             differ.append(doc_id)
-    if differ:
+    extra = sorted(set(index.index_struct.nodes_dict.values()) - set(texts))
+    if differ or extra:
+        said = []
+        if differ:
+            said.append(f"{len(differ)} of {len(texts)} missing or changed, e.g. {differ[0]!r}")
+        if extra:
+            said.append(f"{len(extra)} no longer in the documents, e.g. {extra[0]!r}")
         raise ValueError(
             f"--index {where} does not hold the same chunks as the documents "
-            f"({len(differ)} of {len(texts)} missing or changed, e.g. {differ[0]!r}); "
-            "rebuild it with `hyde-plus index` on them, or leave out --index"
+            f"({'; '.join(said)}); rebuild it with `hyde-plus index` on them, or leave "
+            "out --index"
         )
