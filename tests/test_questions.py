@@ -850,3 +850,42 @@ def test_a_generated_set_edited_by_the_user_is_reused_as_edited_and_says_so(
     assert "(3 questions; queries.jsonl as you edited it)" in said, said
     assert (folder / "queries.jsonl").read_text().startswith(mine)
     assert "Who looks after that service, then?" in (tmp_path / "o2" / "results.json").read_text()
+
+
+@pytest.mark.parametrize("manifest", ["{broken", None])
+def test_a_set_whose_manifest_cannot_be_read_is_refused_before_questions_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, manifest: str | None
+) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+
+    asked: list[str] = []
+
+    def ask(prompt: str) -> str:
+        asked.append(prompt)
+        team = int(re.findall(r"Team (\d+)", prompt)[0])
+        return f"Which team owns service {team * 7}?"
+
+    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    folder = tmp_path / "set"
+    args = ["eval", "--docs", str(team_docs(tmp_path)), "--questions", "3", "--embed", "local"]
+    args += ["--questions-dir", str(folder), "--transforms", "none"]
+    args += ["--cache-dir", str(tmp_path / "c")]
+    first = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o1")])
+    assert first.exit_code == 0, first.output
+    if manifest is None:
+        (folder / "manifest.json").unlink()
+    else:
+        (folder / "manifest.json").write_text(manifest)
+    kept = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    asked.clear()
+    again = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o2")])
+    said = " ".join(again.output.split())
+    assert again.exit_code == 2, again.output
+    assert "holds a question set whose manifest.json cannot be read" in said
+    assert not asked and "Writing questions" not in said  # no question written for nothing
+    assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == kept

@@ -656,6 +656,7 @@ def refuse_other_set(
     this run's, name a document that changed) and the fix (`_set_fix`)."""
     found = read_manifest(folder)
     if found is None:
+        _refuse_unreadable_set(folder)
         return
     labelled, labels_run = bool(found.get("labels")), bool(wanted.get("labels"))
     fields = ["docs", "chunks_sha256", "chunk_size", "chunk_overlap"]
@@ -668,6 +669,22 @@ def refuse_other_set(
     raise ValueError(
         f"--questions-dir {folder} holds another question set ({describe_set(found)}): "
         f"{'; '.join(said)}. Nothing was written: {_set_fix(folder, found, wanted, differ)}"
+    )
+
+
+def _refuse_unreadable_set(folder: Path) -> None:
+    """A `ValueError` when ``folder`` holds a question set hyde-plus wrote (its marker
+    and a file of the set) whose manifest cannot be read (edited, removed, or of
+    another version): what it was made from, and which of its files are the user's,
+    cannot be told, so it is neither reused nor written over."""
+    folder = folder.expanduser()
+    if marker_kind(folder) != SET_KIND or not any((folder / n).exists() for n in SET_FILES):
+        return
+    raise ValueError(
+        f"--questions-dir {folder} holds a question set whose manifest.json cannot be "
+        "read (edited or removed since hyde-plus wrote it); it is neither reused nor "
+        "written over. Nothing was written: restore manifest.json, give this run its own "
+        "--questions-dir, or remove that folder to write the set again"
     )
 
 
