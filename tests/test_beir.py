@@ -134,3 +134,34 @@ def test_a_jsonl_line_nested_too_deeply_is_a_format_error(tmp_path: Path) -> Non
     (root / "queries.jsonl").write_text('{"_id": "q1", "text": ' + deep + "}\n")
     with pytest.raises(BeirFormatError, match=r"queries\.jsonl:1: JSON nested too deeply"):
         load_beir(root)
+
+
+def test_a_question_set_embeds_its_chunks_as_hyde_plus_index_does(tmp_path: Path) -> None:
+    from llama_index.core.schema import MetadataMode
+
+    from llama_index_hyde_plus.chunking import Chunking
+    from llama_index_hyde_plus.evaluation.index_cache import index_cache_dir
+    from llama_index_hyde_plus.evaluation.questions import write_beir_folder
+    from llama_index_hyde_plus.readers import read_folder
+    from llama_index_hyde_plus.stores.nodes import nodes_from_documents, prepare_nodes
+    from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+    from .conftest import team_docs
+
+    documents = read_folder(team_docs(tmp_path)).documents
+    chunks, _ = prepare_nodes(documents, DeterministicEmbedding(dim=8), Chunking(200, 20), 256)
+    indexed = {c.node_id: c.get_content(metadata_mode=MetadataMode.EMBED) for c in chunks}
+    first = chunks[0].node_id
+    folder = write_beir_folder(
+        tmp_path / "set", chunks, [("l1", "Who owns service 7?")], [("l1", first, 1)], {}
+    )
+    qset = load_beir(folder)
+    evaluated = nodes_from_documents(qset.documents())
+    assert {n.node_id: n.get_content(metadata_mode=MetadataMode.EMBED) for n in evaluated} == (
+        indexed
+    )
+    (folder / ".hyde-plus").unlink()  # the same files as any BEIR data set: title and text
+    beir = load_beir(folder)
+    assert beir.document_text(first) == f"{chunks[0].metadata['source']}\n{indexed[first]}"
+    assert beir.corpus_sha256 == qset.corpus_sha256  # one content, embedded two ways:
+    assert index_cache_dir(beir, "e", tmp_path) != index_cache_dir(qset, "e", tmp_path)

@@ -502,3 +502,19 @@ def test_tune_help_describes_its_own_dataset_and_eval_help_the_conversational_on
     assert "--dataset <path> BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)." in tune
     assert "for eval" not in tune and "conversational" not in tune  # tune refuses one
     assert "or a conversational set (corpus.jsonl, turns/SPLIT.jsonl)" in flat("eval")
+
+
+def test_tune_on_the_users_labels_calls_them_labelled_not_generated(tmp_path: Path) -> None:
+    docs = team_docs(tmp_path)
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("".join(f"Who owns service {7 * t}?\tt{t}.txt\t1\n" for t in (1, 2, 3)))
+    out = tmp_path / "r.json"
+    args = ["tune", "--docs", str(docs), "--qrels", str(labels), "-t", "rocchio"]
+    args += ["--grid", "k=3", "--write-anyway", "--embed", "local", "--out", str(out)]
+    args += ["--questions-dir", str(tmp_path / "set"), "--cache-dir", str(tmp_path / "c")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "docs labelled questions: 3 queries; tuning rocchio" in said
+    assert "tune rocchio on docs labelled (3 queries" in said and "generated" not in said
+    assert json.loads(out.read_text())["tuned_on"]["split"] == "labelled"

@@ -148,6 +148,41 @@ def test_an_index_built_otherwise_is_refused_before_any_work(
     assert not (tmp_path / "set").exists()  # nothing was written
 
 
+def test_an_index_out_of_date_with_the_documents_is_refused_before_the_set_is_written(
+    tmp_path: Path,
+) -> None:
+    docs, labels = _handbook(tmp_path)
+    out = tmp_path / "my-index"
+    built = runner.invoke(
+        app, ["index", str(docs), "--out", str(out), "--embed", "local", "--chunk-size", "60"]
+    )
+    assert built.exit_code == 0, built.output
+    (docs / "pto.txt").write_text("Employees receive thirty days of paid time off each year.")
+    result = _eval(tmp_path, docs, labels, "--index", str(out), "--chunk-size", "60")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "error: --index" in said and "does not hold the same chunks" in said
+    assert "'pto.txt'" in said and "replacing" not in said
+    assert not (tmp_path / "set").exists() and not (tmp_path / "out").exists()
+
+
+def test_an_index_holding_a_document_since_removed_is_refused(tmp_path: Path) -> None:
+    docs, labels = _handbook(tmp_path)
+    out = tmp_path / "my-index"
+    built = runner.invoke(
+        app, ["index", str(docs), "--out", str(out), "--embed", "local", "--chunk-size", "60"]
+    )
+    assert built.exit_code == 0, built.output
+    (docs / "office.txt").unlink()
+    labels.write_text(LABELS.splitlines()[0] + "\n")
+    result = _eval(tmp_path, docs, labels, "--index", str(out), "--chunk-size", "60")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "does not hold the same chunks" in said
+    assert "(1 no longer in the documents, e.g. 'office.txt')" in said
+    assert not (tmp_path / "set").exists() and not (tmp_path / "out").exists()
+
+
 def test_index_with_a_beir_dataset_is_refused(tmp_path: Path) -> None:
     tiny = Path(__file__).parent / "data" / "tiny-beir"
     result = runner.invoke(app, ["eval", "--dataset", str(tiny), "--index", str(tmp_path)])

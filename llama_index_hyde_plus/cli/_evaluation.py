@@ -106,17 +106,21 @@ class ModelChoice:
             f"{shorten} shortens it."
         )
 
-    def load(self, needs_llm: bool) -> tuple[Any, Any]:
-        """``(embedding model, LLM or None)``, with a status line while they load."""
+    def load_embedding(self) -> Any:
+        """The embedding model, with a status line while it loads."""
         from ..models import concrete_embedding_spec, resolve_embedding
 
-        with ui.err.status("Loading models..."):
-            embed_model = resolve_embedding(
-                concrete_embedding_spec(self.embed), max_length=self.max_length
-            )
-            if self.standin() is not None:
-                return embed_model, None  # the stand-in is made per draw, from the labels
-            return embed_model, self.make_llm() if needs_llm else None
+        spec = concrete_embedding_spec(self.embed)
+        with ui.err.status("Loading the embedding model..."):
+            return resolve_embedding(spec, max_length=self.max_length)
+
+    def load_llm(self, needs_llm: bool) -> Any:
+        """The LLM (a local one's speed measured, `make_llm`), or None when the run
+        needs none or scores with the stand-in; with a status line while it loads."""
+        if self.standin() is not None or not needs_llm:
+            return None  # the stand-in is made per draw, from the labels
+        with ui.err.status("Loading the LLM..."):
+            return self.make_llm()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ refused, never written over (`evaluation.questions.refuse_other_set`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeAlias
 
@@ -58,6 +58,15 @@ class DocsChoice:
     chunk_size: int
     chunk_overlap: int
     seed: int
+    read: list[Any] = field(default_factory=list, compare=False, repr=False)
+    """The folder's chunks, once `chunks` has read them."""
+
+    def chunks(self, embed_model: Any, max_length: int) -> list[Any]:
+        """The folder's chunks, read and chunked as ``hyde-plus index`` does (once: a
+        second call returns the same)."""
+        if not self.read:
+            self.read.append(_chunks(self, embed_model, max_length))
+        return list(self.read[0])
 
     def check(self, max_length: int, outputs: Outputs = ()) -> None:
         """Flag errors before anything loads. ``outputs`` (flag, path): what the command
@@ -159,6 +168,7 @@ def set_identity(choice: DocsChoice, llm: Any) -> dict[str, Any]:
 def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int) -> Path:
     """The BEIR folder to score: from ``--qrels``, reused, or written now."""
     from ..evaluation.questions import (
+        edited_files,
         generate_questions,
         questions_count,
         read_labels,
@@ -168,9 +178,9 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         write_question_set,
     )
 
-    nodes = _chunks(choice, embed_model, max_length)
+    nodes = choice.chunks(embed_model, max_length)
     made_from = {**set_identity(choice, llm), "chunks_sha256": _fingerprint(nodes)}
-    refuse_other_set(choice.folder, made_from)
+    refuse_other_set(choice.folder, made_from, chunks=nodes)
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
         labelled = questions_count(len(queries), "labelled question")
@@ -180,9 +190,11 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     wanted = {k: v for k, v in made_from.items() if k != "seed"}
     found = read_manifest(choice.folder)
     if found is not None:  # the same documents, chunking, model and options
+        edited = edited_files(choice.folder)
+        yours = f"; {', '.join(edited)} as you edited it" if edited else ""
         ui.err.print(
             f"Reusing the question set in {ui.literal(str(choice.folder))} "
-            f"({questions_count(found.get('kept'))}): "
+            f"({questions_count(found.get('kept'))}{ui.literal(yours)}): "
             "eval and tune on these documents with these options score this same set"
         )
         return choice.folder
@@ -243,26 +255,51 @@ class DataChoice:
         one option that shortens it. A loaded set of ``queries`` (a ``--dataset``,
         ``--qrels``, a set reused from ``--questions-dir``): one call per question
         per transform that calls the LLM (``--limit``). Before questions are
-        written from ``--docs`` (``queries`` None, `writes_questions`): up to
-        `CALLS_PER_QUESTION` a question to write them, then as many per transform
-        as ``--questions`` (which shortens it)."""
+        written from ``--docs`` (``queries`` None, `writes_questions`): as many
+        questions as can be written, ``--questions`` but one per chunk with text at
+        most (the chunks once read); up to `CALLS_PER_QUESTION` calls a question to
+        write them, but no chunk tried more than twice (a failed call once more);
+        then one per question per transform (``--questions`` shortens it)."""
         if queries is not None:
             return llm_transforms * queries, f"--limit {max(1, queries // 4)}"
         from ..evaluation.questions import CALLS_PER_QUESTION
 
         assert self.docs is not None
-        n = self.docs.questions
-        return (CALLS_PER_QUESTION + llm_transforms) * n, f"--questions {max(1, n // 4)}"
+        asked = self.docs.questions
+        writing = CALLS_PER_QUESTION * asked
+        if self.docs.read:
+            usable = sum(1 for c in self.docs.read[0] if c.get_content().strip())
+            asked, writing = min(asked, usable), min(writing, 2 * usable)
+        return writing + llm_transforms * asked, f"--questions {max(1, asked // 4)}"
+
+    def read(self, embed_model: Any, max_length: int, index: Path | None = None) -> None:
+        """Read and chunk ``--docs`` (nothing for a ``--dataset``) before the LLM loads
+        or anything is written; with ``index`` (``--index``), a `ValueError` unless
+        that index holds exactly these chunks (it is out of date with the folder)."""
+        if self.docs is None:
+            return
+        nodes = self.docs.chunks(embed_model, max_length)
+        if index is not None:
+            from ..evaluation.index_cache import check_holds
+            from ..stores import open_store
+
+            held = open_store(index=index).load(embed_model)
+            check_holds(held, {n.node_id: n.get_content() for n in nodes}, str(index))
 
     def refuse_other_set(self, llm: Any) -> None:
-        """Refuse before any work (the model's speed measured, questions written) when
-        ``--questions-dir`` holds another set than this run's (`refuse_other_set`); the
-        documents' chunks are compared once they are read (`question_set`)."""
+        """Refuse before any work (the model's speed told, questions written) when
+        ``--questions-dir`` holds another set than this run's (`refuse_other_set`),
+        its documents' chunks included once `read`."""
         from ..evaluation.questions import refuse_other_set
 
         if self.docs is not None:
             wanted = set_identity(self.docs, llm)
-            refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
+            if self.docs.read:
+                nodes = self.docs.read[0]
+                wanted["chunks_sha256"] = _fingerprint(nodes)
+                refuse_other_set(self.docs.folder, wanted, chunks=nodes)
+            else:
+                refuse_other_set(self.docs.folder, wanted, unknown=("chunks_sha256",))
 
     def scored_set(self) -> dict[str, Any] | None:
         """What the question set this run scores is made from (`made_from`: the

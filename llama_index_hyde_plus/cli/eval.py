@@ -308,7 +308,9 @@ def _prepare(
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()
-        embed_model, model = models.load(needs)
+        embed_model = models.load_embedding()
+        source.read(embed_model, models.max_length, where.index)
+        model = models.load_llm(needs)
         source.refuse_other_set(model)
         planned = show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()

@@ -43,7 +43,7 @@ def _check(name: str, split: str, out: Path, report: Path | None) -> None:
     from ..evaluation.report import is_tune_report
     from ..evaluation.tune import check_writable
 
-    if split.strip().lower() == "test":  # ("generated" for --docs: no real test split)
+    if split.strip().lower() == "test":  # (--docs: "generated" or "labelled", no split)
         ui.err.print("[bold yellow]warning:[/] tuning on the test split; report on another split")
     with reported():
         if report is not None and report.expanduser().resolve() == out.expanduser().resolve():
@@ -123,7 +123,9 @@ def tune(
     Each query is generated once and reused."""
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
-    name, split = transform.strip().lower(), split if docs is None else "generated"
+    name = transform.strip().lower()
+    if docs is not None:  # no split: the questions written now, or the user's labels
+        split = "generated" if qrels is None else "labelled"
     _check_flags(name, tolerance, dataset, timeout, LlmFlags(llm, llm_model, llm_key))
     require_eval_extra("hyde-plus tune")
     _check(name, split, out, report)
@@ -212,13 +214,15 @@ def _load(
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
-        embed_model, model = models.load(needs_llm(name) or source.needs_llm)
+        embed_model = models.load_embedding()
+        source.read(embed_model, models.max_length, where.index)
+        model = models.load_llm(needs_llm(name) or source.needs_llm)
         source.refuse_other_set(model)
         planned = show_plan(models, source, int(needs_llm(name)))
-        ds, note = source.load(split, limit, embed_model, model, models.max_length)
+        ds, _ = source.load(split, limit, embed_model, model, models.max_length)
         if not planned:
             show_plan(models, source, int(needs_llm(name)), len(ds.queries))
-    what = split if note is None else "generated questions"
+    what = split if source.docs is None else f"{split} questions"
     ui.err.print(f"[bold]{ds.name}[/] {what}: {len(ds.queries)} queries; tuning {name}")
     return configs, ds, embed_model, model if needs_llm(name) else None
 

@@ -16,6 +16,8 @@ from llama_index.core import Document
 
 from .._checks import is_int
 from .._files import json_lines, sha256_file
+from .._owned import marker_kind
+from .questions import SET_KIND
 
 
 class BeirFormatError(ValueError):
@@ -34,11 +36,16 @@ class BeirDataset:
     unit: str = "documents"
     """What the corpus holds, as titles say it: ``documents``, or ``chunks`` for a
     question set written from a user's chunks (``eval --docs``)."""
+    titled: bool = True
+    """Whether a document is embedded with its title (BEIR's convention). False for a
+    question set hyde-plus wrote from a user's chunks (`load_beir`): its titles are
+    the chunks' files, and ``hyde-plus index`` embeds a chunk's text alone."""
 
     def document_text(self, doc_id: str) -> str:
-        """The document's title and text, one line apart, as it is embedded."""
+        """What is embedded of the document: its title and text, one line apart (its
+        text alone when the dataset is not `titled`)."""
         title, text = self.corpus[doc_id]
-        return f"{title}\n{text}" if title else text
+        return f"{title}\n{text}" if title and self.titled else text
 
     def documents(self) -> list[Document]:
         """The corpus as LlamaIndex documents (title and text), ids kept."""
@@ -174,7 +181,9 @@ def read_qrels(
 def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = None) -> BeirDataset:
     """Load the BEIR dataset in ``folder``; keep the judged queries of ``split``.
 
-    ``limit`` keeps the first N judged queries (in ``queries.jsonl`` order).
+    ``limit`` keeps the first N judged queries (in ``queries.jsonl`` order). A question
+    set hyde-plus wrote from a user's documents (its folder's marker says so) is not
+    `titled`: its chunks are embedded as ``hyde-plus index`` embeds them.
     """
     root = dataset_folder(folder, limit, BeirFormatError)
     corpus_path = root / "corpus.jsonl"
@@ -189,4 +198,5 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
     if limit is not None:
         queries = dict(list(queries.items())[:limit])
         qrels = {qid: qrels[qid] for qid in queries}
-    return BeirDataset(root.name, corpus, queries, qrels, sha256_file(corpus_path))
+    titled = marker_kind(root) != SET_KIND
+    return BeirDataset(root.name, corpus, queries, qrels, sha256_file(corpus_path), titled=titled)

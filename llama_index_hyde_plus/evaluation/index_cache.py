@@ -33,8 +33,10 @@ logger = logging.getLogger(__name__)
 
 
 def _corpus_key(ds: BeirDataset, embed_label: str) -> str:
-    """What a cached index depends on: the corpus content and the embedding."""
-    return hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}".encode()).hexdigest()
+    """What a cached index depends on: the corpus content, what of it is embedded
+    (titles or not: `BeirDataset.titled`) and the embedding."""
+    embedded = "" if ds.titled else "|text alone"
+    return hashlib.sha256(f"{ds.corpus_sha256}|{embed_label}{embedded}".encode()).hexdigest()
 
 
 def index_cache_dir(ds: BeirDataset, embed_label: str, root: Path) -> Path:
@@ -107,17 +109,24 @@ def cached_index(
     return store.load(embed_model), info.seconds, False
 
 
-def check_holds(index: VectorStoreIndex, ds: BeirDataset, where: str) -> None:
-    """A `ValueError` unless ``index`` holds every document of ``ds`` by id with the
-    same text (an index reused for ``--docs`` must be of exactly those chunks)."""
+def check_holds(index: VectorStoreIndex, texts: Mapping[str, str], where: str) -> None:
+    """A `ValueError` unless ``index`` holds exactly the chunks of ``texts`` (id ->
+    text): each by id with the same text, and no other (an index reused for ``--docs``
+    must be of exactly those chunks, none of a document since removed)."""
     differ = []
-    for doc_id, (_, text) in ds.corpus.items():
+    for doc_id, text in texts.items():
         node = index.docstore.get_node(doc_id, raise_error=False)
         if node is None or node.get_content() != text:
             differ.append(doc_id)
-    if differ:
+    extra = sorted(set(index.index_struct.nodes_dict.values()) - set(texts))
+    if differ or extra:
+        said = []
+        if differ:
+            said.append(f"{len(differ)} of {len(texts)} missing or changed, e.g. {differ[0]!r}")
+        if extra:
+            said.append(f"{len(extra)} no longer in the documents, e.g. {extra[0]!r}")
         raise ValueError(
             f"--index {where} does not hold the same chunks as the documents "
-            f"({len(differ)} of {len(ds.corpus)} missing or changed, e.g. {differ[0]!r}); "
-            "rebuild it with `hyde-plus index` on them, or leave out --index"
+            f"({'; '.join(said)}); rebuild it with `hyde-plus index` on them, or leave "
+            "out --index"
         )

@@ -17,6 +17,7 @@ a transform that wins here is likely to win on real questions, one that loses ma
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -465,24 +466,106 @@ def write_beir_folder(
     """Write a BEIR folder of ``chunks`` with ``queries`` and ``judgments`` at
     ``folder`` (new, empty, or a question set hyde-plus wrote: `check_set_folder`),
     every file beside its target then renamed, the manifest last, saying which files
-    of an earlier set it replaces."""
+    of an earlier set it replaces. A file that already holds what would be written is
+    left as it is; one edited since hyde-plus wrote it (`kept_as_written`) is never
+    replaced: a `ValueError` says so, and nothing is written."""
     folder = folder.expanduser()
     check_set_folder(folder)
     paths = [folder / name for name in SET_FILES]
-    say_replacing(check_outputs(paths, "--questions-dir"))
-    claim(folder, SET_KIND)
-    (folder / "qrels").mkdir(exist_ok=True)
+    check_outputs(paths, "--questions-dir")
     corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
-    contents = [
+    data = [
         _jsonl(corpus),
         _jsonl([{"_id": qid, "text": text} for qid, text in queries]),
         "\n".join(lines) + "\n",
         _jsonl(rejected),
-        json.dumps({"format": SET_FORMAT, **manifest}, indent=2) + "\n",
     ]
-    write_all_atomic(list(zip(paths, contents, strict=True)))
+    written = {name: _sha256(text) for name, text in zip(SET_FILES, data, strict=False)}
+    record = {"format": SET_FORMAT, **manifest, WRITTEN: written}
+    contents = [*data, _manifest_text(record)]
+    changed = [
+        (path, text)
+        for path, text in zip(paths, contents, strict=True)
+        if not (path.is_file() and path.read_bytes() == text.encode("utf-8"))
+    ]
+    if not changed:
+        return folder
+    edited = [p for p, _ in changed if p.exists() and not _as_written(folder, p, record)]
+    if edited:
+        names = ", ".join(str(p.relative_to(folder)) for p in edited)
+        raise ValueError(
+            f"--questions-dir {folder} holds a question set edited since hyde-plus wrote it "
+            f"({names}); it is never written over. Nothing was written: score it as it is "
+            f"with `hyde-plus eval --dataset {folder}`, or give this run its own "
+            "--questions-dir, or remove that folder to write the set again"
+        )
+    say_replacing([p for p, _ in changed if p.exists()])
+    claim(folder, SET_KIND)
+    (folder / "qrels").mkdir(exist_ok=True)
+    write_all_atomic(changed)
     return folder
+
+
+WRITTEN = "written"
+"""The manifest's record of what hyde-plus wrote: each data file's SHA-256."""
+MANIFEST_SHA256 = "manifest_sha256"
+"""The manifest's SHA-256 of itself without this field: an edited manifest is told."""
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _manifest_text(record: dict[str, Any]) -> str:
+    """``record`` as ``manifest.json`` holds it, with its own `MANIFEST_SHA256`."""
+    digest = _sha256(json.dumps(record, indent=2))
+    return json.dumps({**record, MANIFEST_SHA256: digest}, indent=2) + "\n"
+
+
+def _written_record(folder: Path) -> dict[str, str] | None:
+    """What the manifest at ``folder`` says hyde-plus wrote (file -> SHA-256), when
+    the manifest itself is as hyde-plus wrote it; else None (edited, unreadable, or
+    written before hyde-plus kept the record)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    claimed = manifest.pop(MANIFEST_SHA256, None)
+    written = manifest.get(WRITTEN)
+    if claimed != _sha256(json.dumps(manifest, indent=2)) or not isinstance(written, dict):
+        return None
+    return {str(k): str(v) for k, v in written.items()}
+
+
+def _as_written(folder: Path, path: Path, record: dict[str, Any]) -> bool:
+    """Whether ``path`` in the set at ``folder`` still holds what hyde-plus wrote: its
+    hash is the one the manifest recorded (the manifest: its own hash holds). A set
+    written before that record counts only a manifest that says no more than
+    ``record`` (this run's) without it: nothing else tells its files from a user's."""
+    name = str(path.relative_to(folder))
+    found = _written_record(folder)
+    if name == "manifest.json":
+        if found is not None:
+            return True
+        old = read_manifest(folder)
+        return old is not None and old == {k: v for k, v in record.items() if k != WRITTEN}
+    if found is None or name not in found:
+        return False
+    try:
+        return _sha256(read_regular_bytes(path).decode("utf-8")) == found[name]
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def edited_files(folder: Path) -> list[str]:
+    """The files of the question set at ``folder`` edited since hyde-plus wrote them
+    (by the record its manifest keeps; none when there is no record to tell)."""
+    found = _written_record(folder) or {}
+    return [
+        name
+        for name in found
+        if (folder / name).exists() and not _as_written(folder, folder / name, {})
+    ]
 
 
 SET_FILES = ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "rejected.jsonl", "manifest.json")
@@ -558,36 +641,126 @@ SET_FLAGS = {
 the set when passed the set's values."""
 
 
-def refuse_other_set(folder: Path, wanted: dict[str, Any], unknown: Sequence[str] = ()) -> None:
+def refuse_other_set(
+    folder: Path,
+    wanted: dict[str, Any],
+    unknown: Sequence[str] = (),
+    chunks: Sequence[TextNode] | None = None,
+) -> None:
     """A `ValueError` naming ``--questions-dir`` when ``folder`` holds a question set
     made from anything else than ``wanted`` (`SET_IDENTITY`, but for the ``unknown``
     fields not known yet): it is never replaced silently, so a later run never scores
-    other questions than the user believes. The message names the fix (`_set_fix`)."""
+    other questions than the user believes. Only what makes each kind of set is
+    compared (a labelled set: its labels file; a generated one: its size, model and
+    seed), and the message says in words what differs (`_differences`; ``chunks``,
+    this run's, name a document that changed) and the fix (`_set_fix`)."""
     found = read_manifest(folder)
     if found is None:
+        _refuse_unreadable_set(folder)
         return
-    differ = [k for k in SET_IDENTITY if k not in unknown and found.get(k) != wanted.get(k)]
-    if not differ:
+    labelled, labels_run = bool(found.get("labels")), bool(wanted.get("labels"))
+    fields = ["docs", "chunks_sha256", "chunk_size", "chunk_overlap"]
+    if labelled == labels_run:
+        fields += ["labels"] if labelled else ["questions", "llm", "seed"]
+    differ = [k for k in fields if k not in unknown and found.get(k) != wanted.get(k)]
+    if not differ and labelled == labels_run:
         return
+    said = _differences(folder, found, wanted, differ, chunks)
     raise ValueError(
-        f"--questions-dir {folder} holds another question set ({describe_set(found)}; "
-        f"this run's differs in {', '.join(differ)}). Nothing was written: "
-        f"{_set_fix(folder, found, differ)}"
+        f"--questions-dir {folder} holds another question set ({describe_set(found)}): "
+        f"{'; '.join(said)}. Nothing was written: {_set_fix(folder, found, wanted, differ)}"
     )
 
 
-def _set_fix(folder: Path, found: dict[str, Any], differ: list[str]) -> str:
+def _refuse_unreadable_set(folder: Path) -> None:
+    """A `ValueError` when ``folder`` holds a question set hyde-plus wrote (its marker
+    and a file of the set) whose manifest cannot be read (edited, removed, or of
+    another version): what it was made from, and which of its files are the user's,
+    cannot be told, so it is neither reused nor written over."""
+    folder = folder.expanduser()
+    if marker_kind(folder) != SET_KIND or not any((folder / n).exists() for n in SET_FILES):
+        return
+    raise ValueError(
+        f"--questions-dir {folder} holds a question set whose manifest.json cannot be "
+        "read (edited or removed since hyde-plus wrote it); it is neither reused nor "
+        "written over. Nothing was written: restore manifest.json, give this run its own "
+        "--questions-dir, or remove that folder to write the set again"
+    )
+
+
+def _differences(
+    folder: Path,
+    found: dict[str, Any],
+    wanted: dict[str, Any],
+    differ: list[str],
+    chunks: Sequence[TextNode] | None,
+) -> list[str]:
+    """What differs between the set ``found`` at ``folder`` and this run's
+    (``wanted``), in words: the kind of set, then each field of ``differ``."""
+    said = []
+    if found.get("labels") and not wanted.get("labels"):
+        said.append("this run has an LLM write questions instead")
+    elif wanted.get("labels") and not found.get("labels"):
+        said.append(f"this run scores your labels in {wanted['labels']} instead")
+    for key in differ:
+        was, now = found.get(key), wanted.get(key)
+        if key == "chunks_sha256":
+            which = _changed_file(folder, chunks) if chunks is not None else None
+            said.append(
+                "the documents changed since it was written" + (f" ({which})" if which else "")
+            )
+        elif key == "docs":
+            said.append(f"it was written from the documents in {was}")
+        elif key == "labels":
+            said.append(f"it holds the labels of {was}")
+        elif key == "llm":
+            said.append(f"its questions were written by {was}; this run's model is {now}")
+        else:
+            flag = SET_FLAGS.get(key, key)
+            said.append(f"it was written with {flag} {was}; this run has {flag} {now}")
+    return said
+
+
+def _changed_file(folder: Path, chunks: Sequence[TextNode]) -> str | None:
+    """A document whose chunks differ between the set at ``folder`` (its
+    ``corpus.jsonl``) and ``chunks``, in words ("'a.md' changed", "is new", "was
+    removed"); None when the corpus cannot be read or holds no difference."""
+    try:
+        text = read_regular_bytes(folder / "corpus.jsonl").decode("utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, ValueError, RecursionError):
+        return None
+    old = {
+        str(r.get("_id")): (str(r.get("title") or ""), r.get("text"))
+        for r in rows
+        if isinstance(r, dict)
+    }
+    new = {c.node_id: (_source(c), c.get_content()) for c in chunks}
+    old_files = {source for source, _ in old.values()}
+    new_files = {source for source, _ in new.values()}
+    for chunk_id, (source, content) in new.items():
+        if old.get(chunk_id, ("", None))[1] != content:
+            return f"{source!r} {'changed' if source in old_files else 'is new'}"
+    for chunk_id, (source, _) in old.items():
+        if chunk_id not in new:
+            return f"{source!r} {'changed' if source in new_files else 'was removed'}"
+    return None
+
+
+def _set_fix(folder: Path, found: dict[str, Any], wanted: dict[str, Any], differ: list[str]) -> str:
     """What to do about a set that differs in ``differ``: the flags that reuse it, or
-    `eval --dataset` on it to compare another model on the same questions, then the
-    other ways out (another --questions-dir, or remove the folder)."""
+    `eval --dataset` on it to compare another model on the same questions (two
+    generated sets), then the other ways out (another --questions-dir, or remove the
+    folder)."""
     fixes = []
+    generated = not found.get("labels") and not wanted.get("labels")
     settable = all(
         k in SET_FLAGS and type(found.get(k)) is int and 0 <= found[k] < 10**9 for k in differ
     )  # a manifest edited by hand suggests no flag from its garbage
-    if settable and not found.get("labels"):
+    if generated and differ and settable:
         flags = " ".join(f"{SET_FLAGS[k]} {found.get(k)}" for k in differ)
         fixes.append(f"pass {flags} to use it")
-    elif "llm" in differ and not found.get("labels"):
+    elif generated and "llm" in differ:
         fixes.append(
             f"to compare another model on the same questions, run `hyde-plus eval --dataset "
             f"{folder}`"

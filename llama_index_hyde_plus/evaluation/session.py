@@ -198,7 +198,8 @@ class EvalSession:
             self.store = o["index_store"]
             start = time.perf_counter()
             self.index = self.store.load(embed_model)
-            check_holds(self.index, ds, self.store.location)
+            texts = {doc_id: text for doc_id, (_, text) in ds.corpus.items()}
+            check_holds(self.index, texts, self.store.location)
             self.index_seconds, self.index_cached = time.perf_counter() - start, True
         else:
             self.store = eval_store(ds, label, root, store, uri, o["milvus_token"])

@@ -177,6 +177,7 @@ def reduced(ds: BeirDataset, draws: Mapping[str, Draw]) -> BeirDataset:
         queries={q: t for q, t in ds.queries.items() if q in qrels},
         qrels=qrels,
         corpus_sha256=key.hexdigest(),
+        titled=ds.titled,
     )
 
 
