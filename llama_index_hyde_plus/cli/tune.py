@@ -123,9 +123,7 @@ def tune(
     Each query is generated once and reused."""
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
-    name = transform.strip().lower()
-    if docs is not None:  # no split: the questions written now, or the user's labels
-        split = "generated" if qrels is None else "labelled"
+    name, split = transform.strip().lower(), _split_of(docs, qrels, split)
     _check_flags(name, tolerance, dataset, timeout, LlmFlags(llm, llm_model, llm_key))
     require_eval_extra("hyde-plus tune")
     _check(name, split, out, report)
@@ -135,15 +133,22 @@ def tune(
     docs_set = q.docs_choice(docs, questions, qrels, questions_dir, chunk_size, chunk_overlap, seed)
     source = q.DataChoice(dataset, docs_set)
     outputs = (("--out", out), ("--report", report), ("--cache-dir", cache_dir))
-    configs, ds, embed_model, model = _load(
-        source, where, models, name, grid, split, limit, outputs
-    )
+    loaded = _load(source, where, models, name, grid, split, limit, outputs)
+    configs, ds, embed_model, model = loaded
     configs = _timed_grid(configs, name, timeout)
     options = {"llm": model, "split": split, "grid": configs, "tolerance": tolerance / 100}
     result = _sweep(ds, name, options, where.runner_kwargs(models, embed_model))
     path = _write(result, out, source) if result.winner.gains() or write_anyway else None
     show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
     _show(result, (path, out), report)
+
+
+def _split_of(docs: Path | None, qrels: Path | None, split: str) -> str:
+    """What the questions are: ``split`` of a ``--dataset``; with ``--docs``, those
+    written now (``"generated"``) or the user's ``--qrels`` (``"labelled"``)."""
+    if docs is None:
+        return split
+    return "generated" if qrels is None else "labelled"
 
 
 def _write(result: Any, out: Path, source: q.DataChoice) -> Path:
