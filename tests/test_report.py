@@ -486,3 +486,38 @@ def test_the_chart_shows_no_difference_for_a_transform_not_measured(tmp_path: Pa
         assert "+2.0\n95% CI -1.0 to +5.0" in " ".join(t.get_text() for t in deltas.texts)
     finally:
         plt.close(fig)
+
+
+def test_the_chart_draws_a_label_as_written_with_no_warning(tmp_path: Path) -> None:
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from llama_index_hyde_plus.evaluation.report import bar_chart, chart
+
+    res = _two_unmeasured(tmp_path)
+    odd = ["cost $5 vs $x$", "a\x1b]0;t\x07b \u202eevil"]
+    for report, label in zip(res.reports[1:], odd):
+        report.label = label
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a missing glyph or a mathtext error would raise
+        assert bar_chart(res).startswith(b"\x89PNG")
+        fig = chart(res)
+    try:
+        drawn = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
+        assert r"cost \$5 vs \$x\$" in drawn and "a\\x1b]0;t\\x07b \\u202eevil" in drawn
+    finally:
+        plt.close(fig)
+
+
+def test_a_progress_bar_shows_its_description_as_written() -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from llama_index_hyde_plus.cli._console import task
+
+    console = Console(width=80, record=True, force_terminal=True)
+    with Progress(console=console) as progress:
+        task(progress, "[bold red]x\x1b]0;t", 1, "queries")(1)
+    text = console.export_text(styles=False)
+    assert "[bold red]x\\x1b]0;t" in text and "\x1b]0;t" not in text

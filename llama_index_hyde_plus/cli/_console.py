@@ -151,7 +151,7 @@ def working(description: str) -> Iterator[None]:
         transient=True,
     )
     with spinner:
-        spinner.add_task(description, total=None)
+        spinner.add_task(literal(description), total=None)
         yield
 
 
@@ -189,7 +189,7 @@ def task(progress: Progress, description: str, total: int, unit: str) -> Advance
     """Add a bar to ``progress`` and return ``advance(n, fell_back=0, note="")``, which
     also shows the rate, once any did, how many of the items fell back so far, and the
     ``note`` (how many queries are in flight, once fewer than asked)."""
-    task_id = progress.add_task(description, total=total, rate="")
+    task_id = progress.add_task(literal(description), total=total, rate="")
     start = time.perf_counter()
     done = fallbacks = 0
 

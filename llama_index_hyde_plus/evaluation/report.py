@@ -437,8 +437,15 @@ def delta_label(report: TransformReport) -> str:
     return f"{delta:+.1f}{interval}\n{report.verdict.split(':')[0]}\n{', '.join(counts)}"
 
 
+def _drawn(label: str) -> str:
+    """``label`` as the chart draws it, as written: control characters and bidirectional
+    marks spelled (no font has them), a ``$`` escaped (matplotlib reads ``$...$`` as
+    mathematics)."""
+    return _BIDI.sub(spelled, UNPRINTABLE.sub(spelled, label)).replace("$", r"\$")
+
+
 def _scores_panel(ax: Any, result: EvalResult) -> None:
-    labels = [r.label for r in result.reports]
+    labels = [_drawn(r.label) for r in result.reports]
     xs = range(len(labels))
     width = 0.38
     for shift, measure, colour in ((-1, "nDCG@10", "#3b6ea8"), (1, "R@100", "#9cc3e6")):
@@ -485,7 +492,7 @@ def _delta_panel(ax: Any, compared: list[TransformReport]) -> None:
     for x, report in zip(xs, compared):
         ax.annotate(delta_label(report), (x, -reach * 1.12), ha="center", va="top", fontsize=7)
     ax.set_ylim(-reach * 1.75, reach * 1.2)
-    ax.set_xticks(xs, [r.label for r in compared], rotation=20, ha="right")
+    ax.set_xticks(xs, [_drawn(r.label) for r in compared], rotation=20, ha="right")
     ax.set_ylabel("Δ nDCG@10 vs none (points)")
     ax.set_title("Δ vs none, 95% interval (paired t)")
     ax.grid(axis="y", alpha=0.3)
