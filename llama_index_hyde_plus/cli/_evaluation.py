@@ -80,7 +80,8 @@ class ModelChoice:
             try:
                 self.planned.append(plan_threads(made))
             except Exception as exc:  # the calls themselves fall back if the model fails
-                ui.err.print(f"[yellow]warning:[/] could not measure the local model: {exc}")
+                said = ui.literal(str(exc))
+                ui.err.print(f"[yellow]warning:[/] could not measure the local model: {said}")
                 self.planned.append(None)
         plan = self.planned[0]
         if plan is None:

@@ -205,7 +205,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
         qset = asyncio.run(
             generate_questions(nodes, llm, n=choice.questions, seed=choice.seed, progress=advance)
         )
-    ui.console.print(f"Questions: {qset.summary()}")
+    ui.console.print(f"Questions: {ui.literal(qset.summary())}")
     return write_question_set(qset, nodes, choice.folder, wanted)
 
 

@@ -321,14 +321,13 @@ def _prepare(
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
     ui.err.print(
-        f"[bold]{ds.name}[/]: {len(ds.queries)} queries, {len(ds.corpus)} {ds.unit}; "
-        f"transforms: {', '.join(s.label for s in specs)}"
+        f"[bold]{ui.literal(ds.name)}[/]: {len(ds.queries)} queries, {len(ds.corpus)} "
+        f"{ds.unit}; transforms: {ui.literal(', '.join(s.label for s in specs))}"
     )
     return specs, ds, note, embed_model, model
 
 
 def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1) -> None:
-    from rich.markup import escape
 
     from ..evaluation.report import recommendation, rich_table, verdicts, write_outputs
 
@@ -338,12 +337,11 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
     for line in verdicts(result):
         ui.console.print(f"  {ui.literal(line)}")
     if note is not None:
-        ui.err.print(f"[yellow]About these questions:[/] {escape(note)}")
+        ui.err.print(f"[yellow]About these questions:[/] {ui.literal(note)}")
     with reported():
         paths = write_outputs(result, out, command_line("eval"))
-    ui.console.print(
-        f"[dim]Wrote {escape(', '.join(str(p) for p in paths))} ({result.wall_seconds:.0f} s)[/]"
-    )
+    wrote = ui.literal(", ".join(str(p) for p in paths))
+    ui.console.print(f"[dim]Wrote {wrote} ({result.wall_seconds:.0f} s)[/]")
     show_timeout_hint(result.reports, concurrency)
     if result.config.get("set") == "conversational":  # a person's rewrite is no option
         from dataclasses import replace

@@ -65,13 +65,12 @@ SKIPPED_SHOWN = 20
 
 def print_skipped(skipped: Sequence[Skipped]) -> None:
     """What was not indexed and why, on stderr (never silently)."""
-    from rich.markup import escape
 
     if not skipped:
         return
     ui.err.print(f"[yellow]Skipped {len(skipped)} file(s):[/]")
     for item in skipped[:SKIPPED_SHOWN]:
-        ui.err.print(f"  {escape(item.path)}: {escape(item.reason)}", soft_wrap=True)
+        ui.err.print(f"  {ui.literal(item.path)}: {ui.literal(item.reason)}", soft_wrap=True)
     if len(skipped) > SKIPPED_SHOWN:
         ui.err.print(f"  ... and {len(skipped) - SKIPPED_SHOWN} more")
 
@@ -116,7 +115,6 @@ def index(
     setup_logging(verbose)
     with early.refused():
         early.documents_folder(docs)
-    from rich.markup import escape
 
     from ..chunking import Chunking
     from ..readers import read_folder
@@ -140,7 +138,7 @@ def index(
         )
     ui.console.print(
         f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into "
-        f"[bold]{escape(str(info.location))}[/] "
+        f"[bold]{ui.literal(str(info.location))}[/] "
         f"({target.search}, {info.dim}-d, {info.seconds:.1f}s): "
         f"{embedded_line(info)}"
     )
