@@ -423,8 +423,8 @@ class TransformRetriever(BaseRetriever):
             nodes=nodes,
             transform=result,
             latency_s=time.perf_counter() - start,
-            failed_searches=tuple(text for _, text in errors),
-            failed_positions=tuple(i for i, _ in errors),
+            failed_searches=tuple(text for _, text in errors) if errors else (),
+            failed_positions=tuple(i for i, _ in errors) if errors else (),
         )
 
 

@@ -139,27 +139,23 @@ class Reuse:
                 logger.warning("transform cache entry unusable (%s); calling the LLM", exc)
                 return None
             method = self._owner.method
+            serve = self._owner._with_search_options
             if not serves(stored, query, method):
                 if not (keeps_unusable_replies(cache) and replays(stored, query, method)):
                     return None  # another question's, empty, or partial
                 if stored.fallback:  # searched as the question: no options to apply
-                    return revised(stored, **self._hit(stored, start))
-            return self._owner._with_search_options(stored, **self._hit(stored, start))
+                    serve = revised
+            return serve(
+                stored,
+                usage=Usage(cached=True),
+                cached=True,
+                generation_usage=stored.generation_usage or stored.usage,
+                latency_s=time.perf_counter() - start,
+            )
         except BaseException as exc:
             said = describe(failure(exc))
             logger.warning("transform cache read failed (%s); calling the LLM", said)
             return None
-
-    @staticmethod
-    def _hit(stored: TransformResult, start: float) -> dict[str, Any]:
-        """What a cache hit changes in the stored result: no usage of its own (the
-        generation's is kept), marked cached, with this call's latency."""
-        return {
-            "usage": Usage(cached=True),
-            "cached": True,
-            "generation_usage": stored.generation_usage or stored.usage,
-            "latency_s": time.perf_counter() - start,
-        }
 
     def _store(self, cache: TransformCache, key: str, result: TransformResult) -> None:
         if not (shareable(result) or (keeps_unusable_replies(cache) and unusable(result))):
