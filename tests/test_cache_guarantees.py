@@ -642,3 +642,19 @@ def test_a_kept_unusable_reply_serves_only_its_own_question_and_method(tmp_path:
         cache.set(key, other)
         again = MultiQuery(llm, n=1, cache=cache).transform(Q)
         assert not again.cached and len(llm.prompts) == asked
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_failed_call_beside_unusable_replies_is_reported_and_never_kept(
+    tmp_path: Path, use_async: bool
+) -> None:
+    cache = _KeepingSQLiteCache(tmp_path / "keeping.sqlite")
+    llm = ScriptedLLM([RuntimeError("boom"), "Passage:", "Passage:", "A passage.", "B.", "C."])
+    hyde = HyDE(llm, num_passages=3, cache=cache, breaker=None, retry=NO_RETRY)
+
+    def transform() -> TransformResult:
+        return asyncio.run(hyde.atransform(Q)) if use_async else hyde.transform(Q)
+
+    first, second = transform(), transform()
+    assert first.fallback and (first.error or "").startswith("RuntimeError: boom")
+    assert not second.cached and not second.fallback and len(llm.prompts) == 6

@@ -392,7 +392,9 @@ class LLMTransform(QueryTransformer):
         try:
             result = self._build(query, texts, usage)
         except UnusableReplyError as exc:
-            return revised(self._fallback(query, [exc], start, usage), parsed=exc.count)
+            # a call that failed (timed out, raised) is what went wrong: it is reported
+            failed = [e for e in errors if not isinstance(e, UnusableReplyError)]
+            return revised(self._fallback(query, [*failed, exc], start, usage), parsed=exc.count)
         return revised(
             result,
             usage=usage,
