@@ -658,3 +658,21 @@ def test_a_failed_call_beside_unusable_replies_is_reported_and_never_kept(
     first, second = transform(), transform()
     assert first.fallback and (first.error or "").startswith("RuntimeError: boom")
     assert not second.cached and not second.fallback and len(llm.prompts) == 6
+
+
+def test_a_kept_fallback_holding_anything_to_search_is_never_served(tmp_path: Path) -> None:
+    cache = _KeepingMemoryCache()
+    llm = ScriptedLLM(respond=lambda p: "Sure! Here are some queries:")
+    MultiQuery(llm, n=1, cache=cache).transform(Q)
+    key, stored = cache.keys[0], cache.get(cache.keys[0])
+    child = replace(stored, query="zzz", fallback=False, error=None, queries=("zzz",))
+    forged = [
+        replace(stored, queries=("evil",)),
+        replace(stored, hypothetical=("evil",)),
+        replace(stored, children=(child,)),
+        replace(stored, fallback=False),  # "partial" with nothing generated
+    ]
+    for asked, entry in enumerate(forged, start=2):
+        cache.set(key, entry)
+        again = MultiQuery(llm, n=1, cache=cache).transform(Q)
+        assert not again.cached and len(llm.prompts) == asked

@@ -238,8 +238,13 @@ def unusable(result: TransformResult) -> bool:
 def replays(stored: TransformResult, query: str, method: str) -> bool:
     """Whether a cache that `keeps_unusable_replies` serves ``stored``, which `serves`
     refused, to ``query``: an `unusable` generation of this question by this method,
-    served again as it was (a fallback, or the part that could be used)."""
-    return stored.query == query and stored.method == method and unusable(stored)
+    served again as it was: a fallback that searches the question alone (nothing else
+    in it), or a partial generation holding something generated, as `serves` asks."""
+    if stored.query != query or stored.method != method or not unusable(stored):
+        return False
+    if stored.fallback:
+        return not (stored.queries or stored.hypothetical or stored.children)
+    return bool(stored.hypothetical or any(q != query for q in stored.queries))
 
 
 def shareable(result: TransformResult) -> bool:
