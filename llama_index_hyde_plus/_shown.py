@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 
+BIDI = re.compile(r"[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Marks that reorder the text after them on screen: spelled, as control characters."""
+
 
 def spelled(found: re.Match[str]) -> str:
     """A matched character spelled as its escape: ``\\x1b``, ``\\u202e``."""
@@ -15,11 +18,11 @@ def spelled(found: re.Match[str]) -> str:
 
 def literal(text: str) -> str:
     """``text`` (a document's, a model's or the user's) to print as it is: Rich markup
-    escaped; control characters other than line breaks and tabs, and lone surrogates,
-    spelled as escapes (``\\x1b``): no text styles, moves or retitles the terminal,
-    or stops the print."""
+    escaped; control characters other than line breaks and tabs, lone surrogates and
+    bidirectional marks spelled as escapes (``\\x1b``, ``\\u202e``): no text styles,
+    moves, reorders or retitles the terminal, or stops the print."""
     from rich.markup import escape
 
     from .transforms.parsing import UNPRINTABLE  # here: the command's start stays light
 
-    return escape(UNPRINTABLE.sub(spelled, text))
+    return escape(BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text)))

@@ -944,6 +944,16 @@ def test_the_results_table_shows_a_documents_markup_and_escapes_as_written() -> 
     assert "\\x1b[31mRED" in text and "\\x07" in text and "\\ud800" in text
     assert literal("a\x1bb[/]") == "a\\x1bb\\[/]"
     assert literal("line\nnext\tcell\rover") == "line\nnext\tcell\\x0dover"
+    assert literal("a\u202eb\u2066c") == "a\\u202eb\\u2066c"  # no reordering either
+
+
+def test_an_error_line_shows_a_path_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    from llama_index_hyde_plus.cli._console import fail
+
+    fail("no such folder: /tmp/no\x1b[2Jsuch \u202eevil [bold]x[/]")
+    said = capsys.readouterr().err
+    assert "\x1b" not in said and "\u202e" not in said
+    assert "/tmp/no\\x1b[2Jsuch \\u202eevil [bold]x[/]" in said
 
 
 @pytest.mark.parametrize(

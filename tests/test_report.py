@@ -496,6 +496,7 @@ def test_the_chart_draws_a_label_as_written_with_no_warning(tmp_path: Path) -> N
     from llama_index_hyde_plus.evaluation.report import bar_chart, chart
 
     res = _two_unmeasured(tmp_path)
+    res.dataset = "cost $\\frac$ x\x1b"  # mathematics that does not parse, a control
     odd = ["cost $5 vs $x$", "a\x1b]0;t\x07b \u202eevil"]
     for report, label in zip(res.reports[1:], odd):
         report.label = label
@@ -506,6 +507,7 @@ def test_the_chart_draws_a_label_as_written_with_no_warning(tmp_path: Path) -> N
     try:
         drawn = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
         assert r"cost \$5 vs \$x\$" in drawn and "a\\x1b]0;t\\x07b \\u202eevil" in drawn
+        assert fig.texts[0].get_text().startswith(r"cost \$\frac\$ x\x1b:")
     finally:
         plt.close(fig)
 

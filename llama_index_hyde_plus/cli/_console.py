@@ -87,9 +87,7 @@ def setup_logging(verbose: bool) -> None:
 
 def fail(message: str) -> typer.Exit:
     """Print one ``error:`` line; the caller raises the returned exit (code 2)."""
-    from rich.markup import escape
-
-    _made_console(True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    _made_console(True).print(f"[bold red]error:[/] {literal(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
-from .._shown import literal, spelled
+from .._shown import BIDI, literal, spelled
 from ..transforms.parsing import UNPRINTABLE
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
@@ -388,12 +388,8 @@ def _md_text(text: str) -> str:
     if len(text) > MAX_REASON_CHARS:
         text = f"{text[:MAX_REASON_CHARS]}... ({len(text) - MAX_REASON_CHARS:,} more characters)"
     text = re.sub(r"[\r\n\t\x0b\x0c\x85\u2028\u2029]+", " ", text)
-    text = _BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text))
+    text = BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text))
     return re.sub(r"([\\`*_{}\[\]<>|~])", r"\\\1", text)
-
-
-_BIDI = re.compile(r"[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-"""Marks that reorder the text after them on screen: spelled, as control characters."""
 
 
 def timing_line(result: EvalResult) -> str:
@@ -441,7 +437,7 @@ def _drawn(label: str) -> str:
     """``label`` as the chart draws it, as written: control characters and bidirectional
     marks spelled (no font has them), a ``$`` escaped (matplotlib reads ``$...$`` as
     mathematics)."""
-    return _BIDI.sub(spelled, UNPRINTABLE.sub(spelled, label)).replace("$", r"\$")
+    return BIDI.sub(spelled, UNPRINTABLE.sub(spelled, label)).replace("$", r"\$")
 
 
 def _scores_panel(ax: Any, result: EvalResult) -> None:
@@ -516,7 +512,9 @@ def chart(result: EvalResult) -> Any:
     _scores_panel(axes[0][0], result)
     if compared:
         _delta_panel(axes[0][1], compared)
-    fig.suptitle(f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}")
+    fig.suptitle(
+        f"{_drawn(result.dataset)}: {_queries(result.queries)}, {result.documents} {result.unit}"
+    )
     fig.tight_layout()
     return fig
 
