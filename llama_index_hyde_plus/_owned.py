@@ -139,7 +139,9 @@ def locked_folder(folder: Path) -> Iterator[None]:
 def write_all_atomic(files: Sequence[tuple[Path, bytes | str]]) -> None:
     """Write every ``(path, data)`` (text as UTF-8) to a temporary file beside it, then
     rename them all into place: an error or a kill while writing leaves every old file
-    whole and no temporary file (only a kill between the renames can replace some)."""
+    whole (only a kill between the renames can replace some); an error removes the
+    temporary files, a kill (``SIGKILL``) may leave them, hidden (``.NAME.HEX.tmp``)
+    and never read."""
     pending: list[tuple[Path, Path]] = []
     try:
         for path, data in files:

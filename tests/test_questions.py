@@ -432,6 +432,44 @@ def test_a_link_or_a_file_as_the_set_folder_is_refused_and_kept(tmp_path: Path) 
     assert read_manifest(real)["docs"] == "x" and file.read_text() == "mine"  # type: ignore[index]
 
 
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_a_set_whose_qrels_is_a_link_or_a_file_is_never_written_through(
+    tmp_path: Path, kind: str
+) -> None:
+    real = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "test.tsv").write_text("mine")
+    for item in (real / "qrels").iterdir():
+        item.unlink()
+    (real / "qrels").rmdir()
+    if kind == "link":
+        (real / "qrels").symlink_to(elsewhere)
+    else:
+        (real / "qrels").write_text("mine")
+    with pytest.raises(ValueError, match="holds a qrels that is not the folder"):
+        write_question_set(_one_question_set(), chunks(), real, {"docs": "y"})
+    assert (elsewhere / "test.tsv").read_text() == "mine" and sorted(elsewhere.iterdir()) == [
+        elsewhere / "test.tsv"
+    ]
+    assert read_manifest(real)["docs"] == "x"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("name", ["a\tb.md", "a\nb.md"])
+def test_a_document_named_with_a_tab_or_a_line_break_is_refused_before_a_set_is_written(
+    tmp_path: Path, name: str
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import check_chunk_ids
+
+    odd = [*chunks(3), TextNode(text="Text.", id_=f"{name}#1", metadata={"source": name})]
+    with pytest.raises(ValueError, match="has a tab or a line break in its name"):
+        check_chunk_ids(odd)
+    with pytest.raises(ValueError, match="has a tab or a line break in its name"):
+        write_question_set(_one_question_set(), odd, tmp_path / "set", {"docs": "x"})
+    assert not (tmp_path / "set").exists()
+    check_chunk_ids(chunks())  # ordinary names pass
+
+
 def test_an_empty_folder_for_a_set_is_filled_in_place(tmp_path: Path) -> None:
     private = tmp_path / "qpriv"
     private.mkdir()
@@ -889,3 +927,16 @@ def test_a_set_whose_manifest_cannot_be_read_is_refused_before_questions_are_wri
     assert "holds a question set whose manifest.json cannot be read" in said
     assert not asked and "Writing questions" not in said  # no question written for nothing
     assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == kept
+
+
+@pytest.mark.parametrize("rejected", [[1, 2], "lots", None, 7, {"echoing": 2}])
+def test_a_hand_edited_manifest_never_breaks_the_report_caveat(
+    tmp_path: Path, rejected: object
+) -> None:
+    from llama_index_hyde_plus.cli._questions import caveat
+
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", {"docs": "x"})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "rejected": rejected}))
+    said = caveat(folder)
+    assert said is not None and "generated questions kept (rejected: " in said

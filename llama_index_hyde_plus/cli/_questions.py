@@ -129,6 +129,9 @@ def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
     nodes, _ = prepare_nodes(contents.documents, embed_model, chunking, max_length)
     if not nodes:
         raise ValueError(f"{choice.docs} has no text to write questions from")
+    from ..evaluation.questions import check_chunk_ids
+
+    check_chunk_ids(nodes)  # before any question is written
     ui.err.print(
         f"{ui.literal(str(choice.docs))}: {len(contents.documents)} documents, {len(nodes)} chunks"
     )
@@ -219,8 +222,9 @@ def caveat(folder: Path, warning: str | None = None) -> str | None:
     manifest = read_manifest(folder) or {}
     if "labels" in manifest:
         return None
-    rejected = manifest.get("rejected") or {}
-    why = ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items())) or "none"
+    rejected = manifest.get("rejected")
+    counts = sorted(rejected.items()) if isinstance(rejected, dict) else []  # a hand edit
+    why = ", ".join(f"{n} {reason}" for reason, n in counts) or "none"
     if warning is not None:
         return f"{warning} Rejected: {why}. {manifest.get('caveat', '')}"
     kept = manifest.get("kept")

@@ -374,6 +374,19 @@ def _source(chunk: TextNode) -> str:
     return str(chunk.metadata.get("source") or chunk.metadata.get("file_path") or "")
 
 
+def check_chunk_ids(chunks: Sequence[TextNode]) -> None:
+    """A `ValueError` naming the first document whose chunk ids a question set cannot
+    hold: a tab or a line break in its name (``qrels/test.tsv`` is tab-separated
+    lines), so the set is never written broken."""
+    for chunk in chunks:
+        if "\t" in chunk.node_id or "\n" in chunk.node_id:
+            raise ValueError(
+                f"the document {_source(chunk)!r} has a tab or a line break in its name, "
+                "which a question set's qrels file cannot hold; rename it to score "
+                "questions written from it"
+            )
+
+
 MAX_GRADE = 1000
 _GRADE = re.compile(r"^-?[0-9]{1,9}$", re.ASCII)
 
@@ -471,6 +484,7 @@ def write_beir_folder(
     replaced: a `ValueError` says so, and nothing is written."""
     folder = folder.expanduser()
     check_set_folder(folder)
+    check_chunk_ids(chunks)
     paths = [folder / name for name in SET_FILES]
     check_outputs(paths, "--questions-dir")
     corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
@@ -576,13 +590,21 @@ SET_KIND = "question-set"
 
 def check_set_folder(folder: Path, flag: str = "--questions-dir") -> None:
     """A `ValueError` naming ``flag`` unless a question set may be written at
-    ``folder``: absent, empty, or a set hyde-plus wrote (not a link to one)."""
+    ``folder``: absent, empty, or a set hyde-plus wrote (not a link to one, nor one
+    whose ``qrels`` is a link or a file: a write never goes through a link)."""
     folder = folder.expanduser()
     if folder.is_symlink():
         raise ValueError(
             f"{flag} {folder} is a symbolic link; give the folder itself (its real path)"
         )
     check_folder(folder, SET_KIND, flag)
+    qrels = folder / "qrels"
+    if qrels.is_symlink() or (qrels.exists() and not qrels.is_dir()):
+        raise ValueError(
+            f"{flag} {folder} holds a qrels that is not the folder hyde-plus made (a link "
+            "or a file); it is never written through. Nothing was written: remove it, or "
+            f"give this run its own {flag}"
+        )
 
 
 def _jsonl(rows: Sequence[dict[str, Any]]) -> str:
