@@ -4,9 +4,10 @@ Pass one as ``cache=`` to any built-in transform. Entries are keyed by a hash of
 method, the model and its generation settings, the prompt, the transform's generation
 options and the query (see `cache_key` and `LLMTransform.cache_key_for`), and hold the
 `TransformResult`. Only complete successes are stored (not a fallback, nor a result
-some of whose calls failed), so an outage never poisons the cache. Both caches are
-safe to share between threads and event loops; `MemoryCache` is bounded in entries and
-bytes.
+some of whose calls failed), so an outage never poisons the cache; a cache may opt in
+to keeping unusable replies too (`keeps_unusable_replies`, as an evaluation's does).
+Both caches are safe to share between threads and event loops; `MemoryCache` is
+bounded in entries and bytes.
 """
 
 from __future__ import annotations
