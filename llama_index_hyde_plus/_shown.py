@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 
+UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+"""Control characters other than tab and line feed, and lone surrogates: what no
+query, cache entry or terminal should hold (the CLI prints them spelled out)."""
 BIDI = re.compile(r"[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Marks that reorder the text after them on screen: spelled, as control characters."""
 
@@ -22,7 +25,5 @@ def literal(text: str) -> str:
     bidirectional marks spelled as escapes (``\\x1b``, ``\\u202e``): no text styles,
     moves, reorders or retitles the terminal, or stops the print."""
     from rich.markup import escape
-
-    from .transforms.parsing import UNPRINTABLE  # here: the command's start stays light
 
     return escape(BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text)))

@@ -15,8 +15,7 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
-from .._shown import BIDI, literal, spelled
-from ..transforms.parsing import UNPRINTABLE
+from .._shown import BIDI, UNPRINTABLE, literal, spelled
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult

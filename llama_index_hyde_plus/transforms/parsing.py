@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from .._shown import UNPRINTABLE
+
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
@@ -121,9 +123,6 @@ def clean_reply(text: str) -> str:
 
 
 _LINE_BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x85]")
-UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-"""Control characters other than tab and line feed, and lone surrogates: what no
-query, cache entry or terminal should hold (the CLI prints them spelled out)."""
 
 
 def _printable(text: str) -> str:
