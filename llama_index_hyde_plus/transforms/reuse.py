@@ -145,13 +145,7 @@ class Reuse:
                     return None  # another question's, empty, or partial
                 if stored.fallback:  # searched as the question: no options to apply
                     serve = revised
-            return serve(
-                stored,
-                usage=Usage(cached=True),
-                cached=True,
-                generation_usage=stored.generation_usage or stored.usage,
-                latency_s=time.perf_counter() - start,
-            )
+            return serve(stored, **reused(stored, start))
         except BaseException as exc:
             said = describe(failure(exc))
             logger.warning("transform cache read failed (%s); calling the LLM", said)
@@ -266,10 +260,16 @@ def as_waiter(result: TransformResult, start: float) -> TransformResult:
         return replace(
             result, usage=Usage(), generation_usage=None, latency_s=time.perf_counter() - start
         )
-    return revised(
-        result,
-        usage=Usage(cached=True),
-        cached=True,
-        generation_usage=result.generation_usage or result.usage,
-        latency_s=time.perf_counter() - start,
-    )
+    return revised(result, **reused(result, start))
+
+
+def reused(result: TransformResult, start: float) -> dict[str, Any]:
+    """What a generation served again (a cache hit, an identical call's) changes in
+    ``result``: no usage of its own (the generation's is kept), marked cached, with
+    the latency of the call it answers (started at ``start``)."""
+    return {
+        "usage": Usage(cached=True),
+        "cached": True,
+        "generation_usage": result.generation_usage or result.usage,
+        "latency_s": time.perf_counter() - start,
+    }
