@@ -5,6 +5,7 @@ is an ``int`` to Python, but ``top_k=True`` is a mistake, not 1)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, TypeGuard
 
 
@@ -52,12 +53,19 @@ def check_folder(path: Any, name: str) -> None:
     raise ValueError(f"{name} must be a folder, not a file: {path}")
 
 
+_VISIBLE = re.compile(r"[^\s\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
+"""A character that shows: not a space, nor a zero-width or direction mark."""
+
+
 def validate_query(query: Any) -> str:
-    """``query`` if it is a non-empty string, else a `TypeError`/`ValueError`."""
+    """``query`` if it is a string holding a visible character (not only spaces or
+    zero-width marks), else a `TypeError`/`ValueError`."""
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, not {type(query).__name__}")
     if not query.strip():
         raise ValueError("query must be a non-empty string")
+    if _VISIBLE.search(query) is None:
+        raise ValueError("query must be a non-empty string: it holds only invisible characters")
     try:
         query.encode("utf-8")
     except UnicodeEncodeError:

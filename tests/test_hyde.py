@@ -176,10 +176,17 @@ def test_bad_parameters_are_value_errors_naming_the_parameter(kwargs: dict, name
         HyDE(ScriptedLLM(), **kwargs)
 
 
-@pytest.mark.parametrize("query", ["", "   "])
+@pytest.mark.parametrize("query", ["", "   ", "\u200b", " \ufeff\u200d\u2060 ", "\u202e\u00ad"])
 def test_empty_query_is_value_error(query: str) -> None:
-    with pytest.raises(ValueError, match="query"):
-        HyDE(ScriptedLLM()).transform(query)
+    llm = ScriptedLLM()
+    with pytest.raises(ValueError, match="query must be a non-empty string"):
+        HyDE(llm).transform(query)
+    assert llm.prompts == []
+
+
+@pytest.mark.parametrize("query", ["a\u200b", "\u200bwhy?", "\u05d0", "\u3042"])
+def test_a_question_with_a_visible_character_is_searched(query: str) -> None:
+    assert HyDE(ScriptedLLM(["A passage."])).transform(query).query == query
 
 
 def test_non_llm_is_type_error() -> None:
