@@ -702,10 +702,15 @@ def _refuse_unreadable_set(folder: Path) -> None:
     folder = folder.expanduser()
     if marker_kind(folder) != SET_KIND or not any((folder / n).exists() for n in SET_FILES):
         return
+    manifest = folder / "manifest.json"
+    why = (
+        "cannot be read (edited since hyde-plus wrote it)"
+        if manifest.exists()
+        else "is missing (a run stopped before writing it, or it was removed)"
+    )
     raise ValueError(
-        f"--questions-dir {folder} holds a question set whose manifest.json cannot be "
-        "read (edited or removed since hyde-plus wrote it); it is neither reused nor "
-        "written over. Nothing was written: restore manifest.json, give this run its own "
+        f"--questions-dir {folder} holds a question set whose manifest.json {why}; it is "
+        "neither reused nor written over. Nothing was written: give this run its own "
         "--questions-dir, or remove that folder to write the set again"
     )
 
