@@ -123,6 +123,17 @@ class ModelChoice:
         with ui.err.status("Loading the LLM..."):
             return self.make_llm()
 
+    def load(self, source: Any, index: Path | None, needs_llm: bool) -> tuple[Any, Any]:
+        """``(embedding model, LLM or None)`` for ``eval`` and ``tune``, in the order
+        that refuses a run before its costly work: the embedding model; ``--docs``
+        read and compared with ``index`` (`DataChoice.read`); the LLM; a question set
+        made from anything else refused (`DataChoice.refuse_other_set`)."""
+        embed_model = self.load_embedding()
+        source.read(embed_model, self.max_length, index)
+        model = self.load_llm(needs_llm)
+        source.refuse_other_set(model)
+        return embed_model, model
+
 
 @dataclass(frozen=True)
 class SearchChoice:

@@ -308,10 +308,7 @@ def _prepare(
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()
-        embed_model = models.load_embedding()
-        source.read(embed_model, models.max_length, where.index)
-        model = models.load_llm(needs)
-        source.refuse_other_set(model)
+        embed_model, model = models.load(source, where.index, needs)
         planned = show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)
@@ -328,7 +325,6 @@ def _prepare(
 
 
 def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1) -> None:
-
     from ..evaluation.report import recommendation, rich_table, verdicts, write_outputs
 
     if result.config.get("stand_in"):

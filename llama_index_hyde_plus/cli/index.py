@@ -65,7 +65,6 @@ SKIPPED_SHOWN = 20
 
 def print_skipped(skipped: Sequence[Skipped]) -> None:
     """What was not indexed and why, on stderr (never silently)."""
-
     if not skipped:
         return
     ui.err.print(f"[yellow]Skipped {len(skipped)} file(s):[/]")

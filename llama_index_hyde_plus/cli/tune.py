@@ -219,10 +219,7 @@ def _load(
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
-        embed_model = models.load_embedding()
-        source.read(embed_model, models.max_length, where.index)
-        model = models.load_llm(needs_llm(name) or source.needs_llm)
-        source.refuse_other_set(model)
+        embed_model, model = models.load(source, where.index, needs_llm(name) or source.needs_llm)
         planned = show_plan(models, source, int(needs_llm(name)))
         ds, _ = source.load(split, limit, embed_model, model, models.max_length)
         if not planned:
