@@ -19,6 +19,12 @@ def spelled(found: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
+def spelled_out(text: str) -> str:
+    """``text`` with every character that would not show as itself (control
+    characters, lone surrogates, bidirectional marks) spelled as its escape."""
+    return BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text))
+
+
 def literal(text: str) -> str:
     """``text`` (a document's, a model's or the user's) to print as it is: Rich markup
     escaped; control characters other than line breaks and tabs, lone surrogates and
@@ -26,4 +32,4 @@ def literal(text: str) -> str:
     moves, reorders or retitles the terminal, or stops the print."""
     from rich.markup import escape
 
-    return escape(BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text)))
+    return escape(spelled_out(text))

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
-from .._shown import BIDI, UNPRINTABLE, literal, spelled
+from .._shown import literal, spelled_out
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult
@@ -174,8 +174,8 @@ def rich_table(result: EvalResult) -> Table:
     from `none` in points with the 95% interval, wins/ties/losses and p ("not
     measured" instead when too many fell back), the share of queries whose ranking it
     changed (``chg``), how many a gate skipped and how many fell back to plain search
-    (``skip/fb``; a fallback is a timeout, an unusable reply or an error), and the median latency.
-    ``results.md`` has every measure.
+    (``skip/fb``; a fallback is a timeout, an unusable reply or an error), and the
+    median latency. ``results.md`` has every measure.
 
     Args:
         result: the run.
@@ -387,8 +387,7 @@ def _md_text(text: str) -> str:
     if len(text) > MAX_REASON_CHARS:
         text = f"{text[:MAX_REASON_CHARS]}... ({len(text) - MAX_REASON_CHARS:,} more characters)"
     text = re.sub(r"[\r\n\t\x0b\x0c\x85\u2028\u2029]+", " ", text)
-    text = BIDI.sub(spelled, UNPRINTABLE.sub(spelled, text))
-    return re.sub(r"([\\`*_{}\[\]<>|~])", r"\\\1", text)
+    return re.sub(r"([\\`*_{}\[\]<>|~])", r"\\\1", spelled_out(text))
 
 
 def timing_line(result: EvalResult) -> str:
@@ -436,7 +435,7 @@ def _drawn(label: str) -> str:
     """``label`` as the chart draws it, as written: control characters and bidirectional
     marks spelled (no font has them), a ``$`` escaped (matplotlib reads ``$...$`` as
     mathematics)."""
-    return BIDI.sub(spelled, UNPRINTABLE.sub(spelled, label)).replace("$", r"\$")
+    return spelled_out(label).replace("$", r"\$")
 
 
 def _scores_panel(ax: Any, result: EvalResult) -> None:
