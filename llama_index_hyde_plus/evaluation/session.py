@@ -23,6 +23,7 @@ from ..transforms.base import TransformResult
 from ..transforms.condense import chat_history
 from ..transforms.factory import build
 from ..transforms.registry import uses_llm
+from ..transforms.reuse import unusable
 from ..usage import Usage, sum_usage
 from .beir import BeirDataset
 from .index_cache import Advance, ProgressFactory, cached_index, check_holds, eval_store
@@ -79,8 +80,9 @@ def ran_out_of_time(result: TransformResult) -> bool:
 
 def was_unusable(result: TransformResult) -> bool:
     """Whether ``result`` fell back because the model's reply held nothing usable (an
-    ``UnusableReplyError``: no query could be parsed from it, an empty passage)."""
-    return result.fallback and (result.error or "").startswith("UnusableReplyError")
+    ``UnusableReplyError``: no query could be parsed from it, an empty passage; the
+    rule `reuse.unusable` keeps such generations by)."""
+    return result.fallback and unusable(result)
 
 
 async def _run_one(

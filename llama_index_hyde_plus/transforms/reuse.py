@@ -218,8 +218,14 @@ def serves(stored: TransformResult, query: str, method: str) -> bool:
         stored.query == query
         and stored.method == method
         and shareable(stored)
-        and bool(stored.hypothetical or any(q != query for q in stored.queries))
+        and _generated(stored, query)
     )
+
+
+def _generated(stored: TransformResult, query: str) -> bool:
+    """Whether ``stored`` holds something generated: passages, or a query other than
+    the question."""
+    return bool(stored.hypothetical or any(q != query for q in stored.queries))
 
 
 def unusable(result: TransformResult) -> bool:
@@ -238,7 +244,7 @@ def replays(stored: TransformResult, query: str, method: str) -> bool:
         return False
     if stored.fallback:
         return not (stored.queries or stored.hypothetical or stored.children)
-    return bool(stored.hypothetical or any(q != query for q in stored.queries))
+    return _generated(stored, query)
 
 
 def shareable(result: TransformResult) -> bool:
