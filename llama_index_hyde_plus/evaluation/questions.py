@@ -480,7 +480,7 @@ def write_beir_folder(
     ``folder`` (new, empty, or a question set hyde-plus wrote: `check_set_folder`),
     every file beside its target then renamed, the manifest last, saying which files
     of an earlier set it replaces. A file that already holds what would be written is
-    left as it is; one edited since hyde-plus wrote it (`kept_as_written`) is never
+    left as it is; one edited since hyde-plus wrote it (`_as_written`) is never
     replaced: a `ValueError` says so, and nothing is written."""
     folder = folder.expanduser()
     check_set_folder(folder)
@@ -505,7 +505,8 @@ def write_beir_folder(
     ]
     if not changed:
         return folder
-    edited = [p for p, _ in changed if p.exists() and not _as_written(folder, p, record)]
+    found = _written_record(folder)
+    edited = [p for p, _ in changed if p.exists() and not _as_written(folder, p, found, record)]
     if edited:
         names = ", ".join(str(p.relative_to(folder)) for p in edited)
         raise ValueError(
@@ -551,13 +552,15 @@ def _written_record(folder: Path) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in written.items()}
 
 
-def _as_written(folder: Path, path: Path, record: dict[str, Any]) -> bool:
+def _as_written(
+    folder: Path, path: Path, found: dict[str, str] | None, record: dict[str, Any]
+) -> bool:
     """Whether ``path`` in the set at ``folder`` still holds what hyde-plus wrote: its
-    hash is the one the manifest recorded (the manifest: its own hash holds). A set
-    written before that record counts only a manifest that says no more than
-    ``record`` (this run's) without it: nothing else tells its files from a user's."""
+    hash is the one the manifest recorded (``found``, `_written_record`; the manifest:
+    its own hash holds). A set written before that record counts only a manifest that
+    says no more than ``record`` (this run's) without it: nothing else tells its files
+    from a user's."""
     name = str(path.relative_to(folder))
-    found = _written_record(folder)
     if name == "manifest.json":
         if found is not None:
             return True
@@ -566,8 +569,8 @@ def _as_written(folder: Path, path: Path, record: dict[str, Any]) -> bool:
     if found is None or name not in found:
         return False
     try:
-        return _sha256(read_regular_bytes(path).decode("utf-8")) == found[name]
-    except (OSError, UnicodeDecodeError):
+        return hashlib.sha256(read_regular_bytes(path)).hexdigest() == found[name]
+    except OSError:
         return False
 
 
@@ -578,7 +581,7 @@ def edited_files(folder: Path) -> list[str]:
     return [
         name
         for name in found
-        if (folder / name).exists() and not _as_written(folder, folder / name, {})
+        if (folder / name).exists() and not _as_written(folder, folder / name, found, {})
     ]
 
 
