@@ -605,19 +605,26 @@ def test_a_generated_set_survives_a_later_eval_with_labels_into_the_default_fold
     assert "eval and tune on these documents with these options score this same set" in said
 
 
-def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
-    docs = _docs(tmp_path)
-    labels = tmp_path / "labels.tsv"
+def _eval_on_one_label(tmp_path: Path, where: Path, labels_name: str) -> tuple[Path, Path, Any]:
+    """``eval --docs`` of `_docs` in ``where`` scored on one labelled question in
+    ``where / labels_name``: the documents folder, the labels file and the run."""
+    docs = _docs(where)
+    labels = where / labels_name
     labels.write_text("How much paid time off is there?\ta.txt\t1\n")
     result = runner.invoke(
         app,
         [
             *("eval", "--docs", str(docs), "--qrels", str(labels), "--transforms", "none"),
-            *("--questions-dir", str(tmp_path / "set"), "--embed", "local"),
+            *("--questions-dir", str(where / "set"), "--embed", "local"),
             *("--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")),
         ],
     )
     assert result.exit_code == 0, result.output
+    return docs, labels, result
+
+
+def test_eval_docs_takes_the_users_labels(tmp_path: Path) -> None:
+    docs, labels, result = _eval_on_one_label(tmp_path, tmp_path, "labels.tsv")
     scored = json.loads((tmp_path / "out" / "results.json").read_text())
     assert scored["queries"] == 1 and scored["results"][0]["nDCG@10"] == 1.0
     assert scored["dataset"] == docs.name  # the chart's title names the documents folder
@@ -629,18 +636,7 @@ def test_eval_docs_prints_paths_with_brackets_as_they_are(tmp_path: Path) -> Non
     """A folder or labels file whose name reads as Rich markup is printed as named."""
     where = tmp_path / "[bold]team"
     where.mkdir()
-    docs = _docs(where)
-    labels = where / "[red]labels.tsv"
-    labels.write_text("How much paid time off is there?\ta.txt\t1\n")
-    result = runner.invoke(
-        app,
-        [
-            *("eval", "--docs", str(docs), "--qrels", str(labels), "--transforms", "none"),
-            *("--questions-dir", str(where / "set"), "--embed", "local"),
-            *("--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")),
-        ],
-    )
-    assert result.exit_code == 0, result.output
+    docs, labels, result = _eval_on_one_label(tmp_path, where, "[red]labels.tsv")
     assert says(result.output, f"{docs}: 1 documents, 1 chunks")
     assert says(result.output, f"1 labelled question from {labels}")
     assert says(result.output, f"Label at least 10 questions in {labels} (each")

@@ -708,26 +708,33 @@ def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
     assert f"Rejected: {rejected} too short. These questions were written" in md
 
 
-def test_the_plan_counts_the_questions_the_chunks_can_give_not_those_asked_for(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _slow_question_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run's LLM: a fair question for a team's chunk ("Nothing." for a HyDE
+    prompt), measured at 1 token/s, so any run is long enough to be planned aloud."""
     import re
 
-    from typer.testing import CliRunner
-
-    from llama_index_hyde_plus.cli import app
     from llama_index_hyde_plus.cli._evaluation import ModelChoice
     from llama_index_hyde_plus.local.speed import SpeedPlan
 
-    def ask(prompt: str) -> str:  # a fair question for a chunk, a passage for HyDE
+    def ask(prompt: str) -> str:
         teams = re.findall(r"Team (\d+) owns", prompt)
         return f"Which team owns service {int(teams[0]) * 7}?" if teams else "Nothing."
 
-    def slow_model(self: ModelChoice) -> ScriptedLLM:  # 1 token/s: any run is long
+    def slow_model(self: ModelChoice) -> ScriptedLLM:
         self.planned.append(SpeedPlan(1, 1.0, {1: 1.0, 2: 0.5}))
         return ScriptedLLM(respond=ask)
 
     monkeypatch.setattr(ModelChoice, "make_llm", slow_model)
+
+
+def test_the_plan_counts_the_questions_the_chunks_can_give_not_those_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+
+    _slow_question_writer(monkeypatch)
     docs = team_docs(tmp_path)  # 12 chunks: at most 12 questions, however many are asked
     args = ["eval", "--docs", str(docs), "--questions", "100", "--transforms", "none,hyde"]
     args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
@@ -743,23 +750,11 @@ def test_the_plan_counts_the_questions_the_chunks_can_give_not_those_asked_for(
 def test_a_reused_set_plans_its_questions_not_writing_them_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import re
-
     from typer.testing import CliRunner
 
     from llama_index_hyde_plus.cli import app
-    from llama_index_hyde_plus.cli._evaluation import ModelChoice
-    from llama_index_hyde_plus.local.speed import SpeedPlan
 
-    def ask(prompt: str) -> str:  # a fair question for a chunk, a passage for HyDE
-        teams = re.findall(r"Team (\d+) owns", prompt)
-        return f"Which team owns service {int(teams[0]) * 7}?" if teams else "Nothing."
-
-    def slow_model(self: ModelChoice) -> ScriptedLLM:  # 1 token/s: any run is long
-        self.planned.append(SpeedPlan(1, 1.0, {1: 1.0, 2: 0.5}))
-        return ScriptedLLM(respond=ask)
-
-    monkeypatch.setattr(ModelChoice, "make_llm", slow_model)
+    _slow_question_writer(monkeypatch)
     docs = team_docs(tmp_path)
     args = ["eval", "--docs", str(docs), "--questions", "4", "--transforms", "none,hyde"]
     args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
