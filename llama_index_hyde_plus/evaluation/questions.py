@@ -24,7 +24,8 @@ import math
 import random
 import re
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ from llama_index.core.schema import TextNode
 
 from .._files import read_regular_bytes
 from .._owned import (
+    FolderBusyError,
     check_folder,
     check_outputs,
     claim,
+    locked_folder,
     marker_kind,
     say_replacing,
     write_all_atomic,
@@ -481,12 +484,13 @@ def write_beir_folder(
     every file beside its target then renamed, the manifest last, saying which files
     of an earlier set it replaces. A file that already holds what would be written is
     left as it is; one edited since hyde-plus wrote it (`_as_written`) is never
-    replaced: a `ValueError` says so, and nothing is written."""
+    replaced: a `ValueError` says so, and nothing is written. What is there is read
+    and the set written under the folder's lock (`writing_set`): writers in other
+    processes take turns, each replacing a whole set, and no reader sees one half
+    written."""
     folder = folder.expanduser()
     check_set_folder(folder)
     check_chunk_ids(chunks)
-    paths = [folder / name for name in SET_FILES]
-    check_outputs(paths, "--questions-dir")
     corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
     data = [
@@ -497,6 +501,17 @@ def write_beir_folder(
     ]
     written = {name: _sha256(text) for name, text in zip(SET_FILES, data, strict=False)}
     record = {"format": SET_FORMAT, **manifest, WRITTEN: written}
+    with writing_set(folder):
+        _write_set(folder, data, record)
+    return folder
+
+
+def _write_set(folder: Path, data: list[str], record: dict[str, Any]) -> None:
+    """`write_beir_folder`'s check of what is at ``folder`` and its write of ``data``
+    and the manifest ``record``, under the folder's lock."""
+    check_set_folder(folder)  # as it is now that no other writer is at work
+    paths = [folder / name for name in SET_FILES]
+    check_outputs(paths, "--questions-dir")
     contents = [*data, _manifest_text(record)]
     changed = [
         (path, text)
@@ -504,7 +519,7 @@ def write_beir_folder(
         if not (path.is_file() and path.read_bytes() == text.encode("utf-8"))
     ]
     if not changed:
-        return folder
+        return
     found = _written_record(folder)
     edited = [p for p, _ in changed if p.exists() and not _as_written(folder, p, found, record)]
     if edited:
@@ -519,7 +534,63 @@ def write_beir_folder(
     claim(folder, SET_KIND)
     (folder / "qrels").mkdir(exist_ok=True)
     write_all_atomic(changed)
-    return folder
+
+
+SET_LOCK_WAIT = 60.0
+"""Seconds a run waits for another one to finish writing or reading a question set
+(a few seconds' work) before it is refused."""
+
+
+@contextmanager
+def locked_set(folder: Path, flag: str | None = "--questions-dir") -> Iterator[None]:
+    """Read the question set at ``folder`` under its lock, shared with other readers
+    (none while a writer is at work: a set is never read half written); nothing to
+    hold when there is no folder. After `SET_LOCK_WAIT` seconds, a `ValueError`
+    naming ``flag`` and the folder."""
+    with _lock(folder, flag, shared=True):
+        yield
+
+
+@contextmanager
+def writing_set(folder: Path, flag: str = "--questions-dir") -> Iterator[None]:
+    """Hold the lock of the question set at ``folder`` (made if absent; removed again
+    when left empty by an error) to check what is there and write it, one writer at
+    a time; after `SET_LOCK_WAIT` seconds, a `ValueError` naming ``flag``, the
+    folder, and that nothing was written."""
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with _lock(folder, flag, shared=False):
+            yield
+    except BaseException:
+        if made:
+            try:
+                folder.rmdir()  # only ever an empty folder: never a file of anyone's
+            except OSError:
+                pass
+        raise
+
+
+@contextmanager
+def _lock(folder: Path, flag: str | None, *, shared: bool) -> Iterator[None]:
+    """`locked_folder` on ``folder`` for `SET_LOCK_WAIT` seconds at most; a
+    `FolderBusyError` of its own is told as a `ValueError` naming ``flag``."""
+    stack = ExitStack()
+    try:
+        stack.enter_context(
+            locked_folder(
+                folder, shared=shared, wait=SET_LOCK_WAIT, what="run using the question set"
+            )
+        )
+    except FolderBusyError:
+        named = f"{flag} {folder}" if flag else f"the question set {folder}"
+        raise ValueError(
+            f"{named} is in use by another hyde-plus run (waited {SET_LOCK_WAIT:g} s). "
+            "Nothing was written: run again once it is done, or give this run its own "
+            "--questions-dir"
+        ) from None
+    with stack:
+        yield
 
 
 WRITTEN = "written"
