@@ -936,3 +936,90 @@ def test_a_hand_edited_manifest_never_breaks_the_report_caveat(
     (folder / "manifest.json").write_text(json.dumps({**manifest, "rejected": rejected}))
     said = caveat(folder)
     assert said is not None and "generated questions kept (rejected: " in said
+
+
+def test_a_key_added_to_the_manifest_leaves_the_set_as_written_and_is_kept(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import edited_files, write_beir_folder
+
+    queries, judgments = [("l1", "Who owns service 7?")], [("l1", "doc1.md#1", 1)]
+    folder = write_beir_folder(tmp_path / "set", chunks(), queries, judgments, {"labels": "/l"})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    noted = {"my note": "checked by Ana", **manifest}
+    (folder / "manifest.json").write_text(json.dumps(noted, indent=2) + "\n")
+    assert edited_files(folder) == []
+    before = (folder / "manifest.json").read_bytes()
+    write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})  # the same set
+    assert (folder / "manifest.json").read_bytes() == before
+    relabelled = [("l1", "doc2.md#2", 1)]  # the labels changed: the set is written again
+    write_beir_folder(folder, chunks(), queries, relabelled, {"labels": "/l"})
+    assert "doc2.md#2" in (folder / "qrels" / "test.tsv").read_text()
+    assert (read_manifest(folder) or {})["my note"] == "checked by Ana"  # the user's, kept
+    assert edited_files(folder) == []
+    (folder / "queries.jsonl").write_text('{"_id": "l1", "text": "Mine?"}\n')
+    with pytest.raises(ValueError, match=r"edited since hyde-plus wrote it \(queries.jsonl\);"):
+        write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})
+
+
+def test_a_set_refused_for_its_chunking_never_says_the_documents_changed(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import refuse_other_set
+
+    made = {"docs": "/d", "chunks_sha256": "ab", "chunk_size": 200, "chunk_overlap": 20}
+    generated = {**made, "questions": 10, "llm": "m", "seed": 0, "tokenizer": "bge-small"}
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", generated)
+    recut = [TextNode(text=f"{c.text} More.", id_=c.node_id, metadata=c.metadata) for c in chunks()]
+    for other, named in (
+        (
+            {"chunk_size": 300},
+            "it was written with --chunk-size 200; this run has --chunk-size 300",
+        ),
+        ({"chunk_overlap": 0}, "it was written with --chunk-overlap 20; this run has"),
+        ({"docs": "/e"}, "it was written from the documents in /d"),
+        ({"tokenizer": "cl100k_base"}, "its chunks were cut by the tokenizer bge-small"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            refuse_other_set(folder, {**generated, **other, "chunks_sha256": "cd"}, chunks=recut)
+        said = str(refused.value)
+        assert named in said and "the documents changed" not in said, said
+    with pytest.raises(ValueError, match=r"the documents changed since it was written \('doc0"):
+        refuse_other_set(folder, {**generated, "chunks_sha256": "cd"}, chunks=recut)
+    unrecorded = {k: v for k, v in generated.items() if k != "tokenizer"}
+    old = write_question_set(_one_question_set(), chunks(), tmp_path / "old", unrecorded)
+    refuse_other_set(old, generated)  # a set that does not record its tokenizer is reused
+    with pytest.raises(ValueError) as refused:
+        refuse_other_set(old, {**generated, "chunks_sha256": "cd"}, chunks=recut)
+    said = str(refused.value)
+    assert "its chunks differ from this run's ('doc0.md' changed): the documents changed" in said
+    assert "or another --embed cut them (the set does not record its tokenizer)" in said
+
+
+def test_a_set_whose_manifest_cannot_be_read_is_told_why_in_words_that_are_true(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import refuse_other_set
+
+    generated = {"docs": "/d", "chunks_sha256": "ab", "questions": 10, "llm": "m", "seed": 0}
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", generated)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for written, why in (
+        (json.dumps({**manifest, "format": 2}), "cannot be read (its format is 2, not 1: "),
+        ("{broken", "cannot be read (edited since hyde-plus wrote it: it is not JSON)"),
+        ("[1, 2]", "cannot be read (edited since hyde-plus wrote it: it is not a JSON object)"),
+        (None, "cannot be read (Is a directory)"),  # the system's words
+    ):
+        (folder / "manifest.json").unlink(missing_ok=True)
+        if (folder / "manifest.json").is_dir():
+            (folder / "manifest.json").rmdir()
+        if written is None:
+            (folder / "manifest.json").mkdir()
+        else:
+            (folder / "manifest.json").write_text(written)
+        with pytest.raises(ValueError) as refused:
+            refuse_other_set(folder, generated)
+        said = str(refused.value)
+        assert f"holds a question set whose manifest.json {why}" in said, said
+        if written is not None and "format" in written:
+            assert "another version of hyde-plus wrote it, or it was edited" in said

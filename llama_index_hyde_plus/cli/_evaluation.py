@@ -131,7 +131,7 @@ class ModelChoice:
         embed_model = self.load_embedding()
         source.read(embed_model, self.max_length, index)
         model = self.load_llm(needs_llm)
-        source.refuse_other_set(model)
+        source.refuse_other_set(model, embed_model)
         return embed_model, model
 
 

@@ -147,16 +147,19 @@ def _fingerprint(nodes: list[Any]) -> str:
     return digest.hexdigest()
 
 
-def set_identity(choice: DocsChoice, llm: Any) -> dict[str, Any]:
+def set_identity(choice: DocsChoice, llm: Any, embed_model: Any) -> dict[str, Any]:
     """What the question set of ``choice`` is made from (`SET_IDENTITY`) but its
     chunks' fingerprint, known only once the documents are chunked: the documents, the
-    chunking, and the labels file or the generation's options and model."""
+    chunking (the tokenizer of ``embed_model`` counts its tokens), and the labels file
+    or the generation's options and model."""
+    from ..chunking import tokenizer_for
     from ..models import describe_llm
 
     made_from: dict[str, Any] = {
         "docs": str(choice.docs.resolve()),
         "chunk_size": choice.chunk_size,
         "chunk_overlap": choice.chunk_overlap,
+        "tokenizer": tokenizer_for(embed_model)[0],
     }
     if choice.qrels is not None:
         return {**made_from, "labels": str(choice.qrels.resolve())}
@@ -185,7 +188,7 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
     )
 
     nodes = choice.chunks(embed_model, max_length)
-    made_from = {**set_identity(choice, llm), "chunks_sha256": _fingerprint(nodes)}
+    made_from = {**set_identity(choice, llm, embed_model), "chunks_sha256": _fingerprint(nodes)}
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
         labelled = questions_count(len(queries), "labelled question")
@@ -319,7 +322,7 @@ class DataChoice:
             held = open_store(index=index).load(embed_model)
             check_holds(held, {n.node_id: n.get_content() for n in nodes}, str(index))
 
-    def refuse_other_set(self, llm: Any) -> None:
+    def refuse_other_set(self, llm: Any, embed_model: Any) -> None:
         """Refuse before any work (the model's speed told, questions written) when
         ``--questions-dir`` holds another set than this run's (`refuse_other_set`),
         its documents' chunks included once `read`."""
@@ -327,7 +330,7 @@ class DataChoice:
 
         if self.docs is None:
             return
-        wanted = set_identity(self.docs, llm)
+        wanted = set_identity(self.docs, llm, embed_model)
         with locked_set(self.docs.folder):  # never a set half written by another run
             if self.docs.read:
                 nodes = self.docs.read[0]
