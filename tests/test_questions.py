@@ -1023,3 +1023,33 @@ def test_a_set_whose_manifest_cannot_be_read_is_told_why_in_words_that_are_true(
         assert f"holds a question set whose manifest.json {why}" in said, said
         if written is not None and "format" in written:
             assert "another version of hyde-plus wrote it, or it was edited" in said
+
+
+def test_eval_docs_records_its_questions_as_generated_or_labelled_as_tune_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+
+    def ask(prompt: str) -> str:
+        team = int(re.findall(r"Team (\d+)", prompt)[0])
+        return f"Which team owns service {team * 7}?"
+
+    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    docs, labels = team_docs(tmp_path), tmp_path / "labels.tsv"
+    labels.write_text("Who owns service 7?\tt1.txt\t1\n")
+    common = ["eval", "--docs", str(docs), "--transforms", "none", "--embed", "local"]
+    common += ["--cache-dir", str(tmp_path / "c")]
+    for more, split in (
+        (["--qrels", str(labels), "--questions-dir", str(tmp_path / "l")], "labelled"),
+        (["--questions", "2", "--questions-dir", str(tmp_path / "g")], "generated"),
+    ):
+        out = tmp_path / split
+        ran = CliRunner().invoke(app, [*common, *more, "--out", str(out)])
+        assert ran.exit_code == 0, ran.output
+        assert json.loads((out / "results.json").read_text())["config"]["split"] == split
+        assert re.search(rf"Config: .*\bsplit={split}[,.]", (out / "results.md").read_text())

@@ -117,6 +117,15 @@ def docs_choice(
     return DocsChoice(docs, questions, qrels, folder, chunk_size, chunk_overlap, seed)
 
 
+def split_of(docs: Path | None, qrels: Path | None, split: str) -> str:
+    """What an ``eval`` or ``tune`` scores, as its results record it: ``split`` of a
+    ``--dataset``; with ``--docs``, questions written now (``"generated"``) or the
+    user's ``--qrels`` (``"labelled"``)."""
+    if docs is None:
+        return split
+    return "generated" if qrels is None else "labelled"
+
+
 def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
     from ..chunking import Chunking
     from ..readers import read_folder
