@@ -317,19 +317,20 @@ class DataChoice:
             asked, writing = min(asked, usable), min(writing, 2 * usable)
         return writing + llm_transforms * asked, f"--questions {max(1, asked // 4)}"
 
-    def read(self, embed_model: Any, max_length: int, index: Path | None = None) -> None:
+    def read(self, embed_model: Any, max_length: int, where: Any = None) -> None:
         """Read and chunk ``--docs`` (nothing for a ``--dataset``) before the LLM loads
-        or anything is written; with ``index`` (``--index``), a `ValueError` unless
-        that index holds exactly these chunks (it is out of date with the folder)."""
+        or anything is written; with an ``--index`` in ``where`` (a `SearchChoice`,
+        which loads it once for the search too), a `ValueError` unless that index
+        holds exactly these chunks (it is out of date with the folder)."""
         if self.docs is None:
             return
         nodes = self.docs.chunks(embed_model, max_length)
-        if index is not None:
+        if where is not None and where.index is not None:
             from ..evaluation.index_cache import check_holds
-            from ..stores import open_store
 
-            held = open_store(index=index).load(embed_model)
-            check_holds(held, {n.node_id: n.get_content() for n in nodes}, str(index))
+            _, held = where.open_index(embed_model)
+            texts = {n.node_id: n.get_content() for n in nodes}
+            check_holds(held, texts, str(where.index))
 
     def refuse_other_set(self, llm: Any, embed_model: Any) -> None:
         """Refuse before any work (the model's speed told, questions written) when

@@ -309,7 +309,7 @@ def _prepare(
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()
-        embed_model, model = models.load(source, where.index, needs)
+        embed_model, model = models.load(source, where, needs)
         planned = show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)

@@ -211,7 +211,7 @@ def _load(
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
-        embed_model, model = models.load(source, where.index, needs_llm(name) or source.needs_llm)
+        embed_model, model = models.load(source, where, needs_llm(name) or source.needs_llm)
         planned = show_plan(models, source, int(needs_llm(name)))
         ds, _ = source.load(split, limit, embed_model, model, models.max_length)
         if not planned:
