@@ -1053,3 +1053,19 @@ def test_eval_docs_records_its_questions_as_generated_or_labelled_as_tune_does(
         assert ran.exit_code == 0, ran.output
         assert json.loads((out / "results.json").read_text())["config"]["split"] == split
         assert re.search(rf"Config: .*\bsplit={split}[,.]", (out / "results.md").read_text())
+
+
+def test_a_set_whose_manifest_was_edited_names_it_and_claims_no_other_file_edited(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import write_beir_folder
+
+    queries, judgments = [("l1", "Who owns service 7?")], [("l1", "doc1.md#1", 1)]
+    folder = write_beir_folder(tmp_path / "set", chunks(), queries, judgments, {"labels": "/l"})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "kept": 5}))
+    with pytest.raises(ValueError) as refused:
+        write_beir_folder(folder, chunks(), queries, [("l1", "doc2.md#2", 1)], {"labels": "/l"})
+    said = str(refused.value)
+    assert "edited since hyde-plus wrote it (manifest.json): which of its other files" in said
+    assert "are yours cannot be told (qrels/test.tsv); it is never written over" in said

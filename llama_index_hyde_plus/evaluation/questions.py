@@ -524,6 +524,10 @@ def _write_set(folder: Path, data: list[str], record: dict[str, Any]) -> None:
     edited = [p for p, _ in changed if p.exists() and not _as_written(folder, p, found, record)]
     if edited:
         names = ", ".join(str(p.relative_to(folder)) for p in edited)
+        untold = found is None and len(edited) > 1 and folder / "manifest.json" in edited
+        if untold:  # its record of the other files is the manifest's, edited
+            names = "manifest.json): which of its other files are yours cannot be told ("
+            names += ", ".join(str(p.relative_to(folder)) for p in edited[:-1])
         raise ValueError(
             f"--questions-dir {folder} holds a question set edited since hyde-plus wrote it "
             f"({names}); it is never written over. Nothing was written: score it as it is "
