@@ -5,7 +5,8 @@ A folder hyde-plus owns (an index, eval results, a question set) carries one mar
 that kind; inside it hyde-plus replaces its own files and says so. Anything else in
 the way is refused with an error naming the path and the option. Every file is
 written beside its target and renamed over it (a kill leaves the old file whole);
-builds in one folder take a lock, so they write one at a time.
+builds in one folder, and the writers and readers of a question set, take its lock, so
+they write one at a time and nothing is read half written.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,10 +117,25 @@ def check_creatable(path: Path, what: str) -> None:
         raise ValueError(f"{what}: cannot write in {existing}")
 
 
+class FolderBusyError(ValueError):
+    """Another hyde-plus process held a folder's lock for longer than `locked_folder`
+    was asked to wait."""
+
+
+_held = threading.local()
+"""The folders whose lock this thread holds: (device, inode) -> shared or not."""
+
+
 @contextmanager
-def locked_folder(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``folder`` itself (no lock file; a killed holder
-    releases it), warning when another holder makes it wait; unlocked without `fcntl`."""
+def locked_folder(
+    folder: Path, *, shared: bool = False, wait: float | None = None, what: str = "build"
+) -> Iterator[None]:
+    """Hold a lock on ``folder`` itself: exclusive (a writer), or ``shared`` with other
+    readers; no lock file, and a killed holder releases it. Another holder makes it
+    wait, with a warning naming ``what`` it waits for: without end, or ``wait``
+    seconds and then a `FolderBusyError` naming the folder. A thread that holds the
+    folder's lock already holds it again at once (an exclusive lock covers a shared
+    one). Unlocked without `fcntl`."""
     try:
         import fcntl
 
@@ -126,14 +144,50 @@ def locked_folder(folder: Path) -> Iterator[None]:
         yield
         return
     try:
+        status = os.fstat(fd)
+        key = (status.st_dev, status.st_ino)
+        held: dict[tuple[int, int], bool] = _held.__dict__.setdefault("folders", {})
+        if key in held:
+            if held[key] and not shared:
+                raise RuntimeError(f"{folder}: a write lock asked for under a read lock")
+            yield
+            return
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
-            logger.warning("waiting for another hyde-plus build in %s to finish writing", folder)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+            logger.warning("waiting for another hyde-plus %s in %s to finish", what, folder)
+            _wait_for(fd, mode, folder, wait)
+        held[key] = shared
+        try:
+            yield
+        finally:
+            del held[key]
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _wait_for(fd: int, mode: int, folder: Path, wait: float | None) -> None:
+    """Take the lock ``mode`` on ``fd`` (of ``folder``) once its holder lets go,
+    waiting as long as it takes (``wait`` None) or, polled, ``wait`` seconds at most."""
+    import fcntl
+
+    if wait is None:
+        fcntl.flock(fd, mode)
+        return
+    deadline, pause = time.monotonic() + wait, 0.02
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FolderBusyError(
+                    f"{folder} is in use by another hyde-plus run (waited {wait:g} s)"
+                ) from None
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, 0.5)
 
 
 def write_all_atomic(files: Sequence[tuple[Path, bytes | str]]) -> None:

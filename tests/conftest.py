@@ -233,6 +233,7 @@ SLOW_MODULES = frozenset(
         "test_indexing",  # builds killed in subprocesses
         "test_kv_cache",  # a real Redis server
         "test_milvus",  # Milvus Lite
+        "test_question_set_writers",  # processes writing one question set at once
         "test_rcp_http",  # servers on loopback
         "test_rcp_l2",
         "test_rcp_sessions",

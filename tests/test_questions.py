@@ -936,3 +936,136 @@ def test_a_hand_edited_manifest_never_breaks_the_report_caveat(
     (folder / "manifest.json").write_text(json.dumps({**manifest, "rejected": rejected}))
     said = caveat(folder)
     assert said is not None and "generated questions kept (rejected: " in said
+
+
+def test_a_key_added_to_the_manifest_leaves_the_set_as_written_and_is_kept(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import edited_files, write_beir_folder
+
+    queries, judgments = [("l1", "Who owns service 7?")], [("l1", "doc1.md#1", 1)]
+    folder = write_beir_folder(tmp_path / "set", chunks(), queries, judgments, {"labels": "/l"})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    noted = {"my note": "checked by Ana", **manifest}
+    (folder / "manifest.json").write_text(json.dumps(noted, indent=2) + "\n")
+    assert edited_files(folder) == []
+    before = (folder / "manifest.json").read_bytes()
+    write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})  # the same set
+    assert (folder / "manifest.json").read_bytes() == before
+    relabelled = [("l1", "doc2.md#2", 1)]  # the labels changed: the set is written again
+    write_beir_folder(folder, chunks(), queries, relabelled, {"labels": "/l"})
+    assert "doc2.md#2" in (folder / "qrels" / "test.tsv").read_text()
+    assert (read_manifest(folder) or {})["my note"] == "checked by Ana"  # the user's, kept
+    assert edited_files(folder) == []
+    (folder / "queries.jsonl").write_text('{"_id": "l1", "text": "Mine?"}\n')
+    with pytest.raises(ValueError, match=r"edited since hyde-plus wrote it \(queries.jsonl\);"):
+        write_beir_folder(folder, chunks(), queries, judgments, {"labels": "/l"})
+
+
+def test_a_set_refused_for_its_chunking_never_says_the_documents_changed(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import refuse_other_set
+
+    made = {"docs": "/d", "chunks_sha256": "ab", "chunk_size": 200, "chunk_overlap": 20}
+    generated = {**made, "questions": 10, "llm": "m", "seed": 0, "tokenizer": "bge-small"}
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", generated)
+    recut = [TextNode(text=f"{c.text} More.", id_=c.node_id, metadata=c.metadata) for c in chunks()]
+    for other, named in (
+        (
+            {"chunk_size": 300},
+            "it was written with --chunk-size 200; this run has --chunk-size 300",
+        ),
+        ({"chunk_overlap": 0}, "it was written with --chunk-overlap 20; this run has"),
+        ({"docs": "/e"}, "it was written from the documents in /d"),
+        ({"tokenizer": "cl100k_base"}, "its chunks were cut by the tokenizer bge-small"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            refuse_other_set(folder, {**generated, **other, "chunks_sha256": "cd"}, chunks=recut)
+        said = str(refused.value)
+        assert named in said and "the documents changed" not in said, said
+    with pytest.raises(ValueError, match=r"the documents changed since it was written \('doc0"):
+        refuse_other_set(folder, {**generated, "chunks_sha256": "cd"}, chunks=recut)
+    unrecorded = {k: v for k, v in generated.items() if k != "tokenizer"}
+    old = write_question_set(_one_question_set(), chunks(), tmp_path / "old", unrecorded)
+    refuse_other_set(old, generated)  # a set that does not record its tokenizer is reused
+    with pytest.raises(ValueError) as refused:
+        refuse_other_set(old, {**generated, "chunks_sha256": "cd"}, chunks=recut)
+    said = str(refused.value)
+    assert "its chunks differ from this run's ('doc0.md' changed): the documents changed" in said
+    assert "or another --embed cut them (the set does not record its tokenizer)" in said
+
+
+def test_a_set_whose_manifest_cannot_be_read_is_told_why_in_words_that_are_true(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import refuse_other_set
+
+    generated = {"docs": "/d", "chunks_sha256": "ab", "questions": 10, "llm": "m", "seed": 0}
+    folder = write_question_set(_one_question_set(), chunks(), tmp_path / "set", generated)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for written, why in (
+        (json.dumps({**manifest, "format": 2}), "cannot be read (its format is 2, not 1: "),
+        ("{broken", "cannot be read (edited since hyde-plus wrote it: it is not JSON)"),
+        ("[1, 2]", "cannot be read (edited since hyde-plus wrote it: it is not a JSON object)"),
+        (None, "cannot be read (Is a directory)"),  # the system's words
+    ):
+        (folder / "manifest.json").unlink(missing_ok=True)
+        if (folder / "manifest.json").is_dir():
+            (folder / "manifest.json").rmdir()
+        if written is None:
+            (folder / "manifest.json").mkdir()
+        else:
+            (folder / "manifest.json").write_text(written)
+        with pytest.raises(ValueError) as refused:
+            refuse_other_set(folder, generated)
+        said = str(refused.value)
+        assert f"holds a question set whose manifest.json {why}" in said, said
+        if written is not None and "format" in written:
+            assert "another version of hyde-plus wrote it, or it was edited" in said
+
+
+def test_eval_docs_records_its_questions_as_generated_or_labelled_as_tune_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from llama_index_hyde_plus.cli import app
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+
+    def ask(prompt: str) -> str:
+        team = int(re.findall(r"Team (\d+)", prompt)[0])
+        return f"Which team owns service {team * 7}?"
+
+    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    docs, labels = team_docs(tmp_path), tmp_path / "labels.tsv"
+    labels.write_text("Who owns service 7?\tt1.txt\t1\n")
+    common = ["eval", "--docs", str(docs), "--transforms", "none", "--embed", "local"]
+    common += ["--cache-dir", str(tmp_path / "c")]
+    for more, split in (
+        (["--qrels", str(labels), "--questions-dir", str(tmp_path / "l")], "labelled"),
+        (["--questions", "2", "--questions-dir", str(tmp_path / "g")], "generated"),
+    ):
+        out = tmp_path / split
+        ran = CliRunner().invoke(app, [*common, *more, "--out", str(out)])
+        assert ran.exit_code == 0, ran.output
+        assert json.loads((out / "results.json").read_text())["config"]["split"] == split
+        assert re.search(rf"Config: .*\bsplit={split}[,.]", (out / "results.md").read_text())
+
+
+def test_a_set_whose_manifest_was_edited_names_it_and_claims_no_other_file_edited(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.questions import write_beir_folder
+
+    queries, judgments = [("l1", "Who owns service 7?")], [("l1", "doc1.md#1", 1)]
+    folder = write_beir_folder(tmp_path / "set", chunks(), queries, judgments, {"labels": "/l"})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "kept": 5}))
+    with pytest.raises(ValueError) as refused:
+        write_beir_folder(folder, chunks(), queries, [("l1", "doc2.md#2", 1)], {"labels": "/l"})
+    said = str(refused.value)
+    assert "edited since hyde-plus wrote it (manifest.json): which of its other files" in said
+    assert "are yours cannot be told (qrels/test.tsv); it is never written over" in said

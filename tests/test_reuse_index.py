@@ -206,3 +206,20 @@ def test_tune_docs_reuses_the_index_too(tmp_path: Path, cli_index: tuple[Path, P
     assert result.exit_code == 0, result.output
     assert (tmp_path / "rocchio.json").is_file()
     assert not (tmp_path / "cache" / "indexes").exists()
+
+
+def test_eval_docs_loads_the_given_index_once(
+    tmp_path: Path, cli_index: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs, labels, out = cli_index
+    loads: list[str] = []
+    load = FaissStore.load
+
+    def counted(self: FaissStore, *args: object, **kwargs: object) -> object:
+        loads.append(str(self.location))
+        return load(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FaissStore, "load", counted)
+    result = _eval(tmp_path, docs, labels, "--index", str(out), "--chunk-size", "60")
+    assert result.exit_code == 0, result.output
+    assert loads == [str(out)]  # checked against the documents, then searched: one load

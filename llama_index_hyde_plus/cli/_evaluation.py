@@ -123,15 +123,16 @@ class ModelChoice:
         with ui.err.status("Loading the LLM..."):
             return self.make_llm()
 
-    def load(self, source: Any, index: Path | None, needs_llm: bool) -> tuple[Any, Any]:
+    def load(self, source: Any, where: SearchChoice, needs_llm: bool) -> tuple[Any, Any]:
         """``(embedding model, LLM or None)`` for ``eval`` and ``tune``, in the order
         that refuses a run before its costly work: the embedding model; ``--docs``
-        read and compared with ``index`` (`DataChoice.read`); the LLM; a question set
-        made from anything else refused (`DataChoice.refuse_other_set`)."""
+        read and compared with the ``--index`` of ``where`` (`DataChoice.read`); the
+        LLM; a question set made from anything else refused
+        (`DataChoice.refuse_other_set`)."""
         embed_model = self.load_embedding()
-        source.read(embed_model, self.max_length, index)
+        source.read(embed_model, self.max_length, where)
         model = self.load_llm(needs_llm)
-        source.refuse_other_set(model)
+        source.refuse_other_set(model, embed_model)
         return embed_model, model
 
 
@@ -148,6 +149,20 @@ class SearchChoice:
     hyde_prompt: str | None
     index: Path | None = None
     """``--index``: the user's FAISS index of ``--docs``, searched instead of one built."""
+    opened: list[Any] = field(default_factory=list, compare=False, repr=False)
+    """``(store, loaded index)`` of ``--index``, once `open_index` has loaded it."""
+
+    def open_index(self, embed_model: Any) -> tuple[Any, Any]:
+        """``(store, loaded index)`` of ``--index``, loaded once: the check against
+        ``--docs`` (`DataChoice.read`) and the search (`runner_kwargs`) share it."""
+        if not self.opened:
+            from ..stores import open_store
+
+            assert self.index is not None
+            store = open_store(index=self.index)
+            self.opened.append((store, store.load(embed_model)))
+        store, held = self.opened[0]
+        return store, held
 
     @property
     def kind(self) -> str:
@@ -191,8 +206,7 @@ class SearchChoice:
 
     def runner_kwargs(self, models: ModelChoice, embed_model: Any) -> dict[str, Any]:
         """The keyword arguments `run_eval` and `run_tune` share."""
-        from ..stores import open_store
-
+        store, held = self.open_index(embed_model) if self.index is not None else (None, None)
         return {
             "embed_model": embed_model,
             "embed_label": models.embed_label,
@@ -203,7 +217,8 @@ class SearchChoice:
             "store": self.kind,
             "milvus_uri": self.uri,
             "milvus_token": self.milvus_token or "",
-            "index_store": None if self.index is None else open_store(index=self.index),
+            "index_store": store,
+            "index": held,
             "standin": models.standin(),
         }
 

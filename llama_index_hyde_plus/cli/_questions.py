@@ -117,6 +117,15 @@ def docs_choice(
     return DocsChoice(docs, questions, qrels, folder, chunk_size, chunk_overlap, seed)
 
 
+def split_of(docs: Path | None, qrels: Path | None, split: str) -> str:
+    """What an ``eval`` or ``tune`` scores, as its results record it: ``split`` of a
+    ``--dataset``; with ``--docs``, questions written now (``"generated"``) or the
+    user's ``--qrels`` (``"labelled"``)."""
+    if docs is None:
+        return split
+    return "generated" if qrels is None else "labelled"
+
+
 def _chunks(choice: DocsChoice, embed_model: Any, max_length: int) -> list[Any]:
     from ..chunking import Chunking
     from ..readers import read_folder
@@ -147,16 +156,19 @@ def _fingerprint(nodes: list[Any]) -> str:
     return digest.hexdigest()
 
 
-def set_identity(choice: DocsChoice, llm: Any) -> dict[str, Any]:
+def set_identity(choice: DocsChoice, llm: Any, embed_model: Any) -> dict[str, Any]:
     """What the question set of ``choice`` is made from (`SET_IDENTITY`) but its
     chunks' fingerprint, known only once the documents are chunked: the documents, the
-    chunking, and the labels file or the generation's options and model."""
+    chunking (the tokenizer of ``embed_model`` counts its tokens), and the labels file
+    or the generation's options and model."""
+    from ..chunking import tokenizer_for
     from ..models import describe_llm
 
     made_from: dict[str, Any] = {
         "docs": str(choice.docs.resolve()),
         "chunk_size": choice.chunk_size,
         "chunk_overlap": choice.chunk_overlap,
+        "tokenizer": tokenizer_for(embed_model)[0],
     }
     if choice.qrels is not None:
         return {**made_from, "labels": str(choice.qrels.resolve())}
@@ -169,38 +181,35 @@ def set_identity(choice: DocsChoice, llm: Any) -> dict[str, Any]:
 
 
 def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int) -> Path:
-    """The BEIR folder to score: from ``--qrels``, reused, or written now."""
+    """The BEIR folder to score: from ``--qrels``, reused, or written now. What is in
+    ``--questions-dir`` is checked under its lock and again, under the lock, right
+    before the set is written (`writing_set`): a set another run wrote meanwhile is
+    reused when it is made from the same (and refused otherwise), never replaced."""
     from ..evaluation.questions import (
-        edited_files,
         generate_questions,
+        locked_set,
         questions_count,
         read_labels,
-        read_manifest,
         refuse_other_set,
         write_beir_folder,
         write_question_set,
+        writing_set,
     )
 
     nodes = choice.chunks(embed_model, max_length)
-    made_from = {**set_identity(choice, llm), "chunks_sha256": _fingerprint(nodes)}
-    refuse_other_set(choice.folder, made_from, chunks=nodes)
+    made_from = {**set_identity(choice, llm, embed_model), "chunks_sha256": _fingerprint(nodes)}
     if choice.qrels is not None:
         queries, judgments = read_labels(choice.qrels, nodes)
         labelled = questions_count(len(queries), "labelled question")
         ui.err.print(f"{labelled} from {ui.literal(str(choice.qrels))}")
         manifest = {**made_from, "kept": len(queries)}
-        return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
-    wanted = {k: v for k, v in made_from.items() if k != "seed"}
-    found = read_manifest(choice.folder)
-    if found is not None:  # the same documents, chunking, model and options
-        edited = edited_files(choice.folder)
-        yours = f"; {', '.join(edited)} as you edited it" if edited else ""
-        ui.err.print(
-            f"Reusing the question set in {ui.literal(str(choice.folder))} "
-            f"({questions_count(found.get('kept'))}{ui.literal(yours)}): "
-            "eval and tune on these documents with these options score this same set"
-        )
-        return choice.folder
+        with writing_set(choice.folder):
+            refuse_other_set(choice.folder, made_from, chunks=nodes)
+            return write_beir_folder(choice.folder, nodes, queries, judgments, manifest)
+    with locked_set(choice.folder):
+        refuse_other_set(choice.folder, made_from, chunks=nodes)
+        if _reused(choice.folder):
+            return choice.folder
     import asyncio
 
     with progress_bar() as progress:
@@ -209,7 +218,39 @@ def question_set(choice: DocsChoice, embed_model: Any, llm: Any, max_length: int
             generate_questions(nodes, llm, n=choice.questions, seed=choice.seed, progress=advance)
         )
     ui.console.print(f"Questions: {ui.literal(qset.summary())}")
-    return write_question_set(qset, nodes, choice.folder, wanted)
+    with writing_set(choice.folder):
+        refuse_other_set(choice.folder, made_from, chunks=nodes)  # written meanwhile?
+        if _reused(choice.folder, meanwhile=True):
+            return choice.folder
+        wanted = {k: v for k, v in made_from.items() if k != "seed"}
+        return write_question_set(qset, nodes, choice.folder, wanted)
+
+
+def _reused(folder: Path, *, meanwhile: bool = False) -> bool:
+    """Whether ``folder`` holds a question set (one made from what this run's would
+    be: `refuse_other_set` refused any other), saying that it is reused and which of
+    its files as the user edited them; ``meanwhile``: another run wrote it while this
+    run's questions were being written, which are not kept."""
+    from ..evaluation.questions import edited_files, questions_count, read_manifest
+
+    found = read_manifest(folder)
+    if found is None:
+        return False
+    edited = edited_files(folder)
+    yours = f"; {', '.join(edited)} as you edited it" if edited else ""
+    where, count = ui.literal(str(folder)), questions_count(found.get("kept"))
+    if meanwhile:
+        ui.err.print(
+            f"Another run wrote the same question set in {where} ({count}) while these "
+            "questions were written: this run scores that set, and the questions it "
+            "wrote are not kept"
+        )
+        return True
+    ui.err.print(
+        f"Reusing the question set in {where} ({count}{ui.literal(yours)}): "
+        "eval and tune on these documents with these options score this same set"
+    )
+    return True
 
 
 def caveat(folder: Path, warning: str | None = None) -> str | None:
@@ -276,28 +317,31 @@ class DataChoice:
             asked, writing = min(asked, usable), min(writing, 2 * usable)
         return writing + llm_transforms * asked, f"--questions {max(1, asked // 4)}"
 
-    def read(self, embed_model: Any, max_length: int, index: Path | None = None) -> None:
+    def read(self, embed_model: Any, max_length: int, where: Any = None) -> None:
         """Read and chunk ``--docs`` (nothing for a ``--dataset``) before the LLM loads
-        or anything is written; with ``index`` (``--index``), a `ValueError` unless
-        that index holds exactly these chunks (it is out of date with the folder)."""
+        or anything is written; with an ``--index`` in ``where`` (a `SearchChoice`,
+        which loads it once for the search too), a `ValueError` unless that index
+        holds exactly these chunks (it is out of date with the folder)."""
         if self.docs is None:
             return
         nodes = self.docs.chunks(embed_model, max_length)
-        if index is not None:
+        if where is not None and where.index is not None:
             from ..evaluation.index_cache import check_holds
-            from ..stores import open_store
 
-            held = open_store(index=index).load(embed_model)
-            check_holds(held, {n.node_id: n.get_content() for n in nodes}, str(index))
+            _, held = where.open_index(embed_model)
+            texts = {n.node_id: n.get_content() for n in nodes}
+            check_holds(held, texts, str(where.index))
 
-    def refuse_other_set(self, llm: Any) -> None:
+    def refuse_other_set(self, llm: Any, embed_model: Any) -> None:
         """Refuse before any work (the model's speed told, questions written) when
         ``--questions-dir`` holds another set than this run's (`refuse_other_set`),
         its documents' chunks included once `read`."""
-        from ..evaluation.questions import refuse_other_set
+        from ..evaluation.questions import locked_set, refuse_other_set
 
-        if self.docs is not None:
-            wanted = set_identity(self.docs, llm)
+        if self.docs is None:
+            return
+        wanted = set_identity(self.docs, llm, embed_model)
+        with locked_set(self.docs.folder):  # never a set half written by another run
             if self.docs.read:
                 nodes = self.docs.read[0]
                 wanted["chunks_sha256"] = _fingerprint(nodes)

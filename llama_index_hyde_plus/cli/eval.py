@@ -66,7 +66,7 @@ def _config(
         "max_tokens": models.max_tokens,
         "seed": models.seed,
         "hyde_prompt": hyde_prompt or "default",
-        "split": split if note is None else "generated questions",
+        "split": split,
         "questions": note,
     }
 
@@ -240,7 +240,8 @@ def eval_cmd(
     specs, ds, note, embed_model, model = _prepare(
         source, where, models, transforms, config_files, split, limit, out, phases
     )
-    config = _config(models, model, where.kind, top_k, split, note, hyde_prompt)
+    scored = q.split_of(docs, qrels, split)
+    config = _config(models, model, where.kind, top_k, scored, note, hyde_prompt)
     runner = {"use_cache": cache, **where.runner_kwargs(models, embed_model)}
     run = _runner(source)
     result = _run(run, ds, timed(specs, timeout), models, model is not None, config, runner)
@@ -308,7 +309,7 @@ def _prepare(
         where.check_index(source.docs, models)
         needs = any(needs_llm(s.name) for s in specs) or source.needs_llm
         start = time.perf_counter()
-        embed_model, model = models.load(source, where.index, needs)
+        embed_model, model = models.load(source, where, needs)
         planned = show_plan(models, source, llm_specs := sum(needs_llm(s.name) for s in specs))
         loaded = time.perf_counter()
         ds, note = source.load(split, limit, embed_model, model, models.max_length)

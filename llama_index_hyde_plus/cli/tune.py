@@ -123,7 +123,7 @@ def tune(
     Each query is generated once and reused."""
     setup_logging(verbose)
     find_eval_extra("hyde-plus tune")
-    name, split = transform.strip().lower(), _split_of(docs, qrels, split)
+    name, split = transform.strip().lower(), q.split_of(docs, qrels, split)
     _check_flags(name, tolerance, dataset, timeout, LlmFlags(llm, llm_model, llm_key))
     require_eval_extra("hyde-plus tune")
     _check(name, split, out, report)
@@ -141,14 +141,6 @@ def tune(
     path = _write(result, out, source) if result.winner.gains() or write_anyway else None
     show_timeout_hint([result.winner], concurrency)  # every configuration shares its generations
     _show(result, (path, out), report)
-
-
-def _split_of(docs: Path | None, qrels: Path | None, split: str) -> str:
-    """What the questions are: ``split`` of a ``--dataset``; with ``--docs``, those
-    written now (``"generated"``) or the user's ``--qrels`` (``"labelled"``)."""
-    if docs is None:
-        return split
-    return "generated" if qrels is None else "labelled"
 
 
 def _write(result: Any, out: Path, source: q.DataChoice) -> Path:
@@ -219,7 +211,7 @@ def _load(
         configs = check_grid(name, parse_grid(grid)) if grid is not None else None
         source.check(models.max_length, outputs)
         where.check_index(source.docs, models)
-        embed_model, model = models.load(source, where.index, needs_llm(name) or source.needs_llm)
+        embed_model, model = models.load(source, where, needs_llm(name) or source.needs_llm)
         planned = show_plan(models, source, int(needs_llm(name)))
         ds, _ = source.load(split, limit, embed_model, model, models.max_length)
         if not planned:

@@ -17,7 +17,7 @@ from llama_index.core import Document
 from .._checks import is_int
 from .._files import json_lines, sha256_file
 from .._owned import marker_kind
-from .questions import SET_KIND
+from .questions import SET_KIND, locked_set
 
 
 class BeirFormatError(ValueError):
@@ -186,6 +186,13 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
     `titled`: its chunks are embedded as ``hyde-plus index`` embeds them.
     """
     root = dataset_folder(folder, limit, BeirFormatError)
+    if marker_kind(root) != SET_KIND:
+        return _load(root, split, limit, titled=True)
+    with locked_set(root, None):  # a set being written is read once it is whole
+        return _load(root, split, limit, titled=False)
+
+
+def _load(root: Path, split: str, limit: int | None, *, titled: bool) -> BeirDataset:
     corpus_path = root / "corpus.jsonl"
     corpus = read_corpus(corpus_path)
     queries_path = root / "queries.jsonl"
@@ -198,5 +205,4 @@ def load_beir(folder: str | Path, split: str = "test", *, limit: int | None = No
     if limit is not None:
         queries = dict(list(queries.items())[:limit])
         qrels = {qid: qrels[qid] for qid in queries}
-    titled = marker_kind(root) != SET_KIND
     return BeirDataset(root.name, corpus, queries, qrels, sha256_file(corpus_path), titled=titled)

@@ -24,7 +24,8 @@ import math
 import random
 import re
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ from llama_index.core.schema import TextNode
 
 from .._files import read_regular_bytes
 from .._owned import (
+    FolderBusyError,
     check_folder,
     check_outputs,
     claim,
+    locked_folder,
     marker_kind,
     say_replacing,
     write_all_atomic,
@@ -481,12 +484,13 @@ def write_beir_folder(
     every file beside its target then renamed, the manifest last, saying which files
     of an earlier set it replaces. A file that already holds what would be written is
     left as it is; one edited since hyde-plus wrote it (`_as_written`) is never
-    replaced: a `ValueError` says so, and nothing is written."""
+    replaced: a `ValueError` says so, and nothing is written. What is there is read
+    and the set written under the folder's lock (`writing_set`): writers in other
+    processes take turns, each replacing a whole set, and no reader sees one half
+    written. Keys a user added to the manifest are kept (`_written_record`)."""
     folder = folder.expanduser()
     check_set_folder(folder)
     check_chunk_ids(chunks)
-    paths = [folder / name for name in SET_FILES]
-    check_outputs(paths, "--questions-dir")
     corpus = [{"_id": c.node_id, "title": _source(c), "text": c.get_content()} for c in chunks]
     lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in judgments]
     data = [
@@ -497,18 +501,33 @@ def write_beir_folder(
     ]
     written = {name: _sha256(text) for name, text in zip(SET_FILES, data, strict=False)}
     record = {"format": SET_FORMAT, **manifest, WRITTEN: written}
-    contents = [*data, _manifest_text(record)]
+    with writing_set(folder):
+        _write_set(folder, data, record)
+    return folder
+
+
+def _write_set(folder: Path, data: list[str], record: dict[str, Any]) -> None:
+    """`write_beir_folder`'s check of what is at ``folder`` and its write of ``data``
+    and the manifest ``record``, under the folder's lock."""
+    check_set_folder(folder)  # as it is now that no other writer is at work
+    paths = [folder / name for name in SET_FILES]
+    check_outputs(paths, "--questions-dir")
+    found, added = _written_record(folder)
+    manifest = _manifest_text(record, {k: v for k, v in added.items() if k not in record})
     changed = [
         (path, text)
-        for path, text in zip(paths, contents, strict=True)
-        if not (path.is_file() and path.read_bytes() == text.encode("utf-8"))
+        for path, text in zip(paths, [*data, manifest], strict=True)
+        if not _holds(path, text)
     ]
     if not changed:
-        return folder
-    found = _written_record(folder)
+        return
     edited = [p for p, _ in changed if p.exists() and not _as_written(folder, p, found, record)]
     if edited:
         names = ", ".join(str(p.relative_to(folder)) for p in edited)
+        untold = found is None and len(edited) > 1 and folder / "manifest.json" in edited
+        if untold:  # its record of the other files is the manifest's, edited
+            names = "manifest.json): which of its other files are yours cannot be told ("
+            names += ", ".join(str(p.relative_to(folder)) for p in edited[:-1])
         raise ValueError(
             f"--questions-dir {folder} holds a question set edited since hyde-plus wrote it "
             f"({names}); it is never written over. Nothing was written: score it as it is "
@@ -519,7 +538,77 @@ def write_beir_folder(
     claim(folder, SET_KIND)
     (folder / "qrels").mkdir(exist_ok=True)
     write_all_atomic(changed)
-    return folder
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether ``path`` holds ``text`` already: the same bytes, or for the manifest
+    the same keys and values (laid out otherwise, or its keys in another order)."""
+    if not path.is_file():
+        return False
+    held = path.read_bytes()
+    if held == text.encode("utf-8") or path.name != "manifest.json":
+        return held == text.encode("utf-8")
+    try:
+        return bool(json.loads(held) == json.loads(text))
+    except (ValueError, RecursionError):
+        return False
+
+
+SET_LOCK_WAIT = 60.0
+"""Seconds a run waits for another one to finish writing or reading a question set
+(a few seconds' work) before it is refused."""
+
+
+@contextmanager
+def locked_set(folder: Path, flag: str | None = "--questions-dir") -> Iterator[None]:
+    """Read the question set at ``folder`` under its lock, shared with other readers
+    (none while a writer is at work: a set is never read half written); nothing to
+    hold when there is no folder. After `SET_LOCK_WAIT` seconds, a `ValueError`
+    naming ``flag`` and the folder."""
+    with _lock(folder, flag, shared=True):
+        yield
+
+
+@contextmanager
+def writing_set(folder: Path, flag: str = "--questions-dir") -> Iterator[None]:
+    """Hold the lock of the question set at ``folder`` (made if absent; removed again
+    when left empty by an error) to check what is there and write it, one writer at
+    a time; after `SET_LOCK_WAIT` seconds, a `ValueError` naming ``flag``, the
+    folder, and that nothing was written."""
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with _lock(folder, flag, shared=False):
+            yield
+    except BaseException:
+        if made:
+            try:
+                folder.rmdir()  # only ever an empty folder: never a file of anyone's
+            except OSError:
+                pass
+        raise
+
+
+@contextmanager
+def _lock(folder: Path, flag: str | None, *, shared: bool) -> Iterator[None]:
+    """`locked_folder` on ``folder`` for `SET_LOCK_WAIT` seconds at most; a
+    `FolderBusyError` of its own is told as a `ValueError` naming ``flag``."""
+    stack = ExitStack()
+    try:
+        stack.enter_context(
+            locked_folder(
+                folder, shared=shared, wait=SET_LOCK_WAIT, what="run using the question set"
+            )
+        )
+    except FolderBusyError:
+        named = f"{flag} {folder}" if flag else f"the question set {folder}"
+        raise ValueError(
+            f"{named} is in use by another hyde-plus run (waited {SET_LOCK_WAIT:g} s). "
+            "Nothing was written: run again once it is done, or give this run its own "
+            "--questions-dir"
+        ) from None
+    with stack:
+        yield
 
 
 WRITTEN = "written"
@@ -532,24 +621,30 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _manifest_text(record: dict[str, Any]) -> str:
-    """``record`` as ``manifest.json`` holds it, with its own `MANIFEST_SHA256`."""
+def _manifest_text(record: dict[str, Any], added: dict[str, Any] | None = None) -> str:
+    """``record`` as ``manifest.json`` holds it, with its own `MANIFEST_SHA256`, then
+    the keys a user ``added`` to the manifest it replaces (outside the hash)."""
     digest = _sha256(json.dumps(record, indent=2))
-    return json.dumps({**record, MANIFEST_SHA256: digest}, indent=2) + "\n"
+    return json.dumps({**record, MANIFEST_SHA256: digest, **(added or {})}, indent=2) + "\n"
 
 
-def _written_record(folder: Path) -> dict[str, str] | None:
-    """What the manifest at ``folder`` says hyde-plus wrote (file -> SHA-256), when
-    the manifest itself is as hyde-plus wrote it; else None (edited, unreadable, or
-    written before hyde-plus kept the record)."""
+def _written_record(folder: Path) -> tuple[dict[str, str] | None, dict[str, Any]]:
+    """``(what hyde-plus wrote, added keys)``: what the manifest at ``folder`` says
+    hyde-plus wrote (file -> SHA-256), when the manifest itself is as hyde-plus wrote
+    it, or is so once the keys a user added that hyde-plus never reads
+    (`MANIFEST_KEYS`) are left out, with those keys; else ``(None, {})`` (edited,
+    unreadable, or written before hyde-plus kept the record)."""
     manifest = read_manifest(folder)
     if manifest is None:
-        return None
+        return None, {}
     claimed = manifest.pop(MANIFEST_SHA256, None)
-    written = manifest.get(WRITTEN)
-    if claimed != _sha256(json.dumps(manifest, indent=2)) or not isinstance(written, dict):
-        return None
-    return {str(k): str(v) for k, v in written.items()}
+    unread = {k: v for k, v in manifest.items() if k not in MANIFEST_KEYS}
+    for added in ({}, unread) if unread else ({},):
+        kept = {k: v for k, v in manifest.items() if k not in added}
+        written = kept.get(WRITTEN)
+        if claimed == _sha256(json.dumps(kept, indent=2)) and isinstance(written, dict):
+            return {str(k): str(v) for k, v in written.items()}, added
+    return None, {}
 
 
 def _as_written(
@@ -577,7 +672,7 @@ def _as_written(
 def edited_files(folder: Path) -> list[str]:
     """The files of the question set at ``folder`` edited since hyde-plus wrote them
     (by the record its manifest keeps; none when there is no record to tell)."""
-    found = _written_record(folder) or {}
+    found = _written_record(folder)[0] or {}
     return [
         name
         for name in found
@@ -619,14 +714,26 @@ SET_IDENTITY = (
     "chunks_sha256",
     "chunk_size",
     "chunk_overlap",
+    "tokenizer",
     "labels",
     "questions",
     "llm",
     "seed",
 )
 """What a question set is made from, as its manifest records it: the documents (and
-their chunks), the chunking, and either the user's labels file or the generation's
-options (questions asked for, model, seed). Two sets that agree on all are the same."""
+their chunks), the chunking (sizes, and the tokenizer of the embedding model that
+counted them), and either the user's labels file or the generation's options
+(questions asked for, model, seed). Two sets that agree on all are the same."""
+
+CHUNKED_BY = ("docs", "chunk_size", "chunk_overlap", "tokenizer")
+"""What, besides the documents' text, decides their chunks (``chunks_sha256``)."""
+
+MANIFEST_KEYS = frozenset(
+    {"format", *SET_IDENTITY, "sampled", "kept", "rejected", "generation_tokens", "caveat"}
+    | {"written", "manifest_sha256"}
+)
+"""The keys hyde-plus writes in the manifest of a set it generates or labels, and the
+only ones it reads: another key is a user's note, which tells nothing about the set."""
 
 
 def made_from(folder: Path) -> dict[str, Any] | None:
@@ -685,6 +792,7 @@ def refuse_other_set(
         return
     labelled, labels_run = bool(found.get("labels")), bool(wanted.get("labels"))
     fields = ["docs", "chunks_sha256", "chunk_size", "chunk_overlap"]
+    fields += ["tokenizer"] if "tokenizer" in found and "tokenizer" in wanted else []
     if labelled == labels_run:
         fields += ["labels"] if labelled else ["questions", "llm", "seed"]
     differ = [k for k in fields if k not in unknown and found.get(k) != wanted.get(k)]
@@ -707,14 +815,34 @@ def _refuse_unreadable_set(folder: Path) -> None:
         return
     manifest = folder / "manifest.json"
     why = (
-        "cannot be read (edited since hyde-plus wrote it)"
-        if manifest.exists()
+        f"cannot be read ({_unreadable(manifest)})"
+        if manifest.exists() or manifest.is_symlink()
         else "is missing (a run stopped before writing it, or it was removed)"
     )
     raise ValueError(
         f"--questions-dir {folder} holds a question set whose manifest.json {why}; it is "
         "neither reused nor written over. Nothing was written: give this run its own "
         "--questions-dir, or remove that folder to write the set again"
+    )
+
+
+def _unreadable(manifest: Path) -> str:
+    """Why `read_manifest` could not read ``manifest``, in words."""
+    try:
+        raw = read_regular_bytes(manifest)
+    except OSError as exc:
+        return exc.strerror or "it cannot be opened"
+    except ValueError:
+        return "it is not a regular file"
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return "edited since hyde-plus wrote it: it is not JSON"
+    if not isinstance(data, dict):
+        return "edited since hyde-plus wrote it: it is not a JSON object"
+    return (
+        f"its format is {data.get('format')!r}, not {SET_FORMAT}: another version of "
+        "hyde-plus wrote it, or it was edited"
     )
 
 
@@ -732,13 +860,26 @@ def _differences(
         said.append("this run has an LLM write questions instead")
     elif wanted.get("labels") and not found.get("labels"):
         said.append(f"this run scores your labels in {wanted['labels']} instead")
+    recut = any(k in differ for k in CHUNKED_BY)
     for key in differ:
         was, now = found.get(key), wanted.get(key)
-        if key == "chunks_sha256":
+        if key == "chunks_sha256" and not recut:  # else the chunks differ for what is said
             which = _changed_file(folder, chunks) if chunks is not None else None
+            named = f" ({which})" if which else ""
+            if ("tokenizer" in found) == ("tokenizer" in wanted):
+                said.append(f"the documents changed since it was written{named}")
+            else:
+                said.append(
+                    f"its chunks differ from this run's{named}: the documents changed since "
+                    "it was written, or another --embed cut them (the set does not record "
+                    "its tokenizer)"
+                )
+        elif key == "tokenizer":
             said.append(
-                "the documents changed since it was written" + (f" ({which})" if which else "")
+                f"its chunks were cut by the tokenizer {was}; this run's --embed cuts them by {now}"
             )
+        elif key == "chunks_sha256":
+            continue
         elif key == "docs":
             said.append(f"it was written from the documents in {was}")
         elif key == "labels":

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
@@ -148,7 +149,9 @@ class EvalCache(SQLiteCache):
 class SessionOptions(TypedDict, total=False):
     """The options of an `EvalSession`, which `run_eval` and `run_tune` pass on:
     ``embed_model``, ``embed_label`` (recorded with the index) and ``cache_root`` are
-    required; the others default as in `SESSION_DEFAULTS`."""
+    required; the others default as in `SESSION_DEFAULTS`. ``index_store`` is the
+    user's own index of the documents, searched instead of one built; ``index``, the
+    index already loaded from it (by a caller that checked it), is not loaded again."""
 
     embed_model: Required[BaseEmbedding]
     embed_label: Required[str]
@@ -163,6 +166,7 @@ class SessionOptions(TypedDict, total=False):
     progress: ProgressFactory | None
     vectors: Mapping[str, Sequence[float]] | None
     index_store: Store | None
+    index: VectorStoreIndex | None
 
 
 SESSION_DEFAULTS: dict[str, Any] = {
@@ -176,6 +180,7 @@ SESSION_DEFAULTS: dict[str, Any] = {
     "progress": None,
     "vectors": None,
     "index_store": None,
+    "index": None,
 }
 """The `SessionOptions` an `EvalSession` fills in when they are not given."""
 
@@ -199,7 +204,8 @@ class EvalSession:
         if o["index_store"] is not None:  # the user's own index of these documents
             self.store = o["index_store"]
             start = time.perf_counter()
-            self.index = self.store.load(embed_model)
+            given = o["index"]  # already loaded from it by the caller, or loaded here
+            self.index = self.store.load(embed_model) if given is None else given
             texts = {doc_id: text for doc_id, (_, text) in ds.corpus.items()}
             check_holds(self.index, texts, self.store.location)
             self.index_seconds, self.index_cached = time.perf_counter() - start, True
@@ -225,7 +231,8 @@ class EvalSession:
         built from ``vectors`` (this index's stored ones: nothing is embedded again),
         sharing this session's embedder; stand-in answers are not cached. Never the
         user's ``index_store``: it holds the whole corpus, the documents left out too."""
-        options = {**self._options, "vectors": vectors, "use_cache": False, "index_store": None}
+        options = {**self._options, "vectors": vectors, "use_cache": False}
+        options.update(index_store=None, index=None)
         session = EvalSession(ds, **options)
         session.embedder = self.embedder
         return session
