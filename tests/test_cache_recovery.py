@@ -125,6 +125,29 @@ def test_a_read_that_meets_the_file_another_instance_moved_aside_serves_the_fres
     assert _aside(tmp_path) == aside
 
 
+def test_an_instance_whose_file_was_moved_aside_by_another_uses_the_fresh_file(
+    tmp_path: Path,
+) -> None:
+    """Another process moved the file aside (its damage lies where this instance never
+    reads) and started a fresh one: this instance's next write lands in the fresh
+    file, its reads no longer serve the file moved aside, and that file is not written."""
+    path = tmp_path / "c.sqlite"
+    _filled(path)
+    cache = SQLiteCache(path)
+    assert cache.get("k0") is not None
+    aside = path.with_name("c.sqlite.corrupt-1-other")
+    for suffix in ("", "-wal", "-shm"):  # as another process's quarantine does
+        Path(f"{path}{suffix}").replace(f"{aside}{suffix}")
+    kept = aside.read_bytes()
+    SQLiteCache(path).set("k9", {"i": "fresh"})
+    cache.set("k1", {"i": "new"})
+    assert SQLiteCache(path).get("k1") == {"i": "new"}
+    assert cache.get("k0") is None  # only in the file moved aside
+    assert cache.get("k9") == {"i": "fresh"}
+    cache.close()
+    assert aside.read_bytes() == kept
+
+
 def _foreign_damaged(path: Path) -> bytes:
     """Another program's database (its own tables, no owner marker) of a few MB, its
     second half damaged: its bytes."""

@@ -427,7 +427,8 @@ class SQLiteCache:
     damaged cache (a SQLite file that reads as "malformed") that carries the marker is
     moved aside under a unique name (``*.corrupt-<time>-<id>``), logged, and replaced by
     a fresh one, which the call that found the damage and every later one use at once
-    (a damaged file dealt with is no outage). A file that is not SQLite, another
+    (a damaged file dealt with is no outage); an instance whose file another process
+    moved aside goes to the fresh one too. A file that is not SQLite, another
     program's database, or a damaged database without the marker is someone else's:
     it is left untouched (its ``-wal`` and ``-shm`` too) and the cache is skipped,
     with a warning. A cache that is busy (another process holds the write lock),
@@ -459,6 +460,7 @@ class SQLiteCache:
         self.busy_timeout_s = float(busy_timeout_s)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None  # (device, inode) the connection has open
         self._warned = False
         # reads and writes fail apart (a read-only file, or another process's write
         # lock in WAL mode, still reads): each is left alone after it fails
@@ -468,10 +470,16 @@ class SQLiteCache:
             self._try_open()
 
     def _open(self) -> sqlite3.Connection:
-        """The connection, opened (and the table created) on first use. Raises
+        """The connection, opened (and the table created) on first use, and opened
+        again once the path names another file than the one it has open (another
+        process moved a damaged file aside and started a fresh one, or the file was
+        removed): its calls would go to a file nobody else reads. Raises
         `sqlite3.Error` or `OSError`."""
+        if self._conn is not None and _identity(self.path) != self._file:
+            self._drop_connection()
         if self._conn is None:
             self._conn = self._connect()
+            self._file = _identity(self.path)
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -659,6 +667,15 @@ class SQLiteCache:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``; None when there is none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _itself(conn: sqlite3.Connection) -> sqlite3.Connection:
