@@ -1,6 +1,7 @@
 """`LocalEmbedding`'s async methods run its blocking ones on the model's own worker
 threads (`door.arun`): never on the event loop nor its default executor, with the same
-vectors as the blocking path; cancelling the await abandons the call."""
+vectors as the blocking path; cancelling the await abandons the call; a search bounds
+a hung one by its deadline on those threads."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pydantic import PrivateAttr
 
 from llama_index_hyde_plus.calls import door
 from llama_index_hyde_plus.local.embedding import LocalEmbedding
+from llama_index_hyde_plus.search.vectors import Embedder
 from llama_index_hyde_plus.testing import DeterministicEmbedding
 
 _words = DeterministicEmbedding(dim=16)
@@ -108,6 +110,28 @@ async def test_cancelling_an_async_embedding_propagates_and_abandons_the_call(
         assert stand._runs == 1
     finally:
         pool.max_busy = door.WORKERS.max_busy
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_hung_local_embedding_fails_a_search_embed_at_its_deadline_and_counts_as_overrun(
+    stand: _Stand, use_async: bool
+) -> None:
+    """The search hands the model's blocking method to its worker threads under the
+    deadline (its async method could take none): past it the call is abandoned and,
+    still running, counts as overrun (the pool refuses a call behind only such calls
+    at once)."""
+    stand._hold.clear()
+    embedder = Embedder(stand)
+    deadline = door.Deadline.start(0.2)
+    start = time.monotonic()
+    with pytest.raises(door.ModelTimeoutError):
+        if use_async:
+            asyncio.run(embedder.aquery("a hung question", deadline))
+        else:
+            embedder.query("a hung question", deadline)
+    assert time.monotonic() - start < 5
+    running = list(door.pool(stand)._running)
+    assert len(running) == 1 and running[0].overran
 
 
 @pytest.mark.local

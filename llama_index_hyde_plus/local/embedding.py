@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from pydantic import Field, PrivateAttr
@@ -151,8 +151,14 @@ class LocalEmbedding(BaseEmbedding):
 
     The async methods run the blocking ones on this model's worker threads
     (`door.arun`: never on the event loop nor its default executor); cancelling the
-    await abandons the call.
+    await abandons the call. They take no deadline (LlamaIndex's methods have none), so
+    a search calls the blocking ones through `door.arun` itself, under its deadline
+    (``async_on_workers``).
     """
+
+    async_on_workers: ClassVar[bool] = True
+    """Its async methods only run its blocking ones on its worker threads: a search
+    that bounds its calls runs the blocking ones itself (`search.loops`)."""
 
     model_dir: str
     fastembed_model: str = Field(default=FASTEMBED_MODEL)
