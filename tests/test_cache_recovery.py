@@ -148,6 +148,30 @@ def test_an_instance_whose_file_was_moved_aside_by_another_uses_the_fresh_file(
     assert aside.read_bytes() == kept
 
 
+def test_a_journal_cut_short_under_an_open_connection_is_reopened_by_the_probe(
+    tmp_path: Path,
+) -> None:
+    """Another process's ``-wal`` truncated while this instance has it open: its reads
+    fail with an I/O error (a short read) on that connection however often they are
+    tried; the probe after the outage opens the file afresh, SQLite recovers what the
+    journal still holds, and the cache serves and stores again."""
+    path = tmp_path / "c.sqlite"
+    cache = SQLiteCache(path, busy_timeout_s=0.2)
+    assert cache.get("k0") is None  # its connection is open
+    other = SQLiteCache(path)
+    for i in range(50):
+        other.set(f"k{i}", {"i": i, "pad": "y" * 2000})
+    wal = Path(f"{path}-wal")
+    with wal.open("r+b") as handle:
+        handle.truncate(wal.stat().st_size // 2)
+    assert cache.get("k49") is None  # an outage
+    other.close()
+    time.sleep(0.3)
+    assert cache.get("k1") == {"i": 1, "pad": "y" * 2000}  # the probe, on a new connection
+    cache.set("new", {"ok": 1})
+    assert cache.get("new") == {"ok": 1}
+
+
 def _foreign_damaged(path: Path) -> bytes:
     """Another program's database (its own tables, no owner marker) of a few MB, its
     second half damaged: its bytes."""

@@ -309,6 +309,18 @@ def is_corruption(exc: BaseException) -> bool:
     return "not a database" in text or "malformed" in text
 
 
+def _is_io_error(exc: BaseException) -> bool:
+    """True for SQLite's I/O errors (``SQLITE_IOERR_*``: a read cut short by a file
+    truncated under the connection, a failed read or write), which the open connection
+    keeps meeting; not for a busy or locked file."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return int(code) & 0xFF == 10  # SQLITE_IOERR
+    return "disk i/o error" in str(exc).lower()
+
+
 class ForeignFileError(sqlite3.Error):
     """The cache path holds something this tool did not write (another file type, or a
     SQLite database with other tables): it is left untouched and the cache is skipped."""
@@ -496,12 +508,15 @@ class SQLiteCache:
         runs again at once, on the file now at the path. Raises `sqlite3.Error` or
         `OSError` when the cache is unavailable, a damaged file it could not move aside
         (not provably its own, or the file system refused) included."""
-        try:
-            return op(self._open())
-        except sqlite3.DatabaseError as exc:
-            if not is_corruption(exc) or not self._quarantine(exc):
-                raise
-        return op(self._open())
+        for attempt in (0, 1):
+            try:
+                return op(self._open())
+            except sqlite3.DatabaseError as exc:
+                if _is_io_error(exc):  # the next call opens it afresh: SQLite recovers
+                    self._drop_connection()  # its journal, or finds the damage
+                if attempt or not is_corruption(exc) or not self._quarantine(exc):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
