@@ -25,6 +25,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -149,6 +150,7 @@ another process's write lock (an infinite wait would hang it)."""
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+_R = TypeVar("_R")
 
 _ENTRY_OVERHEAD = 100
 """Bytes an entry costs beyond its key and value: the ordered dict's link and slot."""
@@ -307,6 +309,18 @@ def is_corruption(exc: BaseException) -> bool:
     return "not a database" in text or "malformed" in text
 
 
+def _is_io_error(exc: BaseException) -> bool:
+    """True for SQLite's I/O errors (``SQLITE_IOERR_*``: a read cut short by a file
+    truncated under the connection, a failed read or write), which the open connection
+    keeps meeting; not for a busy or locked file."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return int(code) & 0xFF == 10  # SQLITE_IOERR
+    return "disk i/o error" in str(exc).lower()
+
+
 class ForeignFileError(sqlite3.Error):
     """The cache path holds something this tool did not write (another file type, or a
     SQLite database with other tables): it is left untouched and the cache is skipped."""
@@ -424,14 +438,16 @@ class SQLiteCache:
     The database is stamped with `APPLICATION_ID` in its header, its owner marker. A
     damaged cache (a SQLite file that reads as "malformed") that carries the marker is
     moved aside under a unique name (``*.corrupt-<time>-<id>``), logged, and replaced by
-    a fresh one. A file that is not SQLite, another program's database, or a damaged
-    database without the marker is someone else's: it is left untouched (its ``-wal``
-    and ``-shm`` too) and the cache is skipped, with a warning. A
-    cache that is busy (another process holds the write lock), read-only, whose folder
-    cannot be created (a file in the way, a read-only file system, no permission) or
-    otherwise unavailable is left alone, with one warning per outage: a read is a miss
-    (``len`` is 0) and a write is skipped after waiting at most ``busy_timeout_s``
-    seconds. A cache never fails a search.
+    a fresh one, which the call that found the damage and every later one use at once
+    (a damaged file dealt with is no outage); an instance whose file another process
+    moved aside goes to the fresh one too. A file that is not SQLite, another
+    program's database, or a damaged database without the marker is someone else's:
+    it is left untouched (its ``-wal`` and ``-shm`` too) and the cache is skipped,
+    with a warning. A cache that is busy (another process holds the write lock),
+    read-only, whose folder cannot be created (a file in the way, a read-only file
+    system, no permission) or otherwise unavailable is left alone, with one warning per
+    outage: a read is a miss (``len`` is 0) and a write is skipped after waiting at
+    most ``busy_timeout_s`` seconds. A cache never fails a search.
 
     Args:
         path: the SQLite file (``~`` expanded); it and its folder are created when
@@ -456,6 +472,7 @@ class SQLiteCache:
         self.busy_timeout_s = float(busy_timeout_s)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None  # (device, inode) the connection has open
         self._warned = False
         # reads and writes fail apart (a read-only file, or another process's write
         # lock in WAL mode, still reads): each is left alone after it fails
@@ -465,19 +482,40 @@ class SQLiteCache:
             self._try_open()
 
     def _open(self) -> sqlite3.Connection:
-        """The connection, opened (and the table created) on first use. Raises
-        `sqlite3.Error` or `OSError`; a damaged file is quarantined and opened afresh
-        once."""
+        """The connection, opened (and the table created) on first use, and opened
+        again once the path names another file than the one it has open (another
+        process moved a damaged file aside and started a fresh one, or the file was
+        removed): its calls would go to a file nobody else reads. Raises
+        `sqlite3.Error` or `OSError`."""
+        if self._conn is not None and _identity(self.path) != self._file:
+            self._drop_connection()
+        if self._conn is None:
+            self._conn = self._connect()
+            self._file = _identity(self.path)
+        return self._conn
+
+    def _drop_connection(self) -> None:
         if self._conn is not None:
-            return self._conn
-        for attempt in range(2):
             try:
-                self._conn = self._connect()
-                return self._conn
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn = None
+
+    def _using(self, op: Callable[[sqlite3.Connection], _R]) -> _R:
+        """``op`` on the connection (`_open`). A damaged file that is dealt with
+        (`_quarantine`: moved aside, or found already replaced) is no outage: ``op``
+        runs again at once, on the file now at the path. Raises `sqlite3.Error` or
+        `OSError` when the cache is unavailable, a damaged file it could not move aside
+        (not provably its own, or the file system refused) included."""
+        for attempt in (0, 1):
+            try:
+                return op(self._open())
             except sqlite3.DatabaseError as exc:
-                if attempt or not is_corruption(exc):
+                if _is_io_error(exc):  # the next call opens it afresh: SQLite recovers
+                    self._drop_connection()  # its journal, or finds the damage
+                if attempt or not is_corruption(exc) or not self._quarantine(exc):
                     raise
-                self._quarantine(exc)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _connect(self) -> sqlite3.Connection:
@@ -517,7 +555,7 @@ class SQLiteCache:
 
     def _try_open(self) -> sqlite3.Connection | None:
         try:
-            return self._open()
+            return self._using(_itself)
         except _UNAVAILABLE as exc:
             self._unavailable(exc)
             return None
@@ -544,22 +582,19 @@ class SQLiteCache:
         finally:
             probe.close()
 
-    def _quarantine(self, exc: Exception) -> None:
-        """Move a damaged cache aside (see `_move_aside`); a file system that refuses,
-        or a database that is not provably this cache's, leaves it where it is, logged
-        as unavailable."""
+    def _quarantine(self, exc: Exception) -> bool:
+        """Move a damaged cache aside (see `_move_aside`): True once the path is free
+        of it. A file system that refuses, or a database that is not provably this
+        cache's, leaves it where it is, logged as unavailable: False."""
         try:
             self._move_aside(exc)
         except (OSError, ForeignFileError) as err:
             self._unavailable(err)
+            return False
+        return True
 
     def _move_aside(self, exc: Exception) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except sqlite3.Error:
-                pass
-            self._conn = None
+        self._drop_connection()
         if not self.path.exists():
             return
         if not _stamped_as_ours(self.path):  # no owner marker: someone else's, never moved
@@ -581,12 +616,6 @@ class SQLiteCache:
             except FileNotFoundError:
                 pass
 
-    def _handle(self, exc: Exception) -> None:
-        if is_corruption(exc):
-            self._quarantine(exc)
-        else:
-            self._unavailable(exc)
-
     def get(self, key: str) -> Any:
         """The stored dict, or None for a miss: absent, older than ``ttl_s``,
         unreadable, or the file busy, locked, read-only, not ours or damaged (a damaged
@@ -599,14 +628,10 @@ class SQLiteCache:
             if self._reads.skipping():
                 return None
             try:
-                row = (
-                    self._open()
-                    .execute("SELECT value, created FROM results WHERE key = ?", (key,))
-                    .fetchone()
-                )
+                row = self._using(partial(_read, key))
             except _UNAVAILABLE as exc:
                 self._reads.failed()
-                self._handle(exc)
+                self._unavailable(exc)
                 return None
             self._reads.answered()
             self._warned = False
@@ -635,34 +660,20 @@ class SQLiteCache:
         with self._lock:
             if self._writes.skipping():
                 return
-            for attempt in range(2):
-                try:
-                    conn = self._open()
-                    with conn:
-                        conn.execute(
-                            "INSERT OR REPLACE INTO results (key, value, created) VALUES (?, ?, ?)",
-                            (key, blob, time.time()),
-                        )
-                        if self.ttl_s is not None:
-                            conn.execute(
-                                "DELETE FROM results WHERE created < ?",
-                                (time.time() - self.ttl_s,),
-                            )
-                    self._writes.answered()
-                    return
-                except _UNAVAILABLE as exc:
-                    if attempt or not is_corruption(exc):
-                        self._writes.failed()
-                        self._unavailable(exc)
-                        return
-                    self._quarantine(exc)
+            try:
+                self._using(partial(_write, key, blob, self.ttl_s))
+            except _UNAVAILABLE as exc:
+                self._writes.failed()
+                self._unavailable(exc)
+                return
+            self._writes.answered()
 
     def __len__(self) -> int:
         with self._lock:
             try:
-                return int(self._open().execute("SELECT count(*) FROM results").fetchone()[0])
+                return self._using(_count)
             except _UNAVAILABLE as exc:
-                self._handle(exc)
+                self._unavailable(exc)
                 return 0
 
     def close(self) -> None:
@@ -671,3 +682,38 @@ class SQLiteCache:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``; None when there is none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _itself(conn: sqlite3.Connection) -> sqlite3.Connection:
+    return conn
+
+
+def _read(key: str, conn: sqlite3.Connection) -> tuple[str, float] | None:
+    """The value and creation time stored under ``key``, or None."""
+    row = conn.execute("SELECT value, created FROM results WHERE key = ?", (key,)).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def _write(key: str, blob: str, ttl_s: float | None, conn: sqlite3.Connection) -> None:
+    """Store ``blob`` under ``key`` and drop the entries older than ``ttl_s``, in one
+    transaction."""
+    with conn:
+        conn.execute(
+            "INSERT OR REPLACE INTO results (key, value, created) VALUES (?, ?, ?)",
+            (key, blob, time.time()),
+        )
+        if ttl_s is not None:
+            conn.execute("DELETE FROM results WHERE created < ?", (time.time() - ttl_s,))
+
+
+def _count(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM results").fetchone()[0])

@@ -15,20 +15,24 @@ as queries still share runs. The vectors do not depend on the grouping.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import tempfile
 import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from pydantic import Field, PrivateAttr
 
+from ..calls import door
+
 logger = logging.getLogger(__name__)
+
+_WHAT = "the embedding model"
 
 FASTEMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 _SPECIAL = {
@@ -144,7 +148,17 @@ class LocalEmbedding(BaseEmbedding):
     texts per ONNX run and ``max_batch_chars`` the most characters per run once padded to
     its longest text (None: only ``batch_size`` counts); ``sort_by_length`` sorts the
     texts of a call by length before grouping them (see `length_batches`).
+
+    The async methods run the blocking ones on this model's worker threads
+    (`door.arun`: never on the event loop nor its default executor); cancelling the
+    await abandons the call. They take no deadline (LlamaIndex's methods have none), so
+    a search calls the blocking ones through `door.arun` itself, under its deadline
+    (``async_on_workers``).
     """
+
+    async_on_workers: ClassVar[bool] = True
+    """Its async methods only run its blocking ones on its worker threads: a search
+    that bounds its calls runs the blocking ones itself (`search.loops`)."""
 
     model_dir: str
     fastembed_model: str = Field(default=FASTEMBED_MODEL)
@@ -261,13 +275,18 @@ class LocalEmbedding(BaseEmbedding):
         return self._embed(texts)
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return (await asyncio.to_thread(self._embed, [query], True))[0]
+        return (await self._aembed([query], query=True))[0]
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
-        return (await asyncio.to_thread(self._embed, [text]))[0]
+        return (await self._aembed([text]))[0]
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self._embed, texts)
+        return await self._aembed(texts)
+
+    async def _aembed(self, texts: list[str], query: bool = False) -> list[list[float]]:
+        """`_embed` on this model's worker threads (its provider's pool)."""
+        call = partial(self._embed, texts, query)
+        return await door.arun(call, on=self, what=_WHAT)
 
 
 def _window(model: Any) -> tuple[Any, int | None]:

@@ -125,9 +125,14 @@ def _retrieved(retriever: BaseRetriever, bundle: QueryBundle) -> list[NodeWithSc
 
 
 def _native_embed(model: Any, kind: str) -> bool:
-    """Whether ``model`` has its own async method for embeddings of ``kind``."""
+    """Whether ``model`` has its own async method for embeddings of ``kind``, other
+    than one that only runs its blocking method on its worker threads (a true
+    ``async_on_workers``, as `LocalEmbedding`'s): that one the loop runs itself, under
+    the deadline, which the model's own async method cannot take."""
     from llama_index.core.base.embeddings.base import BaseEmbedding
 
+    if getattr(model, "async_on_workers", False) is True:
+        return False
     if kind == "query":
         return overrides(model, "_aget_query_embedding", BaseEmbedding)
     return any(overrides(model, name, BaseEmbedding) for name in _TEXT_ASYNC)
