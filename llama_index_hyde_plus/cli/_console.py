@@ -213,9 +213,9 @@ def progress_bar() -> Progress:
     whole = Column(no_wrap=True)
     return _display(
         Description(table_column=Column(max_width=20)),
-        BarColumn(bar_width=8),
+        BarColumn(bar_width=6),
         MofNCompleteColumn(table_column=whole),
-        TextColumn("{task.fields[rate]}", table_column=squeezable(24)),
+        TextColumn("{task.fields[rate]}", table_column=squeezable(26)),
         TimeElapsedColumn(table_column=whole),
         TextColumn("eta", table_column=whole),
         TimeRemainingColumn(table_column=whole),
