@@ -92,6 +92,10 @@ class Label(Text):
     """Where a line may end, by preference (`line_breaks`)."""
     cut: bool = True
     """Whether a piece wider than a line is cut (else it overflows the line)."""
+    most_lines: int = 0
+    """The lines it may take (0: as many as it needs); the last one shown ends with
+    an ellipsis when there is more, as does the one line it takes in fewer than 8
+    columns (too few to fold into)."""
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         widest = max((cell_len(line) for line in self.plain.split("\n")), default=0)
@@ -108,6 +112,8 @@ class Label(Text):
         tab_size: int = 8,
         no_wrap: bool | None = None,
     ) -> Lines:
+        if self.most_lines and width < 8:
+            no_wrap, overflow = True, "ellipsis"
         if no_wrap:
             return super().wrap(
                 console, width, justify=justify, overflow=overflow, tab_size=tab_size, no_wrap=True
@@ -117,6 +123,10 @@ class Label(Text):
             for part in line.divide(line_breaks(line.plain, width, self.tiers, self.cut)):
                 part.rstrip()
                 lines.append(part)
+        if self.most_lines and len(lines) > self.most_lines:
+            rest = Text(" ").join(lines[self.most_lines - 1 :])
+            rest.truncate(width, overflow="ellipsis")
+            lines = Lines([*lines[: self.most_lines - 1], rest])
         if justify:
             lines.justify(console, width, justify=justify, overflow=overflow or "fold")
         return lines

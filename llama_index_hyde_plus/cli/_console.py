@@ -184,8 +184,8 @@ def progress_bar() -> Progress:
     """Bars within 80 columns, so the count, the elapsed time and the ETA always show
     whole: the description folds onto more lines at sensible points (`_folding`: a
     transform's options after ``:`` and ``,``) in the room they leave, at most 20
-    columns; the rate is shortened with an ellipsis when long. A bar made invisible
-    (nothing to do) leaves no line behind (`_display`)."""
+    columns and 4 lines; the rate is shortened with an ellipsis when long. A bar made
+    invisible (nothing to do) leaves no line behind (`_display`)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -200,12 +200,15 @@ def progress_bar() -> Progress:
 
     from .._folding import Label
 
+    class Described(Label):
+        most_lines = 4  # a terminal too narrow to fold into: cut after 4 lines
+
     class Description(ProgressColumn):
         """A bar's description (markup-escaped by `task`) as a `Label`."""
 
         def render(self, task: Task) -> Text:
             said = Text.from_markup(task.description)
-            return Label(said.plain, style="progress.description", spans=said.spans)
+            return Described(said.plain, style="progress.description", spans=said.spans)
 
     def squeezable(width: int) -> Column:
         return Column(max_width=width, no_wrap=True, overflow="ellipsis")
