@@ -437,9 +437,33 @@ def test_progress_bars_keep_the_count_elapsed_and_eta_whole_at_80_columns() -> N
     console = Console(width=80, record=True)
     console.print(bars.make_tasks_table(bars.tasks))
     lines = console.export_text().splitlines()
-    assert len(lines) == 2 and all(len(line) <= 80 for line in lines)
-    assert "30/74" in lines[0] and "━" in lines[0]
-    assert all(line.rstrip().endswith("eta -:--:--") and "0:00:00" in line for line in lines)
+    assert all(len(line) <= 80 for line in lines)
+    rows = [line for line in lines if "eta" in line]  # a bar's first line: the rest is its label
+    assert len(rows) == 2 and "30/74" in rows[0]
+    assert all(line.rstrip().endswith("eta -:--:--") and "0:00:00" in line for line in rows)
+
+
+def test_progress_descriptions_show_whole_words_at_80_columns() -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.cli._console import progress_bar, task
+
+    bars = progress_bar()
+    label = "multi-query:n=3,rrf_k=60,original_weight=2.0"
+    for description in ("Writing questions", "Embedding corpus", label):
+        advance = task(bars, description, 100, "q/s")
+        advance(30, fell_back=4, note="3 in flight")
+    console = Console(width=80, record=True)
+    console.print(bars.make_tasks_table(bars.tasks))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in "".join(lines)[:20]
+    assert lines[0].startswith("Writing questions ") and lines[1].startswith("Embedding corpus ")
+    assert [line.split()[0] for line in lines[2:]] == [
+        "multi-query:n=3,",
+        "rrf_k=60,",
+        "original_weight=",
+        "2.0",
+    ]
 
 
 def _docs_run(tmp_path: Path, command: str, *args: str, seed: int = 0) -> str:
@@ -518,3 +542,16 @@ def test_tune_on_the_users_labels_calls_them_labelled_not_generated(tmp_path: Pa
     assert "docs labelled questions: 3 queries; tuning rocchio" in said
     assert "tune rocchio on docs labelled (3 queries" in said and "generated" not in said
     assert json.loads(out.read_text())["tuned_on"]["split"] == "labelled"
+
+
+def test_a_warning_logged_during_progress_bars_goes_through_their_console() -> None:
+    import logging
+
+    from rich.logging import RichHandler
+
+    from llama_index_hyde_plus.cli._console import progress_bar, setup_logging
+
+    setup_logging(False)
+    bars = progress_bar()
+    [handler] = logging.getLogger().handlers
+    assert isinstance(handler, RichHandler) and handler.console is bars.console  # above the bars

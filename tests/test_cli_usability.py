@@ -270,3 +270,70 @@ def test_the_local_models_speed_line_wraps_at_80_columns(
     shown = capsys.readouterr().err
     assert " ".join(shown.split()) == line
     assert max(len(row) for row in shown.splitlines()) <= 80
+
+
+def _error_lines(tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """The stderr lines of an error naming a long path (``--out`` inside ``DIR``)."""
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    (docs / "a.txt").write_text("The nightly backup window closes at 04:00 UTC.")
+    out = docs / ("index-[bold]-" + "x" * 90)
+    result = runner.invoke(app, ["index", str(docs), "--out", str(out)], env=env)
+    assert result.exit_code == 2
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", result.stderr)
+    assert "\x1b" not in plain  # styles only: nothing of the message reached the terminal
+    return plain.splitlines()
+
+
+def test_an_error_on_a_terminal_wraps_its_words_and_keeps_a_long_path_whole(
+    tmp_path: Path,
+) -> None:
+    lines = _error_lines(tmp_path, {"COLUMNS": "80", "TTY_COMPATIBLE": "1"})
+    assert lines[0].startswith("error: ") and len(lines) > 2
+    path = str(tmp_path / "docs" / ("index-[bold]-" + "x" * 90))
+    assert path in lines  # on a line of its own, whole, as written (no markup read)
+    assert all(len(line) <= 80 for line in lines if line != path)
+
+
+def test_an_error_piped_is_one_line(tmp_path: Path) -> None:
+    lines = _error_lines(tmp_path, {"COLUMNS": "80"})
+    assert len(lines) == 1 and lines[0].startswith("error: --out ")
+
+
+def test_top_level_help_gives_each_command_a_whole_sentence_within_80_columns() -> None:
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    commands = result.output.split("Commands:")[1].strip().splitlines()
+    names = ["index", "query", "transform", "eval", "tune", "serve", "demo", "models"]
+    assert [line.split()[0] for line in commands] == names
+    assert all(line.endswith(".") and "..." not in line and len(line) <= 80 for line in commands)
+
+
+def test_query_leaves_no_blank_lines_where_its_spinners_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index.core import Document
+
+    from llama_index_hyde_plus import models
+    from llama_index_hyde_plus.stores.faiss import build_faiss_index
+    from llama_index_hyde_plus.testing import DeterministicEmbedding
+
+    out = tmp_path / "idx"
+    texts = {"a": "Revenue dropped in the third quarter.", "b": "The office moved."}
+    docs = [Document(text=t, id_=i) for i, t in texts.items()]
+    build_faiss_index(docs, DeterministicEmbedding(dim=64), out, embed_spec="det", max_length=256)
+    monkeypatch.setattr(models, "resolve_embedding", lambda *a, **k: DeterministicEmbedding(dim=64))
+    args = [
+        "query",
+        "Why did revenue drop?",
+        "--index",
+        str(out),
+        "-t",
+        "hyde",
+        "--llm",
+        "scripted",
+    ]
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""  # the two spinners (index, model) left nothing behind
+    assert "\n\n" not in result.stdout

@@ -219,6 +219,30 @@ def test_the_cli_says_how_many_chunks_it_embedded_and_reused(
     assert f"embedded {n:,} of {chunks:,} chunks ({chunks - n:,} unchanged)" in again.output
 
 
+def test_indexing_an_unchanged_folder_again_says_it_is_up_to_date_and_warns_of_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index_hyde_plus import models
+
+    docs, out = tmp_path / "docs", tmp_path / "index"
+    write_corpus(docs, 6)
+    monkeypatch.setattr(models, "resolve_embedding", lambda *a, **k: DeterministicEmbedding(dim=64))
+    runner = CliRunner()
+    argv = ["index", str(docs), "--out", str(out), "--chunk-size", "40", "--chunk-overlap", "5"]
+    assert runner.invoke(app, argv).exit_code == 0
+    chunks = json.loads((out / "hyde_plus.json").read_text())["chunks"]
+    again = runner.invoke(app, argv, env={"COLUMNS": "200"})
+    assert again.exit_code == 0, again.output
+    said = f"is up to date: 6 documents, {chunks} chunks, nothing re-embedded"
+    assert said in again.output and again.output.startswith("The index in ")
+    assert "replaced" not in again.output and "0/0" not in again.output
+    assert "Embedding" not in again.output  # no bar for nothing to embed
+    (docs / "doc03.md").write_text(text(3, version=5))
+    changed = runner.invoke(app, argv, env={"COLUMNS": "200"})
+    assert changed.exit_code == 0, changed.output
+    assert "replaced the index in" in changed.output and "up to date" not in changed.output
+
+
 def test_two_documents_with_the_same_text_are_told_apart(tmp_path: Path) -> None:
     """The docstore maps a hash to one id: identical texts must still hash apart, or a
     removed twin would stay in the index."""

@@ -671,6 +671,20 @@ def test_current_follows_rebuilds_and_a_rebuild_says_it_replaced_the_index(
     assert line == f"replaced the index in {out.resolve()} (its previous build {old})"
 
 
+def test_a_rebuild_of_unchanged_documents_warns_of_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="llama_index_hyde_plus")
+    out = tmp_path / "idx"
+    build(out)
+    build(out)  # the same chunks and vectors: nothing a user would miss is replaced
+    assert not caplog.records
+    assert os.readlink(out / CURRENT_LINK) == read_meta(out)["data"]
+    build(out, {"pto": OLD["pto"]})  # a document dropped: its chunks are gone
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"replaced the index in {out.resolve()}")
+
+
 def test_a_current_folder_left_by_copytree_is_refused_naming_it(tmp_path: Path) -> None:
     base = tmp_path / "base"
     build(base)

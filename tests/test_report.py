@@ -523,3 +523,21 @@ def test_a_progress_bar_shows_its_description_as_written() -> None:
         task(progress, "[bold red]x\x1b]0;t", 1, "queries")(1)
     text = console.export_text(styles=False)
     assert "[bold red]x\\x1b]0;t" in text and "\x1b]0;t" not in text
+
+
+def test_terminal_table_labels_and_a_long_data_set_name_fold_after_punctuation_not_mid_word(
+    tmp_path: Path,
+) -> None:
+    res = result(tmp_path)
+    res.dataset = "my-company-handbook_" + "-".join(["section"] * 12)  # wider than the table
+    res.reports[1].label = "hyde:query_weight=0.9,gate=0.6,multi_query_fusion=rrf"
+    console = Console(width=80, record=True)
+    console.print(rich_table(res))
+    lines = console.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    words = {"query", "weight", "gate", "multi", "fusion", "section", "handbook"}
+    ends = [line.rstrip() for line in lines]
+    cut = [w for w in words for end in ends for i in range(2, len(w)) if end.endswith(w[:i])]
+    assert not cut  # no line ends inside a word (snake_case's words are words)
+    label = "".join(line.split()[0] for line in lines[4:] if line.split())
+    assert "hyde:query_weight=0.9,gate=0.6,multi_query_fusion=rrf" in label

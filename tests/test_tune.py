@@ -528,3 +528,21 @@ def test_tune_and_eval_print_a_label_as_written_never_as_markup_or_control_codes
     assert "\x1b" not in text and "\x07" not in text
     assert text.count("[bold red]x[/]") >= 3 and "[blink]d" in text  # choice, verdict, advice
     assert "[boldred]x[/]" in "".join(text.split())  # the tables', folded
+
+
+def test_a_configuration_label_wider_than_its_column_folds_between_options() -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.evaluation.report import tune_table
+
+    result = tune_result({"query_weight": 0.7})
+    long = {"query_weight": 0.912345678, "keyword_weight": 0.5, "strategy": "rerank-by-source"}
+    result.best = report(label_for("hyde", long), 0.452, long)
+    result.reports.append(result.best)
+    console = Console(width=80, record=True)
+    console.print(tune_table(result))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    start = next(i for i, line in enumerate(lines) if line.startswith(" qw=0.912345678,"))
+    pieces = [line.split()[0] for line in lines[start : start + 4]]
+    assert pieces == ["qw=0.912345678,", "kw=0.5,", "s=rerank-by-", "source"]

@@ -56,7 +56,7 @@ models_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-app.add_typer(models_app, name="models")
+app.add_typer(models_app, name="models", short_help="Fetch and list the local default models.")
 
 
 def _print_version(value: bool) -> None:
@@ -79,13 +79,15 @@ def _start(
     command's ``--help``, which runs this first, loads no logging handler."""
 
 
-app.command()(index)
-app.command()(query)
-app.command("transform")(transform_cmd)
-app.command("eval")(eval_cmd)
-app.command()(tune)
-app.command()(serve)
-app.command()(demo)
+# Each command's line in `hyde-plus --help`: a whole sentence within 80 columns
+# (click cuts a docstring's first sentence that does not fit there)
+app.command(short_help="Chunk and embed a folder of documents into an index.")(index)
+app.command(short_help="Search an index with a transformed question.")(query)
+app.command("transform", short_help="Print what a transform makes of a question.")(transform_cmd)
+app.command("eval", short_help="Score transforms on a data set or your documents.")(eval_cmd)
+app.command(short_help="Choose a transform's options on a training split.")(tune)
+app.command(short_help="Serve the Retrieval Context Protocol (HTTP or stdio).")(serve)
+app.command(short_help="Run HyDE end to end on a small shipped corpus.")(demo)
 models_app.command("pull")(models_pull)
 models_app.command("list")(models_list)
 

@@ -86,8 +86,21 @@ def setup_logging(verbose: bool) -> None:
 
 
 def fail(message: str) -> typer.Exit:
-    """Print one ``error:`` line; the caller raises the returned exit (code 2)."""
-    _made_console(True).print(f"[bold red]error:[/] {literal(message)}", soft_wrap=True)
+    """Print an ``error:`` message (as written: `literal`); the caller raises the
+    returned exit (code 2). On a terminal its words wrap to the terminal's width, a word
+    longer than a line (a path) whole on a line of its own, where it can be copied;
+    piped or redirected, it is one line, for a log or ``grep`` to read whole."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from .._folding import Prose
+
+    stderr = _made_console(True)
+    said = Text.from_markup(f"[bold red]error:[/] {literal(message)}")
+    if stderr.is_terminal:  # in a Group: print() would join a bare Text into a plain one
+        stderr.print(Group(Prose(said.plain, spans=said.spans)), crop=False)
+    else:
+        stderr.print(said, soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -138,47 +151,77 @@ def reported() -> Iterator[None]:
 @contextlib.contextmanager
 def working(description: str) -> Iterator[None]:
     """A spinner with the elapsed time on stderr while a model works (transient: it
-    disappears when done), so a slow local model never looks like a hang."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    disappears when done, leaving no blank line: `_display`), so a slow local model
+    never looks like a hang."""
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    spinner = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=_made_console(True),
-        transient=True,
+    spinner = _display(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True
     )
     with spinner:
         spinner.add_task(literal(description), total=None)
         yield
 
 
+def _display(*columns: Any, transient: bool) -> Progress:
+    """A progress display on stderr that, once stopped, leaves nothing when it is
+    ``transient`` or shows no bar (Rich ends one that is not on a terminal with a
+    blank line, even then)."""
+    from rich.progress import Progress
+
+    class Display(Progress):
+        def stop(self) -> None:
+            if self.live.transient or not any(t.visible for t in self.tasks):
+                self.live.transient = True
+                self.live.stop()
+            else:
+                super().stop()
+
+    return Display(*columns, console=_made_console(True), transient=transient)
+
+
 def progress_bar() -> Progress:
-    """Bars within 80 columns: the description and the rate shortened with an ellipsis
-    when long, so the count, the elapsed time and the ETA always show whole."""
+    """Bars within 80 columns, so the count, the elapsed time and the ETA always show
+    whole: the description folds onto more lines at sensible points (`_folding`: a
+    transform's options after ``:`` and ``,``) in the room they leave, at most 20
+    columns and 4 lines; the rate is shortened with an ellipsis when long. A bar made
+    invisible (nothing to do) leaves no line behind (`_display`)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
+        ProgressColumn,
+        Task,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
     from rich.table import Column
+    from rich.text import Text
+
+    from .._folding import Label
+
+    class Described(Label):
+        most_lines = 4  # a terminal too narrow to fold into: cut after 4 lines
+
+    class Description(ProgressColumn):
+        """A bar's description (markup-escaped by `task`) as a `Label`."""
+
+        def render(self, task: Task) -> Text:
+            said = Text.from_markup(task.description)
+            return Described(said.plain, style="progress.description", spans=said.spans)
 
     def squeezable(width: int) -> Column:
         return Column(max_width=width, no_wrap=True, overflow="ellipsis")
 
     whole = Column(no_wrap=True)
-    return Progress(
-        TextColumn("[progress.description]{task.description}", table_column=squeezable(16)),
-        BarColumn(bar_width=8),
+    return _display(
+        Description(table_column=Column(max_width=20)),
+        BarColumn(bar_width=6),
         MofNCompleteColumn(table_column=whole),
         TextColumn("{task.fields[rate]}", table_column=squeezable(26)),
         TimeElapsedColumn(table_column=whole),
         TextColumn("eta", table_column=whole),
         TimeRemainingColumn(table_column=whole),
-        console=_made_console(True),
         transient=False,
     )
 

@@ -33,8 +33,9 @@ def build_store(
     chunking: Chunking | None = None,
 ) -> IndexInfo:
     """Load the embedding model named ``embed`` and build ``store`` with a progress bar
-    (of chunks once the documents are split, with ``chunking``). The target is checked
-    before the model loads or any bar shows (`Store.check_target`)."""
+    (of chunks once the documents are split, with ``chunking``; none when no chunk needs
+    embedding). The target is checked before the model loads or any bar shows
+    (`Store.check_target`)."""
     from ..models import concrete_embedding_spec, resolve_embedding
 
     if chunking is not None:
@@ -47,6 +48,10 @@ def build_store(
     with progress_bar() as progress:
         advance = task(progress, f"Embedding {what}", len(documents), f"{what}/s")
         task_id = progress.task_ids[-1]
+
+        def counted(n: int) -> None:
+            progress.update(task_id, total=n, visible=n > 0)  # nothing to embed: no bar
+
         return store.build(
             documents,
             embed_model,
@@ -55,7 +60,7 @@ def build_store(
             batch_size=batch_size,
             progress=advance,
             chunking=chunking,
-            total=lambda n: progress.update(task_id, total=n),
+            total=counted,
         )
 
 
@@ -135,9 +140,15 @@ def index(
             batch_size=batch_size,
             chunking=chunking,
         )
+    where = f"[bold]{ui.literal(str(info.location))}[/]"
+    if info.unchanged:
+        ui.console.print(
+            f"[green]The index in {where} is up to date:[/] {info.documents} documents, "
+            f"{info.chunks} chunks, nothing re-embedded ({info.seconds:.1f}s)"
+        )
+        return
     ui.console.print(
-        f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into "
-        f"[bold]{ui.literal(str(info.location))}[/] "
+        f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into {where} "
         f"({target.search}, {info.dim}-d, {info.seconds:.1f}s): "
         f"{embedded_line(info)}"
     )

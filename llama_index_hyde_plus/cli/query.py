@@ -203,15 +203,17 @@ def _results_table(
 ) -> Table:
     """Rank, score (headed ``fused`` when the scores fuse several searches' lists),
     source and as much text as ``width`` columns leave room for (the source takes at
-    most a third of them)."""
+    most a third of them, folding at sensible points: `_folding.label`)."""
     from rich.table import Table
+
+    from .._folding import label
 
     sources = [file_of(row.item) if group_by_file else source_of(row.item) for row in rows]
     source_width = min(max([len("source"), *map(len, sources)]), max(12, width // 3))
     table = Table(title=literal(title), title_justify="left", expand=True)
     for name in ("#", "fused" if fused else "score"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("source", overflow="fold", max_width=source_width)
+    table.add_column("source", max_width=source_width)
     if group_by_file:
         table.add_column("chunks", justify="right", no_wrap=True)
     table.add_column("text", overflow="fold", ratio=1)
@@ -222,7 +224,7 @@ def _results_table(
         text = " ".join(item.node.get_content().split())
         text = text if len(text) <= room else text[: room - 3] + "..."
         hits = [str(row.hits)] if group_by_file else []
-        table.add_row(str(rank), score, literal(source), *hits, literal(text))
+        table.add_row(str(rank), score, label(source), *hits, literal(text))
     return table
 
 

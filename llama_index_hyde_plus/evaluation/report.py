@@ -13,9 +13,10 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from .. import _folding
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
-from .._shown import literal, spelled_out
+from .._shown import spelled_out
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult
@@ -156,12 +157,18 @@ def _terminal_row(report: TransformReport, best: float) -> list[str]:
 
 
 def _narrow_table(title: str, headers: list[str]) -> Table:
-    """A table within 80 columns: the label column (``headers[0]``) folds, the
-    numbers never wrap except the interval (``headers[2]``, at its space)."""
+    """A table within 80 columns titled ``title`` (as written): the title and the labels
+    (``headers[0]``'s column, cells given as `_folding.label`) fold at sensible points
+    (`_folding`), the numbers never wrap except the interval (``headers[2]``, at its
+    space)."""
     table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False
+        title=_folding.label(title, "table.title"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        pad_edge=False,
     )
-    table.add_column(headers[0], overflow="fold", min_width=12)
+    table.add_column(headers[0], min_width=12)
     for header in headers[1:]:
         wraps = header == headers[2]
         table.add_column(header, justify="right", no_wrap=not wraps, overflow="fold")
@@ -181,11 +188,11 @@ def rich_table(result: EvalResult) -> Table:
         result: the run.
     """
     title = f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}"
-    table = _narrow_table(literal(title), TERMINAL_HEADERS)
+    table = _narrow_table(title, TERMINAL_HEADERS)
     best = _best(result)["nDCG@10"]
     for report in result.reports:
-        label, *row = _terminal_row(report, best)
-        table.add_row(literal(label), *row)
+        name, *row = _terminal_row(report, best)
+        table.add_row(_folding.label(name), *row)
     return table
 
 
@@ -633,11 +640,11 @@ def tune_table(result: TuneResult, top: int | None = 15) -> Table:
     labels, legend = short_labels([row[0] for row in rows], result.transform)
     if legend:
         title += f"\n{legend}"
-    table = _narrow_table(literal(title), TUNE_HEADERS[:-1])
+    table = _narrow_table(title, TUNE_HEADERS[:-1])
     table.add_column(TUNE_HEADERS[-1], no_wrap=True)
-    for row, label in zip(rows, labels):
+    for row, shown in zip(rows, labels):
         style = "bold green" if row[-1] == "chosen" else None
-        table.add_row(literal(label), *row[1:], style=style)
+        table.add_row(_folding.label(shown), *row[1:], style=style)
     return table
 
 

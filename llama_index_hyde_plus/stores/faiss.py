@@ -138,7 +138,7 @@ def build_faiss_index(
 
     info = IndexInfo(
         str(out), len(documents), dim, embed_spec, max_length, seconds, len(done.nodes),
-        done.embedded, done.reused,
+        done.embedded, done.reused, done.unchanged,
     )  # fmt: skip
     meta = {
         "format": 2,
@@ -155,7 +155,10 @@ def build_faiss_index(
         "reused": done.reused,
     }
     cache = cache_bytes(done.cache, identity) if done.embedded else None
-    write_index(out, index.storage_context, meta, docstore=done.docstore, cache=cache)
+    write_index(
+        out, index.storage_context, meta, docstore=done.docstore, cache=cache,
+        unchanged=done.unchanged,
+    )  # fmt: skip
     return info
 
 

@@ -68,10 +68,12 @@ def write_index(
     *,
     docstore: SimpleDocumentStore | None = None,
     cache: bytes | None = None,
+    unchanged: bool = False,
 ) -> None:
     """Write the storage files (and the pipeline's ``docstore``) into a new data folder
     of ``out`` and switch ``hyde_plus.json`` to it with one atomic rename, keeping
-    ``cache`` (the pipeline's, when the build embedded) until then."""
+    ``cache`` (the pipeline's, when the build embedded) until then. Replacing a build
+    is a warning, unless the new one is ``unchanged`` (the same chunks and vectors)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked_folder(out.parent):
         check_index_target(out)  # again, now that no other build runs
@@ -98,7 +100,7 @@ def write_index(
         previous, meta = old.get("data"), {**old, **meta, "data": data}
         write_all_atomic([(out / META_FILE, json.dumps({**meta, "replaced": previous}, indent=2))])
         point_current(out, data)  # the switch is done: now the old data may go
-        if _remove_build(out, previous, keep=data):
+        if _remove_build(out, previous, keep=data) and not unchanged:
             logger.warning("replaced the index in %s (its previous build %s)", out, previous)
         write_all_atomic([(out / META_FILE, json.dumps(meta, indent=2))])
         (out / CACHE_FILE).unlink(missing_ok=True)  # the build is in: nothing to resume

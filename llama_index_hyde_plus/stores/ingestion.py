@@ -193,13 +193,16 @@ class Previous:
 class Ingested:
     """A build's chunks (``nodes``, every one with its vector, in the order a build from
     scratch writes them), how many were ``embedded`` and how many ``reused``, and the
-    pipeline's ``docstore`` and ``cache`` for the store to keep."""
+    pipeline's ``docstore`` and ``cache`` for the store to keep; ``unchanged`` when
+    they are the previous build's chunks, all of them and no other (nothing to embed,
+    nothing dropped)."""
 
     nodes: list[BaseNode]
     embedded: int
     reused: int
     docstore: SimpleDocumentStore
     cache: IngestionCache
+    unchanged: bool = False
 
 
 def ingest(
@@ -228,7 +231,10 @@ def ingest(
     )
     new = pipeline.run(documents=_hashed_by_id(documents), cache_collection=embedder.identity)
     nodes = _build_order(documents, _merged(old, list(new), set(vectors.data.embedding_dict)))
-    return Ingested(nodes, embedder.embedded, len(nodes) - len(new), docstore, pipeline.cache)
+    before = {n.node_id for n in previous.chunks} if same and previous is not None else None
+    unchanged = not new and {n.node_id for n in nodes} == before
+    reused = len(nodes) - len(new)
+    return Ingested(nodes, embedder.embedded, reused, docstore, pipeline.cache, unchanged)
 
 
 def _merged(old: list[BaseNode], new: list[BaseNode], kept: set[str]) -> list[BaseNode]:

@@ -27,7 +27,9 @@ class IndexInfo:
     how many documents (and ``chunks``, the nodes they were split into: as many as the
     documents without chunking), the vector size, the embedding and how long it took;
     ``embedded`` of the chunks were embedded by this build and ``reused`` kept the
-    vectors of the build before (an incremental rebuild, `ingestion`)."""
+    vectors of the build before (an incremental rebuild, `ingestion`); ``unchanged``
+    when the build holds just the chunks of the build before (nothing embedded or
+    dropped: the index is up to date)."""
 
     location: str
     documents: int
@@ -38,6 +40,7 @@ class IndexInfo:
     chunks: int = 0
     embedded: int = -1
     reused: int = 0
+    unchanged: bool = False
 
     def __post_init__(self) -> None:
         if not self.chunks:
