@@ -191,8 +191,9 @@ def test_the_retriever_names_no_transform() -> None:
 
 #: What the ``cli``, ``server`` and ``eval`` extras bring, none of which the library needs.
 APP_DEPENDENCIES = ("typer", "rich", "starlette", "uvicorn", "rcp", "ir_measures", "matplotlib")
-#: The application layers: the command, the server, the evaluation.
-APP_MODULES = ("cli", "server", "evaluation", "_entry")
+#: The application layers: the command, the server, the evaluation, and the modules
+#: only they use (the entry point, the terminal's folding of labels, which needs rich).
+APP_MODULES = ("cli", "server", "evaluation", "_entry", "_folding")
 #: The layers above the library, none of which ``import llama_index_hyde_plus`` loads.
 APP_LAYERS = ("cli", "server", "evaluation", "local")
 

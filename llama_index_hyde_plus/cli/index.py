@@ -140,17 +140,21 @@ def index(
             batch_size=batch_size,
             chunking=chunking,
         )
+    ui.console.print(built_line(info, target.search))
+
+
+def built_line(info: IndexInfo, search: str) -> str:
+    """What a build did, in one line: the index is up to date (nothing changed), or
+    what it indexed, how and what it embedded (`embedded_line`)."""
     where = f"[bold]{ui.literal(str(info.location))}[/]"
     if info.unchanged:
-        ui.console.print(
+        return (
             f"[green]The index in {where} is up to date:[/] {info.documents} documents, "
             f"{info.chunks} chunks, nothing re-embedded ({info.seconds:.1f}s)"
         )
-        return
-    ui.console.print(
+    return (
         f"[green]Indexed {info.documents} documents as {info.chunks} chunks[/] into {where} "
-        f"({target.search}, {info.dim}-d, {info.seconds:.1f}s): "
-        f"{embedded_line(info)}"
+        f"({search}, {info.dim}-d, {info.seconds:.1f}s): {embedded_line(info)}"
     )
 
 
