@@ -131,7 +131,7 @@ def _native_embed(model: Any, kind: str) -> bool:
     the deadline, which the model's own async method cannot take."""
     from llama_index.core.base.embeddings.base import BaseEmbedding
 
-    if getattr(model, "async_on_workers", False) is True:
+    if getattr(type(model), "async_on_workers", False) is True:
         return False
     if kind == "query":
         return overrides(model, "_aget_query_embedding", BaseEmbedding)
