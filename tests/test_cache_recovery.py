@@ -258,3 +258,43 @@ def test_a_file_locked_by_another_process_is_skipped_then_probed_once(
     assert cache.get("k") == {"x": 1}  # the lock is gone: the probe reads
     assert tries[0] == 3
     assert not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_a_fresh_file_another_instance_put_in_place_during_the_check_is_never_moved_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.sqlite"
+    _filled(path)
+    cache = SQLiteCache(path, busy_timeout_s=5.0)
+    assert cache.get("k0") is not None  # its connection is open
+    _damage_all_but_the_schema(path)
+    checked = SQLiteCache._still_corrupt
+
+    def another_repairs_it_meanwhile(self: SQLiteCache) -> bool:
+        damaged = checked(self)
+        path.replace(tmp_path / "c.sqlite.corrupt-by-the-other")  # as its _move_aside does
+        SQLiteCache(path).set("k1", {"i": "fresh"})  # and its fresh file
+        monkeypatch.setattr(SQLiteCache, "_still_corrupt", checked)
+        return damaged
+
+    monkeypatch.setattr(SQLiteCache, "_still_corrupt", another_repairs_it_meanwhile)
+    assert cache.get("k1") == {"i": "fresh"}  # the read runs again on the fresh file
+    assert list(tmp_path.glob("*.corrupt-1*")) == []  # this instance moved nothing aside
+    assert SQLiteCache(path).get("k1") == {"i": "fresh"}
+
+
+def test_another_programs_database_holding_only_a_view_is_never_taken_over(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.sqlite"
+    own = sqlite3.connect(path)
+    own.execute("CREATE VIEW answers AS SELECT 42 AS answer")
+    own.commit()
+    own.close()
+    before = path.read_bytes()
+    cache = SQLiteCache(path)
+    cache.set("k", {"v": 1})
+    assert cache.get("k") is None  # not this cache's file: skipped, never written
+    cache.close()
+    assert path.read_bytes() == before
+    assert not Path(f"{path}-wal").exists()

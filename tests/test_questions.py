@@ -1069,3 +1069,33 @@ def test_a_set_whose_manifest_was_edited_names_it_and_claims_no_other_file_edite
     said = str(refused.value)
     assert "edited since hyde-plus wrote it (manifest.json): which of its other files" in said
     assert "are yours cannot be told (qrels/test.tsv); it is never written over" in said
+
+
+def test_a_reader_kept_waiting_by_a_writer_is_refused_without_advice_it_cannot_follow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from llama_index_hyde_plus._owned import locked_folder
+    from llama_index_hyde_plus.evaluation import questions
+
+    folder = tmp_path / "set"
+    folder.mkdir()
+    monkeypatch.setattr(questions, "SET_LOCK_WAIT", 0.2)
+    said: list[str] = []
+
+    def read(flag: str | None) -> None:
+        try:
+            with questions.locked_set(folder, flag):
+                said.append("read")
+        except ValueError as exc:
+            said.append(str(exc))
+
+    with locked_folder(folder):  # a writer at work
+        for flag in (None, "--questions-dir"):
+            reader = threading.Thread(target=read, args=(flag,))
+            reader.start()
+            reader.join(10)
+    assert said[0].startswith(f"the question set {folder} is in use by another hyde-plus run")
+    assert "--questions-dir" not in said[0]  # eval --dataset has no such option
+    assert said[1].endswith("or give this run its own --questions-dir")

@@ -373,18 +373,20 @@ that cannot be made: a file in the way, a read-only file system, no permission).
 
 def _check_not_foreign(conn: sqlite3.Connection, path: Path) -> None:
     """A `ForeignFileError` unless the database is empty or holds only this cache's
-    table with its columns, with no application id but `APPLICATION_ID` and no user
-    version (another program's marks)."""
-    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    table with its columns (no other table, view, index or trigger), with no
+    application id but `APPLICATION_ID` and no user version (another program's
+    marks)."""
+    rows = conn.execute("SELECT type, name FROM sqlite_master")
+    schema = {(kind, name) for kind, name in rows if not name.startswith("sqlite_")}  # not SQLite's
     columns = [row[1] for row in conn.execute("PRAGMA table_info(results)")]
     app_id, version = (
         conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("application_id", "user_version")
     )
     marked = app_id not in (0, APPLICATION_ID) or version != 0
-    if (names and (names != {"results"} or columns != _COLUMNS)) or marked:
+    if (schema and (schema != {("table", "results")} or columns != _COLUMNS)) or marked:
+        held = ", ".join(f"{kind} {name}" for kind, name in sorted(schema)) or "no tables"
         raise ForeignFileError(
-            f"{path} is another program's SQLite database (tables: "
-            f"{', '.join(sorted(names)) or 'none'}); it is left untouched"
+            f"{path} is another program's SQLite database ({held}); it is left untouched"
         )
 
 
@@ -599,8 +601,9 @@ class SQLiteCache:
             return
         if not _stamped_as_ours(self.path):  # no owner marker: someone else's, never moved
             raise _unmarked_damage(self.path, exc)
-        if not self._still_corrupt():
-            return
+        checked = _identity(self.path)
+        if not self._still_corrupt() or _identity(self.path) != checked:
+            return  # healthy, or replaced meanwhile (another process's fresh cache)
         stamp = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         logger.warning(

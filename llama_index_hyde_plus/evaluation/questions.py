@@ -602,10 +602,10 @@ def _lock(folder: Path, flag: str | None, *, shared: bool) -> Iterator[None]:
         )
     except FolderBusyError:
         named = f"{flag} {folder}" if flag else f"the question set {folder}"
+        advice = f", or give this run its own {flag}" if flag else ""
         raise ValueError(
             f"{named} is in use by another hyde-plus run (waited {SET_LOCK_WAIT:g} s). "
-            "Nothing was written: run again once it is done, or give this run its own "
-            "--questions-dir"
+            f"Nothing was written: run again once it is done{advice}"
         ) from None
     with stack:
         yield
