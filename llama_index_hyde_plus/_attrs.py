@@ -79,6 +79,13 @@ def overrides(obj: object, name: str, base: type) -> bool:
     return inspect.iscoroutinefunction(found)
 
 
+def defining_class(obj: object, name: str) -> type | None:
+    """The class whose own definition of ``name`` ``obj`` uses (the class ``obj``
+    reports, as `overrides` asks), or None when no class of it defines ``name``."""
+    kind: Any = obj.__class__
+    return _owner(kind if isinstance(kind, type) else type(obj), name)
+
+
 @functools.lru_cache(maxsize=1024)
 def _owner(kind: type, name: str) -> type | None:
     """The first class of ``kind``'s MRO that defines ``name`` itself, or None."""

@@ -134,6 +134,21 @@ def test_a_hung_local_embedding_fails_a_search_embed_at_its_deadline_and_counts_
     assert len(running) == 1 and running[0].overran
 
 
+class _NativeStand(_Stand):
+    """A subclass with an async method of its own (no worker thread)."""
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return _words.vector("native:" + query)
+
+
+def test_a_search_awaits_a_subclasss_own_async_method_and_runs_the_inherited_one_itself() -> None:
+    native, stand = _NativeStand(), _Stand()
+    found = asyncio.run(Embedder(native).aquery("why?", door.Deadline.start(5)))
+    assert found == _words.vector("native:why?") and native._runs == 0
+    found = asyncio.run(Embedder(stand).aquery("why?", door.Deadline.start(5)))
+    assert found == _words.vector("q:why?") and stand._runs == 1
+
+
 @pytest.mark.local
 def test_the_real_models_async_vectors_equal_its_blocking_ones(real_embedding: Any) -> None:
     texts = ["Revenue dropped because renewals slipped.", "The team hired two engineers."]

@@ -157,8 +157,9 @@ class LocalEmbedding(BaseEmbedding):
     """
 
     async_on_workers: ClassVar[bool] = True
-    """Its async methods only run its blocking ones on its worker threads: a search
-    that bounds its calls runs the blocking ones itself (`search.loops`)."""
+    """The async methods this class defines only run its blocking ones on its worker
+    threads: a search that bounds its calls runs the blocking ones itself
+    (`search.loops`); a subclass's own async method is awaited as native."""
 
     model_dir: str
     fastembed_model: str = Field(default=FASTEMBED_MODEL)

@@ -25,7 +25,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from .._attrs import overrides
+from .._attrs import defining_class, overrides
 from ..calls import door
 from ..calls.door import await_within
 from ..calls.reliability import failure
@@ -126,16 +126,18 @@ def _retrieved(retriever: BaseRetriever, bundle: QueryBundle) -> list[NodeWithSc
 
 def _native_embed(model: Any, kind: str) -> bool:
     """Whether ``model`` has its own async method for embeddings of ``kind``, other
-    than one that only runs its blocking method on its worker threads (a true
-    ``async_on_workers``, as `LocalEmbedding`'s): that one the loop runs itself, under
-    the deadline, which the model's own async method cannot take."""
+    than one that only runs its blocking method on its worker threads (defined by a
+    class that says so, ``async_on_workers = True``, as `LocalEmbedding`): that one
+    the loop runs itself, under the deadline, which the async method cannot take. A
+    subclass's own async method is native."""
     from llama_index.core.base.embeddings.base import BaseEmbedding
 
-    if getattr(type(model), "async_on_workers", False) is True:
-        return False
-    if kind == "query":
-        return overrides(model, "_aget_query_embedding", BaseEmbedding)
-    return any(overrides(model, name, BaseEmbedding) for name in _TEXT_ASYNC)
+    for name in ("_aget_query_embedding",) if kind == "query" else _TEXT_ASYNC:
+        if overrides(model, name, BaseEmbedding):
+            owner = defining_class(model, name)
+            if owner is None or vars(owner).get("async_on_workers") is not True:
+                return True
+    return False
 
 
 class _Drive(Generic[T]):
