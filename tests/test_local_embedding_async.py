@@ -134,6 +134,38 @@ def test_a_hung_local_embedding_fails_a_search_embed_at_its_deadline_and_counts_
     assert len(running) == 1 and running[0].overran
 
 
+def test_an_async_burst_runs_as_many_embeddings_at_once_as_the_model_allows(
+    stand: _Stand,
+) -> None:
+    """Each run uses every core: more at once only wait, each on a thread started while
+    the cores are busy (with the event loop waiting on every start)."""
+    running, most = 0, 0
+    guard = threading.Lock()
+    embed = stand._embed
+
+    def counted(texts: list[str], query: bool = False) -> list[list[float]]:
+        nonlocal running, most
+        with guard:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.005)
+        try:
+            return embed(texts, query)
+        finally:
+            with guard:
+                running -= 1
+
+    object.__setattr__(stand, "_embed", counted)
+
+    async def burst() -> list[list[float]]:
+        return await asyncio.gather(*(stand.aget_query_embedding(f"q{i}") for i in range(50)))
+
+    vectors = asyncio.run(burst())
+    assert vectors == [_words.vector(f"q:q{i}") for i in range(50)]
+    assert door.pool(stand).max_busy == LocalEmbedding.calls_at_once
+    assert 1 <= most <= LocalEmbedding.calls_at_once
+
+
 class _NativeStand(_Stand):
     """A subclass with an async method of its own (no worker thread)."""
 

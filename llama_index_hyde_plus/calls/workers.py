@@ -309,12 +309,16 @@ class LLMPools:
         self._lock = threading.Lock()
 
     def for_llm(self, llm: object) -> DaemonWorkers:
-        """The pool of ``llm``'s provider (`provider_key`)."""
-        return self.for_key(provider_key(llm))
+        """The pool of ``llm``'s provider (`provider_key`), running as many of its
+        calls at once as its class allows (`calls_at_once`)."""
+        return self.for_key(provider_key(llm), max_busy=calls_at_once(llm))
 
-    def for_key(self, key: tuple[str, ...], *, cap: str = "llm") -> DaemonWorkers:
-        """The pool named ``key`` (made on first use), taking slots of ``cap``; past
-        `MAX_POOLS`, those with nothing running or waiting are forgotten."""
+    def for_key(
+        self, key: tuple[str, ...], *, cap: str = "llm", max_busy: int | None = None
+    ) -> DaemonWorkers:
+        """The pool named ``key`` (made on first use, running ``max_busy`` calls at
+        once, else `MAX_BUSY`), taking slots of ``cap``; past `MAX_POOLS`, those with
+        nothing running or waiting are forgotten."""
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
@@ -322,12 +326,21 @@ class LLMPools:
                     for old, idle_pool in list(self._pools.items()):
                         if not idle_pool.busy() and not idle_pool.queued():
                             del self._pools[old]
-                pool = self._pools[key] = DaemonWorkers(self.max_busy, cap=cap)
+                pool = DaemonWorkers(max_busy or self.max_busy, cap=cap)
+                self._pools[key] = pool
             return pool
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._pools)
+
+
+def calls_at_once(model: object) -> int | None:
+    """How many calls of ``model`` its class lets run at once (``calls_at_once``, a
+    positive int: a model that computes on this machine's cores, as `LocalEmbedding`,
+    gains nothing from more, and each waits on a thread start); None: `MAX_BUSY`."""
+    value = getattr(type(model), "calls_at_once", None)
+    return value if type(value) is int and value >= 1 else None
 
 
 def provider_key(llm: object) -> tuple[str, ...]:

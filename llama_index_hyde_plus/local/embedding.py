@@ -156,6 +156,11 @@ class LocalEmbedding(BaseEmbedding):
     (``async_on_workers``).
     """
 
+    calls_at_once: ClassVar[int] = os.cpu_count() or 1
+    """Embedding runs at once on the model's worker threads (`door`): each run uses
+    every core, so more only wait, and each would cost a thread started while the
+    cores are busy (the event loop's stall when an async burst starts them)."""
+
     async_on_workers: ClassVar[bool] = True
     """The async methods this class defines only run its blocking ones on its worker
     threads: a search that bounds its calls runs the blocking ones itself
