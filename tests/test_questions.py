@@ -1071,6 +1071,20 @@ def test_a_set_whose_manifest_was_edited_names_it_and_claims_no_other_file_edite
     assert "are yours cannot be told (qrels/test.tsv); it is never written over" in said
 
 
+def test_a_reused_set_whose_manifest_was_edited_is_said_to_be_edited(tmp_path: Path) -> None:
+    from llama_index_hyde_plus.evaluation.questions import edited_files, write_beir_folder
+
+    queries, judgments = [("l1", "Who owns service 7?")], [("l1", "doc1.md#1", 1)]
+    folder = write_beir_folder(tmp_path / "set", chunks(), queries, judgments, {"labels": "/l"})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for edit in ({"kept": 99}, {"caveat": "Trust me"}, {"seed": 5}, {"written": "x"}):
+        (folder / "manifest.json").write_text(json.dumps({**manifest, **edit}))
+        assert edited_files(folder) == ["manifest.json"], edit  # its claims are not trusted
+    legacy = {k: v for k, v in manifest.items() if k not in ("written", "manifest_sha256")}
+    (folder / "manifest.json").write_text(json.dumps(legacy))
+    assert edited_files(folder) == []  # written before the record: nothing tells
+
+
 def test_a_reader_kept_waiting_by_a_writer_is_refused_without_advice_it_cannot_follow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

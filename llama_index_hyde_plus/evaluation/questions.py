@@ -671,8 +671,13 @@ def _as_written(
 
 def edited_files(folder: Path) -> list[str]:
     """The files of the question set at ``folder`` edited since hyde-plus wrote them
-    (by the record its manifest keeps; none when there is no record to tell)."""
-    found = _written_record(folder)[0] or {}
+    (by the record its manifest keeps): ``manifest.json`` alone when the manifest
+    itself was (its own hash fails: what it says of the others cannot be trusted);
+    none when there is no record to tell."""
+    found = _written_record(folder)[0]
+    if found is None:
+        manifest = read_manifest(folder)
+        return ["manifest.json"] if manifest is not None and MANIFEST_SHA256 in manifest else []
     return [
         name
         for name in found
