@@ -18,7 +18,7 @@ from rich.containers import Lines
 from rich.measure import Measurement
 from rich.text import Text
 
-from ._shown import spelled_out
+from ._shown import spelled_name
 
 STRONG = frozenset(" \t,;:")
 """Characters a line ends after by preference."""
@@ -91,7 +91,11 @@ class Label(Text):
     tiers: tuple[frozenset[str], ...] = (STRONG, WEAK)
     """Where a line may end, by preference (`line_breaks`)."""
     cut: bool = True
-    """Whether a piece wider than a line is cut (else it overflows the line)."""
+    """Whether a piece wider than a line is cut (else it overflows the line, or is
+    shortened with an ellipsis where `shortened`)."""
+    shortened: bool = False
+    """Whether a piece wider than a line, not `cut`, ends with an ellipsis at the
+    line's end (it is not copied from the screen, only read)."""
     most_lines: int = 0
     """The lines it may take (0: as many as it needs); the last one shown ends with
     an ellipsis when there is more, as does the one line it takes in fewer than 8
@@ -122,6 +126,8 @@ class Label(Text):
         for line in self.split("\n", allow_blank=True):
             for part in line.divide(line_breaks(line.plain, width, self.tiers, self.cut)):
                 part.rstrip()
+                if self.shortened:
+                    part.truncate(width, overflow="ellipsis")
                 lines.append(part)
         if self.most_lines and len(lines) > self.most_lines:
             rest = Text(" ").join(lines[self.most_lines - 1 :])
@@ -141,7 +147,8 @@ class Prose(Label):
 
 
 def label(text: str, style: str = "") -> Label:
-    """A `Label` of a user's, a document's or a model's ``text`` as it is written (with
-    ``style``): as `literal` shows it, control characters and bidirectional marks
-    spelled as escapes (a `Label` reads no markup)."""
-    return Label(spelled_out(text), style=style)
+    """A `Label` of a name (a path, a label, a data set's name) as it is written, on
+    one line (with ``style``): tabs, line breaks, other control characters and
+    bidirectional marks spelled as escapes (`spelled_name`; a `Label` reads no
+    markup)."""
+    return Label(spelled_name(text), style=style)

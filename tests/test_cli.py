@@ -975,3 +975,25 @@ def test_the_results_title_says_how_many_are_shown_and_when_the_question_searche
     result = TransformResult(query="q", method="hyde", queries=(), **changes)
     shown = SearchResult(nodes=[], transform=result, latency_s=0.0)
     assert _title(Shown("q", "hyde", 5), shown, found, False) == title
+
+
+def test_a_name_with_a_tab_is_shown_spelled_in_an_error_and_in_a_query_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from llama_index_hyde_plus._folding import label
+    from llama_index_hyde_plus.cli import _console
+
+    table = Table.grid()
+    table.add_row(label("docs/tab\tname and\nmore.txt"))
+    console = Console(width=30, record=True)
+    console.print(table)
+    lines = console.export_text().splitlines()
+    assert "".join(lines).replace(" ", "") == "docs/tab\\x09nameand\\x0amore.txt"
+    assert all(len(line) <= 30 for line in lines)
+    monkeypatch.setenv("COLUMNS", "40")
+    result = CliRunner().invoke(app, ["index", str(tmp_path / "tab\there")])
+    assert "tab\\x09here" in result.output and "\t" not in result.output
+    assert _console.literal("a\tb") == "a\tb"  # a document's text keeps its tabs

@@ -555,3 +555,20 @@ def test_a_warning_logged_during_progress_bars_goes_through_their_console() -> N
     bars = progress_bar()
     [handler] = logging.getLogger().handlers
     assert isinstance(handler, RichHandler) and handler.console is bars.console  # above the bars
+
+
+@pytest.mark.parametrize("width", range(40, 56))
+def test_progress_descriptions_never_fold_inside_a_word_in_a_narrow_terminal(width: int) -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.cli._console import progress_bar, task
+
+    bars = progress_bar()
+    for description in ("configurations", "Writing questions"):
+        task(bars, description, 100, "q/s")
+    console = Console(width=width, record=True)
+    console.print(bars.make_tasks_table(bars.tasks))
+    words = [line.split()[0] for line in console.export_text().splitlines() if line.strip()]
+    for word in words:
+        shown = word.rstrip("…")
+        assert shown in ("configurations", "Writing", "questions") or word.endswith("…"), word

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -541,3 +542,66 @@ def test_terminal_table_labels_and_a_long_data_set_name_fold_after_punctuation_n
     assert not cut  # no line ends inside a word (snake_case's words are words)
     label = "".join(line.split()[0] for line in lines[4:] if line.split())
     assert "hyde:query_weight=0.9,gate=0.6,multi_query_fusion=rrf" in label
+
+
+@pytest.mark.parametrize("width", [20, 40, 50, 60])
+def test_an_eval_table_too_wide_for_the_terminal_shows_each_row_as_a_block_every_value_whole(
+    tmp_path: Path, width: int
+) -> None:
+    res = result(tmp_path)
+    res.reports[1].label = "hyde:include_query=true,question_weight=0.7"
+    wide = Console(width=200, record=True)
+    wide.print(rich_table(res))
+    console = Console(width=width, record=True)
+    console.print(rich_table(res))
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= width
+    assert "…" not in text and "─" not in text  # blocks, not a table that lost columns
+    joined = "".join(text.split())
+    for row in wide.export_text().splitlines()[4:]:  # the wide table's rows: every value
+        for value in row.split()[1:]:
+            assert value in text or value in joined, value
+    for label in ("none", "hyde:include_query=true,question_weight=0.7"):
+        assert label in joined
+    assert "nDCG@10 0.876" in text or "nDCG@10 0.8" in text
+
+
+def test_an_eval_table_keeps_its_columns_at_80_with_the_interval_whole(tmp_path: Path) -> None:
+    res = result(tmp_path)
+    console = Console(width=80, record=True)
+    console.print(rich_table(res))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if "transform" in line)
+    shown = ["transform", "nDCG@10", "Δ", "pts", "[95%", "CI]", "W/T/L", "p", "chg", "skip/fb"]
+    assert header.split() == [*shown, "p50"]
+    hyde = next(line for line in lines if line.lstrip().startswith("hyde"))
+    assert re.search(r" [+-]\d+\.\d \[[+-]\d+\.\d,[+-]\d+\.\d\] ", hyde), hyde
+
+
+def test_names_show_on_one_line_with_tabs_and_line_feeds_spelled_in_table_markdown_and_chart(
+    tmp_path: Path,
+) -> None:
+    import matplotlib.pyplot as plt
+
+    from llama_index_hyde_plus.evaluation.report import chart
+
+    res = result(tmp_path)
+    res.dataset = "plain\n\n transform  nDCG@10\n none 0.999 FORGED\tx"
+    res.reports[1].label = "h\t\u2028x"
+    for width in (40, 80):
+        console = Console(width=width, record=True)
+        console.print(rich_table(res))
+        text = console.export_text()
+        assert "\t" not in text and "\u2028" not in text
+        spelled = "plain\\x0a\\x0atransformnDCG@10\\x0anone0.999FORGED\\x09x:3queries"
+        assert spelled in "".join(text.split())  # the name whole, its line feeds spelled
+        assert "h\\x09\\u2028x" in text
+    md = markdown(res, "hyde-plus eval --dataset $'plain\\x0a'")
+    title = next(line for line in md.splitlines() if line.startswith("plain"))
+    assert title.startswith("plain\\x0a\\x0a transform  nDCG@10\\x0a none 0.999 FORGED\\x09x: ")
+    assert "| h\\x09\\u2028x |" in md and "\t" not in md
+    fig = chart(res)
+    try:
+        assert "\n" not in fig.texts[0].get_text() and "\\x09x" in fig.texts[0].get_text()
+    finally:
+        plt.close(fig)

@@ -546,3 +546,22 @@ def test_a_configuration_label_wider_than_its_column_folds_between_options() -> 
     start = next(i for i, line in enumerate(lines) if line.startswith(" qw=0.912345678,"))
     pieces = [line.split()[0] for line in lines[start : start + 4]]
     assert pieces == ["qw=0.912345678,", "kw=0.5,", "s=rerank-by-", "source"]
+
+
+@pytest.mark.parametrize("width", [40, 50, 60])
+def test_a_tune_table_too_wide_for_the_terminal_shows_each_configuration_as_a_block(
+    width: int,
+) -> None:
+    from rich.console import Console
+
+    from llama_index_hyde_plus.evaluation.report import tune_table
+
+    result = tune_result({"query_weight": 0.7, "gate": 0.4})
+    console = Console(width=width, record=True)
+    console.print(tune_table(result))
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= width
+    assert "…" not in text and "─" not in text
+    assert "chosen" in text and "baseline" in text and "none" in text
+    assert "qw=0.7, ga=0.4" in text or "query_weight=0.7," in text
+    assert "nDCG@10 0.450" in text and "p 0.01" in text

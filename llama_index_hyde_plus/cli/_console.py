@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .._shown import literal as literal
+from .._shown import named, spelled_tabs
 from .._suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -87,16 +88,17 @@ def setup_logging(verbose: bool) -> None:
 
 def fail(message: str) -> typer.Exit:
     """Print an ``error:`` message (as written: `literal`); the caller raises the
-    returned exit (code 2). On a terminal its words wrap to the terminal's width, a word
-    longer than a line (a path) whole on a line of its own, where it can be copied;
-    piped or redirected, it is one line, for a log or ``grep`` to read whole."""
+    returned exit (code 2); a tab in it (a name's) is spelled, ``\\x09``. On a
+    terminal its words wrap to the terminal's width, a word longer than a line (a path)
+    whole on a line of its own, where it can be copied; piped or redirected, it is one
+    line, for a log or ``grep`` to read whole."""
     from rich.console import Group
     from rich.text import Text
 
     from .._folding import Prose
 
     stderr = _made_console(True)
-    said = Text.from_markup(f"[bold red]error:[/] {literal(message)}")
+    said = Text.from_markup(f"[bold red]error:[/] {literal(spelled_tabs(message))}")
     if stderr.is_terminal:  # in a Group: print() would join a bare Text into a plain one
         stderr.print(Group(Prose(said.plain, spans=said.spans)), crop=False)
     else:
@@ -184,7 +186,8 @@ def progress_bar() -> Progress:
     """Bars within 80 columns, so the count, the elapsed time and the ETA always show
     whole: the description folds onto more lines at sensible points (`_folding`: a
     transform's options after ``:`` and ``,``) in the room they leave, at most 20
-    columns and 4 lines; the rate is shortened with an ellipsis when long. A bar made
+    columns and 4 lines, a word wider than that room shortened with an ellipsis, never
+    folded inside; the rate is shortened with an ellipsis when long. A bar made
     invisible (nothing to do) leaves no line behind (`_display`)."""
     from rich.progress import (
         BarColumn,
@@ -202,6 +205,7 @@ def progress_bar() -> Progress:
 
     class Described(Label):
         most_lines = 4  # a terminal too narrow to fold into: cut after 4 lines
+        cut, shortened = False, True  # a word wider than the column: "configurat…"
 
     class Description(ProgressColumn):
         """A bar's description (markup-escaped by `task`) as a `Label`."""
@@ -227,10 +231,11 @@ def progress_bar() -> Progress:
 
 
 def task(progress: Progress, description: str, total: int, unit: str) -> Advance:
-    """Add a bar to ``progress`` and return ``advance(n, fell_back=0, note="")``, which
+    """Add a bar to ``progress`` described by ``description`` (a name: on one line,
+    `named`) and return ``advance(n, fell_back=0, note="")``, which
     also shows the rate, once any did, how many of the items fell back so far, and the
     ``note`` (how many queries are in flight, once fewer than asked)."""
-    task_id = progress.add_task(literal(description), total=total, rate="")
+    task_id = progress.add_task(named(description), total=total, rate="")
     start = time.perf_counter()
     done = fallbacks = 0
 

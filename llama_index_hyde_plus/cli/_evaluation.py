@@ -307,14 +307,26 @@ def one_bar(progress: Progress, unit: str) -> Callable[[str, int], Any]:
 
 def command_line(name: str) -> str | None:
     """The command as typed, for the report (None when run from Python), with every
-    secret hidden (`redact_argv`: ``--milvus-token``, passwords in a URI)."""
-    import shlex
-
+    secret hidden (`redact_argv`: ``--milvus-token``, passwords in a URI), each word
+    on the line (`shell_word`)."""
     from .._redact import redact_argv
 
     if len(sys.argv) <= 2:
         return None
-    return f"hyde-plus {name} " + shlex.join(redact_argv(sys.argv[2:]))
+    return f"hyde-plus {name} " + " ".join(map(shell_word, redact_argv(sys.argv[2:])))
+
+
+def shell_word(arg: str) -> str:
+    """``arg`` as a shell reads it back, on one line: quoted (`shlex.quote`), or, when
+    it holds a character a name spells (`spelled_name`: a tab, a line feed, an escape,
+    a bidirectional mark), in bash's ``$'...'`` with that character spelled."""
+    import shlex
+
+    from .._shown import spelled_name
+
+    if spelled_name(arg) == arg:
+        return shlex.quote(arg)
+    return "$'" + spelled_name(arg.replace("\\", "\\\\").replace("'", "\\'")) + "'"
 
 
 def cache_root(given: Path | None) -> Path:

@@ -7,16 +7,20 @@ import io
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderableType, RenderResult
 from rich.table import Table
+from rich.text import Text
 
 from .. import _folding
 from .._owned import check_folder, check_outputs, claim, say_replacing, write_all_atomic
 from .._plural import counted
-from .._shown import spelled_out
+from .._shown import spelled_name, spelled_out
 from .metrics import LABELS, MEASURES
 from .results import EvalResult, TransformReport
 from .tune import TuneResult
@@ -79,7 +83,7 @@ def _row(report: TransformReport, best: dict[str, float]) -> list[str]:
     else:
         compared = [_delta(report), _wtl(report), _p(report)]
     return [
-        report.label,
+        _md_name(report.label),
         *cells,
         *compared,
         _latency(report.latency_p50_s),
@@ -156,43 +160,128 @@ def _terminal_row(report: TransformReport, best: float) -> list[str]:
     ]
 
 
-def _narrow_table(title: str, headers: list[str]) -> Table:
-    """A table within 80 columns titled ``title`` (as written): the title and the labels
-    (``headers[0]``'s column, cells given as `_folding.label`) fold at sensible points
-    (`_folding`), the numbers never wrap except the interval (``headers[2]``, at its
-    space)."""
-    table = Table(
-        title=_folding.label(title, "table.title"),
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 0, 0, 1),
-        pad_edge=False,
-    )
-    table.add_column(headers[0], min_width=12)
-    for header in headers[1:]:
-        wraps = header == headers[2]
-        table.add_column(header, justify="right", no_wrap=not wraps, overflow="fold")
-    return table
+class ResultsTable:
+    """Rows of results (a label, then one value per header) as a person reads them at
+    any width: a table within 80 columns while every column fits whole (the title and
+    the labels fold at sensible points, `_folding`; the numbers never wrap, the
+    interval, ``headers[2]``, only at its space), else each row as a block, its label on
+    a line of its own, then ``header value`` pairs that fold between pairs, never
+    inside a number (`blocks`)."""
+
+    def __init__(self, title: _folding.Label, headers: list[str]) -> None:
+        self.title = title
+        self.headers = headers
+        self.rows: list[tuple[_folding.Label, list[str], str | None]] = []
+
+    def add_row(self, label: str, cells: list[str], style: str | None = None) -> None:
+        """A row: ``label`` (a name, spelled as `_folding.label` shows it), then its
+        ``cells`` (markup: the values this module writes) in the headers' order."""
+        self.rows.append((_folding.label(label, style or ""), cells, style))
+
+    def _spans(self) -> list[tuple[int, int]]:
+        """Each column's narrowest and widest width with every header and value whole:
+        the labels fold into 12 columns or more; the interval (``headers[2]``) folds at
+        its spaces; every other value takes its width."""
+        labels = [self.headers[0], *(label.plain for label, _, _ in self.rows)]
+        spans = [(max(12, cell_len(self.headers[0])), max(map(cell_len, labels)))]
+        for i, header in enumerate(self.headers[1:]):
+            said = [header, *(Text.from_markup(cells[i]).plain for _, cells, _ in self.rows)]
+            widest = max(map(cell_len, said))
+            if i == 1:  # the interval
+                spans.append((max(cell_len(w) for text in said for w in text.split()), widest))
+            else:
+                spans.append((widest, widest))
+        return spans
+
+    def needed(self) -> int:
+        """The columns the table takes at its narrowest (`_spans`), with its edges and
+        the gaps between its columns."""
+        spans = self._spans()
+        return sum(low for low, _ in spans) + 2 * len(spans)
+
+    def table(self, width: int) -> Table:
+        """The table in ``width`` columns (at least `needed`): what they leave beyond
+        its narrowest widens the interval to its widest, then the labels."""
+        spans = self._spans()
+        widths = [low for low, _ in spans]
+        slack = width - self.needed()
+        for i in (2, 0):
+            grown = min(spans[i][1] - widths[i], max(slack, 0))
+            widths[i] += grown
+            slack -= grown
+        table = Table(
+            title=self.title,
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 0, 0, 1),
+            pad_edge=False,
+        )
+        table.add_column(self.headers[0], width=widths[0])
+        for header, wide in zip(self.headers[1:], widths[1:]):
+            wraps = header == self.headers[2]
+            justify: JustifyMethod = "right" if header else "left"  # a mark, unheaded
+            table.add_column(header, justify=justify, width=wide, no_wrap=not wraps)
+        for label, cells, style in self.rows:
+            table.add_row(label, *cells, style=style)
+        return table
+
+    def blocks(self, console: Console, width: int) -> Iterator[RenderableType]:
+        """The title, then each row: its label on a line of its own, then its values,
+        two columns in, each after its header (a value of ``-`` left out), as many on
+        a line as fit; a pair wider than a line folds at its spaces."""
+        yield self.title
+        room = max(width - 2, 1)
+        for label, cells, style in self.rows:
+            yield label
+            pairs = []
+            for header, cell in zip(self.headers[1:], cells):
+                value = Text.from_markup(cell, style=style or "")
+                if value.plain == "-":
+                    continue
+                pair = Text(f"{header} ", style="dim") if header else Text()
+                pairs.append(pair.append_text(value))
+            line = Text()
+            for pair in pairs:
+                if line and cell_len(line.plain) + 2 + cell_len(pair.plain) <= room:
+                    line.append("  ").append_text(pair)
+                    continue
+                if line:
+                    yield Text("  ").append_text(line)
+                folded = _folding.Label(pair.plain, spans=pair.spans)
+                folded.tiers = (frozenset(" "),)  # at a space, not inside a number
+                *whole, line = folded.wrap(console, room)
+                yield from (Text("  ").append_text(part) for part in whole)
+            if line:
+                yield Text("  ").append_text(line)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.needed() <= options.max_width:
+            yield self.table(options.max_width)
+        else:
+            yield from self.blocks(console, options.max_width)
 
 
-def rich_table(result: EvalResult) -> Table:
-    """The terminal table of an `eval` run, within 80 columns: one row per transform
-    with nDCG@10 (the best of those measured in bold green, `_best`), its difference
-    from `none` in points with the 95% interval, wins/ties/losses and p ("not
-    measured" instead when too many fell back), the share of queries whose ranking it
-    changed (``chg``), how many a gate skipped and how many fell back to plain search
-    (``skip/fb``; a fallback is a timeout, an unusable reply or an error), and the
-    median latency. ``results.md`` has every measure.
+def rich_table(result: EvalResult) -> ResultsTable:
+    """The terminal table of an `eval` run, within 80 columns (`ResultsTable`): one
+    row per transform with nDCG@10 (the best of those measured in bold green, `_best`),
+    its difference from `none` in points with the 95% interval, wins/ties/losses and p
+    ("not measured" instead when too many fell back), the share of queries whose
+    ranking it changed (``chg``), how many a gate skipped and how many fell back to
+    plain search (``skip/fb``; a fallback is a timeout, an unusable reply or an error),
+    and the median latency. ``results.md`` has every measure.
 
     Args:
         result: the run.
     """
-    title = f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}"
-    table = _narrow_table(title, TERMINAL_HEADERS)
+    title = (
+        f"{spelled_name(result.dataset)}: {_queries(result.queries)}, "
+        f"{result.documents} {result.unit}"
+    )
+    table = ResultsTable(_folding.Label(title, style="table.title"), TERMINAL_HEADERS)
     best = _best(result)["nDCG@10"]
     for report in result.reports:
         name, *row = _terminal_row(report, best)
-        table.add_row(_folding.label(name), *row)
+        table.add_row(name, row)
     return table
 
 
@@ -205,7 +294,7 @@ def verdicts(result: EvalResult) -> list[str]:
         if report.delta_vs_none is None:
             continue
         if not report.measured:  # its interval is mostly plain search's: not shown
-            lines.append(f"{report.label}: {report.verdict}")
+            lines.append(f"{spelled_name(report.label)}: {report.verdict}")
             continue
         extra = []
         low, high = report.interval_vs_none or (math.nan, math.nan)
@@ -218,7 +307,7 @@ def verdicts(result: EvalResult) -> list[str]:
         if report.identical_to_none:
             extra.append("identical to none on every query: it changes nothing here")
         tail = f" ({'; '.join(extra)})" if extra else ""
-        lines.append(f"{report.label}: {report.verdict}{tail}")
+        lines.append(f"{spelled_name(report.label)}: {report.verdict}{tail}")
     return lines
 
 
@@ -252,12 +341,13 @@ def recommendation(result: EvalResult, alpha: float = 0.05) -> str:
 
 def _fell_back(rows: list[TransformReport]) -> str:
     """``"`hyde` fell back on 4 of 7: timeouts; `step-back` fell back on ..."``."""
-    return "; ".join(f"`{r.label}` {r.fell_back}" for r in rows)
+    return "; ".join(f"`{spelled_name(r.label)}` {r.fell_back}" for r in rows)
 
 
 def _use(report: TransformReport, how: str = "") -> str:
     return (
-        f"Recommendation: use `{report.label}`{how} ({_interval(report)} nDCG@10 points, "
+        f"Recommendation: use `{spelled_name(report.label)}`{how} ({_interval(report)} "
+        "nDCG@10 points, "
         f"p = {report.p_value_vs_none or 0:.3f}, {_wtl(report)} wins/ties/losses)."
     )
 
@@ -282,11 +372,12 @@ def _keep_plain(
     p = _p(top).rstrip(" *")
     if (top.delta_vs_none or 0.0) > 0:
         return (
-            f"{keep}: no {what} gains significantly here; {role}, `{top.label}`, is "
+            f"{keep}: no {what} gains significantly here; {role}, `{spelled_name(top.label)}`, is "
             f"{_interval(top)} nDCG@10 points, which could be chance (p = {p})."
         )
     return (
-        f"{keep}: no {what} scores above plain search here; {behind or role}, `{top.label}`, is "
+        f"{keep}: no {what} scores above plain search here; {behind or role}, "
+        f"`{spelled_name(top.label)}`, is "
         f"{_interval(top)} nDCG@10 points (p = {p})."
     )
 
@@ -322,9 +413,9 @@ def markdown(result: EvalResult, command: str | None = None) -> str:
     if result.config.get("stand_in"):
         lines += [f"**Not a real model.** {result.config['stand_in']}.", ""]
     lines += [
-        f"{result.dataset}: {_queries(result.queries)}, {result.documents} {result.unit}. "
-        "Best value per column in bold; a transform that fell back to plain search on "
-        "more than a tenth of its queries is not measured: never bold, nor compared with "
+        f"{_md_name(result.dataset)}: {_queries(result.queries)}, {result.documents} "
+        f"{result.unit}. Best value per column in bold; a transform that fell back to plain "
+        "search on more than a tenth of its queries is not measured: never bold, nor compared with "
         "`none`. Δ is nDCG@10 minus `none`'s in points; wins/ties/"
         "losses count queries whose nDCG@10 is above/equal to/below `none`'s; p is a paired "
         "t-test of per-query nDCG@10 against `none` (* below 0.05), and the 95% interval "
@@ -372,10 +463,10 @@ def fallback_reasons(result: EvalResult) -> list[str]:
     for report in result.reports:
         reasons = sorted(report.fallback_reasons.items())
         for qid, reason in reasons[:REASONS_SHOWN]:
-            lines.append(f"- {_md_text(report.label)}, query {_md_text(qid)}: {_md_text(reason)}")
+            lines.append(f"- {_md_name(report.label)}, query {_md_text(qid)}: {_md_text(reason)}")
         if len(reasons) > REASONS_SHOWN:
             more = len(reasons) - REASONS_SHOWN
-            lines.append(f"- {_md_text(report.label)}: {more} more in results.json")
+            lines.append(f"- {_md_name(report.label)}: {more} more in results.json")
     if not lines:
         return []
     return [
@@ -395,6 +486,12 @@ def _md_text(text: str) -> str:
         text = f"{text[:MAX_REASON_CHARS]}... ({len(text) - MAX_REASON_CHARS:,} more characters)"
     text = re.sub(r"[\r\n\t\x0b\x0c\x85\u2028\u2029]+", " ", text)
     return re.sub(r"([\\`*_{}\[\]<>|~])", r"\\\1", spelled_out(text))
+
+
+def _md_name(name: str) -> str:
+    """A name (a label, a data set's) in ``results.md`` as written, on one line
+    (`spelled_name`), a ``|`` escaped (it would end a table's cell)."""
+    return spelled_name(name).replace("|", r"\|")
 
 
 def timing_line(result: EvalResult) -> str:
@@ -439,10 +536,10 @@ def delta_label(report: TransformReport) -> str:
 
 
 def _drawn(label: str) -> str:
-    """``label`` as the chart draws it, as written: control characters and bidirectional
-    marks spelled (no font has them), a ``$`` escaped (matplotlib reads ``$...$`` as
-    mathematics)."""
-    return spelled_out(label).replace("$", r"\$")
+    """``label`` (a name) as the chart draws it, as written on one line: tabs, line
+    breaks, control characters and bidirectional marks spelled (`spelled_name`; no
+    font has them), a ``$`` escaped (matplotlib reads ``$...$`` as mathematics)."""
+    return spelled_name(label).replace("$", r"\$")
 
 
 def _scores_panel(ax: Any, result: EvalResult) -> None:
@@ -592,18 +689,19 @@ def tune_choice(result: TuneResult) -> str:
     """Which configuration was chosen, and why when it is not the best-scoring row: the
     simplest within ``--tolerance`` of the best is chosen."""
     w, best = result.winner, result.best
-    said = f"Chosen: `{w.label}` ({w.verdict})"
+    said = f"Chosen: `{spelled_name(w.label)}` ({w.verdict})"
     if not w.measured:
         return (
             f"No configuration was measured: each fell back on more than a tenth of its "
-            f"queries; none is chosen. Of the highest-scoring, `{w.label}`: {w.fell_back}."
+            f"queries; none is chosen. Of the highest-scoring, `{spelled_name(w.label)}`: "
+            f"{w.fell_back}."
         )
     skipped = _unmeasured_note(result)
     if w is best:
         return f"{said}, the best-scoring configuration.{skipped}"
     gap = (best.scores["nDCG@10"] - w.scores["nDCG@10"]) * 100
     return (
-        f"{said}, not the best-scoring `{best.label}` ({best.scores['nDCG@10']:.4f}, "
+        f"{said}, not the best-scoring `{spelled_name(best.label)}` ({best.scores['nDCG@10']:.4f}, "
         f"{gap:.1f} points higher): the simplest configuration within "
         f"{result.tolerance * 100:.1f} points (--tolerance) of the best is chosen.{skipped}"
     )
@@ -624,27 +722,26 @@ def _unmeasured_note(result: TuneResult) -> str:
     )
 
 
-def tune_table(result: TuneResult, top: int | None = 15) -> Table:
-    """The terminal table of a `tune` sweep (`tune_rows`), the chosen configuration
-    in bold green.
+def tune_table(result: TuneResult, top: int | None = 15) -> ResultsTable:
+    """The terminal table of a `tune` sweep (`tune_rows`, as `ResultsTable` shows
+    rows), the chosen configuration in bold green.
 
     Args:
         result: the sweep.
         top: how many configurations to show, best first; None: all.
     """
     title = (
-        f"tune {result.transform} on {result.dataset} {result.split} "
-        f"({_queries(result.queries)}, {len(result.reports)} configurations)"
+        f"tune {spelled_name(result.transform)} on {spelled_name(result.dataset)} "
+        f"{spelled_name(result.split)} ({_queries(result.queries)}, "
+        f"{len(result.reports)} configurations)"
     )
     rows = tune_rows(result, top)
     labels, legend = short_labels([row[0] for row in rows], result.transform)
     if legend:
-        title += f"\n{legend}"
-    table = _narrow_table(title, TUNE_HEADERS[:-1])
-    table.add_column(TUNE_HEADERS[-1], no_wrap=True)
+        title += f"\n{spelled_name(legend)}"
+    table = ResultsTable(_folding.Label(title, style="table.title"), TUNE_HEADERS)
     for row, shown in zip(rows, labels):
-        style = "bold green" if row[-1] == "chosen" else None
-        table.add_row(_folding.label(shown), *row[1:], style=style)
+        table.add_row(shown, row[1:], "bold green" if row[-1] == "chosen" else None)
     return table
 
 
@@ -724,14 +821,15 @@ def tune_markdown(
         top: how many configurations to show, best first; None: all.
         config: where the chosen configuration was written; None: it was not.
     """
-    lines = [f"{TUNE_TITLE}: {result.winner.label} on {result.dataset}", ""]
+    lines = [f"{TUNE_TITLE}: {_md_name(result.winner.label)} on {_md_name(result.dataset)}", ""]
     if command:
         lines += ["```bash", command, "```", ""]
     if result.extra.get("stand_in"):
         lines += [f"**Not a real model.** {result.extra['stand_in']}.", ""]
     lines.append("| " + " | ".join(h or "note" for h in TUNE_HEADERS) + " |")
     lines.append("| --- | " + " | ".join("---:" for _ in TUNE_HEADERS[1:-1]) + " | --- |")
-    lines += ["| " + " | ".join(row) + " |" for row in tune_rows(result, top)]
+    rows = tune_rows(result, top)
+    lines += ["| " + " | ".join([_md_name(row[0]), *row[1:]]) + " |" for row in rows]
     lines += [
         "",
         tune_choice(result),
