@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .._shown import literal as literal
-from .._shown import named, spelled_tabs
+from .._shown import named as named
+from .._shown import spelled_tabs
 from .._suggest import did_you_mean
 
 if TYPE_CHECKING:

@@ -319,8 +319,8 @@ def _prepare(
         phases["models"] = loaded - start
         phases["dataset" if note is None else "questions"] = time.perf_counter() - loaded
     ui.err.print(
-        f"[bold]{ui.literal(ds.name)}[/]: {len(ds.queries)} queries, {len(ds.corpus)} "
-        f"{ds.unit}; transforms: {ui.literal(', '.join(s.label for s in specs))}"
+        f"[bold]{ui.named(ds.name)}[/]: {len(ds.queries)} queries, {len(ds.corpus)} "
+        f"{ds.unit}; transforms: {', '.join(ui.named(s.label) for s in specs)}"
     )
     return specs, ds, note, embed_model, model
 
@@ -337,7 +337,7 @@ def _show(result: Any, out: Path, note: str | None = None, concurrency: int = 1)
         ui.err.print(f"[yellow]About these questions:[/] {ui.literal(note)}")
     with reported():
         paths = write_outputs(result, out, command_line("eval"))
-    wrote = ui.literal(", ".join(str(p) for p in paths))
+    wrote = ", ".join(ui.named(str(p)) for p in paths)
     ui.console.print(f"[dim]Wrote {wrote} ({result.wall_seconds:.0f} s)[/]")
     show_timeout_hint(result.reports, concurrency)
     if result.config.get("set") == "conversational":  # a person's rewrite is no option

@@ -74,7 +74,7 @@ def print_skipped(skipped: Sequence[Skipped]) -> None:
         return
     ui.err.print(f"[yellow]Skipped {len(skipped)} file(s):[/]")
     for item in skipped[:SKIPPED_SHOWN]:
-        ui.err.print(f"  {ui.literal(item.path)}: {ui.literal(item.reason)}", soft_wrap=True)
+        ui.err.print(f"  {ui.named(item.path)}: {ui.literal(item.reason)}", soft_wrap=True)
     if len(skipped) > SKIPPED_SHOWN:
         ui.err.print(f"  ... and {len(skipped) - SKIPPED_SHOWN} more")
 
@@ -146,7 +146,7 @@ def index(
 def built_line(info: IndexInfo, search: str) -> str:
     """What a build did, in one line: the index is up to date (nothing changed), or
     what it indexed, how and what it embedded (`embedded_line`)."""
-    where = f"[bold]{ui.literal(str(info.location))}[/]"
+    where = f"[bold]{ui.named(str(info.location))}[/]"
     if info.unchanged:
         return (
             f"[green]The index in {where} is up to date:[/] {info.documents} documents, "

@@ -217,7 +217,7 @@ def _load(
         if not planned:
             show_plan(models, source, int(needs_llm(name)), len(ds.queries))
     what = split if source.docs is None else f"{split} questions"
-    ui.err.print(f"[bold]{ui.literal(ds.name)}[/] {what}: {len(ds.queries)} queries; tuning {name}")
+    ui.err.print(f"[bold]{ui.named(ds.name)}[/] {what}: {len(ds.queries)} queries; tuning {name}")
     return configs, ds, embed_model, model if needs_llm(name) else None
 
 
@@ -268,5 +268,5 @@ def _show(result: Any, paths: tuple[Path | None, Path], report: Path | None) -> 
             report = check_writable(report, "--report", "a tune report", is_tune_report)
         write_output(report, tune_markdown(result, command_line("tune"), config=path))
     if path is not None:
-        ui.console.print(f"[dim]Wrote {ui.literal(str(path))}[/]")
+        ui.console.print(f"[dim]Wrote {ui.named(str(path))}[/]")
     ui.console.print(f"[bold]{ui.literal(tune_recommendation(result, path))}[/]")
