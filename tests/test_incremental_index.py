@@ -313,3 +313,37 @@ def test_milvus_rebuilds_embed_only_what_changed_and_answer_as_from_scratch(
 
     other = DeterministicEmbedding(dim=64, model_name="another-bow")
     assert milvus_build(docs, uri, other) == len(other.embedded_texts)
+
+
+@pytest.mark.slow
+def test_a_milvus_rebuild_of_a_released_collection_embeds_nothing_and_is_up_to_date(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new process (each `hyde-plus index`) finds the collection released; the
+    rebuild still reads its rows back, as the CLI runs it."""
+    pytest.importorskip("pymilvus")
+    from pymilvus import MilvusClient
+
+    from llama_index_hyde_plus import models
+    from llama_index_hyde_plus.stores.milvus_builds import resolve
+
+    docs, uri = tmp_path / "docs", str(tmp_path / "m.db")
+    write_corpus(docs, 4)
+    embeds: list[DeterministicEmbedding] = []
+
+    def counting(spec: str = "auto", *, max_length: int = 256) -> DeterministicEmbedding:
+        embeds.append(DeterministicEmbedding(dim=64))
+        return embeds[-1]
+
+    monkeypatch.setattr(models, "resolve_embedding", counting)
+    runner = CliRunner()
+    argv = ["index", str(docs), "--uri", uri, "--collection", "docs"]
+    argv += ["--chunk-size", "40", "--chunk-overlap", "5"]
+    assert runner.invoke(app, argv).exit_code == 0
+    client = MilvusClient(uri)
+    client.release_collection(resolve(client, "docs"))  # as a new process finds it
+    again = runner.invoke(app, argv, env={"COLUMNS": "200"})
+    assert again.exit_code == 0, again.output
+    assert embeds[-1].embedded_texts == []
+    assert "unreadable" not in again.output and "is up to date: 4 documents" in again.output
+    assert milvus_hits(uri, QUESTIONS[0])  # the rebuilt collection answers

@@ -193,6 +193,7 @@ def build_milvus_index(
         "fingerprint": identity,
         "embedded": done.embedded,
         "reused": done.reused,
+        "unchanged": done.unchanged,
         INGESTION_KEY: done.docstore.to_dict(),
         CHUNKS_KEY: recorded(nodes),
     }
@@ -239,7 +240,21 @@ def previous_build(client: Any, uri: str, collection: str, identity: str) -> Pre
 
 
 def stored_rows(client: Any, physical: str) -> list[BaseNode]:
-    """Every row of the collection ``physical`` as a node with its dense vector."""
+    """Every row of the collection ``physical`` as a node with its dense vector (in the
+    order of their keys). A collection that is not loaded (a new process finds it
+    released) is loaded for the read and released again after it."""
+    loading = not is_loaded(client, physical)
+    if loading:
+        client.load_collection(physical)
+    try:
+        return _read_rows(client, physical)
+    finally:
+        if loading:
+            client.release_collection(physical)
+
+
+def _read_rows(client: Any, physical: str) -> list[BaseNode]:
+    """The rows of the loaded collection ``physical``, as `stored_rows` says."""
     from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
     nodes: list[BaseNode] = []
@@ -390,12 +405,17 @@ def load_milvus_index(
     if dim is not None:
         meta.setdefault("dim", dim)
     check_embedding_model(where, meta, embed_model)
-    from pymilvus.client.types import LoadState
-
-    if client.get_load_state(physical).get("state") != LoadState.Loaded:
+    if not is_loaded(client, physical):
         client.load_collection(physical)  # a new process finds it released
     store = milvus_store(uri, collection=physical, dim=dim, token=token, ranker=ranker)
     return VectorStoreIndex.from_vector_store(store, embed_model=embed_model)
+
+
+def is_loaded(client: Any, physical: str) -> bool:
+    """Whether the collection ``physical`` is loaded (searchable) on the server."""
+    from pymilvus.client.types import LoadState
+
+    return bool(client.get_load_state(physical).get("state") == LoadState.Loaded)
 
 
 def _dense_dim(client: Any, physical: str) -> int | None:
@@ -586,6 +606,7 @@ class MilvusStore(Store):
             chunks,
             int(meta.get("embedded", chunks)),
             int(meta.get("reused", 0)),
+            meta.get("unchanged") is True,
         )
 
     def meta(self) -> dict[str, Any] | None:
