@@ -25,6 +25,7 @@ CHUNKING = Chunking(40, 5)
 N_FILES = 30
 TOPICS = ["glaciers", "volcanoes", "coral reefs", "deserts", "rainforests", "tundra"]
 QUESTIONS = ["Where do glaciers form?", "What makes volcanoes erupt?", "tundra winter"]
+DET: dict[str, Any] = {"embed_spec": "det", "max_length": 256}
 
 
 def text(i: int, version: int = 0) -> str:
@@ -313,6 +314,24 @@ def test_milvus_rebuilds_embed_only_what_changed_and_answer_as_from_scratch(
 
     other = DeterministicEmbedding(dim=64, model_name="another-bow")
     assert milvus_build(docs, uri, other) == len(other.embedded_texts)
+
+
+def test_a_rebuild_with_the_documents_in_another_order_is_not_called_up_to_date(
+    tmp_path: Path,
+) -> None:
+    """Tied hits rank by position: the same chunks written in another order are another
+    index, so the build is not unchanged, and it ranks as a build from scratch does."""
+    out, scratch = tmp_path / "index", tmp_path / "scratch"
+    twins = [Document(text="alpha beta gamma revenue", id_=i) for i in ("x", "y")]
+    other = Document(text="unrelated words here", id_="z")
+    build_faiss_index([*twins, other], DeterministicEmbedding(dim=64), out, **DET)
+    reordered = [twins[1], twins[0], other]
+    info = build_faiss_index(reordered, DeterministicEmbedding(dim=64), out, **DET)
+    assert (info.embedded, info.reused, info.unchanged) == (0, 3, False)
+    build_faiss_index(reordered, DeterministicEmbedding(dim=64), scratch, **DET)
+    assert hits(out, "alpha", k=2) == hits(scratch, "alpha", k=2)
+    again = build_faiss_index(reordered, DeterministicEmbedding(dim=64), out, **DET)
+    assert again.unchanged
 
 
 @pytest.mark.slow

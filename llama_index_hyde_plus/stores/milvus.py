@@ -219,7 +219,8 @@ def previous_build(client: Any, uri: str, collection: str, identity: str) -> Pre
     """The build ``collection`` serves as the pipeline's starting point, when the record
     lists it with the `fingerprint` ``identity`` and its docstore; else None (a server,
     which keeps no record, or another model: everything is embedded). Its rows are read
-    back to copy the vectors of unchanged chunks into the new build; rows written
+    back, in the order the build wrote them (its record's), to copy the vectors of
+    unchanged chunks into the new build; rows written
     since the build (``serve --writable``) are checked against its record
     (`Previous.reusable`)."""
     from llama_index.core.storage.docstore import SimpleDocumentStore
@@ -233,7 +234,10 @@ def previous_build(client: Any, uri: str, collection: str, identity: str) -> Pre
         return None
     try:
         docstore = SimpleDocumentStore.from_dict(state)
-        return Previous(identity, docstore, stored_rows(client, before), chunks)
+        rows = stored_rows(client, before)
+        written = {chunk: i for i, chunk in enumerate(chunks)}  # the record keeps the order
+        rows.sort(key=lambda n: written.get(n.node_id, len(written)))
+        return Previous(identity, docstore, rows, chunks)
     except Exception as exc:  # damaged: the build starts over, which repairs it
         logger.warning("embedding everything again: %s is unreadable (%s)", before, exc)
         return None
