@@ -334,6 +334,26 @@ def test_a_rebuild_with_the_documents_in_another_order_is_not_called_up_to_date(
     assert again.unchanged
 
 
+def test_a_chunk_edited_in_the_stored_index_is_embedded_again_from_its_document(
+    corpus: tuple[Path, Path, IndexInfo],
+) -> None:
+    """A stored chunk whose text no longer hashes as recorded is not reused: its
+    document is chunked and embedded again, and the build is not up to date."""
+    docs, out, _ = corpus
+    store = out / "current" / "docstore.json"
+    data = json.loads(store.read_text())
+    entries = data["docstore/data"]
+    victim = next(k for k in entries if k.startswith("doc05.md"))
+    entries[victim]["__data__"]["text"] = "tampered words"
+    store.write_text(json.dumps(data))
+    embed = DeterministicEmbedding(dim=64)
+    info = build(docs, out, embed)
+    assert not info.unchanged and sources(embed, docs) == {"doc05.md"}
+    assert not any("tampered" in t for t in embed.embedded_texts)
+    assert "tampered" not in (out / "current" / "docstore.json").read_text()
+    assert build(docs, out, DeterministicEmbedding(dim=64)).unchanged
+
+
 @pytest.mark.slow
 def test_a_milvus_rebuild_of_a_released_collection_embeds_nothing_and_is_up_to_date(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -165,10 +165,11 @@ Recorded = dict[str, list[str]]
 class Previous:
     """What a store recorded of its build in use: its `fingerprint`, the pipeline's
     docstore, and that build's ``chunks`` with their vectors, in the order it wrote
-    them. With ``recorded`` (a store others may write to, such as a Milvus collection
-    served ``--writable``), only the chunks it lists, unchanged, are reused: a document
-    with a chunk missing or changed since is embedded again, and a chunk it does not
-    list is dropped, so the rebuild holds what a build from scratch would."""
+    them. With ``recorded`` (what the build wrote, `recorded`), only the chunks it
+    lists, unchanged, are reused: a document with a chunk missing or changed since (a
+    Milvus collection served ``--writable``, a FAISS docstore edited by hand) is
+    embedded again, and a chunk it does not list is dropped, so the rebuild holds what
+    a build from scratch would."""
 
     fingerprint: str
     docstore: SimpleDocumentStore
