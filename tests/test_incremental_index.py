@@ -25,6 +25,7 @@ CHUNKING = Chunking(40, 5)
 N_FILES = 30
 TOPICS = ["glaciers", "volcanoes", "coral reefs", "deserts", "rainforests", "tundra"]
 QUESTIONS = ["Where do glaciers form?", "What makes volcanoes erupt?", "tundra winter"]
+DET: dict[str, Any] = {"embed_spec": "det", "max_length": 256}
 
 
 def text(i: int, version: int = 0) -> str:
@@ -313,3 +314,75 @@ def test_milvus_rebuilds_embed_only_what_changed_and_answer_as_from_scratch(
 
     other = DeterministicEmbedding(dim=64, model_name="another-bow")
     assert milvus_build(docs, uri, other) == len(other.embedded_texts)
+
+
+def test_a_rebuild_with_the_documents_in_another_order_is_not_called_up_to_date(
+    tmp_path: Path,
+) -> None:
+    """Tied hits rank by position: the same chunks written in another order are another
+    index, so the build is not unchanged, and it ranks as a build from scratch does."""
+    out, scratch = tmp_path / "index", tmp_path / "scratch"
+    twins = [Document(text="alpha beta gamma revenue", id_=i) for i in ("x", "y")]
+    other = Document(text="unrelated words here", id_="z")
+    build_faiss_index([*twins, other], DeterministicEmbedding(dim=64), out, **DET)
+    reordered = [twins[1], twins[0], other]
+    info = build_faiss_index(reordered, DeterministicEmbedding(dim=64), out, **DET)
+    assert (info.embedded, info.reused, info.unchanged) == (0, 3, False)
+    build_faiss_index(reordered, DeterministicEmbedding(dim=64), scratch, **DET)
+    assert hits(out, "alpha", k=2) == hits(scratch, "alpha", k=2)
+    again = build_faiss_index(reordered, DeterministicEmbedding(dim=64), out, **DET)
+    assert again.unchanged
+
+
+def test_a_chunk_edited_in_the_stored_index_is_embedded_again_from_its_document(
+    corpus: tuple[Path, Path, IndexInfo],
+) -> None:
+    """A stored chunk whose text no longer hashes as recorded is not reused: its
+    document is chunked and embedded again, and the build is not up to date."""
+    docs, out, _ = corpus
+    store = out / "current" / "docstore.json"
+    data = json.loads(store.read_text())
+    entries = data["docstore/data"]
+    victim = next(k for k in entries if k.startswith("doc05.md"))
+    entries[victim]["__data__"]["text"] = "tampered words"
+    store.write_text(json.dumps(data))
+    embed = DeterministicEmbedding(dim=64)
+    info = build(docs, out, embed)
+    assert not info.unchanged and sources(embed, docs) == {"doc05.md"}
+    assert not any("tampered" in t for t in embed.embedded_texts)
+    assert "tampered" not in (out / "current" / "docstore.json").read_text()
+    assert build(docs, out, DeterministicEmbedding(dim=64)).unchanged
+
+
+@pytest.mark.slow
+def test_a_milvus_rebuild_of_a_released_collection_embeds_nothing_and_is_up_to_date(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new process (each `hyde-plus index`) finds the collection released; the
+    rebuild still reads its rows back, as the CLI runs it."""
+    pytest.importorskip("pymilvus")
+    from pymilvus import MilvusClient
+
+    from llama_index_hyde_plus import models
+    from llama_index_hyde_plus.stores.milvus_builds import resolve
+
+    docs, uri = tmp_path / "docs", str(tmp_path / "m.db")
+    write_corpus(docs, 4)
+    embeds: list[DeterministicEmbedding] = []
+
+    def counting(spec: str = "auto", *, max_length: int = 256) -> DeterministicEmbedding:
+        embeds.append(DeterministicEmbedding(dim=64))
+        return embeds[-1]
+
+    monkeypatch.setattr(models, "resolve_embedding", counting)
+    runner = CliRunner()
+    argv = ["index", str(docs), "--uri", uri, "--collection", "docs"]
+    argv += ["--chunk-size", "40", "--chunk-overlap", "5"]
+    assert runner.invoke(app, argv).exit_code == 0
+    client = MilvusClient(uri)
+    client.release_collection(resolve(client, "docs"))  # as a new process finds it
+    again = runner.invoke(app, argv, env={"COLUMNS": "200"})
+    assert again.exit_code == 0, again.output
+    assert embeds[-1].embedded_texts == []
+    assert "unreadable" not in again.output and "is up to date: 4 documents" in again.output
+    assert milvus_hits(uri, QUESTIONS[0])  # the rebuilt collection answers

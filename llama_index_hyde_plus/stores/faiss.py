@@ -23,12 +23,13 @@ from ..chunking import Chunking
 from .base import BuildSettings, Store
 from .faiss_folder import (
     CACHE_FILE,
+    INGESTION_CHUNKS,
     INGESTION_DOCSTORE,
     META_FILE,
     check_index_target,
     write_index,
 )
-from .ingestion import Previous, build_steps, cache_bytes, ingest, read_cache
+from .ingestion import Previous, build_steps, cache_bytes, ingest, read_cache, recorded
 from .nodes import (
     EmbeddingMismatchError,
     IndexInfo,
@@ -156,8 +157,8 @@ def build_faiss_index(
     }
     cache = cache_bytes(done.cache, identity) if done.embedded else None
     write_index(
-        out, index.storage_context, meta, docstore=done.docstore, cache=cache,
-        unchanged=done.unchanged,
+        out, index.storage_context, meta, docstore=done.docstore,
+        chunks=recorded(done.nodes), cache=cache, unchanged=done.unchanged,
     )  # fmt: skip
     return info
 
@@ -165,8 +166,8 @@ def build_faiss_index(
 def previous_build(out: Path, identity: str) -> Previous | None:
     """The build in use at ``out`` as the pipeline's starting point, when it was made
     with the `fingerprint` ``identity`` and recorded its docstore; else None (the build
-    embeds everything). A damaged previous build is None too, with a warning: it is
-    replaced whole."""
+    embeds everything). The chunks it recorded writing are checked (`Previous`). A
+    damaged previous build is None too, with a warning: it is replaced whole."""
     from llama_index.core.storage.docstore import SimpleDocumentStore
 
     if not (out / META_FILE).is_file():
@@ -179,7 +180,11 @@ def previous_build(out: Path, identity: str) -> Previous | None:
         if not (data / INGESTION_DOCSTORE).is_file():
             return None
         docstore = SimpleDocumentStore.from_persist_path(str(data / INGESTION_DOCSTORE))
-        return Previous(identity, docstore, stored_chunks(data))
+        listed = data / INGESTION_CHUNKS  # an index of an older version has none
+        chunks = json.loads(listed.read_text(encoding="utf-8")) if listed.is_file() else None
+        if chunks is not None and not isinstance(chunks, dict):
+            raise ValueError(f"{INGESTION_CHUNKS} is not a map of chunks")
+        return Previous(identity, docstore, stored_chunks(data), chunks)
     except Exception as exc:  # damaged: the build starts over, which repairs it
         logger.warning("embedding everything again: the index at %s is unreadable (%s)", out, exc)
         return None

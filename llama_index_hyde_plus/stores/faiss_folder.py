@@ -35,6 +35,9 @@ CURRENT_LINK = "current"
 LlamaIndex opens (``StorageContext.from_defaults(persist_dir=...)``)."""
 INGESTION_DOCSTORE = "ingestion/docstore.json"
 """The pipeline's docstore (documents and their hashes) inside a data folder."""
+INGESTION_CHUNKS = "ingestion/chunks.json"
+"""The chunks the build wrote, with their hashes (`ingestion.recorded`), inside a data
+folder: a chunk edited there since is not reused."""
 CACHE_FILE = "ingestion_cache.json"
 """The pipeline's cache in the index folder while a build is not switched in."""
 _DATA_NAME = re.compile(r"data-[0-9a-f]{12}")
@@ -67,13 +70,15 @@ def write_index(
     meta: dict[str, Any],
     *,
     docstore: SimpleDocumentStore | None = None,
+    chunks: dict[str, list[str]] | None = None,
     cache: bytes | None = None,
     unchanged: bool = False,
 ) -> None:
-    """Write the storage files (and the pipeline's ``docstore``) into a new data folder
-    of ``out`` and switch ``hyde_plus.json`` to it with one atomic rename, keeping
-    ``cache`` (the pipeline's, when the build embedded) until then. Replacing a build
-    is a warning, unless the new one is ``unchanged`` (the same chunks and vectors)."""
+    """Write the storage files (and the pipeline's ``docstore``, the ``chunks`` it
+    records) into a new data folder of ``out`` and switch ``hyde_plus.json`` to it with
+    one atomic rename, keeping ``cache`` (the pipeline's, when the build embedded) until
+    then. Replacing a build is a warning, unless the new one is ``unchanged`` (the same
+    chunks and vectors)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked_folder(out.parent):
         check_index_target(out)  # again, now that no other build runs
@@ -93,7 +98,7 @@ def write_index(
             logger.warning("could not save the ingestion cache in %s: %s", out, exc)
         write_all_atomic([(out / META_FILE, json.dumps({**old, "pending": data}, indent=2))])
         try:
-            _persist(out / data, storage, docstore)
+            _persist(out / data, storage, docstore, chunks)
         except BaseException:
             _undo(out, data, None if old else (marked, made))
             raise
@@ -106,12 +111,20 @@ def write_index(
         (out / CACHE_FILE).unlink(missing_ok=True)  # the build is in: nothing to resume
 
 
-def _persist(folder: Path, storage: StorageContext, docstore: SimpleDocumentStore | None) -> None:
+def _persist(
+    folder: Path,
+    storage: StorageContext,
+    docstore: SimpleDocumentStore | None,
+    chunks: dict[str, list[str]] | None,
+) -> None:
     folder.mkdir()
     try:
         storage.persist(persist_dir=str(folder))
         if docstore is not None:
             docstore.persist(str(folder / INGESTION_DOCSTORE))
+        if chunks is not None:
+            (folder / INGESTION_CHUNKS).parent.mkdir(exist_ok=True)
+            (folder / INGESTION_CHUNKS).write_text(json.dumps(chunks), encoding="utf-8")
     except RuntimeError as exc:  # FAISS reports a full disk as a RuntimeError
         if "No space left" not in str(exc):
             raise

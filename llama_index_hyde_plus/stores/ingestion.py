@@ -164,11 +164,12 @@ Recorded = dict[str, list[str]]
 @dataclass(frozen=True)
 class Previous:
     """What a store recorded of its build in use: its `fingerprint`, the pipeline's
-    docstore, and that build's ``chunks`` with their vectors. With ``recorded`` (a
-    store others may write to, such as a Milvus collection served ``--writable``), only
-    the chunks it lists, unchanged, are reused: a document with a chunk missing or
-    changed since is embedded again, and a chunk it does not list is dropped, so the
-    rebuild holds what a build from scratch would."""
+    docstore, and that build's ``chunks`` with their vectors, in the order it wrote
+    them. With ``recorded`` (what the build wrote, `recorded`), only the chunks it
+    lists, unchanged, are reused: a document with a chunk missing or changed since (a
+    Milvus collection served ``--writable``, a FAISS docstore edited by hand) is
+    embedded again, and a chunk it does not list is dropped, so the rebuild holds what
+    a build from scratch would."""
 
     fingerprint: str
     docstore: SimpleDocumentStore
@@ -194,8 +195,8 @@ class Ingested:
     """A build's chunks (``nodes``, every one with its vector, in the order a build from
     scratch writes them), how many were ``embedded`` and how many ``reused``, and the
     pipeline's ``docstore`` and ``cache`` for the store to keep; ``unchanged`` when
-    they are the previous build's chunks, all of them and no other (nothing to embed,
-    nothing dropped)."""
+    nothing was embedded and they are what the previous build wrote (`written`: the
+    same chunks, texts and order; nothing dropped)."""
 
     nodes: list[BaseNode]
     embedded: int
@@ -231,8 +232,9 @@ def ingest(
     )
     new = pipeline.run(documents=_hashed_by_id(documents), cache_collection=embedder.identity)
     nodes = _build_order(documents, _merged(old, list(new), set(vectors.data.embedding_dict)))
-    before = {n.node_id for n in previous.chunks} if same and previous is not None else None
-    unchanged = not new and {n.node_id for n in nodes} == before
+    unchanged = (
+        not new and same and previous is not None and written(nodes) == written(previous.chunks)
+    )
     reused = len(nodes) - len(new)
     return Ingested(nodes, embedder.embedded, reused, docstore, pipeline.cache, unchanged)
 
@@ -263,6 +265,12 @@ def _claim(by_id: dict[str, BaseNode], node: BaseNode) -> None:
             f"chunk id {node.node_id!r} is also another document's id; rename that document"
         )
     by_id[node.node_id] = node
+
+
+def written(nodes: Sequence[BaseNode]) -> list[tuple[str, str]]:
+    """What a build writes, for telling whether two are the same: each chunk's id and
+    hash (of its text and metadata), in the order written (which ranks tied hits)."""
+    return [(n.node_id, n.hash) for n in nodes]
 
 
 def recorded(nodes: Sequence[BaseNode]) -> Recorded:

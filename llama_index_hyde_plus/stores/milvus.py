@@ -193,6 +193,7 @@ def build_milvus_index(
         "fingerprint": identity,
         "embedded": done.embedded,
         "reused": done.reused,
+        "unchanged": done.unchanged,
         INGESTION_KEY: done.docstore.to_dict(),
         CHUNKS_KEY: recorded(nodes),
     }
@@ -218,7 +219,8 @@ def previous_build(client: Any, uri: str, collection: str, identity: str) -> Pre
     """The build ``collection`` serves as the pipeline's starting point, when the record
     lists it with the `fingerprint` ``identity`` and its docstore; else None (a server,
     which keeps no record, or another model: everything is embedded). Its rows are read
-    back to copy the vectors of unchanged chunks into the new build; rows written
+    back, in the order the build wrote them (its record's), to copy the vectors of
+    unchanged chunks into the new build; rows written
     since the build (``serve --writable``) are checked against its record
     (`Previous.reusable`)."""
     from llama_index.core.storage.docstore import SimpleDocumentStore
@@ -232,14 +234,31 @@ def previous_build(client: Any, uri: str, collection: str, identity: str) -> Pre
         return None
     try:
         docstore = SimpleDocumentStore.from_dict(state)
-        return Previous(identity, docstore, stored_rows(client, before), chunks)
+        rows = stored_rows(client, before)
+        written = {chunk: i for i, chunk in enumerate(chunks)}  # the record keeps the order
+        rows.sort(key=lambda n: written.get(n.node_id, len(written)))
+        return Previous(identity, docstore, rows, chunks)
     except Exception as exc:  # damaged: the build starts over, which repairs it
         logger.warning("embedding everything again: %s is unreadable (%s)", before, exc)
         return None
 
 
 def stored_rows(client: Any, physical: str) -> list[BaseNode]:
-    """Every row of the collection ``physical`` as a node with its dense vector."""
+    """Every row of the collection ``physical`` as a node with its dense vector (in the
+    order of their keys). A collection that is not loaded (a new process finds it
+    released) is loaded for the read and released again after it."""
+    loading = not is_loaded(client, physical)
+    if loading:
+        client.load_collection(physical)
+    try:
+        return _read_rows(client, physical)
+    finally:
+        if loading:
+            client.release_collection(physical)
+
+
+def _read_rows(client: Any, physical: str) -> list[BaseNode]:
+    """The rows of the loaded collection ``physical``, as `stored_rows` says."""
     from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
     nodes: list[BaseNode] = []
@@ -390,12 +409,17 @@ def load_milvus_index(
     if dim is not None:
         meta.setdefault("dim", dim)
     check_embedding_model(where, meta, embed_model)
-    from pymilvus.client.types import LoadState
-
-    if client.get_load_state(physical).get("state") != LoadState.Loaded:
+    if not is_loaded(client, physical):
         client.load_collection(physical)  # a new process finds it released
     store = milvus_store(uri, collection=physical, dim=dim, token=token, ranker=ranker)
     return VectorStoreIndex.from_vector_store(store, embed_model=embed_model)
+
+
+def is_loaded(client: Any, physical: str) -> bool:
+    """Whether the collection ``physical`` is loaded (searchable) on the server."""
+    from pymilvus.client.types import LoadState
+
+    return bool(client.get_load_state(physical).get("state") == LoadState.Loaded)
 
 
 def _dense_dim(client: Any, physical: str) -> int | None:
@@ -586,6 +610,7 @@ class MilvusStore(Store):
             chunks,
             int(meta.get("embedded", chunks)),
             int(meta.get("reused", 0)),
+            meta.get("unchanged") is True,
         )
 
     def meta(self) -> dict[str, Any] | None:
