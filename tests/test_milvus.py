@@ -81,7 +81,11 @@ def test_collection_reopens_from_the_file(milvus_index: tuple[str, VectorStoreIn
     meta = read_milvus_meta(uri, "docs")
     assert meta is not None and meta.pop("physical_collection").startswith("docs__")
     assert len(meta.pop("fingerprint")) == 16
-    assert (meta.pop("embedded"), meta.pop("reused")) == (len(MILVUS_DOCS), 0)
+    assert (meta.pop("embedded"), meta.pop("reused"), meta.pop("unchanged")) == (
+        len(MILVUS_DOCS),
+        0,
+        False,
+    )
     assert meta == {
         "documents": len(MILVUS_DOCS),
         "chunks": len(MILVUS_DOCS),

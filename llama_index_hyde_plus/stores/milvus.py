@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -203,8 +203,7 @@ def build_milvus_index(
         storage = StorageContext.from_defaults(vector_store=store)
         return VectorStoreIndex(nodes, storage_context=storage, embed_model=embed_model)
 
-    index: VectorStoreIndex = fill_and_switch(client, (uri, collection), entry, fill)
-    return index
+    return cast(VectorStoreIndex, fill_and_switch(client, (uri, collection), entry, fill))
 
 
 INGESTION_KEY = "ingestion"
