@@ -69,10 +69,13 @@ def claim(folder: Path, kind: str) -> bool:
 
 def check_outputs(paths: Sequence[Path], flag: str) -> list[Path]:
     """Those of ``paths`` (outputs in a folder hyde-plus owns) that exist and will be
-    replaced; a `ValueError` naming ``flag`` for a folder or link (a user's, in the way)."""
+    replaced; a `ValueError` naming ``flag`` for a folder, a link or a special file (a
+    user's, in the way)."""
     for path in paths:
         if path.is_symlink() or (path.exists() and not path.is_file()):
-            what = "a link" if path.is_symlink() else "a folder"
+            what = (
+                "a link" if path.is_symlink() else "a folder" if path.is_dir() else "a special file"
+            )
             raise ValueError(
                 f"{flag}: {path} is {what} hyde-plus did not write; it is left alone: "
                 "move it away or choose another folder"

@@ -76,3 +76,17 @@ def test_a_kill_or_full_disk_while_writing_files_leaves_every_old_file_whole(
     monkeypatch.setattr(os, "replace", real)
     assert (a.read_bytes(), b.read_bytes()) == (b"old a", b"old b")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+
+
+def test_an_output_that_is_a_fifo_is_refused_as_a_special_file_and_left_alone(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    from llama_index_hyde_plus._owned import check_outputs
+
+    fifo = tmp_path / "manifest.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"manifest.json is a special file hyde-plus did not"):
+        check_outputs([fifo], "--questions-dir")
+    assert fifo.is_fifo()
