@@ -354,6 +354,51 @@ def test_a_chunk_edited_in_the_stored_index_is_embedded_again_from_its_document(
     assert build(docs, out, DeterministicEmbedding(dim=64)).unchanged
 
 
+def _chunk_record(out: Path) -> tuple[Path, dict[str, Any]]:
+    path = out / "current" / "ingestion" / "chunks.json"
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda entry: 5,
+        lambda entry: [*entry, "x"],
+        lambda entry: [[entry[0]], entry[1]],
+        lambda entry: None,
+    ],
+    ids=["a number", "three parts", "a list as document id", "null"],
+)
+def test_a_damaged_chunk_record_never_stops_a_build_which_embeds_everything_again(
+    corpus: tuple[Path, Path, IndexInfo], damage: Any
+) -> None:
+    docs, out, first = corpus
+    path, record = _chunk_record(out)
+    chunk = next(iter(record))
+    record[chunk] = damage(record[chunk])
+    path.write_text(json.dumps(record))
+    embed = DeterministicEmbedding(dim=64)
+    info = build(docs, out, embed)  # no TypeError: the record is not trusted
+    assert (info.embedded, info.chunks) == (first.chunks, first.chunks)
+    assert build(docs, out, DeterministicEmbedding(dim=64)).unchanged
+
+
+def test_a_document_missing_from_the_chunk_record_is_embedded_again_never_dropped(
+    corpus: tuple[Path, Path, IndexInfo],
+) -> None:
+    docs, out, first = corpus
+    path, record = _chunk_record(out)
+    victims = [c for c, (doc, _) in record.items() if doc.startswith("doc03.md")]
+    for chunk in victims:
+        del record[chunk]
+    path.write_text(json.dumps(record))
+    embed = DeterministicEmbedding(dim=64)
+    info = build(docs, out, embed)
+    assert sources(embed, docs) == {"doc03.md"} and not info.unchanged
+    assert info.chunks == first.chunks  # the document is still in the index
+    assert build(docs, out, DeterministicEmbedding(dim=64)).unchanged
+
+
 @pytest.mark.slow
 def test_a_milvus_rebuild_of_a_released_collection_embeds_nothing_and_is_up_to_date(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

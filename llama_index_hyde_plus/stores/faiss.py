@@ -29,7 +29,15 @@ from .faiss_folder import (
     check_index_target,
     write_index,
 )
-from .ingestion import Previous, build_steps, cache_bytes, ingest, read_cache, recorded
+from .ingestion import (
+    Previous,
+    build_steps,
+    cache_bytes,
+    check_recorded,
+    ingest,
+    read_cache,
+    recorded,
+)
 from .nodes import (
     EmbeddingMismatchError,
     IndexInfo,
@@ -181,9 +189,9 @@ def previous_build(out: Path, identity: str) -> Previous | None:
             return None
         docstore = SimpleDocumentStore.from_persist_path(str(data / INGESTION_DOCSTORE))
         listed = data / INGESTION_CHUNKS  # an index of an older version has none
-        chunks = json.loads(listed.read_text(encoding="utf-8")) if listed.is_file() else None
-        if chunks is not None and not isinstance(chunks, dict):
-            raise ValueError(f"{INGESTION_CHUNKS} is not a map of chunks")
+        chunks = None
+        if listed.is_file():
+            chunks = check_recorded(json.loads(listed.read_text(encoding="utf-8")))
         return Previous(identity, docstore, stored_chunks(data), chunks)
     except Exception as exc:  # damaged: the build starts over, which repairs it
         logger.warning("embedding everything again: the index at %s is unreadable (%s)", out, exc)

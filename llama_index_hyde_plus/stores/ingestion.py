@@ -178,16 +178,20 @@ class Previous:
 
     def reusable(self) -> list[BaseNode]:
         """The ``chunks`` to start from (see the class docstring); the documents whose
-        chunks are not all there are removed from ``docstore`` first."""
+        chunks are not all there as listed, or that have none there, are removed from
+        ``docstore`` first (so they are chunked and embedded again)."""
         if self.recorded is None:
             return self.chunks
         listed = self.recorded
-        good = [n for n in self.chunks if listed.get(n.node_id, ["", ""])[1] == n.hash]
+        good = [n for n in self.chunks if listed.get(n.node_id) == [_doc(n), n.hash]]
         there = {n.node_id for n in good}
         stale = {doc for chunk, (doc, _) in listed.items() if chunk not in there}
+        stale |= {_doc(n) for n in self.chunks if n.node_id not in there}
+        known = set(self.docstore.get_all_document_hashes().values())
+        stale |= known - {_doc(n) for n in good}  # known, with no chunk kept
         for doc in stale:
             self.docstore.delete_document(doc, raise_error=False)
-        return [n for n in good if n.ref_doc_id not in stale]
+        return [n for n in good if _doc(n) not in stale]
 
 
 @dataclass(frozen=True)
@@ -273,9 +277,27 @@ def written(nodes: Sequence[BaseNode]) -> list[tuple[str, str]]:
     return [(n.node_id, n.hash) for n in nodes]
 
 
+def _doc(node: BaseNode) -> str:
+    return node.ref_doc_id or node.node_id
+
+
 def recorded(nodes: Sequence[BaseNode]) -> Recorded:
     """What a store records of the chunks it wrote, to check them at the next build."""
-    return {n.node_id: [n.ref_doc_id or n.node_id, n.hash] for n in nodes}
+    return {n.node_id: [_doc(n), n.hash] for n in nodes}
+
+
+def check_recorded(value: object) -> Recorded:
+    """``value`` as a build's record of its chunks (`recorded`); a `ValueError` for
+    anything else (damaged or edited by hand: the build then starts over)."""
+    if isinstance(value, dict) and all(
+        isinstance(chunk, str)
+        and isinstance(entry, list)
+        and len(entry) == 2
+        and all(isinstance(part, str) for part in entry)
+        for chunk, entry in value.items()
+    ):
+        return value
+    raise ValueError("the record of the chunks it wrote is damaged")
 
 
 def _check_unique_ids(documents: Sequence[Document]) -> None:

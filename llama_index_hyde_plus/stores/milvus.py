@@ -29,7 +29,7 @@ from .._redact import redact_uri
 from ..calls import door
 from ..chunking import Chunking
 from .base import BuildSettings, Store
-from .ingestion import Previous, build_steps, ingest, recorded
+from .ingestion import Previous, build_steps, check_recorded, ingest, recorded
 from .milvus_builds import (
     check_name_is_ours,
     fill_and_switch,
@@ -229,9 +229,10 @@ def previous_build(client: Any, uri: str, collection: str, identity: str) -> Pre
     if not isinstance(entry, dict) or entry.get("fingerprint") != identity:
         return None
     state, chunks = entry.get(INGESTION_KEY), entry.get(CHUNKS_KEY)
-    if not isinstance(state, dict) or not isinstance(chunks, dict) or before is None:
+    if not isinstance(state, dict) or chunks is None or before is None:
         return None
     try:
+        chunks = check_recorded(chunks)
         docstore = SimpleDocumentStore.from_dict(state)
         rows = stored_rows(client, before)
         written = {chunk: i for i, chunk in enumerate(chunks)}  # the record keeps the order
