@@ -223,3 +223,19 @@ def test_a_generation_whose_call_failed_is_asked_again_in_the_next_configuration
     result = run_eval(ds, configs, llm=llm, embed_model=DeterministicEmbedding(),
                       embed_label="det", cache_root=tmp_path)  # fmt: skip
     assert [r.fallbacks for r in result.reports] == [1, 0]
+
+
+def test_a_data_set_with_a_name_near_the_file_name_limit_gets_an_index_cache_folder(
+    tmp_path: Path,
+) -> None:
+    from llama_index_hyde_plus.evaluation.beir import BeirDataset
+    from llama_index_hyde_plus.evaluation.index_cache import corpus_index_name, index_cache_dir
+
+    def named(name: str) -> BeirDataset:
+        return BeirDataset(name, {"d": ("", "text")}, {"q": "?"}, {"q": {"d": 1}}, "ab" * 32)
+
+    long_name = "L" * 250  # a legal folder name: the cache's own name must stay legal
+    folder = index_cache_dir(named(long_name), "det", tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "hyde_plus.json").write_text("{}")
+    assert corpus_index_name(named("scifact"), "det").startswith("scifact-")  # as before

@@ -46,8 +46,13 @@ def index_cache_dir(ds: BeirDataset, embed_label: str, root: Path) -> Path:
 
 def corpus_index_name(ds: BeirDataset, embed_label: str) -> str:
     """The name of the index of ``ds`` under ``embed_label`` in any store: the
-    dataset's name and a key of its content and embedding."""
-    return re.sub(r"\W", "_", ds.name) + "-" + _corpus_key(ds, embed_label)[:20]
+    dataset's name (its first `NAME_CHARS` characters: a file name has 255 at most)
+    and a key of its content and embedding."""
+    return re.sub(r"\W", "_", ds.name)[:NAME_CHARS] + "-" + _corpus_key(ds, embed_label)[:20]
+
+
+NAME_CHARS = 64
+"""The most characters of a data set's name in the name of its index."""
 
 
 def eval_store(
