@@ -605,3 +605,38 @@ def test_names_show_on_one_line_with_tabs_and_line_feeds_spelled_in_table_markdo
         assert "\n" not in fig.texts[0].get_text() and "\\x09x" in fig.texts[0].get_text()
     finally:
         plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "plain name",
+        "tab\there",
+        "line\nbreak",
+        "esc\x1b[31mred",
+        "next line\x85c1",
+        "csi\x9bc1",
+        "bidi\u202eevil",
+        "quote ' and \\ backslash",
+        "emoji 🚀 日本語",
+        os.fsdecode(b"not utf-8 \xff\xfe"),
+    ],
+)
+def test_a_name_in_the_results_command_reads_back_as_the_same_bytes_in_bash(
+    name: str,
+) -> None:
+    import shutil
+    import subprocess
+
+    from llama_index_hyde_plus.cli._evaluation import shell_word
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    word = shell_word(name)
+    assert "\n" not in word and "\t" not in word and "\x1b" not in word
+    env = {"LC_ALL": "C.UTF-8", "PATH": os.environ.get("PATH", "")}
+    done = subprocess.run(
+        [bash, "-c", f"printf %s {word}"], capture_output=True, env=env, check=True
+    )
+    assert done.stdout == os.fsencode(name)

@@ -326,7 +326,23 @@ def shell_word(arg: str) -> str:
 
     if spelled_name(arg) == arg:
         return shlex.quote(arg)
-    return "$'" + spelled_name(arg.replace("\\", "\\\\").replace("'", "\\'")) + "'"
+    return "$'" + "".join(_in_dollar_quotes(c, spelled_name(c) != c) for c in arg) + "'"
+
+
+def _in_dollar_quotes(char: str, spelled: bool) -> str:
+    """``char`` inside bash's ``$'...'``: as itself unless ``spelled``; a character
+    past ASCII as ``\\uHHHH`` (bash writes it in UTF-8), a byte of a name that is
+    not UTF-8 (decoded as a lone surrogate, as Python names such a file) as that byte."""
+    if char in "\\'":
+        return "\\" + char
+    code = ord(char)
+    if not spelled:
+        return char
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    if code < 0x80:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def cache_root(given: Path | None) -> Path:
