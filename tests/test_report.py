@@ -513,6 +513,26 @@ def test_the_chart_draws_a_label_as_written_with_no_warning(tmp_path: Path) -> N
         plt.close(fig)
 
 
+def test_the_chart_draws_a_very_long_label_cut_with_no_warning(tmp_path: Path) -> None:
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from llama_index_hyde_plus.evaluation.report import DRAWN_CHARS, chart
+
+    res = _two_unmeasured(tmp_path)
+    res.reports[1].label = "hyde:prompt=" + "L" * 300 + "{query}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Tight layout not applied" would raise
+        fig = chart(res)
+    try:
+        drawn = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
+        assert any(d.startswith("hyde:prompt=LLL") and d.endswith("…") for d in drawn)
+        assert max(len(d) for d in drawn) <= DRAWN_CHARS
+    finally:
+        plt.close(fig)
+
+
 def test_a_progress_bar_shows_its_description_as_written() -> None:
     from rich.console import Console
     from rich.progress import Progress

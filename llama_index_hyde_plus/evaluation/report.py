@@ -535,11 +535,20 @@ def delta_label(report: TransformReport) -> str:
     return f"{delta:+.1f}{interval}\n{report.verdict.split(':')[0]}\n{', '.join(counts)}"
 
 
+DRAWN_CHARS = 60
+"""The most characters of a name the chart draws (the tables and ``results.md`` hold
+it whole): a longer tick label leaves no room for the plot."""
+
+
 def _drawn(label: str) -> str:
     """``label`` (a name) as the chart draws it, as written on one line: tabs, line
     breaks, control characters and bidirectional marks spelled (`spelled_name`; no
-    font has them), a ``$`` escaped (matplotlib reads ``$...$`` as mathematics)."""
-    return spelled_name(label).replace("$", r"\$")
+    font has them), a ``$`` escaped (matplotlib reads ``$...$`` as mathematics), cut
+    with ``…`` past `DRAWN_CHARS`."""
+    shown = spelled_name(label)
+    if len(shown) > DRAWN_CHARS:
+        shown = shown[: DRAWN_CHARS - 1] + "…"
+    return shown.replace("$", r"\$")
 
 
 def _scores_panel(ax: Any, result: EvalResult) -> None:
