@@ -682,9 +682,7 @@ class SQLiteCache:
     def close(self) -> None:
         """Close the connection; a later call opens it again."""
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._drop_connection()
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
