@@ -546,8 +546,10 @@ def _holds(path: Path, text: str) -> bool:
     if not path.is_file():
         return False
     held = path.read_bytes()
-    if held == text.encode("utf-8") or path.name != "manifest.json":
-        return held == text.encode("utf-8")
+    if held == text.encode("utf-8"):
+        return True
+    if path.name != "manifest.json":
+        return False
     try:
         return bool(json.loads(held) == json.loads(text))
     except (ValueError, RecursionError):
