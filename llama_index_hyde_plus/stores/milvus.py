@@ -235,8 +235,8 @@ def previous_build(client: Any, uri: str, collection: str, identity: str) -> Pre
         chunks = check_recorded(chunks)
         docstore = SimpleDocumentStore.from_dict(state)
         rows = stored_rows(client, before)
-        written = {chunk: i for i, chunk in enumerate(chunks)}  # the record keeps the order
-        rows.sort(key=lambda n: written.get(n.node_id, len(written)))
+        position = {chunk: i for i, chunk in enumerate(chunks)}  # the record keeps the order
+        rows.sort(key=lambda n: position.get(n.node_id, len(position)))
         return Previous(identity, docstore, rows, chunks)
     except Exception as exc:  # damaged: the build starts over, which repairs it
         logger.warning("embedding everything again: %s is unreadable (%s)", before, exc)
