@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from llama_index.core.schema import TextNode
@@ -23,6 +25,20 @@ from llama_index_hyde_plus.evaluation.questions import (
 from llama_index_hyde_plus.testing import ScriptedLLM
 
 from .conftest import says, team_docs
+
+
+def _team_question(prompt: str) -> str:
+    """What the scripted model writes for a team's chunk: who owns its service."""
+    team = int(re.findall(r"Team (\d+)", prompt)[0])
+    return f"Which team owns service {team * 7}?"
+
+
+def _model_writes(monkeypatch: pytest.MonkeyPatch, respond: Any) -> None:
+    """`eval --docs` and `tune --docs` write their questions with ``respond``."""
+    from llama_index_hyde_plus.cli._evaluation import ModelChoice
+
+    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=respond))
+
 
 PASSAGE = (
     "The Kestrel backup window closes at 03:40 UTC on Sundays, after the weekly "
@@ -678,18 +694,15 @@ def test_a_labelled_run_plans_its_labelled_questions_and_the_option_that_shorten
 def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import re
-
     from typer.testing import CliRunner
 
     from llama_index_hyde_plus.cli import app
-    from llama_index_hyde_plus.cli._evaluation import ModelChoice
 
     def ask(prompt: str) -> str:  # a fair question for an even team's chunk only
-        team = int(re.findall(r"Team (\d+)", prompt)[0])
-        return f"Which team owns service {team * 7}?" if team % 2 == 0 else "Tell me."
+        fair = int(re.findall(r"Team (\d+)", prompt)[0]) % 2 == 0
+        return _team_question(prompt) if fair else "Tell me."
 
-    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    _model_writes(monkeypatch, ask)
     docs = team_docs(tmp_path)
     args = ["eval", "--docs", str(docs), "--questions", "4", "--transforms", "none"]
     args += ["--questions-dir", str(tmp_path / "set"), "--embed", "local"]
@@ -711,8 +724,6 @@ def test_a_small_generated_set_is_told_why_in_the_warning_and_in_results_md(
 def _slow_question_writer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every run's LLM: a fair question for a team's chunk ("Nothing." for a HyDE
     prompt), measured at 1 token/s, so any run is long enough to be planned aloud."""
-    import re
-
     from llama_index_hyde_plus.cli._evaluation import ModelChoice
     from llama_index_hyde_plus.local.speed import SpeedPlan
 
@@ -856,18 +867,11 @@ def test_a_labelled_set_edited_by_the_user_is_refused_and_scored_with_dataset(
 def test_a_generated_set_edited_by_the_user_is_reused_as_edited_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import re
-
     from typer.testing import CliRunner
 
     from llama_index_hyde_plus.cli import app
-    from llama_index_hyde_plus.cli._evaluation import ModelChoice
 
-    def ask(prompt: str) -> str:
-        team = int(re.findall(r"Team (\d+)", prompt)[0])
-        return f"Which team owns service {team * 7}?"
-
-    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    _model_writes(monkeypatch, _team_question)
     folder = tmp_path / "set"
     args = ["eval", "--docs", str(team_docs(tmp_path)), "--questions", "3", "--embed", "local"]
     args += ["--questions-dir", str(folder), "--transforms", "none"]
@@ -889,21 +893,17 @@ def test_a_generated_set_edited_by_the_user_is_reused_as_edited_and_says_so(
 def test_a_set_whose_manifest_cannot_be_read_is_refused_before_questions_are_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, manifest: str | None
 ) -> None:
-    import re
-
     from typer.testing import CliRunner
 
     from llama_index_hyde_plus.cli import app
-    from llama_index_hyde_plus.cli._evaluation import ModelChoice
 
     asked: list[str] = []
 
     def ask(prompt: str) -> str:
         asked.append(prompt)
-        team = int(re.findall(r"Team (\d+)", prompt)[0])
-        return f"Which team owns service {team * 7}?"
+        return _team_question(prompt)
 
-    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    _model_writes(monkeypatch, ask)
     folder = tmp_path / "set"
     args = ["eval", "--docs", str(team_docs(tmp_path)), "--questions", "3", "--embed", "local"]
     args += ["--questions-dir", str(folder), "--transforms", "none"]
@@ -1028,18 +1028,11 @@ def test_a_set_whose_manifest_cannot_be_read_is_told_why_in_words_that_are_true(
 def test_eval_docs_records_its_questions_as_generated_or_labelled_as_tune_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import re
-
     from typer.testing import CliRunner
 
     from llama_index_hyde_plus.cli import app
-    from llama_index_hyde_plus.cli._evaluation import ModelChoice
 
-    def ask(prompt: str) -> str:
-        team = int(re.findall(r"Team (\d+)", prompt)[0])
-        return f"Which team owns service {team * 7}?"
-
-    monkeypatch.setattr(ModelChoice, "make_llm", lambda self: ScriptedLLM(respond=ask))
+    _model_writes(monkeypatch, _team_question)
     docs, labels = team_docs(tmp_path), tmp_path / "labels.tsv"
     labels.write_text("Who owns service 7?\tt1.txt\t1\n")
     common = ["eval", "--docs", str(docs), "--transforms", "none", "--embed", "local"]
